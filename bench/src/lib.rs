@@ -1,0 +1,2 @@
+//! Latency and throughput benchmarks for rpcrdmad.
+#![forbid(unsafe_code)]

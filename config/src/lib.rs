@@ -1,0 +1,2 @@
+//! The rpcrdmad TOML configuration: schema, defaults, validation.
+#![forbid(unsafe_code)]

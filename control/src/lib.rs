@@ -1,0 +1,2 @@
+//! The control plane: connection manager, transport-characteristic policy, admin socket, metrics.
+#![forbid(unsafe_code)]

@@ -1,0 +1,1 @@
+//! The application ABI: shared-memory rings, arena, client and server libraries.

@@ -1,0 +1,1 @@
+//! The RDMA provider boundary and its providers (`soft`: user-space iWARP; `ibv`: rdma-core).
