@@ -318,3 +318,27 @@ fn wire_example_10_rdma2_msg_no_chunks() {
     );
     reencode_v2(&h, &b);
 }
+
+#[test]
+fn display_reads_like_tshark_rpc_over_rdma_tree() {
+    let b = hex(EX2);
+    let d = decode(&b, &Limits::DEFAULT).unwrap();
+    let text = d.message.to_string();
+    for line in [
+        "RPC over RDMA",
+        "    XID: 0x2f4e6a80",
+        "    Version: 1",
+        "    Flow Control: 16",
+        "    Message Type: RDMA_NOMSG (1)",
+        "    Read list (count: 2)",
+        "            Position: 0",
+        "    Write list (count: 0)",
+        "    Reply chunk (count: 1)",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(text.contains("handle 0x55667788, length 8192, offset 0x00007f0012380000"));
+}
