@@ -55,6 +55,8 @@ pub enum Error {
     BadOption(&'static str),
     /// An `rdma_opttype` this end does not support (V2-3.1-b).
     UnsupportedOption(u32),
+    /// A Read chunk the procedure's Upper-Layer Binding does not allow (R8166-6.1-b).
+    NotEligible(&'static str),
     /// The output buffer is too small for the message being encoded.
     BufferTooSmall,
     /// The value cannot be encoded (a length beyond 32 bits, an invalid combination).
@@ -88,6 +90,7 @@ impl fmt::Display for Error {
             Error::ReplyChunkUsedInMsg => f.write_str("RDMA_MSG reply used its reply chunk"),
             Error::BadOption(what) => write!(f, "malformed optional body: {what}"),
             Error::UnsupportedOption(t) => write!(f, "unsupported rdma_opttype {t}"),
+            Error::NotEligible(what) => write!(f, "DDP-eligibility violation: {what}"),
             Error::BufferTooSmall => f.write_str("output buffer too small"),
             Error::Unencodable(what) => write!(f, "cannot encode {what}"),
         }
@@ -118,6 +121,9 @@ pub enum Answer {
     BadHeader,
     /// RDMA2_ERROR / RDMA2_ERR_INVAL_OPTION (version 2, V2-3.1-b).
     InvalOption,
+    /// Header fine, arguments not: an RPC reply with GARBAGE_ARGS in an RDMA_MSG
+    /// (R8166-4.5.2-b, AMB-12); built by the RPC layer, not by this crate.
+    GarbageArgs,
 }
 
 impl Error {
@@ -141,6 +147,8 @@ impl Error {
             Error::UnsupportedOption(_) if vers == 2 => Answer::InvalOption,
             // R8166-4.5-c: header errors in a reply are dropped.
             _ if !call => Answer::Drop,
+            // R8166-6.1-b with AMB-12: the header parsed, the arguments are wrong.
+            Error::NotEligible(_) => Answer::GarbageArgs,
             // R8166-4.5.1-a, IMPL-4.6.1-a.
             Error::UnsupportedVersion(_) => Answer::ErrVers,
             // V2-4.2-b, V2-4.2.3-a: every other v2 header error.

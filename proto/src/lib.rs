@@ -179,7 +179,7 @@ impl Rejected {
     pub fn reply(&self, received: Received, credit: u32, limits: &Limits) -> Option<ErrorReply> {
         let fixed = self.fixed?;
         let code = match self.answer(received) {
-            Answer::Drop => return None,
+            Answer::Drop | Answer::GarbageArgs => return None,
             Answer::ErrVers => ErrorCode::Vers {
                 low: v1::VERSION,
                 high: limits.max_version,

@@ -1,1 +1,224 @@
-//! Upper-Layer Bindings (RFC 8166 §6): which XDR items may be reduced (moved to chunks).
+//! Upper-Layer Bindings (RFC 8166 §6): which XDR items of which procedures may be reduced
+//! (moved into chunks), for RDMATEST (TESTPROG.md) and NFS version 3 (RFC 8267).
+//!
+//! Anything not named here is not DDP-eligible (IMPL-6.2.1-a): unknown programs get
+//! [`Binding::NONE`] and may only use Long messages (PZRC / Reply chunk).
+
+use crate::chunk::ReadList;
+use crate::rpc::CallHeader;
+use crate::xdr::Reader;
+use crate::Error;
+
+/// RDMATEST program number (TESTPROG.md).
+pub const RDMATEST_PROG: u32 = 0x2052_4454;
+/// RDMATEST version.
+pub const RDMATEST_VERS: u32 = 1;
+/// RDMATEST procedures.
+pub mod rdmatest {
+    /// NULL.
+    pub const NULL: u32 = 0;
+    /// ECHO: `opaque data<>` argument and result are eligible.
+    pub const ECHO: u32 = 1;
+    /// READ: the result opaque is eligible.
+    pub const READ: u32 = 2;
+    /// WRITE: `write_args.data` is eligible.
+    pub const WRITE: u32 = 3;
+    /// SLEEP.
+    pub const SLEEP: u32 = 4;
+    /// CALLBACK.
+    pub const CALLBACK: u32 = 5;
+}
+/// RDMATEST_CB program number (backward calls; nothing eligible).
+pub const RDMATEST_CB_PROG: u32 = 0x2052_4455;
+/// NFS program number.
+pub const NFS_PROG: u32 = 100_003;
+/// NFS version 3 procedures with DDP-eligible items (RFC 8267 §4).
+pub mod nfs3 {
+    /// READLINK: the `nfspath3` result is eligible.
+    pub const READLINK: u32 = 5;
+    /// READ: the `data` result is eligible.
+    pub const READ: u32 = 6;
+    /// WRITE: the `data` argument is eligible.
+    pub const WRITE: u32 = 7;
+    /// SYMLINK: the `symlink_data` (`nfspath3`) argument is eligible.
+    pub const SYMLINK: u32 = 10;
+}
+
+/// What a procedure allows to be reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// Read chunks (distinct non-zero positions) a call may carry.
+    pub max_read_chunks: u8,
+    /// Write chunks a call may offer.
+    pub max_write_chunks: u8,
+    /// The call has a DDP-eligible argument.
+    pub arg_eligible: bool,
+    /// The reply has a DDP-eligible result.
+    pub result_eligible: bool,
+}
+
+impl Binding {
+    /// Nothing eligible (the default for anything not named, IMPL-6.2.1-a).
+    pub const NONE: Binding = Binding {
+        max_read_chunks: 0,
+        max_write_chunks: 0,
+        arg_eligible: false,
+        result_eligible: false,
+    };
+    const ARG: Binding = Binding {
+        max_read_chunks: 1,
+        max_write_chunks: 0,
+        arg_eligible: true,
+        result_eligible: false,
+    };
+    const RESULT: Binding = Binding {
+        max_read_chunks: 0,
+        max_write_chunks: 1,
+        arg_eligible: false,
+        result_eligible: true,
+    };
+    const BOTH: Binding = Binding {
+        max_read_chunks: 1,
+        max_write_chunks: 1,
+        arg_eligible: true,
+        result_eligible: true,
+    };
+}
+
+/// The binding of procedure `proc` of program `prog` version `vers`.
+pub fn binding(prog: u32, vers: u32, proc: u32) -> Binding {
+    match (prog, vers, proc) {
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::ECHO) => Binding::BOTH,
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::READ) => Binding::RESULT,
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::WRITE) => Binding::ARG,
+        (NFS_PROG, 3, nfs3::READ | nfs3::READLINK) => Binding::RESULT,
+        (NFS_PROG, 3, nfs3::WRITE | nfs3::SYMLINK) => Binding::ARG,
+        _ => Binding::NONE,
+    }
+}
+
+/// Where an eligible item sits: the bytes after its inline length word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// Offset of the item's data (after its length word), from the start of what was parsed.
+    pub position: u32,
+    /// The item's length in bytes, pad excluded (the inline length word).
+    pub length: u32,
+}
+
+fn item_at(r: &mut Reader<'_>, base: usize, what: &'static str) -> Result<Item, Error> {
+    let length = r.u32(what)?;
+    let position = u32::try_from(base + r.position()).map_err(|_| Error::Unencodable(what))?;
+    Ok(Item { position, length })
+}
+
+fn skip_opaque_head(r: &mut Reader<'_>, max: u32, what: &'static str) -> Result<(), Error> {
+    let len = r.u32(what)?;
+    if len > max {
+        return Err(Error::BadValue(what, len));
+    }
+    r.take(crate::xdr::opaque_len(len as usize) - 4, what)?;
+    Ok(())
+}
+
+/// Skips an NFSv3 `set_*` optional value of `words` words (sattr3 arms).
+fn skip_set(r: &mut Reader<'_>, words: usize, what: &'static str) -> Result<(), Error> {
+    if r.bool(what)? {
+        r.take(4 * words, what)?;
+    }
+    Ok(())
+}
+
+/// Skips an NFSv3 `set_atime` / `set_mtime` (time_how 2 carries an nfstime3).
+fn skip_set_time(r: &mut Reader<'_>, what: &'static str) -> Result<(), Error> {
+    match r.u32(what)? {
+        0 | 1 => Ok(()),
+        2 => r.take(8, what).map(|_| ()),
+        v => Err(Error::BadValue(what, v)),
+    }
+}
+
+/// Finds the eligible argument in the (possibly reduced) argument XDR of a call.
+///
+/// Only the items before the eligible one are read, so a call whose item was moved to a
+/// Read chunk works as well as an unreduced one. `Ok(None)`: nothing eligible.
+pub fn eligible_argument(
+    prog: u32,
+    vers: u32,
+    proc: u32,
+    args: &[u8],
+) -> Result<Option<Item>, Error> {
+    let mut r = Reader::new(args);
+    let item = match (prog, vers, proc) {
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::ECHO) => item_at(&mut r, 0, "echo data")?,
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::WRITE) => {
+            r.u32("write_args.seed")?;
+            item_at(&mut r, 0, "write_args.data")?
+        }
+        (NFS_PROG, 3, nfs3::WRITE) => {
+            skip_opaque_head(&mut r, 64, "nfs_fh3")?;
+            r.take(8 + 4 + 4, "WRITE3args offset, count, stable")?;
+            item_at(&mut r, 0, "WRITE3args data")?
+        }
+        (NFS_PROG, 3, nfs3::SYMLINK) => {
+            skip_opaque_head(&mut r, 64, "nfs_fh3")?;
+            skip_opaque_head(&mut r, u32::MAX, "filename3")?;
+            skip_set(&mut r, 1, "set_mode3")?;
+            skip_set(&mut r, 1, "set_uid3")?;
+            skip_set(&mut r, 1, "set_gid3")?;
+            skip_set(&mut r, 2, "set_size3")?;
+            skip_set_time(&mut r, "set_atime")?;
+            skip_set_time(&mut r, "set_mtime")?;
+            item_at(&mut r, 0, "symlink_data")?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(item))
+}
+
+/// Finds the eligible argument of a whole RPC call message; the position is counted from
+/// the first byte of the XID, as Read-chunk positions are (R8166-3.4.5-a).
+pub fn eligible_call_item(msg: &[u8]) -> Result<Option<Item>, Error> {
+    let call = CallHeader::parse(msg)?;
+    let args = msg.get(call.args_offset..).unwrap_or(&[]);
+    let Some(item) = eligible_argument(call.prog, call.vers, call.proc, args)? else {
+        return Ok(None);
+    };
+    let position = u32::try_from(call.args_offset)
+        .ok()
+        .and_then(|o| o.checked_add(item.position))
+        .ok_or(Error::Unencodable("position"))?;
+    Ok(Some(Item { position, ..item }))
+}
+
+/// Checks a call's non-zero-position Read chunks against its binding (R8166-6.1-b,
+/// R8166-3.4.5.2-b/c): at most the allowed number of chunks, each at the eligible item's
+/// position, with the item's length (optionally plus its XDR pad).
+///
+/// `msg` is the inline (reduced) RPC call. Failures are [`Error::NotEligible`]
+/// (answered with GARBAGE_ARGS, AMB-12).
+pub fn check_read_chunks(msg: &[u8], reads: &ReadList<'_>) -> Result<(), Error> {
+    let mut data_chunks = reads.chunks().filter(|c| c.position != 0);
+    let Some(chunk) = data_chunks.next() else {
+        return Ok(());
+    };
+    let call = CallHeader::parse(msg).map_err(|_| Error::NotEligible("unparsable call"))?;
+    let b = binding(call.prog, call.vers, call.proc);
+    if !b.arg_eligible || data_chunks.next().is_some() {
+        return Err(Error::NotEligible("read chunk for a non-eligible argument"));
+    }
+    let item = eligible_call_item(msg)
+        .map_err(|_| Error::NotEligible("unparsable arguments"))?
+        .ok_or(Error::NotEligible("no eligible argument"))?;
+    if chunk.position != item.position {
+        return Err(Error::NotEligible("read chunk at a non-eligible position"));
+    }
+    let len = u64::from(chunk.length().ok_or(Error::ChunkTooLong)?);
+    let want = u64::from(item.length);
+    if len != want && len != want + crate::xdr::pad(item.length as usize) as u64 {
+        return Err(Error::NotEligible(
+            "read chunk length differs from the item",
+        ));
+    }
+    Ok(())
+}
