@@ -485,3 +485,119 @@ fn v2_4_2_e_optional_round_trip_with_unknown_body() {
     let d = decode(&out[..n], &L).unwrap();
     assert_eq!(d.message, Message::V2(h));
 }
+
+#[test]
+fn r8166_7_a_fixed_fields_at_same_offsets_in_every_version() {
+    let v1_msg = words(&[0xa, 1, 3, 1, 0, 0, 1, 0]);
+    let v2_msg = words(&[0xb, 2, 4, 5, 1, 9, 0]);
+    let other = words(&[0xc, 7, 5, 4, 1, 1, 1]);
+    for (b, vers, proc) in [(&v1_msg, 1, 1), (&v2_msg, 2, 5), (&other, 7, 4)] {
+        let f = rpcrdma_proto::Fixed::peek(b).unwrap();
+        assert_eq!((f.vers, f.proc), (vers, proc));
+        decode(b, &L).unwrap();
+    }
+    // ERR_VERS keeps rdma_err @16, low @20, high @24 whatever the version.
+    let d = decode(&other, &L).unwrap();
+    assert_eq!(d.message.err_vers(), Some((1, 1)));
+    assert_eq!(rpcrdma_proto::Fixed::peek(&v1_msg[..15]), None);
+}
+
+#[test]
+fn r8166_4_2_2_a_v1_encoder_writes_version_1() {
+    let h = v1::Header {
+        xid: 1,
+        credit: 1,
+        body: v1::Body::Msg(ChunkLists::EMPTY),
+    };
+    let mut out = [0u8; 28];
+    h.emit(&mut out).unwrap();
+    assert_eq!(&out[4..8], &[0, 0, 0, 1]);
+}
+
+#[test]
+fn r8166_3_3_1_c_error_reply_never_grants_zero_credits() {
+    let r = reject(&words(&[5, 1, 32, 9, 0, 0, 0]));
+    let reply = r.reply(Received::Call, 0, &L).unwrap();
+    assert_eq!(reply.credit, 1);
+}
+
+#[test]
+fn impl_3_2_c_read_chunk_limit_counts_positions_not_segments() {
+    let one_chunk = Limits {
+        max_read_chunks: 1,
+        ..L
+    };
+    // Two segments at one position: one chunk, accepted.
+    let b = words(&[5, 1, 32, 1, 1, 8, 1, 8, 0, 0, 1, 8, 2, 8, 0, 0, 0, 0, 0]);
+    decode(&b, &one_chunk).unwrap();
+    // Two positions: two chunks, rejected.
+    let b = words(&[5, 1, 32, 1, 1, 8, 1, 8, 0, 0, 1, 16, 2, 8, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        decode(&b, &one_chunk).unwrap_err().error,
+        Error::TooMany("read chunks")
+    );
+}
+
+#[test]
+fn impl_3_4_a_sixteen_segment_pzrc_accepted() {
+    let mut ws = vec![5, 1, 32, 1];
+    for i in 0..16 {
+        ws.extend_from_slice(&[1, 0, i, 4096, 0, i * 4096]);
+    }
+    ws.extend_from_slice(&[0, 0, 0]);
+    let b = words(&ws);
+    let d = decode(&b, &L).unwrap();
+    let Message::V1(v1::Header {
+        body: v1::Body::Nomsg(c),
+        ..
+    }) = d.message
+    else {
+        panic!()
+    };
+    let chunks: Vec<_> = c.reads.chunks().collect();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].segment_count(), 16);
+    assert_eq!(chunks[0].length(), Some(16 * 4096));
+}
+
+#[test]
+fn impl_3_5_1_a_nomsg_pzrc_plus_data_chunk_accepted() {
+    // AMB-10: a PZRC plus a Read chunk at position 128 (the PZRC is not an overlap).
+    let b = words(&[
+        5, 1, 32, 1, 1, 0, 1, 4096, 0, 0, 1, 128, 2, 64, 0, 0, 0, 0, 0,
+    ]);
+    let d = decode(&b, &L).unwrap();
+    let Message::V1(v1::Header {
+        body: v1::Body::Nomsg(c),
+        ..
+    }) = d.message
+    else {
+        panic!()
+    };
+    let pos: Vec<u32> = c.reads.chunks().map(|c| c.position).collect();
+    assert_eq!(pos, [0, 128]);
+}
+
+#[test]
+fn xch_2_1_b_non_contiguous_unknown_id_accepted() {
+    let optinfo = words(&[1, 0x7fff_ffff, 0]);
+    let op = xchar::Operation::parse(xchar::ROPT_REQXCH, &optinfo).unwrap();
+    let xchar::Operation::ReqXch { want } = op else {
+        panic!()
+    };
+    assert_eq!(want.iter().next().map(|v| v.which()), Some(0x7fff_ffff));
+}
+
+#[test]
+fn v2_4_2_1_b_error_answers_carry_no_payload() {
+    for (b, len) in [
+        (words(&[5, 2, 32, 9, 0, 0, 0, 0]), 20),
+        (words(&[5, 9, 32, 0, 0, 0, 0, 0]), 28),
+    ] {
+        let reply = reject(&b).reply(Received::Call, 1, &L).unwrap();
+        assert_eq!(reply.buffer_len(), len);
+        let mut out = [0xeeu8; 40];
+        assert_eq!(reply.emit(&mut out).unwrap(), len);
+        assert!(out[len..].iter().all(|&x| x == 0xee));
+    }
+}
