@@ -42,7 +42,10 @@ fn measure(msg: &[u8]) -> f64 {
 }
 
 fn main() {
-    let reads = [ReadSegment::new(48, Segment::new(0x1122_3344, 8192, 0x7f00_1234_0000))];
+    let reads = [ReadSegment::new(
+        48,
+        Segment::new(0x1122_3344, 8192, 0x7f00_1234_0000),
+    )];
     let write = [Segment::new(0x5566_7788, 65536, 0x7f00_1238_0000)];
     let writes = [Chunk::from_segments(&write)];
     let chunked = v1::Header {
