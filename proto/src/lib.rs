@@ -6,6 +6,38 @@
 //! against [`Limits`] and returns zero-copy views; a failure comes back as [`Rejected`],
 //! whose [`answer`](Rejected::answer) says what RFC 8166 §4.5 wants done about it.
 //! Building a message to send uses the same types over the sender's own slices.
+//!
+//! ```
+//! use rpcrdma_proto::{decode, v1, Chunk, ChunkLists, Limits, Message, Received, ReadList,
+//!                     Segment, WriteList};
+//!
+//! // Send: an RDMA_NOMSG call whose reply comes back in a one-segment Reply chunk.
+//! let reply = [Segment::new(0x5566_7788, 8192, 0x7f00_1238_0000)];
+//! let pzrc = [rpcrdma_proto::ReadSegment::new(0, Segment::new(0x1122_3344, 2000, 0x7f00_0000))];
+//! let header = v1::Header {
+//!     xid: 42,
+//!     credit: 32,
+//!     body: v1::Body::Nomsg(ChunkLists {
+//!         reads: ReadList::from_segments(&pzrc),
+//!         writes: WriteList::EMPTY,
+//!         reply: Some(Chunk::from_segments(&reply)),
+//!     }),
+//! };
+//! let mut buf = [0u8; 128];
+//! let n = header.emit(&mut buf)?;
+//!
+//! // Receive: decode, or answer as RFC 8166 §4.5 says.
+//! match decode(&buf[..n], &Limits::DEFAULT) {
+//!     Ok(d) => assert_eq!(d.message, Message::V1(header)),
+//!     Err(rejected) => {
+//!         if let Some(answer) = rejected.reply(Received::Call, 32, &Limits::DEFAULT) {
+//!             let mut out = [0u8; 28];
+//!             answer.emit(&mut out)?;
+//!         }
+//!     }
+//! }
+//! # Ok::<(), rpcrdma_proto::Error>(())
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -168,10 +200,15 @@ pub struct Rejected {
 }
 
 impl Rejected {
-    /// What to do about it (see [`Error::answer`]).
+    /// What to do about it (see [`Error::answer`]). An RDMA2_OPTIONAL message is not a
+    /// reply to anything, so it is answered in either role (AMB-23).
     pub fn answer(&self, received: Received) -> Answer {
-        self.error
-            .answer(self.fixed.map_or(0, |f| f.vers), received)
+        let vers = self.fixed.map_or(0, |f| f.vers);
+        let optional = self
+            .fixed
+            .is_some_and(|f| f.vers == v2::VERSION && f.proc == v2::RDMA2_OPTIONAL);
+        let received = if optional { Received::Call } else { received };
+        self.error.answer(vers, received)
     }
 
     /// The error message to send back, if any; `credit` is the current grant (AMB-3) and

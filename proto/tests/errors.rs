@@ -601,3 +601,15 @@ fn v2_4_2_1_b_error_answers_carry_no_payload() {
         assert!(out[len..].iter().all(|&x| x == 0xee));
     }
 }
+
+#[test]
+fn amb_23_malformed_optional_answered_at_the_requester_too() {
+    // A truncated rdma_optinfo from the server reaches the client: BAD_HEADER, not a drop.
+    let b = words(&[3, 2, 32, 5, 1, 1, 100, 0]);
+    let r = reject(&b);
+    assert_eq!(r.error, Error::Truncated("rdma_optinfo"));
+    assert_eq!(r.answer(Received::Reply), Answer::BadHeader);
+    // Any other v2 header error at the requester is still dropped.
+    let r = reject(&words(&[3, 2, 32, 1, 0, 0, 0, 0]));
+    assert_eq!(r.answer(Received::Reply), Answer::Drop);
+}
