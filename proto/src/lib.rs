@@ -5,7 +5,8 @@
 //! Decoding never allocates and never panics: [`decode`] validates a received message
 //! against [`Limits`] and returns zero-copy views; a failure comes back as [`Rejected`],
 //! whose [`answer`](Rejected::answer) says what RFC 8166 §4.5 wants done about it.
-//! Building a message to send uses the same types over the sender's own slices.
+//! Building a message to send uses the same types over the sender's own slices. The
+//! crate is `no_std` and never allocates.
 //!
 //! ```
 //! use rpcrdma_proto::{decode, v1, Chunk, ChunkLists, Limits, Message, Received, ReadList,
@@ -38,6 +39,7 @@
 //! }
 //! # Ok::<(), rpcrdma_proto::Error>(())
 //! ```
+#![cfg_attr(not(test), no_std)]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
