@@ -69,10 +69,12 @@ impl Segment {
     }
 
     /// One past the last byte addressed, or `None` if `offset + length` wraps 64 bits.
+    #[inline]
     pub fn end(&self) -> Option<u64> {
         self.offset.checked_add(u64::from(self.length))
     }
 
+    #[inline]
     fn from_wire(b: &[u8; SEGMENT_LEN]) -> Self {
         Segment {
             handle: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
@@ -81,6 +83,7 @@ impl Segment {
         }
     }
 
+    #[inline]
     fn emit(&self, w: &mut Writer<'_>) -> Result<(), Error> {
         w.u32(self.handle)?;
         w.u32(self.length)?;
@@ -125,6 +128,7 @@ impl<'a> ReadList<'a> {
     }
 
     /// Number of read segments.
+    #[inline]
     pub fn len(&self) -> usize {
         match self.0 {
             ReadRepr::Wire(b) => b.len() / READ_ENTRY_LEN,
@@ -133,11 +137,13 @@ impl<'a> ReadList<'a> {
     }
 
     /// True when the list holds no segment.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Read segments in list order.
+    #[inline]
     pub fn iter(&self) -> ReadSegments<'a> {
         match self.0 {
             ReadRepr::Wire(b) => ReadSegments::Wire(b.chunks_exact(READ_ENTRY_LEN)),
@@ -147,6 +153,7 @@ impl<'a> ReadList<'a> {
 
     /// Read chunks: segments grouped by position, in order of first appearance, keeping
     /// list order within a position (AMB-11).
+    #[inline]
     pub fn chunks(&self) -> ReadChunks<'a> {
         ReadChunks {
             list: *self,
@@ -155,18 +162,25 @@ impl<'a> ReadList<'a> {
     }
 
     /// True if some segment has position 0 (a Position Zero Read chunk, RFC 8166 §3.5.3).
+    #[inline]
     pub fn has_position_zero(&self) -> bool {
         self.iter().any(|s| s.position == 0)
     }
 
     /// Bytes of this list on the wire, terminator included.
+    #[inline]
     pub fn wire_len(&self) -> usize {
         4 + READ_ENTRY_LEN * self.len()
     }
 
+    #[inline]
     fn parse(r: &mut Reader<'a>, limits: &Limits) -> Result<Self, Error> {
         let start = r.rest();
         let mut n = 0usize;
+        // One pass covers lists sent sorted by position (AMB-11, as Linux sends them);
+        // anything else is checked again by the general `validate`.
+        let mut sorted = true;
+        let (mut pos, mut len, mut segs, mut chunks) = (0u32, 0u32, 0usize, 0usize);
         loop {
             match r.u32("read list entry discriminator")? {
                 0 => break,
@@ -175,7 +189,43 @@ impl<'a> ReadList<'a> {
                     if n > limits.max_read_segments {
                         return Err(Error::TooMany("read segments"));
                     }
-                    r.take(READ_ENTRY_LEN - 4, "read segment")?;
+                    let e = r.take(READ_ENTRY_LEN - 4, "read segment")?;
+                    let (p, seg) = e
+                        .split_first_chunk::<4>()
+                        .ok_or(Error::Truncated("read segment"))?;
+                    let position = u32::from_be_bytes(*p);
+                    let seg = Segment::from_wire(
+                        seg.first_chunk().ok_or(Error::Truncated("read segment"))?,
+                    );
+                    if position % 4 != 0 {
+                        return Err(Error::MisalignedPosition(position));
+                    }
+                    seg.end().ok_or(Error::SegmentWraps)?;
+                    if !sorted {
+                        continue;
+                    }
+                    if n == 1 || position != pos {
+                        if n > 1 && position < pos {
+                            sorted = false;
+                            continue;
+                        }
+                        if n > 1
+                            && pos != 0
+                            && u64::from(pos) + u64::from(len) > u64::from(position)
+                        {
+                            return Err(Error::OverlappingReadChunks);
+                        }
+                        chunks += 1;
+                        if chunks > limits.max_read_chunks {
+                            return Err(Error::TooMany("read chunks"));
+                        }
+                        (pos, len, segs) = (position, 0, 0);
+                    }
+                    segs += 1;
+                    if segs > limits.max_segments_per_chunk {
+                        return Err(Error::TooMany("segments in a read chunk"));
+                    }
+                    len = len.checked_add(seg.length).ok_or(Error::ChunkTooLong)?;
                 }
                 v => return Err(Error::BadValue("read list entry discriminator", v)),
             }
@@ -184,12 +234,15 @@ impl<'a> ReadList<'a> {
             .get(..n * READ_ENTRY_LEN)
             .ok_or(Error::Truncated("read list"))?;
         let list = ReadList(ReadRepr::Wire(bytes));
-        list.validate(limits)?;
+        if !sorted {
+            list.validate(limits)?;
+        }
         Ok(list)
     }
 
     /// Checks the header-visible MUSTs: positions multiple of 4, no wrapping segment,
     /// chunk lengths within 32 bits, caps on chunks and segments, no overlapping chunks.
+    #[inline]
     fn validate(&self, limits: &Limits) -> Result<(), Error> {
         for s in self.iter() {
             if s.position % 4 != 0 {
@@ -221,6 +274,7 @@ impl<'a> ReadList<'a> {
         Ok(())
     }
 
+    #[inline]
     fn emit(&self, w: &mut Writer<'_>) -> Result<(), Error> {
         match self.0 {
             ReadRepr::Wire(b) => w.bytes(b)?,
@@ -358,6 +412,7 @@ impl<'a> Chunk<'a> {
     }
 
     /// Number of segments.
+    #[inline]
     pub fn len(&self) -> usize {
         match self.0 {
             ChunkRepr::Wire(b) => b.len() / SEGMENT_LEN,
@@ -366,6 +421,7 @@ impl<'a> Chunk<'a> {
     }
 
     /// True for an empty chunk (segment count 0, R8166-3.4.6-d).
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -376,6 +432,7 @@ impl<'a> Chunk<'a> {
     }
 
     /// The segments in array order.
+    #[inline]
     pub fn segments(&self) -> Segments<'a> {
         match self.0 {
             ChunkRepr::Wire(b) => Segments::Wire(b.chunks_exact(SEGMENT_LEN)),
@@ -389,10 +446,12 @@ impl<'a> Chunk<'a> {
     }
 
     /// Bytes of this chunk on the wire (count word and segments).
+    #[inline]
     pub fn wire_len(&self) -> usize {
         4 + SEGMENT_LEN * self.len()
     }
 
+    #[inline]
     fn parse(r: &mut Reader<'a>, limits: &Limits, what: &'static str) -> Result<Self, Error> {
         let n = r.u32("segment count")? as usize;
         if n > limits.max_segments_per_chunk {
@@ -408,6 +467,7 @@ impl<'a> Chunk<'a> {
         Ok(chunk)
     }
 
+    #[inline]
     fn emit(&self, w: &mut Writer<'_>) -> Result<(), Error> {
         let n = u32::try_from(self.len()).map_err(|_| Error::Unencodable("segment count"))?;
         w.u32(n)?;
@@ -484,6 +544,7 @@ impl<'a> WriteList<'a> {
     }
 
     /// Number of Write chunks.
+    #[inline]
     pub fn len(&self) -> usize {
         match self.0 {
             WriteRepr::Wire { count, .. } => count,
@@ -492,11 +553,13 @@ impl<'a> WriteList<'a> {
     }
 
     /// True when the list holds no chunk.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The Write chunks in list order.
+    #[inline]
     pub fn iter(&self) -> WriteChunks<'a> {
         match self.0 {
             WriteRepr::Wire { bytes, .. } => WriteChunks::Wire(Reader::new(bytes)),
@@ -505,6 +568,7 @@ impl<'a> WriteList<'a> {
     }
 
     /// Bytes of this list on the wire, terminator included.
+    #[inline]
     pub fn wire_len(&self) -> usize {
         match self.0 {
             WriteRepr::Wire { bytes, .. } => bytes.len() + 4,
@@ -512,6 +576,7 @@ impl<'a> WriteList<'a> {
         }
     }
 
+    #[inline]
     fn parse(r: &mut Reader<'a>, limits: &Limits) -> Result<Self, Error> {
         let start = r.rest();
         let begin = r.position();
@@ -537,6 +602,7 @@ impl<'a> WriteList<'a> {
         Ok(WriteList(WriteRepr::Wire { bytes, count }))
     }
 
+    #[inline]
     fn emit(&self, w: &mut Writer<'_>) -> Result<(), Error> {
         match self.0 {
             WriteRepr::Wire { bytes, .. } => w.bytes(bytes)?,
@@ -611,11 +677,13 @@ impl<'a> ChunkLists<'a> {
     };
 
     /// True when the Read list and Write list are empty and no Reply chunk is present.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.reads.is_empty() && self.writes.is_empty() && self.reply.is_none()
     }
 
     /// Bytes of the three fields on the wire.
+    #[inline]
     pub fn wire_len(&self) -> usize {
         self.reads.wire_len()
             + self.writes.wire_len()
@@ -623,6 +691,7 @@ impl<'a> ChunkLists<'a> {
     }
 
     /// Decodes and validates the three fields.
+    #[inline]
     pub fn parse(r: &mut Reader<'a>, limits: &Limits) -> Result<Self, Error> {
         let reads = ReadList::parse(r, limits)?;
         let writes = WriteList::parse(r, limits)?;
@@ -639,6 +708,7 @@ impl<'a> ChunkLists<'a> {
     }
 
     /// Encodes the three fields.
+    #[inline]
     pub fn emit(&self, w: &mut Writer<'_>) -> Result<(), Error> {
         self.reads.emit(w)?;
         self.writes.emit(w)?;
@@ -690,6 +760,53 @@ mod tests {
         parse(&[1, 8, 1, 8, 0, 0, 1, 16, 2, 4, 0, 0, 0, 0, 0]).unwrap();
         // chunk at 8 of 7 bytes (pad excluded) and chunk at 16: fine
         parse(&[1, 8, 1, 7, 0, 0, 1, 16, 2, 4, 0, 0, 0, 0, 0]).unwrap();
+    }
+
+    #[test]
+    fn amb_11_sorted_fast_path_agrees_with_general_check() {
+        // Every list of up to 3 segments over a few positions and lengths: the one-pass
+        // check for sorted lists must accept exactly what the general one accepts.
+        let tight = Limits {
+            max_read_chunks: 2,
+            max_segments_per_chunk: 2,
+            ..Limits::DEFAULT
+        };
+        let choices: Vec<(u32, u32)> = [0u32, 4, 8, 12]
+            .iter()
+            .flat_map(|&p| [0u32, 3, 4, 8, 0xffff_fff0].map(move |l| (p, l)))
+            .collect();
+        let mut lists: Vec<Vec<(u32, u32)>> = vec![vec![]];
+        for _ in 0..3 {
+            let longer: Vec<_> = lists
+                .iter()
+                .filter(|l| l.len() == lists.last().map_or(0, |x| x.len()))
+                .flat_map(|l| {
+                    choices.iter().map(move |&c| {
+                        let mut l = l.clone();
+                        l.push(c);
+                        l
+                    })
+                })
+                .collect();
+            lists.extend(longer);
+        }
+        for list in lists {
+            let mut ws = Vec::new();
+            for &(p, l) in &list {
+                ws.extend_from_slice(&[1, p, 7, l, 0, 0]);
+            }
+            ws.push(0);
+            let b = words(&ws);
+            let fast = ReadList::parse(&mut Reader::new(&b), &tight);
+            let entries = b.get(..b.len() - 4).unwrap();
+            let general = ReadList(ReadRepr::Wire(entries)).validate(&tight);
+            // Both reject (the first error found may differ: both are ERR_CHUNK) or accept.
+            assert_eq!(
+                fast.is_ok(),
+                general.is_ok(),
+                "{list:?}: {fast:?} {general:?}"
+            );
+        }
     }
 
     #[test]

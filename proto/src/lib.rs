@@ -92,6 +92,7 @@ pub struct Fixed {
 
 impl Fixed {
     /// Reads the fixed words of any version; `None` if fewer than 16 bytes.
+    #[inline]
     pub fn peek(buf: &[u8]) -> Option<Fixed> {
         let b: &[u8; 16] = buf.first_chunk()?;
         let w = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -316,6 +317,7 @@ impl ErrorReply {
 /// Version 1 and (if `limits.max_version >= 2`) version two are decoded fully; an ERR_VERS
 /// with any other `rdma_vers` is accepted (AMB-2); anything else of an unknown version is
 /// [`Error::UnsupportedVersion`] (or [`Error::TooShort`] under 28 bytes, AMB-1).
+#[inline]
 pub fn decode<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, Rejected> {
     let fixed = Fixed::peek(buf);
     let reject = |error| Rejected { fixed, error };

@@ -65,6 +65,7 @@ pub enum ErrorBody {
 
 impl Body<'_> {
     /// The `rdma_proc` value of this body.
+    #[inline]
     pub fn proc(&self) -> u32 {
         match self {
             Body::Msg(_) => RDMA_MSG,
@@ -76,6 +77,7 @@ impl Body<'_> {
 
 /// Reads the fixed words and applies the version-agnostic length rule (AMB-1):
 /// at least 20 bytes, and 28 unless the message is an RDMA_ERROR with a void arm.
+#[inline]
 pub(crate) fn check_min_len(buf: &[u8], void_error_arm: impl Fn(u32) -> bool) -> Result<(), Error> {
     if buf.len() < MIN_ERROR_LEN {
         return Err(Error::TooShort);
@@ -92,6 +94,7 @@ pub(crate) fn check_min_len(buf: &[u8], void_error_arm: impl Fn(u32) -> bool) ->
 }
 
 /// Checks that the payload of a message with an inline RPC message starts with `xid`.
+#[inline]
 pub(crate) fn check_payload_xid(payload: &[u8], xid: u32) -> Result<(), Error> {
     let (rpc_xid, _) = payload
         .split_first_chunk::<4>()
@@ -108,6 +111,7 @@ impl<'a> Header<'a> {
     ///
     /// Enforces every MUST visible in the header alone; role-specific rules for replies
     /// are in [`Header::check_reply`].
+    #[inline]
     pub fn parse(buf: &'a [u8], limits: &Limits) -> Result<(Self, usize), Error> {
         check_min_len(buf, |err| err == ERR_CHUNK)?;
         let mut r = Reader::new(buf);
@@ -163,6 +167,7 @@ impl<'a> Header<'a> {
     }
 
     /// Bytes of the encoded header.
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         16 + match &self.body {
             Body::Msg(c) | Body::Nomsg(c) => c.wire_len(),
@@ -172,6 +177,7 @@ impl<'a> Header<'a> {
     }
 
     /// Encodes the header at the start of `buf`; returns the number of bytes written.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let mut w = Writer::new(buf);
         w.u32(self.xid)?;

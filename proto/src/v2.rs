@@ -107,6 +107,7 @@ fn direction(r: &mut Reader<'_>, what: &'static str) -> Result<MsgType, Error> {
 
 impl<'a> Header<'a> {
     /// Decodes a whole received message; returns the header and where the payload starts.
+    #[inline]
     pub fn parse(buf: &'a [u8], limits: &Limits) -> Result<(Self, usize), Error> {
         check_min_len(buf, |err| {
             err == RDMA2_ERR_BAD_HEADER || err == RDMA2_ERR_INVAL_OPTION
@@ -171,6 +172,7 @@ impl<'a> Header<'a> {
     }
 
     /// Bytes of the encoded header.
+    #[inline]
     pub fn buffer_len(&self) -> usize {
         16 + match &self.body {
             Body::Msg { chunks, .. } | Body::Nomsg { chunks, .. } => 4 + chunks.wire_len(),
@@ -181,6 +183,7 @@ impl<'a> Header<'a> {
     }
 
     /// Encodes the header at the start of `buf`; returns the number of bytes written.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let mut w = Writer::new(buf);
         w.u32(self.xid)?;
