@@ -1,0 +1,1 @@
+//! Provider conformance suite, written once and run against every provider.
