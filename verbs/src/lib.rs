@@ -465,14 +465,7 @@ pub trait Provider {
     /// requests posted on `qp` after this call, until invalidated locally
     /// ([`SendOp::LocalInvalidate`]) or remotely (Send with Invalidate); afterwards the peer's
     /// accesses with it are refused. Keys are not reused immediately and are hard to guess.
-    fn expose(
-        &mut self,
-        qp: QpId,
-        mr: MrId,
-        offset: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<u32>;
+    fn expose(&mut self, qp: QpId, mr: MrId, offset: u64, len: u64, access: Access) -> Result<u32>;
 
     /// Create a completion queue holding up to `depth` completions.
     fn create_cq(&mut self, depth: u32) -> Result<CqId>;
