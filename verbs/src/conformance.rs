@@ -62,7 +62,8 @@ pub struct Side<P> {
 }
 
 impl<P: Provider> Side<P> {
-    fn new(mut p: P) -> Side<P> {
+    /// Set up a side on `p`: PD, one CQ, a guarded buffer registered with all rights.
+    pub fn new(mut p: P) -> Side<P> {
         let pd = p.alloc_pd().expect("alloc_pd");
         let cq = p.create_cq(1024).expect("create_cq");
         let mut buf = vec![GUARD_BYTE; BUF_LEN];
@@ -155,7 +156,8 @@ impl<P: Provider> Side<P> {
             .any(|e| matches!(e, CmEvent::Disconnected { qp: q } if *q == qp))
     }
 
-    fn post(&mut self, wr_id: u64, op: SendOp, sg: &[Sge], signaled: bool) {
+    /// Post on the main queue pair.
+    pub fn post(&mut self, wr_id: u64, op: SendOp, sg: &[Sge], signaled: bool) {
         let qp = self.qp();
         self.p
             .post_send(
@@ -170,7 +172,8 @@ impl<P: Provider> Side<P> {
             .expect("post_send");
     }
 
-    fn recv(&mut self, wr_id: u64, sg: &[Sge]) {
+    /// Post a receive (to the SRQ if the side has one).
+    pub fn recv(&mut self, wr_id: u64, sg: &[Sge]) {
         match self.srq {
             Some(s) => self.p.post_srq_recv(s, wr_id, sg).expect("post_srq_recv"),
             None => {
