@@ -354,28 +354,37 @@ impl<T: Transport> SoftProvider<T> {
                 continue;
             }
             // Read exactly the frame: header first, then its private data.
-            let want = match wire::mpa_frame_len(&p.buf[..p.len]) {
-                Ok(n) => n,
-                Err(WireError::Incomplete) => wire::MPA_HDR_LEN,
-                Err(_) => {
-                    p.link.shutdown();
-                    self.pending[i] = None;
-                    continue;
+            let mut gone = false;
+            loop {
+                let want = match wire::mpa_frame_len(&p.buf[..p.len]) {
+                    Ok(n) => n,
+                    Err(WireError::Incomplete) => wire::MPA_HDR_LEN,
+                    Err(_) => {
+                        gone = true;
+                        break;
+                    }
+                };
+                if p.len >= want {
+                    break;
                 }
-            };
-            if p.len < want {
                 match p.link.read(&mut p.buf[p.len..want]) {
                     Ok(0) => {
-                        self.pending[i] = None;
-                        continue;
+                        gone = true;
+                        break;
                     }
                     Ok(n) => p.len += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => {
-                        self.pending[i] = None;
-                        continue;
+                        gone = true;
+                        break;
                     }
                 }
+            }
+            if gone {
+                p.link.shutdown();
+                self.pending[i] = None;
+                continue;
             }
             let total = match wire::mpa_frame_len(&p.buf[..p.len]) {
                 Ok(n) if n <= p.len => n,
