@@ -284,9 +284,16 @@ fn main() {
         crc: false,
         ..SoftConfig::default()
     };
+    // SOFT_BENCH=tcp or SOFT_BENCH=mem runs one half (e.g. under a profiler).
+    let only = std::env::var("SOFT_BENCH").unwrap_or_default();
     let total = 2048 * MIB;
-    let _ = plain_tcp(256 * MIB);
+    if only != "mem" {
+        let _ = plain_tcp(256 * MIB);
+    }
     for round in 0..3 {
+        if only == "mem" {
+            break;
+        }
         let plain = plain_tcp(total);
         let soft_crc = soft_tcp_write(total, crc_on);
         let soft_nocrc = soft_tcp_write(total, crc_off);
@@ -297,6 +304,9 @@ fn main() {
         );
     }
     for round in 0..3 {
+        if only == "tcp" {
+            break;
+        }
         let off = mem_send_recv(2_000_000, crc_off);
         let on = mem_send_recv(2_000_000, crc_on);
         println!("round {round}: in-memory SEND+RECV 64 B: {off:.0} ns/msg (CRC off), {on:.0} ns/msg (CRC on)");

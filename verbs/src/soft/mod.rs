@@ -65,7 +65,7 @@ impl Default for SoftConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct RecvWr {
     wr_id: u64,
     n: u8,
@@ -74,27 +74,94 @@ struct RecvWr {
 }
 
 impl RecvWr {
-    fn new(wr_id: u64, sg: &[Sge], max: u32) -> Result<RecvWr> {
-        if sg.len() > MAX_SGE || sg.len() > max as usize {
-            return Err(Error::TooManySge);
-        }
-        let mut r = RecvWr {
-            wr_id,
-            n: sg.len() as u8,
-            sg: [Sge::default(); MAX_SGE],
-            total: 0,
-        };
-        r.sg[..sg.len()].copy_from_slice(sg);
-        r.total = sg.iter().map(|s| u64::from(s.len)).sum();
-        Ok(r)
-    }
     fn sg(&self) -> &[Sge] {
         &self.sg[..usize::from(self.n)]
     }
+    /// Fill in place (copies only the used entries: these structs are large).
+    fn fill(&mut self, wr_id: u64, sg: &[Sge], max: u32) -> Result<()> {
+        if sg.len() > MAX_SGE || sg.len() > max as usize {
+            return Err(Error::TooManySge);
+        }
+        self.wr_id = wr_id;
+        self.n = sg.len() as u8;
+        self.sg[..sg.len()].copy_from_slice(sg);
+        self.total = sg.iter().map(|s| u64::from(s.len)).sum();
+        Ok(())
+    }
+    fn assign(&mut self, o: &RecvWr) {
+        self.wr_id = o.wr_id;
+        self.n = o.n;
+        self.total = o.total;
+        self.sg[..usize::from(o.n)].copy_from_slice(o.sg());
+    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A fixed-capacity FIFO whose slots are filled in place (no per-request moves of the large
+/// work-request structs).
+#[derive(Debug)]
+struct Ring<T> {
+    buf: Vec<T>,
+    head: usize,
+    len: usize,
+}
+
+impl<T: Default + Clone> Ring<T> {
+    fn new(cap: usize) -> Ring<T> {
+        Ring {
+            buf: vec![T::default(); cap.max(1)],
+            head: 0,
+            len: 0,
+        }
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn slot(&self, i: usize) -> usize {
+        (self.head + i) % self.buf.len()
+    }
+    /// The next free slot (to fill) or `None` when full; [`Ring::commit`] makes it visible.
+    fn next_free(&mut self) -> Option<&mut T> {
+        if self.len == self.buf.len() {
+            return None;
+        }
+        let i = self.slot(self.len);
+        self.buf.get_mut(i)
+    }
+    fn commit(&mut self) {
+        self.len += 1;
+    }
+    fn get(&self, i: usize) -> Option<&T> {
+        if i < self.len {
+            self.buf.get(self.slot(i))
+        } else {
+            None
+        }
+    }
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        if i < self.len {
+            let s = self.slot(i);
+            self.buf.get_mut(s)
+        } else {
+            None
+        }
+    }
+    fn front(&self) -> Option<&T> {
+        self.get(0)
+    }
+    fn drop_front(&mut self) {
+        if self.len > 0 {
+            self.head = (self.head + 1) % self.buf.len();
+            self.len -= 1;
+        }
+    }
+    fn position(&self, f: impl Fn(&T) -> bool) -> Option<usize> {
+        (0..self.len).find(|&i| self.get(i).is_some_and(&f))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum WrState {
+    #[default]
     Pending,
     WaitRead,
     Done,
@@ -111,6 +178,21 @@ struct SqWr {
     sink_stag: u32,
     sink_to: u64,
     sg: RecvWr,
+}
+
+impl Default for SqWr {
+    fn default() -> Self {
+        SqWr {
+            wr_id: 0,
+            op: SendOp::Send,
+            signaled: false,
+            state: WrState::Pending,
+            done: 0,
+            sink_stag: 0,
+            sink_to: 0,
+            sg: RecvWr::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,8 +257,8 @@ struct Qp<L> {
     state: QpState,
     phase: Phase,
     link: Option<L>,
-    rq: VecDeque<RecvWr>,
-    sq: VecDeque<SqWr>,
+    rq: Ring<RecvWr>,
+    sq: Ring<SqWr>,
     exec: usize,
     tx: Vec<u8>,
     tx_off: usize,
@@ -193,7 +275,11 @@ struct Qp<L> {
     ird: u16,
     ord: u16,
     reads_out: u16,
-    cur_recv: Option<(RecvWr, u64)>,
+    /// The receive being filled by a multi-segment Send (copied out of the RQ/SRQ) and the
+    /// bytes placed so far; `cur_active` says whether it is in use.
+    cur_recv: RecvWr,
+    cur_placed: u64,
+    cur_active: bool,
     /// The peer closed its side; fail once the bytes before the close are handled.
     eof: bool,
     inbound: VecDeque<InRead>,
@@ -209,7 +295,7 @@ struct Cq {
 #[derive(Debug)]
 struct Srq {
     pd: PdId,
-    q: VecDeque<RecvWr>,
+    q: Ring<RecvWr>,
     depth: u32,
     max_sge: u32,
 }
@@ -448,8 +534,8 @@ impl<L: Link> Qp<L> {
             state: QpState::Init,
             phase: Phase::Idle,
             link: None,
-            rq: VecDeque::with_capacity(init.max_recv_wr as usize),
-            sq: VecDeque::with_capacity(init.max_send_wr as usize),
+            rq: Ring::new(init.max_recv_wr as usize),
+            sq: Ring::new(init.max_send_wr as usize),
             exec: 0,
             tx: Vec::with_capacity(TX_HIGH + wire::MAX_FPDU),
             tx_off: 0,
@@ -466,7 +552,9 @@ impl<L: Link> Qp<L> {
             ird: 0,
             ord: 0,
             reads_out: 0,
-            cur_recv: None,
+            cur_recv: RecvWr::default(),
+            cur_placed: 0,
+            cur_active: false,
             eof: false,
             inbound: VecDeque::new(),
             want_ird_ord: (0, 0, false),
@@ -712,12 +800,12 @@ impl<L: Link> Qp<L> {
 
     fn frame_sq(&mut self, cx: &mut Ctx<'_>) -> bool {
         let pd = self.init.pd;
-        let Some(wr) = self.sq.get(self.exec).copied() else {
+        let Some((op, total, done)) = self.sq.get(self.exec).map(|w| (w.op, w.sg.total, w.done))
+        else {
             self.tx_msg = TxMsg::None;
             return false;
         };
-        let total = wr.sg.total;
-        match wr.op {
+        match op {
             SendOp::LocalInvalidate { rkey } => {
                 if cx.mem.invalidate(pd, rkey).is_err() {
                     self.fail_local(cx, WcStatus::LocalQpOperationError);
@@ -731,11 +819,14 @@ impl<L: Link> Qp<L> {
                     // ORD reached: the send queue waits for a Read Response (siw fences).
                     return false;
                 }
-                if !cx.mem.check_sg(pd, wr.sg.sg(), true) || total > u64::from(u32::MAX) {
+                let Some(sg) = self.sq.get(self.exec).map(|w| w.sg.sg()) else {
+                    return false;
+                };
+                if !cx.mem.check_sg(pd, sg, true) || total > u64::from(u32::MAX) {
                     self.fail_local(cx, WcStatus::LocalProtectionError);
                     return false;
                 }
-                let (sink_stag, sink_to) = wr.sg.sg().first().map_or((0, 0), |s| (s.lkey, s.addr));
+                let (sink_stag, sink_to) = sg.first().map_or((0, 0), |s| (s.lkey, s.addr));
                 let req = wire::ReadRequest {
                     msn: self.read_msn,
                     sink_stag,
@@ -755,28 +846,28 @@ impl<L: Link> Qp<L> {
                 true
             }
             SendOp::Send | SendOp::SendWithInvalidate { .. } | SendOp::RdmaWrite { .. } => {
-                let hdr = if matches!(wr.op, SendOp::RdmaWrite { .. }) {
+                let hdr = if matches!(op, SendOp::RdmaWrite { .. }) {
                     wire::TAGGED_HDR
                 } else {
                     wire::UNTAGGED_HDR
                 };
                 let room = (self.seglen - 2 - hdr - 4) as u64;
-                let n = (total - wr.done).min(room);
-                let last = wr.done + n == total;
-                if matches!(wr.op, SendOp::Send | SendOp::SendWithInvalidate { .. })
+                let n = (total - done).min(room);
+                let last = done + n == total;
+                if matches!(op, SendOp::Send | SendOp::SendWithInvalidate { .. })
                     && total > u64::from(u32::MAX)
                 {
                     self.fail_local(cx, WcStatus::LocalLengthError);
                     return false;
                 }
                 let s = wire::begin_fpdu(&mut self.tx);
-                match wr.op {
+                match op {
                     SendOp::RdmaWrite { remote_addr, rkey } => wire::put_tagged(
                         &mut self.tx,
                         wire::OP_WRITE,
                         last,
                         rkey,
-                        remote_addr.wrapping_add(wr.done),
+                        remote_addr.wrapping_add(done),
                     ),
                     SendOp::SendWithInvalidate { rkey } => wire::put_untagged(
                         &mut self.tx,
@@ -785,7 +876,7 @@ impl<L: Link> Qp<L> {
                         rkey,
                         0,
                         self.send_msn,
-                        wr.done as u32,
+                        done as u32,
                     ),
                     _ => wire::put_untagged(
                         &mut self.tx,
@@ -794,12 +885,18 @@ impl<L: Link> Qp<L> {
                         0,
                         0,
                         self.send_msn,
-                        wr.done as u32,
+                        done as u32,
                     ),
                 }
                 if cx
                     .mem
-                    .gather(pd, wr.sg.sg(), wr.done, n as usize, &mut self.tx)
+                    .gather(
+                        pd,
+                        self.sq.get(self.exec).map_or(&[][..], |w| w.sg.sg()),
+                        done,
+                        n as usize,
+                        &mut self.tx,
+                    )
                     .is_err()
                 {
                     self.tx.truncate(s);
@@ -808,7 +905,7 @@ impl<L: Link> Qp<L> {
                 }
                 wire::finish_fpdu(&mut self.tx, s, self.crc);
                 if last {
-                    if !matches!(wr.op, SendOp::RdmaWrite { .. }) {
+                    if !matches!(op, SendOp::RdmaWrite { .. }) {
                         self.send_msn = self.send_msn.wrapping_add(1);
                     }
                     if let Some(w) = self.sq.get_mut(self.exec) {
@@ -837,19 +934,19 @@ impl<L: Link> Qp<L> {
             if w.state != WrState::Done {
                 break;
             }
-            let w = *w;
-            self.sq.pop_front();
+            let (wr_id, op, done, signaled) = (w.wr_id, w.op, w.done, w.signaled);
+            self.sq.drop_front();
             self.exec -= 1;
-            if w.signaled {
+            if signaled {
                 push_wc(
                     cx.cqs,
                     self.init.send_cq,
                     WorkCompletion {
-                        wr_id: w.wr_id,
+                        wr_id,
                         status: WcStatus::Success,
-                        opcode: op_of(w.op),
-                        byte_len: if matches!(w.op, SendOp::RdmaRead { .. }) {
-                            w.done as u32
+                        opcode: op_of(op),
+                        byte_len: if matches!(op, SendOp::RdmaRead { .. }) {
+                            done as u32
                         } else {
                             0
                         },
@@ -884,15 +981,23 @@ impl<L: Link> Qp<L> {
         self.rx = rx;
     }
 
-    fn take_recv(&mut self, cx: &mut Ctx<'_>) -> Option<RecvWr> {
-        match self.init.srq {
-            Some(s) => cx
-                .srqs
-                .get_mut(s.0 as usize)
-                .and_then(Option::as_mut)
-                .and_then(|s| s.q.pop_front()),
-            None => self.rq.pop_front(),
-        }
+    /// Move the next posted receive (own RQ or SRQ) into `cur_recv`; false if none.
+    fn take_recv(&mut self, cx: &mut Ctx<'_>) -> bool {
+        let q = match self.init.srq {
+            Some(s) => match cx.srqs.get_mut(s.0 as usize).and_then(Option::as_mut) {
+                Some(s) => &mut s.q,
+                None => return false,
+            },
+            None => &mut self.rq,
+        };
+        let Some(r) = q.front() else {
+            return false;
+        };
+        self.cur_recv.assign(r);
+        q.drop_front();
+        self.cur_active = true;
+        self.cur_placed = 0;
+        true
     }
 
     /// Handle one segment; `Err(Some(fault))` sends a Terminate, `Err(None)` just fails.
@@ -946,10 +1051,18 @@ impl<L: Link> Qp<L> {
                 };
                 let idx = self
                     .sq
-                    .iter()
                     .position(|w| w.state == WrState::WaitRead)
                     .ok_or_else(catastrophic)?;
-                let w = self.sq[idx];
+                let Some(&SqWr {
+                    sink_stag,
+                    sink_to,
+                    done,
+                    sg: RecvWr { total, .. },
+                    ..
+                }) = self.sq.get(idx)
+                else {
+                    return Err(catastrophic());
+                };
                 let bad = || {
                     Some(Fault::with_hdr(
                         TermCode::new(1, 1, 1),
@@ -958,7 +1071,7 @@ impl<L: Link> Qp<L> {
                         payload.len(),
                     ))
                 };
-                if stag != w.sink_stag {
+                if stag != sink_stag {
                     return Err(Some(Fault::with_hdr(
                         TermCode::new(1, 1, 0),
                         WcStatus::Flushed,
@@ -966,14 +1079,15 @@ impl<L: Link> Qp<L> {
                         payload.len(),
                     )));
                 }
-                if to != w.sink_to.wrapping_add(w.done) {
+                if to != sink_to.wrapping_add(done) {
                     return Err(bad());
                 }
-                let end = w.done.checked_add(payload.len() as u64).ok_or_else(bad)?;
-                if end > w.sg.total || (last && end != w.sg.total) {
+                let end = done.checked_add(payload.len() as u64).ok_or_else(bad)?;
+                if end > total || (last && end != total) {
                     return Err(bad());
                 }
-                if cx.mem.scatter(pd, w.sg.sg(), w.done, payload).is_err() {
+                let sg = self.sq.get(idx).map_or(&[][..], |w| w.sg.sg());
+                if cx.mem.scatter(pd, sg, done, payload).is_err() {
                     let mut f = Fault::with_hdr(
                         TermCode::DDP_CATASTROPHIC,
                         WcStatus::LocalProtectionError,
@@ -983,11 +1097,12 @@ impl<L: Link> Qp<L> {
                     f.status = WcStatus::LocalProtectionError;
                     return Err(Some(f));
                 }
-                let w = &mut self.sq[idx];
-                w.done = end;
-                if last {
-                    w.state = WrState::Done;
-                    self.reads_out -= 1;
+                if let Some(w) = self.sq.get_mut(idx) {
+                    w.done = end;
+                    if last {
+                        w.state = WrState::Done;
+                        self.reads_out -= 1;
+                    }
                 }
                 Ok(())
             }
@@ -1003,20 +1118,17 @@ impl<L: Link> Qp<L> {
                 if msn != self.recv_msn {
                     return Err(fault(TermCode::DDP_MSN, WcStatus::Flushed));
                 }
-                let (r, placed) = match self.cur_recv.take() {
-                    Some(c) => c,
-                    None => {
-                        if mo != 0 {
-                            return Err(fault(TermCode::DDP_MO, WcStatus::Flushed));
-                        }
-                        let r = self
-                            .take_recv(cx)
-                            .ok_or_else(|| fault(TermCode::DDP_NO_BUFFER, WcStatus::Flushed))?;
-                        (r, 0)
+                if !self.cur_active {
+                    if mo != 0 {
+                        return Err(fault(TermCode::DDP_MO, WcStatus::Flushed));
                     }
-                };
+                    if !self.take_recv(cx) {
+                        return Err(fault(TermCode::DDP_NO_BUFFER, WcStatus::Flushed));
+                    }
+                }
                 // From here on a failure completes this receive with the fault's status.
-                self.cur_recv = Some((r, placed));
+                let r = &self.cur_recv;
+                let placed = self.cur_placed;
                 if u64::from(mo) != placed {
                     return Err(fault(TermCode::DDP_MO, WcStatus::Flushed));
                 }
@@ -1030,22 +1142,23 @@ impl<L: Link> Qp<L> {
                         WcStatus::LocalProtectionError,
                     ));
                 }
+                self.cur_placed = end;
                 if !last {
-                    self.cur_recv = Some((r, end));
                     return Ok(());
                 }
+                let wr_id = r.wr_id;
                 if let Some(stag) = invalidate {
                     cx.mem
                         .invalidate(pd, stag)
                         .map_err(|code| fault(code, WcStatus::Flushed))?;
                 }
-                self.cur_recv = None;
+                self.cur_active = false;
                 self.recv_msn = self.recv_msn.wrapping_add(1);
                 push_wc(
                     cx.cqs,
                     self.init.recv_cq,
                     WorkCompletion {
-                        wr_id: r.wr_id,
+                        wr_id,
                         status: WcStatus::Success,
                         opcode: WcOpcode::Recv,
                         byte_len: end as u32,
@@ -1118,12 +1231,13 @@ impl<L: Link> Qp<L> {
                 f.read_body.as_ref().map_or(&[][..], |b| &b[..]),
                 self.crc,
             );
-            if let Some((r, _)) = self.cur_recv.take() {
+            if self.cur_active {
+                self.cur_active = false;
                 push_wc(
                     cx.cqs,
                     self.init.recv_cq,
                     WorkCompletion {
-                        wr_id: r.wr_id,
+                        wr_id: self.cur_recv.wr_id,
                         status: f.status,
                         opcode: WcOpcode::Recv,
                         byte_len: 0,
@@ -1175,7 +1289,8 @@ impl<L: Link> Qp<L> {
     fn flush_sq_from(&mut self, cx: &mut Ctx<'_>, from: usize, first: WcStatus) {
         let mut status = first;
         let mut i = 0;
-        while let Some(w) = self.sq.pop_front() {
+        while let Some(&w) = self.sq.front() {
+            self.sq.drop_front();
             let st = if w.state == WrState::Done && i < from {
                 WcStatus::Success
             } else {
@@ -1210,16 +1325,16 @@ impl<L: Link> Qp<L> {
     fn flush_all(&mut self, cx: &mut Ctx<'_>, first: WcStatus) {
         let done = self
             .sq
-            .iter()
             .position(|w| w.state != WrState::Done)
             .unwrap_or(self.sq.len());
         self.flush_sq_from(cx, done, first);
-        if let Some((r, _)) = self.cur_recv.take() {
+        if self.cur_active {
+            self.cur_active = false;
             push_wc(
                 cx.cqs,
                 self.init.recv_cq,
                 WorkCompletion {
-                    wr_id: r.wr_id,
+                    wr_id: self.cur_recv.wr_id,
                     status: WcStatus::Flushed,
                     opcode: WcOpcode::Recv,
                     byte_len: 0,
@@ -1228,12 +1343,13 @@ impl<L: Link> Qp<L> {
                 },
             );
         }
-        while let Some(r) = self.rq.pop_front() {
+        while let Some(&RecvWr { wr_id, .. }) = self.rq.front() {
+            self.rq.drop_front();
             push_wc(
                 cx.cqs,
                 self.init.recv_cq,
                 WorkCompletion {
-                    wr_id: r.wr_id,
+                    wr_id,
                     status: WcStatus::Flushed,
                     opcode: WcOpcode::Recv,
                     byte_len: 0,
@@ -1381,7 +1497,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
         }
         let s = Srq {
             pd,
-            q: VecDeque::with_capacity(depth as usize),
+            q: Ring::new(depth as usize),
             depth,
             max_sge,
         };
@@ -1403,10 +1519,11 @@ impl<T: Transport> Provider for SoftProvider<T> {
             .and_then(Option::as_mut)
             .ok_or(Error::BadHandle)?;
         let _ = s.pd;
-        if s.q.len() >= s.depth as usize {
-            return Err(Error::QueueFull);
-        }
-        s.q.push_back(RecvWr::new(wr_id, sg, s.max_sge)?);
+        let _ = s.depth;
+        s.q.next_free()
+            .ok_or(Error::QueueFull)?
+            .fill(wr_id, sg, s.max_sge)?;
+        s.q.commit();
         Ok(())
     }
 
@@ -1463,11 +1580,11 @@ impl<T: Transport> Provider for SoftProvider<T> {
         if q.init.srq.is_some() {
             return Err(Error::BadState);
         }
-        if q.rq.len() >= q.init.max_recv_wr as usize {
-            return Err(Error::QueueFull);
-        }
-        let r = RecvWr::new(wr_id, sg, q.init.max_sge)?;
-        q.rq.push_back(r);
+        let max = q.init.max_sge;
+        q.rq.next_free()
+            .ok_or(Error::QueueFull)?
+            .fill(wr_id, sg, max)?;
+        q.rq.commit();
         if q.state == QpState::Error {
             cx_flush = true;
         }
@@ -1490,20 +1607,17 @@ impl<T: Transport> Provider for SoftProvider<T> {
         if q.state == QpState::Init || q.state == QpState::Connecting {
             return Err(Error::BadState);
         }
-        if q.sq.len() >= q.init.max_send_wr as usize {
-            return Err(Error::QueueFull);
-        }
-        let sg = RecvWr::new(wr.wr_id, wr.sg, q.init.max_sge)?;
-        q.sq.push_back(SqWr {
-            wr_id: wr.wr_id,
-            op: wr.op,
-            signaled: wr.signaled,
-            state: WrState::Pending,
-            done: 0,
-            sink_stag: 0,
-            sink_to: 0,
-            sg,
-        });
+        let max = q.init.max_sge;
+        let slot = q.sq.next_free().ok_or(Error::QueueFull)?;
+        slot.sg.fill(wr.wr_id, wr.sg, max)?;
+        slot.wr_id = wr.wr_id;
+        slot.op = wr.op;
+        slot.signaled = wr.signaled;
+        slot.state = WrState::Pending;
+        slot.done = 0;
+        slot.sink_stag = 0;
+        slot.sink_to = 0;
+        q.sq.commit();
         if q.state == QpState::Error {
             let mut cx = Ctx {
                 mem: &mut self.mem,
