@@ -118,7 +118,7 @@ fn plain_tcp(total: usize) -> f64 {
 fn soft_tcp_write(total: usize, cfg: SoftConfig) -> f64 {
     let (tx, rx) = mpsc::channel();
     let server = std::thread::spawn(move || {
-        let mut s = end(SoftProvider::tcp(cfg), 2 * MIB);
+        let mut s = end(SoftProvider::tcp(cfg).unwrap(), 2 * MIB);
         let l = s.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         tx.send((s.p.listen_addr(l).unwrap(), s.mr.rkey, s.mr.addr))
             .unwrap();
@@ -162,7 +162,7 @@ fn soft_tcp_write(total: usize, cfg: SoftConfig) -> f64 {
         }
     });
     let (addr, rkey, raddr) = rx.recv().unwrap();
-    let mut c = end(SoftProvider::tcp(cfg), 2 * MIB);
+    let mut c = end(SoftProvider::tcp(cfg).unwrap(), 2 * MIB);
     c.qp = c.p.create_qp(&c.init).unwrap();
     c.p.connect(c.qp, addr, &params()).unwrap();
     loop {

@@ -11,8 +11,8 @@ impl Harness for Tcp {
     type P = SoftTcp;
     fn pair(&mut self) -> (SoftTcp, SoftTcp) {
         (
-            SoftProvider::tcp(SoftConfig::default()),
-            SoftProvider::tcp(SoftConfig::default()),
+            SoftProvider::tcp(SoftConfig::default()).unwrap(),
+            SoftProvider::tcp(SoftConfig::default()).unwrap(),
         )
     }
     fn listen_addr(&self) -> SocketAddr {

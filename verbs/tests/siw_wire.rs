@@ -45,7 +45,7 @@ struct Node {
 
 impl Node {
     fn new(cfg: SoftConfig) -> Node {
-        let mut p = SoftProvider::tcp(cfg);
+        let mut p = SoftProvider::tcp(cfg).unwrap();
         let pd = p.alloc_pd().unwrap();
         let cq = p.create_cq(64).unwrap();
         let mut buf = vec![0u8; 1 << 16];
@@ -422,4 +422,43 @@ fn iwarp_1_4_reply_with_excess_ord_fails_connect() {
         &[0x20, 0x06, 0x00, 0x00],
         "LLP insufficient IRD"
     );
+}
+
+/// Wait until `fd` is readable (poll(2)); false after the hang guard.
+fn readable(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, 20_000) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
+    let mut n = Node::new(SoftConfig::default());
+    let fd = n.p.event_fd().expect("the TCP provider has an event fd");
+    let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = n.p.listen_addr(l).unwrap();
+    assert!(n.p.poll_cm().is_none());
+    let mut s = TcpStream::connect(addr).unwrap();
+    assert!(readable(fd), "event fd readable after a connection arrives");
+    s.write_all(&siw_request(wire::MPA_ENHANCED, 1, 1)).unwrap();
+    wait(&mut n, "connect request", |n| {
+        n.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    });
+    // Everything was consumed: the descriptor is quiet again.
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    assert!(n.p.poll_cm().is_none());
+    // SAFETY: `p` is one valid pollfd for the duration of the call.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    assert_eq!(r, 0, "no readiness left after poll_cm drained it");
 }

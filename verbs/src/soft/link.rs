@@ -35,11 +35,40 @@ pub trait Transport {
     fn accept(&mut self, l: &mut Self::Listener) -> io::Result<Option<Self::Link>>;
     /// Start connecting to `addr` (finishes later; see [`Link::connected`]).
     fn connect(&mut self, addr: SocketAddr) -> io::Result<Self::Link>;
+    /// A descriptor that becomes readable when any listener or link may have work.
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Consume the readiness behind [`Transport::event_fd`] (the caller then polls everything).
+    fn clear_events(&mut self) {}
 }
 
-/// TCP through nonblocking `mio` sockets (no `Poll` needed: the provider busy-polls).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Tcp;
+/// TCP through nonblocking `mio` sockets. The provider busy-polls them; they are also
+/// registered (edge-triggered) with one `mio::Poll` whose epoll descriptor is the provider's
+/// [`event_fd`](crate::Provider::event_fd).
+#[derive(Debug)]
+pub struct Tcp {
+    poll: mio::Poll,
+    events: mio::Events,
+}
+
+impl Tcp {
+    /// A TCP transport with its readiness descriptor.
+    pub fn new() -> io::Result<Tcp> {
+        Ok(Tcp {
+            poll: mio::Poll::new()?,
+            events: mio::Events::with_capacity(64),
+        })
+    }
+
+    fn watch(&self, s: &mut impl mio::event::Source) -> io::Result<()> {
+        self.poll.registry().register(
+            s,
+            mio::Token(0),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        )
+    }
+}
 
 /// A TCP connection.
 #[derive(Debug)]
@@ -93,15 +122,18 @@ impl Transport for Tcp {
     type Link = TcpLink;
     type Listener = mio::net::TcpListener;
     fn listen(&mut self, addr: SocketAddr) -> io::Result<Self::Listener> {
-        mio::net::TcpListener::bind(addr)
+        let mut l = mio::net::TcpListener::bind(addr)?;
+        self.watch(&mut l)?;
+        Ok(l)
     }
     fn local_addr(&self, l: &Self::Listener) -> io::Result<SocketAddr> {
         l.local_addr()
     }
     fn accept(&mut self, l: &mut Self::Listener) -> io::Result<Option<TcpLink>> {
         match l.accept() {
-            Ok((s, _)) => {
+            Ok((mut s, _)) => {
                 s.set_nodelay(true)?;
+                self.watch(&mut s)?;
                 Ok(Some(TcpLink(s)))
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
@@ -109,9 +141,24 @@ impl Transport for Tcp {
         }
     }
     fn connect(&mut self, addr: SocketAddr) -> io::Result<TcpLink> {
-        let s = mio::net::TcpStream::connect(addr)?;
+        let mut s = mio::net::TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
+        self.watch(&mut s)?;
         Ok(TcpLink(s))
+    }
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.poll.as_raw_fd())
+    }
+    fn clear_events(&mut self) {
+        // Edge-triggered: fetching the events empties the ready list, so the descriptor
+        // stops being readable until something new happens.
+        while self
+            .poll
+            .poll(&mut self.events, Some(std::time::Duration::ZERO))
+            .is_ok()
+            && !self.events.is_empty()
+        {}
     }
 }
 

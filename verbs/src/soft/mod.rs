@@ -339,9 +339,9 @@ pub struct SoftProvider<T: Transport> {
 }
 
 impl SoftProvider<Tcp> {
-    /// A soft provider over TCP.
-    pub fn tcp(cfg: SoftConfig) -> SoftTcp {
-        SoftProvider::new(Tcp, cfg)
+    /// A soft provider over TCP (fails only if the readiness descriptor cannot be created).
+    pub fn tcp(cfg: SoftConfig) -> Result<SoftTcp> {
+        Ok(SoftProvider::new(Tcp::new()?, cfg))
     }
 }
 
@@ -1790,6 +1790,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
         if self.events.is_empty() {
+            self.transport.clear_events();
             self.progress_cm();
             self.progress();
         }
@@ -1797,6 +1798,6 @@ impl<T: Transport> Provider for SoftProvider<T> {
     }
 
     fn event_fd(&self) -> Option<std::os::fd::RawFd> {
-        None
+        self.transport.event_fd()
     }
 }
