@@ -489,7 +489,8 @@ pub trait Provider {
     /// Create a reliable-connected queue pair.
     fn create_qp(&mut self, init: &QpInit) -> Result<QpId>;
 
-    /// Destroy a queue pair (disconnecting it if needed; outstanding work is dropped).
+    /// Destroy a queue pair (disconnecting it if needed; outstanding work is dropped, windows
+    /// bound to it are invalidated).
     fn destroy_qp(&mut self, qp: QpId) -> Result<()>;
 
     /// Current state of a queue pair.

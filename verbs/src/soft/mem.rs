@@ -167,6 +167,18 @@ impl Mem {
         true
     }
 
+    /// Free every window bound to queue pair `qp` (its handle may be reused later).
+    pub(crate) fn free_qp_windows(&mut self, qp: u32) {
+        for i in 1..self.entries.len() {
+            if let Kind::Window { qp: q, .. } = self.entries[i].kind {
+                if q == qp {
+                    self.entries[i].kind = Kind::Free;
+                    self.free.push_back(i as u32);
+                }
+            }
+        }
+    }
+
     /// Invalidate a window of `pd` (local or Send with Invalidate); regions cannot be.
     pub(crate) fn invalidate(&mut self, pd: PdId, stag: u32) -> Result<(), TermCode> {
         match self.lookup(stag) {
@@ -346,5 +358,94 @@ impl Mem {
             std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(out.len()), n);
             out.set_len(out.len() + n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(qp: u32) -> Kind {
+        Kind::Window {
+            pd: 0,
+            qp,
+            mr: 1,
+            addr: 0x1000,
+            len: 0x100,
+            access: Access::REMOTE_WRITE,
+        }
+    }
+
+    #[test]
+    fn stag_never_reused_right_after_free() {
+        let mut m = Mem::new();
+        let mut freed_at = std::collections::HashMap::new();
+        let mut live = std::collections::VecDeque::new();
+        for n in 0..20_000usize {
+            let s = m.alloc(window(1)).unwrap();
+            if let Some(at) = freed_at.get(&s) {
+                assert!(
+                    n - at > REUSE_DELAY,
+                    "stag {s:#x} back {} allocations after its free",
+                    n - at
+                );
+            }
+            live.push_back(s);
+            if live.len() > 8 {
+                let old = live.pop_front().unwrap();
+                m.free(old);
+                freed_at.insert(old, n);
+                assert!(m.lookup(old).is_none(), "freed stag still valid");
+            }
+        }
+        assert!(m.lookup(0).is_none(), "STag 0 is never valid");
+    }
+
+    #[test]
+    fn windows_of_a_destroyed_qp_are_freed() {
+        let mut m = Mem::new();
+        let a = m.alloc(window(3)).unwrap();
+        let b = m.alloc(window(4)).unwrap();
+        m.free_qp_windows(3);
+        assert!(m.lookup(a).is_none());
+        assert!(m.lookup(b).is_some());
+    }
+
+    #[test]
+    fn remote_checks_refuse_wrap_bounds_rights_and_association() {
+        let mut m = Mem::new();
+        let w = m.alloc(window(1)).unwrap();
+        let (pd, qp) = (PdId(0), QpId(1));
+        assert!(m
+            .check_remote(pd, qp, w, 0x1000, 0x100, Access::REMOTE_WRITE)
+            .is_ok());
+        assert_eq!(
+            m.check_remote(pd, qp, w, 0x1001, 0x100, Access::REMOTE_WRITE),
+            Err(Refused::Bounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, qp, w, 0xfff, 1, Access::REMOTE_WRITE),
+            Err(Refused::Bounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, qp, w, 0x1010, u64::MAX, Access::REMOTE_WRITE),
+            Err(Refused::Bounds)
+        );
+        assert_eq!(
+            m.check_remote(pd, qp, w, 0x1000, 1, Access::REMOTE_READ),
+            Err(Refused::Access)
+        );
+        assert_eq!(
+            m.check_remote(pd, QpId(2), w, 0x1000, 1, Access::REMOTE_WRITE),
+            Err(Refused::NotAssociated)
+        );
+        assert_eq!(
+            m.check_remote(PdId(1), qp, w, 0x1000, 1, Access::REMOTE_WRITE),
+            Err(Refused::NotAssociated)
+        );
+        assert_eq!(
+            m.check_remote(pd, qp, w ^ 1, 0x1000, 1, Access::REMOTE_WRITE),
+            Err(Refused::Invalid)
+        );
     }
 }

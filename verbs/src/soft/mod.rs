@@ -9,7 +9,9 @@
 //! Known simplifications: Sends and Writes complete once their last byte is framed (as siw
 //! completes them once handed to TCP), so a Write the peer refuses completes successfully and
 //! the refusal shows as the queue pair's error and flushed later work; peer-to-peer (RTR) mode
-//! and markers are never used; RDMA Reads may scatter into several entries (the wire carries
+//! and markers are never used; a completion queue that overflows its depth grows (allocates)
+//! instead of failing; MPA set-up has no timeouts (siw: 10 s / 5 s) and a responder does not
+//! refuse to send before the first FPDU arrives; RDMA Reads may scatter into several entries (the wire carries
 //! the first entry's key and address as the sink).
 
 pub mod link;
@@ -1563,6 +1565,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
             l.shutdown();
         }
         self.qps[qp.0 as usize] = None;
+        self.mem.free_qp_windows(qp.0);
         Ok(())
     }
 
