@@ -48,7 +48,7 @@ impl Node {
         let mut p = SoftProvider::tcp(cfg).unwrap();
         let pd = p.alloc_pd().unwrap();
         let cq = p.create_cq(64).unwrap();
-        let mut buf = vec![0u8; 1 << 16];
+        let mut buf = vec![0u8; 1 << 20];
         // SAFETY: `buf` is owned by the node and outlives the provider's use of it (the node
         // drops both together); it is never resized.
         let mr = unsafe {
@@ -461,4 +461,169 @@ fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
     // SAFETY: `p` is one valid pollfd for the duration of the call.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     assert_eq!(r, 0, "no readiness left after poll_cm drained it");
+}
+
+#[test]
+fn iwarp_1_5_rev1_request_with_markers_rejected_like_siw() {
+    let mut n = Node::new(SoftConfig::default());
+    let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = n.p.listen_addr(l).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut req = wire::MPA_REQ_KEY.to_vec();
+    req.extend([0xc0, 0x01, 0x00, 0x00]);
+    s.write_all(&req).unwrap();
+    let rep = read_exact(&mut n, &mut s, 20);
+    let mut want = wire::MPA_REP_KEY.to_vec();
+    want.extend([0x60, 0x01, 0x00, 0x00]);
+    assert_eq!(
+        rep, want,
+        "IWARP.md §1.5: M cleared, C kept, R set, no private data"
+    );
+    expect_close(&mut n, &mut s);
+    assert!(
+        n.events.is_empty(),
+        "no connect request for a refused frame"
+    );
+}
+
+#[test]
+fn iwarp_1_4_rev1_request_gets_rev1_reply_without_prefix() {
+    let mut req = Vec::new();
+    wire::emit_mpa(&mut req, false, 0, 1, None, &CLIENT_PD);
+    let cfg = SoftConfig {
+        crc: false,
+        ..SoftConfig::default()
+    };
+    let (mut n, mut s, ev) = accept_raw(cfg, &req, 4, 4);
+    assert!(matches!(
+        ev,
+        CmEvent::ConnectRequest {
+            responder_resources: 0,
+            initiator_depth: 0,
+            ..
+        }
+    ));
+    let rep = read_exact(&mut n, &mut s, 28);
+    let mut want = wire::MPA_REP_KEY.to_vec();
+    want.extend([0x00, 0x01, 0x00, 0x08]);
+    want.extend(SERVER_PD);
+    assert_eq!(rep, want);
+}
+
+/// Non-last FPDUs of a long message are exactly the FPDU size (siw: MSS rounded down to 8),
+/// with L clear and no pad; the last carries the rest.
+fn segmentation_case(fpdu_size: Option<usize>, want_seg: usize) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut n = Node::new(SoftConfig {
+        crc: true,
+        mpa_revision: 2,
+        fpdu_size,
+    });
+    let qp = n.p.create_qp(&n.init).unwrap();
+    n.p.connect(
+        qp,
+        addr,
+        &ConnParams {
+            private_data: &[],
+            responder_resources: 1,
+            initiator_depth: 1,
+        },
+    )
+    .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut s = loop {
+        n.step();
+        if let Ok((s, _)) = listener.accept() {
+            break s;
+        }
+    };
+    s.set_nonblocking(true).unwrap();
+    let _ = read_exact(&mut n, &mut s, 24);
+    let mut rep = Vec::new();
+    wire::emit_mpa(
+        &mut rep,
+        true,
+        wire::MPA_ENHANCED | wire::MPA_C,
+        2,
+        Some((1, 1)),
+        &[],
+    );
+    s.write_all(&rep).unwrap();
+    wait(&mut n, "established", |n| !n.events.is_empty());
+    let len = 2 * want_seg + 100;
+    let sg = [n.sge(0, len as u32)];
+    n.p.post_send(
+        qp,
+        &SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite {
+                remote_addr: 0x1000,
+                rkey: 0xabcd,
+            },
+            sg: &sg,
+            signaled: true,
+        },
+    )
+    .unwrap();
+    let mut placed = 0usize;
+    let mut segs = Vec::new();
+    while placed < len {
+        let hdr = read_exact(&mut n, &mut s, 2);
+        let ulen = usize::from(u16::from_be_bytes([hdr[0], hdr[1]]));
+        let total = wire::fpdu_len(ulen);
+        let mut f = hdr.clone();
+        f.extend(read_exact(&mut n, &mut s, total - 2));
+        let (seg, used) = wire::parse_fpdu(&f, true).expect("our FPDU parses with a good CRC");
+        assert_eq!(used, total);
+        let wire::Segment::Write {
+            stag,
+            to,
+            last,
+            payload,
+        } = seg
+        else {
+            panic!("{seg:?}")
+        };
+        assert_eq!((stag, to), (0xabcd, 0x1000 + placed as u64));
+        placed += payload.len();
+        segs.push((total, last));
+    }
+    assert_eq!(placed, len);
+    let (last_seg, firsts) = segs.split_last().unwrap();
+    assert!(last_seg.1, "L on the last segment");
+    for &(total, last) in firsts {
+        assert_eq!(total, want_seg, "non-last FPDU size");
+        assert!(!last);
+    }
+}
+
+#[test]
+fn iwarp_2_segmentation_configured_fpdu_size() {
+    segmentation_case(Some(1448), 1448);
+}
+
+#[test]
+fn iwarp_2_segmentation_default_is_mss_rounded_to_8() {
+    let mss = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        use std::os::fd::AsRawFd;
+        // SAFETY: valid socket fd and correctly sized out-parameters for TCP_MAXSEG.
+        let rc = unsafe {
+            libc::getsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_MAXSEG,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        v as usize
+    };
+    segmentation_case(None, (mss.min(65528)) & !7);
 }
