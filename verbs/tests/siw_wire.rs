@@ -627,3 +627,84 @@ fn iwarp_2_segmentation_default_is_mss_rounded_to_8() {
     };
     segmentation_case(None, (mss.min(65528)) & !7);
 }
+
+#[test]
+fn iwarp_4_ord_limits_outstanding_reads_to_peer_ird() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut n = Node::new(SoftConfig {
+        crc: false,
+        ..SoftConfig::default()
+    });
+    let qp = n.p.create_qp(&n.init).unwrap();
+    n.p.connect(
+        qp,
+        addr,
+        &ConnParams {
+            private_data: &[],
+            responder_resources: 4,
+            initiator_depth: 16,
+        },
+    )
+    .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut s = loop {
+        n.step();
+        if let Ok((s, _)) = listener.accept() {
+            break s;
+        }
+    };
+    s.set_nonblocking(true).unwrap();
+    let _ = read_exact(&mut n, &mut s, 24);
+    // The responder grants IRD 1: at most one Read may be outstanding.
+    let mut rep = Vec::new();
+    wire::emit_mpa(&mut rep, true, wire::MPA_ENHANCED, 2, Some((1, 0)), &[]);
+    s.write_all(&rep).unwrap();
+    wait(&mut n, "established", |n| !n.events.is_empty());
+    for i in 0..3u64 {
+        let sg = [n.sge(i * 8, 8)];
+        n.p.post_send(
+            qp,
+            &SendWr {
+                wr_id: i,
+                op: SendOp::RdmaRead {
+                    remote_addr: 0x5000 + i * 8,
+                    rkey: 0x77,
+                },
+                sg: &sg,
+                signaled: true,
+            },
+        )
+        .unwrap();
+    }
+    for i in 0..3u64 {
+        let req = read_exact(&mut n, &mut s, 52);
+        let (seg, _) = wire::parse_fpdu(&req, false).unwrap();
+        let wire::Segment::ReadRequest(r) = seg else {
+            panic!("{seg:?}")
+        };
+        assert_eq!((r.msn, r.src_to, r.size), (i as u32 + 1, 0x5000 + i * 8, 8));
+        // No second Request while this one is unanswered.
+        for _ in 0..200 {
+            n.step();
+        }
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(s.read(&mut b), Err(e) if e.kind() == ErrorKind::WouldBlock),
+            "a Read Request beyond ORD 1 was sent"
+        );
+        let mut resp = Vec::new();
+        let st = wire::begin_fpdu(&mut resp);
+        wire::put_tagged(&mut resp, wire::OP_READ_RESP, true, r.sink_stag, r.sink_to);
+        resp.extend_from_slice(&[i as u8 + 1; 8]);
+        wire::finish_fpdu(&mut resp, st, false);
+        s.write_all(&resp).unwrap();
+    }
+    wait(&mut n, "three reads", |n| n.wcs.len() == 3);
+    for (i, w) in n.wcs.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status, w.byte_len),
+            (i as u64, WcStatus::Success, 8)
+        );
+    }
+}
