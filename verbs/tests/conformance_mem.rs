@@ -39,6 +39,7 @@ mod small_fpdu_rev1 {
             crc: false,
             mpa_revision: 1,
             fpdu_size: Some(256),
+            ..SoftConfig::default()
         }
     });
 }

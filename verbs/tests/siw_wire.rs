@@ -520,6 +520,7 @@ fn segmentation_case(fpdu_size: Option<usize>, want_seg: usize) {
         crc: true,
         mpa_revision: 2,
         fpdu_size,
+        ..SoftConfig::default()
     });
     let qp = n.p.create_qp(&n.init).unwrap();
     n.p.connect(
@@ -707,4 +708,45 @@ fn iwarp_4_ord_limits_outstanding_reads_to_peer_ird() {
             (i as u64, WcStatus::Success, 8)
         );
     }
+}
+
+#[test]
+fn iwarp_1_4_silent_responder_times_out_connect() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut n = Node::new(SoftConfig {
+        connect_timeout: Duration::from_millis(50),
+        ..SoftConfig::default()
+    });
+    let qp = n.p.create_qp(&n.init).unwrap();
+    n.p.connect(
+        qp,
+        addr,
+        &ConnParams {
+            private_data: &[],
+            responder_resources: 1,
+            initiator_depth: 1,
+        },
+    )
+    .unwrap();
+    // The TCP connection is accepted (by the kernel backlog) but no Reply ever comes.
+    wait(&mut n, "connect error", |n| {
+        n.events.contains(&CmEvent::ConnectError { qp })
+    });
+    drop(listener);
+}
+
+#[test]
+fn iwarp_1_4_silent_requester_is_dropped() {
+    let mut n = Node::new(SoftConfig {
+        request_timeout: Duration::from_millis(50),
+        ..SoftConfig::default()
+    });
+    let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = n.p.listen_addr(l).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nonblocking(true).unwrap();
+    s.write_all(&wire::MPA_REQ_KEY[..10]).unwrap();
+    expect_close(&mut n, &mut s);
+    assert!(n.events.is_empty());
 }

@@ -25,7 +25,7 @@ fn replace(data: &mut [u8], pat: &[u8], with: &[u8]) {
 
 fuzz_target!(|input: &[u8]| {
     let fabric = MemFabric::new();
-    let cfg = SoftConfig { crc: false, mpa_revision: 2, fpdu_size: None };
+    let cfg = SoftConfig { crc: false, ..SoftConfig::default() };
     let mut p = SoftProvider::memory(&fabric, cfg);
     let pd = p.alloc_pd().unwrap();
     let cq = p.create_cq(64).unwrap();

@@ -10,9 +10,10 @@
 //! completes them once handed to TCP), so a Write the peer refuses completes successfully and
 //! the refusal shows as the queue pair's error and flushed later work; peer-to-peer (RTR) mode
 //! and markers are never used; a completion queue that overflows its depth grows (allocates)
-//! instead of failing; MPA set-up has no timeouts (siw: 10 s / 5 s) and a responder does not
-//! refuse to send before the first FPDU arrives; RDMA Reads may scatter into several entries (the wire carries
-//! the first entry's key and address as the sink).
+//! instead of failing; a responder does not hold its first FPDU until the initiator's has
+//! arrived (RFC 5044 leaves that to the ULP; RPC-over-RDMA clients speak first); RDMA Reads
+//! may scatter into several entries (the wire carries the first entry's key and address as
+//! the sink).
 
 pub mod link;
 mod mem;
@@ -20,6 +21,7 @@ pub mod wire;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use crate::{
     Access, CmEvent, ConnParams, ConnReqId, CqId, Error, ListenerId, Mr, MrId, PdId, PrivateData,
@@ -55,6 +57,10 @@ pub struct SoftConfig {
     /// FPDU size in bytes (rounded down to a multiple of 8, 64..=65528); `None`: the TCP MSS
     /// like siw, or 65480 in memory.
     pub fpdu_size: Option<usize>,
+    /// How long an initiator waits for the MPA Reply (siw: 10 s).
+    pub connect_timeout: Duration,
+    /// How long a responder waits for the MPA Request of an accepted stream (siw: 5 s).
+    pub request_timeout: Duration,
 }
 
 impl Default for SoftConfig {
@@ -63,6 +69,8 @@ impl Default for SoftConfig {
             crc: true,
             mpa_revision: 2,
             fpdu_size: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -287,6 +295,8 @@ struct Qp<L> {
     inbound: VecDeque<InRead>,
     /// Initiator: our IRD/ORD and whether we used the RFC 6581 prefix.
     want_ird_ord: (u16, u16, bool),
+    /// Initiator: when to give up waiting for the MPA Reply.
+    connect_deadline: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -309,6 +319,7 @@ struct Pending<L> {
     buf: [u8; wire::MPA_HDR_LEN + wire::MPA_MAX_PD],
     len: usize,
     ready: bool,
+    since: Instant,
 }
 
 /// Shared state a queue pair touches while it progresses.
@@ -430,6 +441,7 @@ impl<T: Transport> SoftProvider<T> {
                     buf: [0; wire::MPA_HDR_LEN + wire::MPA_MAX_PD],
                     len: 0,
                     ready: false,
+                    since: Instant::now(),
                 };
                 slot(&mut self.pending, p);
             }
@@ -439,6 +451,11 @@ impl<T: Transport> SoftProvider<T> {
                 continue;
             };
             if p.ready {
+                continue;
+            }
+            if p.since.elapsed() > self.cfg.request_timeout {
+                p.link.shutdown();
+                self.pending[i] = None;
                 continue;
             }
             // Read exactly the frame: header first, then its private data.
@@ -560,11 +577,16 @@ impl<L: Link> Qp<L> {
             eof: false,
             inbound: VecDeque::new(),
             want_ird_ord: (0, 0, false),
+            connect_deadline: None,
         }
     }
 
     fn progress(&mut self, cx: &mut Ctx<'_>) {
         if self.phase == Phase::Connecting {
+            if self.connect_deadline.is_some_and(|d| Instant::now() > d) {
+                self.fail(cx, None);
+                return;
+            }
             match self.link.as_mut().map(|l| l.connected()) {
                 Some(Ok(true)) => {}
                 Some(Ok(false)) => return,
@@ -1684,6 +1706,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
             params.private_data,
         );
         q.want_ird_ord = (ird, ord, enhanced);
+        q.connect_deadline = Instant::now().checked_add(cfg.connect_timeout);
         q.seglen = seglen;
         q.link = Some(link);
         q.phase = Phase::Connecting;
