@@ -292,6 +292,9 @@ struct Qp<L> {
     cur_active: bool,
     /// The peer closed its side; fail once the bytes before the close are handled.
     eof: bool,
+    /// Consecutive empty reads (capped) and polls left to skip before the next read.
+    rx_idle: u8,
+    rx_skip: u8,
     inbound: VecDeque<InRead>,
     /// Initiator: our IRD/ORD and whether we used the RFC 6581 prefix.
     want_ird_ord: (u16, u16, bool),
@@ -575,6 +578,8 @@ impl<L: Link> Qp<L> {
             cur_placed: 0,
             cur_active: false,
             eof: false,
+            rx_idle: 0,
+            rx_skip: 0,
             inbound: VecDeque::new(),
             want_ird_ord: (0, 0, false),
             connect_deadline: None,
@@ -663,6 +668,12 @@ impl<L: Link> Qp<L> {
         let Some(link) = self.link.as_mut() else {
             return false;
         };
+        // After empty reads, skip a few polls (up to 7) before asking again: an empty read is
+        // a system call that also contends for the socket lock with the kernel's delivery.
+        if self.rx_skip > 0 {
+            self.rx_skip -= 1;
+            return true;
+        }
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
             self.rx_end = 0;
@@ -683,8 +694,20 @@ impl<L: Link> Qp<L> {
                     self.eof = true;
                     return true;
                 }
-                Ok(n) => self.rx_end += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Ok(n) => {
+                    self.rx_idle = 0;
+                    let full = self.rx_end + n == self.rx.len();
+                    self.rx_end += n;
+                    if !full {
+                        // Short read: the socket is (very likely) drained.
+                        return true;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.rx_idle = (self.rx_idle + 1).min(3);
+                    self.rx_skip = (1u8 << self.rx_idle) - 1;
+                    return true;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => {
                     self.fail(cx, None);
