@@ -1,0 +1,890 @@
+//! Provider conformance suite, written once and run against every provider.
+//!
+//! A [`Harness`] makes two providers that can reach each other; each check builds a fresh
+//! connected pair through the boundary only (listen, connect with private data, accept),
+//! drives both providers from the calling thread, and panics with a message when the
+//! provider misbehaves. [`conformance_tests!`](crate::conformance_tests) turns the checks
+//! into `#[test]` functions for one harness.
+//!
+//! What a NIC may legitimately do differently is allowed where it matters: a refused RDMA
+//! Write shows either as an error completion of that Write or as the requester's queue pair
+//! going to error (iWARP completes a Write before the peer checked it).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use crate::{
+    Access, CmEvent, ConnParams, CqId, Mr, PdId, Provider, QpId, QpInit, QpState, SendOp, SendWr,
+    Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
+};
+
+/// Makes providers for the suite.
+pub trait Harness {
+    /// The provider under test.
+    type P: Provider;
+    /// Two fresh providers that can connect to each other (the second listens).
+    fn pair(&mut self) -> (Self::P, Self::P);
+    /// Where the listening provider listens (port 0 allowed).
+    fn listen_addr(&self) -> SocketAddr;
+}
+
+/// Bytes of each side's test buffer, guards included.
+pub const BUF_LEN: usize = 1 << 20;
+/// Unregistered guard bytes at each end of the buffer; they must never change.
+pub const GUARD: usize = 4096;
+const GUARD_BYTE: u8 = 0xee;
+/// RFC 8797 private data as Linux xprtrdma sends it.
+pub const CLIENT_PD: [u8; 8] = [0xf6, 0xab, 0x0e, 0x18, 0x01, 0x01, 0x03, 0x03];
+/// RFC 8797 private data as Linux svcrdma sends it.
+pub const SERVER_PD: [u8; 8] = [0xf6, 0xab, 0x0e, 0x18, 0x01, 0x00, 0x03, 0x03];
+
+/// One endpoint: provider, resources, its buffer, and what it has seen.
+#[derive(Debug)]
+pub struct Side<P> {
+    /// The provider.
+    pub p: P,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Completion queue for sends and receives.
+    pub cq: CqId,
+    /// Connected queue pairs (the first one is the pair's main connection).
+    pub qps: Vec<QpId>,
+    /// Shared receive queue, if the side uses one.
+    pub srq: Option<SrqId>,
+    /// Test memory; the registered region excludes the guards.
+    pub buf: Vec<u8>,
+    /// The registered region (all rights).
+    pub mr: Mr,
+    /// Completions seen so far.
+    pub wcs: Vec<WorkCompletion>,
+    /// Connection events seen so far.
+    pub events: Vec<CmEvent>,
+}
+
+impl<P: Provider> Side<P> {
+    /// Set up a side on `p`: PD, one CQ, a guarded buffer registered with all rights.
+    pub fn new(mut p: P) -> Side<P> {
+        let pd = p.alloc_pd().expect("alloc_pd");
+        let cq = p.create_cq(1024).expect("create_cq");
+        let mut buf = vec![GUARD_BYTE; BUF_LEN];
+        let len = BUF_LEN - 2 * GUARD;
+        // SAFETY: the region lies inside `buf`, which is never resized or dropped while the
+        // side (and so the provider) lives; the side is dropped with its provider.
+        let mr = unsafe {
+            p.register(
+                pd,
+                buf.as_mut_ptr().add(GUARD),
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+        }
+        .expect("register");
+        for b in &mut buf[GUARD..BUF_LEN - GUARD] {
+            *b = 0;
+        }
+        Side {
+            p,
+            pd,
+            cq,
+            qps: Vec::new(),
+            srq: None,
+            buf,
+            mr,
+            wcs: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Main queue pair.
+    pub fn qp(&self) -> QpId {
+        self.qps[0]
+    }
+
+    /// An SGE for `len` bytes at region offset `off`.
+    pub fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.mr.addr_at(off as u64),
+            len: len as u32,
+            lkey: self.mr.lkey,
+        }
+    }
+
+    /// Region bytes at `off`.
+    pub fn mem(&self, off: usize, len: usize) -> &[u8] {
+        &self.buf[GUARD + off..GUARD + off + len]
+    }
+
+    /// Fill region bytes at `off`.
+    pub fn fill(&mut self, off: usize, data: &[u8]) {
+        self.buf[GUARD + off..GUARD + off + data.len()].copy_from_slice(data);
+    }
+
+    fn guards_intact(&self) -> bool {
+        self.buf[..GUARD].iter().all(|&b| b == GUARD_BYTE)
+            && self.buf[BUF_LEN - GUARD..].iter().all(|&b| b == GUARD_BYTE)
+    }
+
+    fn qp_init(&self) -> QpInit {
+        QpInit {
+            pd: self.pd,
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            srq: self.srq,
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_sge: 4,
+        }
+    }
+
+    fn step(&mut self) {
+        while let Some(e) = self.p.poll_cm() {
+            self.events.push(e);
+        }
+        let mut w = [WorkCompletion::default(); 16];
+        let n = self.p.poll_cq(self.cq, &mut w).expect("poll_cq");
+        self.wcs.extend_from_slice(&w[..n]);
+    }
+
+    /// The completion of `wr_id`, if seen.
+    pub fn wc(&self, wr_id: u64) -> Option<WorkCompletion> {
+        self.wcs.iter().copied().find(|w| w.wr_id == wr_id)
+    }
+
+    fn disconnected(&self, qp: QpId) -> bool {
+        self.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::Disconnected { qp: q } if *q == qp))
+    }
+
+    /// Post on the main queue pair.
+    pub fn post(&mut self, wr_id: u64, op: SendOp, sg: &[Sge], signaled: bool) {
+        let qp = self.qp();
+        self.p
+            .post_send(
+                qp,
+                &SendWr {
+                    wr_id,
+                    op,
+                    sg,
+                    signaled,
+                },
+            )
+            .expect("post_send");
+    }
+
+    /// Post a receive (to the SRQ if the side has one).
+    pub fn recv(&mut self, wr_id: u64, sg: &[Sge]) {
+        match self.srq {
+            Some(s) => self.p.post_srq_recv(s, wr_id, sg).expect("post_srq_recv"),
+            None => {
+                let qp = self.qp();
+                self.p.post_recv(qp, wr_id, sg).expect("post_recv")
+            }
+        }
+    }
+}
+
+/// Two connected sides: `a` connected to `b` (which listened and accepted).
+#[derive(Debug)]
+pub struct Pair<P> {
+    /// The connecting side.
+    pub a: Side<P>,
+    /// The accepting side.
+    pub b: Side<P>,
+    /// Where `b` listens.
+    pub addr: SocketAddr,
+}
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+impl<P: Provider> Pair<P> {
+    /// Drive both providers until `done` holds (panics with `what` after a generous deadline,
+    /// a hang guard, not a timing assertion).
+    pub fn wait(&mut self, what: &str, done: impl Fn(&Pair<P>) -> bool) {
+        let start = Instant::now();
+        loop {
+            self.a.step();
+            self.b.step();
+            if done(self) {
+                return;
+            }
+            if start.elapsed() > DEADLINE {
+                panic!(
+                    "timed out waiting for {what}\n a events {:?}\n a wcs {:?}\n b events {:?}\n b wcs {:?}",
+                    self.a.events, self.a.wcs, self.b.events, self.b.wcs
+                );
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Drive both providers a while (to let anything that would happen, happen).
+    pub fn settle(&mut self) {
+        for _ in 0..2000 {
+            self.a.step();
+            self.b.step();
+        }
+    }
+}
+
+/// Build two sides and connect them (with an SRQ on `b` if `srq`), checking private data.
+pub fn connect<H: Harness>(h: &mut H, srq: bool) -> Pair<H::P> {
+    let (pa, pb) = h.pair();
+    let a = Side::new(pa);
+    let mut b = Side::new(pb);
+    if srq {
+        b.srq = Some(b.p.create_srq(b.pd, 256, 4).expect("create_srq"));
+    }
+    let l = b.p.listen(h.listen_addr()).expect("listen");
+    let addr = b.p.listen_addr(l).expect("listen_addr");
+    let mut pair = Pair { a, b, addr };
+    connect_one(&mut pair, addr);
+    pair
+}
+
+fn connect_one<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr) {
+    let init = pair.a.qp_init();
+    let qa = pair.a.p.create_qp(&init).expect("create_qp a");
+    assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Init);
+    pair.a
+        .p
+        .connect(
+            qa,
+            addr,
+            &ConnParams {
+                private_data: &CLIENT_PD,
+                responder_resources: 16,
+                initiator_depth: 16,
+            },
+        )
+        .expect("connect");
+    let seen = pair.b.events.len();
+    pair.wait("connect request", |p| {
+        p.b.events[seen..]
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    });
+    let (req, pd) = pair.b.events[seen..]
+        .iter()
+        .find_map(|e| match e {
+            CmEvent::ConnectRequest {
+                req, private_data, ..
+            } => Some((*req, *private_data)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        pd.as_slice(),
+        &CLIENT_PD,
+        "connect private data arrives intact"
+    );
+    let init = pair.b.qp_init();
+    let qb = pair.b.p.create_qp(&init).expect("create_qp b");
+    pair.b
+        .p
+        .accept(
+            req,
+            qb,
+            &ConnParams {
+                private_data: &SERVER_PD,
+                responder_resources: 16,
+                initiator_depth: 16,
+            },
+        )
+        .expect("accept");
+    pair.wait("established on both sides", |p| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qa))
+            && p.b
+                .events
+                .iter()
+                .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qb))
+    });
+    let apd = pair
+        .a
+        .events
+        .iter()
+        .find_map(|e| match e {
+            CmEvent::Established { qp, private_data } if *qp == qa => Some(*private_data),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        apd.as_slice(),
+        &SERVER_PD,
+        "accept private data arrives intact"
+    );
+    assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::ReadyToSend);
+    pair.a.qps.push(qa);
+    pair.b.qps.push(qb);
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Connect and exchange private data both ways (checked inside [`connect`]); reject too.
+pub fn cm_private_data_and_reject<H: Harness>(h: &mut H) {
+    let pair = connect(h, false);
+    drop(pair);
+    let (pa, pb) = h.pair();
+    let mut b = Side::new(pb);
+    let l = b.p.listen(h.listen_addr()).unwrap();
+    let addr = b.p.listen_addr(l).unwrap();
+    let mut pair = Pair {
+        a: Side::new(pa),
+        b,
+        addr,
+    };
+    let init = pair.a.qp_init();
+    let qa = pair.a.p.create_qp(&init).unwrap();
+    pair.a
+        .p
+        .connect(
+            qa,
+            addr,
+            &ConnParams {
+                private_data: &CLIENT_PD,
+                responder_resources: 1,
+                initiator_depth: 0,
+            },
+        )
+        .unwrap();
+    pair.wait("connect request", |p| {
+        p.b.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    });
+    let req = pair
+        .b
+        .events
+        .iter()
+        .find_map(|e| match e {
+            CmEvent::ConnectRequest { req, .. } => Some(*req),
+            _ => None,
+        })
+        .unwrap();
+    pair.b.p.reject(req, b"no thanks").unwrap();
+    pair.wait("rejected", |p| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::Rejected { .. }))
+    });
+    let rpd = pair
+        .a
+        .events
+        .iter()
+        .find_map(|e| match e {
+            CmEvent::Rejected { qp, private_data } if *qp == qa => Some(*private_data),
+            _ => None,
+        })
+        .expect("Rejected names the queue pair");
+    assert_eq!(rpd.as_slice(), b"no thanks");
+    assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Error);
+}
+
+/// Sends land in posted receives in order, with their lengths and bytes; sends complete in order.
+pub fn send_recv_matching_and_ordering<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    for i in 0..4u64 {
+        let s = p.b.sge(i as usize * 1024, 1024);
+        p.b.recv(100 + i, &[s]);
+    }
+    let mut sent = Vec::new();
+    for i in 0..4u64 {
+        let len = 10 + 100 * i as usize;
+        let data = pattern(i as u8, len);
+        p.a.fill(i as usize * 1024, &data);
+        let s = p.a.sge(i as usize * 1024, len);
+        p.a.post(i, SendOp::Send, &[s], true);
+        sent.push(data);
+    }
+    p.wait("4 receives and 4 send completions", |p| {
+        p.b.wcs.len() >= 4 && p.a.wcs.len() >= 4
+    });
+    for (i, data) in sent.iter().enumerate() {
+        let r = p.b.wcs[i];
+        assert_eq!(
+            r.wr_id,
+            100 + i as u64,
+            "receives consumed in posting order"
+        );
+        assert_eq!(r.status, WcStatus::Success);
+        assert_eq!(r.opcode, WcOpcode::Recv);
+        assert_eq!(r.byte_len as usize, data.len());
+        assert_eq!(r.qp, p.b.qp());
+        assert_eq!(r.invalidated_rkey, None);
+        assert_eq!(p.b.mem(i * 1024, data.len()), &data[..]);
+        let s = p.a.wcs[i];
+        assert_eq!(
+            (s.wr_id, s.status, s.opcode),
+            (i as u64, WcStatus::Success, WcOpcode::Send)
+        );
+    }
+}
+
+/// A gather list of several entries arrives as one message; a multi-FPDU Send is reassembled.
+pub fn send_gather_and_large_message<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let big = pattern(7, 200_000);
+    p.a.fill(0, &big[..100_000]);
+    p.a.fill(300_000, &big[100_000..]);
+    let sg = [p.a.sge(0, 100_000), p.a.sge(300_000, 100_000)];
+    let r = [p.b.sge(0, 150_000), p.b.sge(500_000, 60_000)];
+    p.b.recv(1, &r);
+    p.a.post(9, SendOp::Send, &sg, true);
+    p.wait("large receive", |p| {
+        p.b.wc(1).is_some() && p.a.wc(9).is_some()
+    });
+    let w = p.b.wc(1).unwrap();
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, 200_000));
+    assert_eq!(p.b.mem(0, 150_000), &big[..150_000]);
+    assert_eq!(p.b.mem(500_000, 50_000), &big[150_000..]);
+    assert_eq!(
+        p.b.mem(550_000, 10_000),
+        &[0u8; 10_000][..],
+        "nothing beyond the message"
+    );
+}
+
+/// Data of an RDMA Write is visible at the target when a later Send's receive completes.
+pub fn write_then_send_visibility<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let qb = p.b.qp();
+    let rkey =
+        p.b.p
+            .expose(qb, p.b.mr.id, 65536, 300_000, Access::REMOTE_WRITE)
+            .expect("expose");
+    let data = pattern(3, 300_000);
+    p.a.fill(0, &data);
+    p.b.recv(7, &[p.b.sge(0, 64)]);
+    let sg = [p.a.sge(0, 300_000)];
+    p.a.post(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: p.b.mr.addr_at(65536),
+            rkey,
+        },
+        &sg,
+        false,
+    );
+    let s = [p.a.sge(400_000, 16)];
+    p.a.post(2, SendOp::Send, &s, true);
+    p.wait("receive after write", |p| p.b.wc(7).is_some());
+    assert_eq!(p.b.wc(7).unwrap().status, WcStatus::Success);
+    assert_eq!(
+        p.b.mem(65536, 300_000),
+        &data[..],
+        "write visible before the send"
+    );
+    assert!(
+        p.b.wcs.iter().all(|w| w.wr_id == 7),
+        "a Write completes nothing at the target"
+    );
+    p.wait("send completion", |p| p.a.wc(2).is_some());
+    assert!(p.a.wc(1).is_none(), "unsignaled Write reports nothing");
+}
+
+/// RDMA Read fetches remote bytes into a scatter list; byte_len is the size read.
+pub fn rdma_read<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let data = pattern(9, 150_000);
+    p.b.fill(10_000, &data);
+    let qb = p.b.qp();
+    let rkey =
+        p.b.p
+            .expose(qb, p.b.mr.id, 10_000, 150_000, Access::REMOTE_READ)
+            .unwrap();
+    let sg = [p.a.sge(0, 50_000), p.a.sge(200_000, 100_000)];
+    p.a.post(
+        5,
+        SendOp::RdmaRead {
+            remote_addr: p.b.mr.addr_at(10_000),
+            rkey,
+        },
+        &sg,
+        true,
+    );
+    // A second, small Read right behind the first.
+    let sg2 = [p.a.sge(500_000, 8)];
+    p.a.post(
+        6,
+        SendOp::RdmaRead {
+            remote_addr: p.b.mr.addr_at(10_000 + 100),
+            rkey,
+        },
+        &sg2,
+        true,
+    );
+    p.wait("read completions", |p| {
+        p.a.wc(5).is_some() && p.a.wc(6).is_some()
+    });
+    let w = p.a.wc(5).unwrap();
+    assert_eq!(
+        (w.status, w.opcode, w.byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 150_000)
+    );
+    assert_eq!(p.a.wcs[0].wr_id, 5, "completions in posting order");
+    assert_eq!(p.a.mem(0, 50_000), &data[..50_000]);
+    assert_eq!(p.a.mem(200_000, 100_000), &data[50_000..]);
+    assert_eq!(p.a.mem(500_000, 8), &data[100..108]);
+    assert_eq!(p.a.wc(6).unwrap().status, WcStatus::Success);
+    assert!(p.b.wcs.is_empty(), "a Read completes nothing at the target");
+}
+
+/// Send with Invalidate reports the key at the receiver and the key is dead afterwards.
+pub fn send_with_invalidate<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let qa = p.a.qp();
+    let rkey =
+        p.a.p
+            .expose(qa, p.a.mr.id, 0, 4096, Access::REMOTE_WRITE)
+            .unwrap();
+    p.a.recv(1, &[p.a.sge(8192, 256)]);
+    let msg = pattern(1, 40);
+    p.b.fill(0, &msg);
+    let s = [p.b.sge(0, 40)];
+    p.b.post(2, SendOp::SendWithInvalidate { rkey }, &s, true);
+    p.wait("receive with invalidate", |p| p.a.wc(1).is_some());
+    let w = p.a.wc(1).unwrap();
+    assert_eq!(w.status, WcStatus::Success);
+    assert_eq!(w.invalidated_rkey, Some(rkey));
+    assert_eq!(p.a.mem(8192, 40), &msg[..]);
+    // The peer's access with the invalidated key is refused.
+    p.b.fill(1000, &[0x55; 64]);
+    let s = [p.b.sge(1000, 64)];
+    p.b.post(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: p.a.mr.addr_at(0),
+            rkey,
+        },
+        &s,
+        true,
+    );
+    expect_write_refused(&mut p, 3);
+    assert_eq!(
+        p.a.mem(0, 64),
+        &[0u8; 64][..],
+        "invalidated window not written"
+    );
+}
+
+/// A locally invalidated window refuses the peer afterwards.
+pub fn window_invalidation_then_refused<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let qb = p.b.qp();
+    let rkey =
+        p.b.p
+            .expose(
+                qb,
+                p.b.mr.id,
+                0,
+                4096,
+                Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+    p.a.fill(0, &[0x11; 64]);
+    let s = [p.a.sge(0, 64)];
+    p.a.post(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: p.b.mr.addr_at(0),
+            rkey,
+        },
+        &s,
+        true,
+    );
+    p.wait("first write", |p| p.a.wc(1).is_some());
+    p.wait("first write visible", |p| p.b.mem(0, 64) == [0x11; 64]);
+    p.b.post(50, SendOp::LocalInvalidate { rkey }, &[], true);
+    p.wait("local invalidate", |p| p.b.wc(50).is_some());
+    let w = p.b.wc(50).unwrap();
+    assert_eq!(
+        (w.status, w.opcode),
+        (WcStatus::Success, WcOpcode::LocalInvalidate)
+    );
+    let rkey2 =
+        p.b.p
+            .expose(qb, p.b.mr.id, 0, 4096, Access::REMOTE_WRITE)
+            .unwrap();
+    assert_ne!(
+        rkey2, rkey,
+        "a fresh window never reuses the invalidated key at once"
+    );
+    p.a.fill(0, &[0x22; 64]);
+    p.a.post(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: p.b.mr.addr_at(0),
+            rkey,
+        },
+        &s,
+        true,
+    );
+    expect_write_refused(&mut p, 2);
+    assert_eq!(
+        p.b.mem(0, 64),
+        &[0x11; 64][..],
+        "refused write placed nothing"
+    );
+}
+
+/// After a refused Write (id `wr`): both queue pairs end in error (on iWARP the Write itself
+/// may already have completed successfully; on InfiniBand it fails), later work is flushed,
+/// and nothing outside the regions changed.
+fn expect_write_refused<P: Provider>(p: &mut Pair<P>, wr: u64) {
+    let qa = p.a.qp();
+    let qb = p.b.qp();
+    p.wait("both sides disconnected", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    if let Some(w) = p.a.wc(wr) {
+        assert!(
+            matches!(w.status, WcStatus::Success | WcStatus::RemoteAccessError),
+            "refused write: {w:?}"
+        );
+    }
+    let s = [p.a.sge(900_000, 8)];
+    p.a.post(wr + 1000, SendOp::Send, &s, true);
+    p.wait("later send flushed", |p| p.a.wc(wr + 1000).is_some());
+    assert_eq!(p.a.wc(wr + 1000).unwrap().status, WcStatus::Flushed);
+    assert_eq!(p.a.p.qp_state(qa).unwrap(), QpState::Error);
+    assert_eq!(p.b.p.qp_state(qb).unwrap(), QpState::Error);
+    assert!(
+        p.a.guards_intact() && p.b.guards_intact(),
+        "guards untouched"
+    );
+}
+
+fn write_refused_case<H: Harness>(
+    h: &mut H,
+    access: Access,
+    win_len: u64,
+    off: u64,
+    len: usize,
+    bad_key: bool,
+) {
+    let mut p = connect(h, false);
+    let qb = p.b.qp();
+    let mut rkey = p.b.p.expose(qb, p.b.mr.id, 4096, win_len, access).unwrap();
+    if bad_key {
+        rkey ^= 0x5a5a_5a00;
+    }
+    p.a.fill(0, &vec![0x77; len]);
+    let s = [p.a.sge(0, len)];
+    p.a.post(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: p.b.mr.addr_at(4096).wrapping_add(off),
+            rkey,
+        },
+        &s,
+        true,
+    );
+    expect_write_refused(&mut p, 1);
+    assert!(
+        p.b.buf.iter().all(|&b| b != 0x77),
+        "nothing of the refused write landed anywhere"
+    );
+}
+
+/// Every protection error of an RDMA Write: unknown key, out of bounds (after and before),
+/// missing remote-write right.
+pub fn protection_errors_write<H: Harness>(h: &mut H) {
+    write_refused_case(h, Access::REMOTE_WRITE, 4096, 0, 64, true);
+    write_refused_case(h, Access::REMOTE_WRITE, 4096, 4096 - 32, 64, false);
+    write_refused_case(h, Access::REMOTE_WRITE, 4096, u64::MAX - 4095, 64, false);
+    write_refused_case(h, Access::REMOTE_READ, 4096, 0, 64, false);
+}
+
+fn read_refused_case<H: Harness>(h: &mut H, access: Access, off: u64, len: usize, bad_key: bool) {
+    let mut p = connect(h, false);
+    let qb = p.b.qp();
+    let mut rkey = p.b.p.expose(qb, p.b.mr.id, 4096, 4096, access).unwrap();
+    if bad_key {
+        rkey = rkey.wrapping_add(0x100);
+    }
+    p.b.fill(0, &vec![0x99; 16384]);
+    let s = [p.a.sge(0, len)];
+    p.a.post(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: p.b.mr.addr_at(4096).wrapping_add(off),
+            rkey,
+        },
+        &s,
+        true,
+    );
+    p.wait("read refused", |p| p.a.wc(1).is_some());
+    assert_eq!(p.a.wc(1).unwrap().status, WcStatus::RemoteAccessError);
+    let (qa, qb) = (p.a.qp(), p.b.qp());
+    p.wait("both sides disconnected", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    assert!(p.a.mem(0, len).iter().all(|&b| b == 0), "nothing read");
+    assert!(p.a.guards_intact() && p.b.guards_intact());
+}
+
+/// Every protection error of an RDMA Read: unknown key, out of bounds, missing remote-read right.
+pub fn protection_errors_read<H: Harness>(h: &mut H) {
+    read_refused_case(h, Access::REMOTE_READ, 0, 64, true);
+    read_refused_case(h, Access::REMOTE_READ, 4000, 200, false);
+    read_refused_case(h, Access::REMOTE_WRITE, 0, 64, false);
+}
+
+/// Local protection: a gather entry with an unknown lkey or outside its region fails the
+/// request with a local protection error and flushes what follows.
+pub fn protection_errors_local<H: Harness>(h: &mut H) {
+    for bad in [true, false] {
+        let mut p = connect(h, false);
+        p.b.recv(1, &[p.b.sge(0, 1024)]);
+        let mut s = p.a.sge(0, 64);
+        if bad {
+            s.lkey ^= 0xffff_ff00;
+        } else {
+            s.addr = p.a.mr.addr_at((BUF_LEN - 2 * GUARD - 32) as u64);
+        }
+        p.a.post(1, SendOp::Send, &[s], true);
+        let ok = [p.a.sge(0, 8)];
+        p.a.post(2, SendOp::Send, &ok, true);
+        p.wait("local protection error", |p| {
+            p.a.wc(1).is_some() && p.a.wc(2).is_some()
+        });
+        assert_eq!(p.a.wc(1).unwrap().status, WcStatus::LocalProtectionError);
+        assert_eq!(p.a.wc(2).unwrap().status, WcStatus::Flushed);
+        assert!(p.b.wcs.iter().all(|w| w.status != WcStatus::Success));
+    }
+}
+
+/// A Send larger than the posted receive: the receive fails with a length error, nothing is
+/// written past it, both queue pairs go to error.
+pub fn receive_too_small<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    p.b.recv(1, &[p.b.sge(0, 16)]);
+    p.a.fill(0, &[0x42; 64]);
+    let s = [p.a.sge(0, 64)];
+    p.a.post(1, SendOp::Send, &s, true);
+    p.wait("receive fails", |p| p.b.wc(1).is_some());
+    assert_eq!(p.b.wc(1).unwrap().status, WcStatus::LocalLengthError);
+    assert!(p.b.mem(16, 1024).iter().all(|&b| b == 0), "no overrun");
+    let (qa, qb) = (p.a.qp(), p.b.qp());
+    p.wait("both sides disconnected", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    assert!(p.a.guards_intact() && p.b.guards_intact());
+}
+
+/// A Send with no receive posted: both queue pairs go to error (no RNR retry on iWARP).
+pub fn no_receive_posted<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let s = [p.a.sge(0, 64)];
+    p.a.post(1, SendOp::Send, &s, true);
+    let (qa, qb) = (p.a.qp(), p.b.qp());
+    p.wait("both sides disconnected", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    assert!(p.b.wcs.is_empty(), "nothing completes at the receiver");
+    p.a.post(2, SendOp::Send, &s, true);
+    p.wait("later send flushed", |p| p.a.wc(2).is_some());
+    assert_eq!(p.a.wc(2).unwrap().status, WcStatus::Flushed);
+    assert!(p.b.mem(0, 1024).iter().all(|&b| b == 0));
+}
+
+/// Disconnect flushes outstanding receives on both sides; later work is flushed too.
+pub fn disconnect_flushes<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    for i in 0..3 {
+        p.b.recv(10 + i, &[p.b.sge(i as usize * 64, 64)]);
+        p.a.recv(20 + i, &[p.a.sge(i as usize * 64, 64)]);
+    }
+    let qa = p.a.qp();
+    p.a.p.disconnect(qa).unwrap();
+    let qb = p.b.qp();
+    p.wait("flushes and events", |p| {
+        (10..13).all(|i| p.b.wc(i).is_some())
+            && (20..23).all(|i| p.a.wc(i).is_some())
+            && p.a.disconnected(qa)
+            && p.b.disconnected(qb)
+    });
+    for w in p.a.wcs.iter().chain(p.b.wcs.iter()) {
+        assert_eq!((w.status, w.opcode), (WcStatus::Flushed, WcOpcode::Recv));
+    }
+    let s = [p.b.sge(0, 8)];
+    p.b.post(30, SendOp::Send, &s, true);
+    p.wait("post after disconnect flushed", |p| p.b.wc(30).is_some());
+    assert_eq!(p.b.wc(30).unwrap().status, WcStatus::Flushed);
+}
+
+/// One shared receive queue serves two queue pairs; completions name the consuming one.
+pub fn shared_receive_queue<H: Harness>(h: &mut H) {
+    let mut p = connect(h, true);
+    // A second connection between the same providers onto the same SRQ.
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    assert!(
+        p.b.p.post_recv(p.b.qps[0], 1, &[]).is_err(),
+        "no own receives with an SRQ"
+    );
+    for i in 0..4 {
+        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
+    }
+    for (n, &qa) in p.a.qps.clone().iter().enumerate() {
+        let s = [p.a.sge(n * 64, 8)];
+        p.a.fill(n * 64, &[n as u8 + 1; 8]);
+        p.a.p
+            .post_send(
+                qa,
+                &SendWr {
+                    wr_id: n as u64,
+                    op: SendOp::Send,
+                    sg: &s,
+                    signaled: true,
+                },
+            )
+            .unwrap();
+    }
+    p.wait("two receives from the SRQ", |p| {
+        p.b.wcs
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .count()
+            >= 2
+    });
+    let mut qps: Vec<QpId> = p.b.wcs.iter().map(|w| w.qp).collect();
+    qps.sort();
+    let mut want = p.b.qps.clone();
+    want.sort();
+    assert_eq!(qps, want, "one receive consumed by each queue pair");
+    for w in &p.b.wcs {
+        assert_eq!(w.status, WcStatus::Success);
+        let off = (w.wr_id - 100) as usize * 256;
+        let n = if w.qp == p.b.qps[0] { 1 } else { 2 };
+        assert_eq!(p.b.mem(off, 8), &[n; 8][..]);
+    }
+}
+
+/// Generate one `#[test]` per conformance check for a harness expression.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@t $harness;
+            cm_private_data_and_reject, send_recv_matching_and_ordering,
+            send_gather_and_large_message, write_then_send_visibility, rdma_read,
+            send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
+            protection_errors_read, protection_errors_local, receive_too_small,
+            no_receive_posted, disconnect_flushes, shared_receive_queue);
+    };
+    (@t $harness:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let mut h = $harness;
+                $crate::conformance::$name(&mut h);
+            }
+        )*
+    };
+}

@@ -1,0 +1,45 @@
+//! The provider conformance suite on the soft provider over the in-memory fabric.
+
+use std::net::SocketAddr;
+
+use rpcrdma_verbs::conformance::Harness;
+use rpcrdma_verbs::soft::link::MemFabric;
+use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
+
+struct Mem {
+    cfg: SoftConfig,
+}
+
+impl Harness for Mem {
+    type P = SoftMem;
+    fn pair(&mut self) -> (SoftMem, SoftMem) {
+        let f = MemFabric::new();
+        (
+            SoftProvider::memory(&f, self.cfg),
+            SoftProvider::memory(&f, self.cfg),
+        )
+    }
+    fn listen_addr(&self) -> SocketAddr {
+        "10.0.0.1:20049".parse().unwrap()
+    }
+}
+
+mod crc_on {
+    use super::*;
+    rpcrdma_verbs::conformance_tests!(Mem {
+        cfg: SoftConfig::default()
+    });
+}
+
+/// Small FPDUs, no CRC, MPA revision 1: segmentation and reassembly everywhere.
+mod small_fpdu_rev1 {
+    use super::*;
+    rpcrdma_verbs::conformance_tests!(Mem {
+        cfg: SoftConfig {
+            crc: false,
+            mpa_revision: 1,
+            fpdu_size: Some(256),
+            ..SoftConfig::default()
+        }
+    });
+}
