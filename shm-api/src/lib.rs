@@ -7,3 +7,18 @@ pub mod ring;
 mod sync;
 
 pub use sync::Slot;
+pub mod abi;
+#[cfg(not(loom))]
+pub mod attach;
+#[cfg(not(loom))]
+pub mod client;
+#[cfg(not(loom))]
+pub mod daemon;
+#[cfg(not(loom))]
+pub mod region;
+#[cfg(not(loom))]
+pub use client::{Client, Server};
+#[cfg(not(loom))]
+pub mod loopback;
+#[cfg(not(loom))]
+pub mod rdmatest;
