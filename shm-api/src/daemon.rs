@@ -1072,3 +1072,417 @@ impl AppTable {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{Geometry, Layout};
+    use std::os::unix::net::UnixStream;
+
+    /// The app's half of an in-process attachment: its own mapping of the same memfd.
+    struct TestApp {
+        region: Region,
+        sq: Producer<Sqe>,
+        cq: Consumer<Cqe>,
+        _peer_sock: UnixStream,
+    }
+
+    impl TestApp {
+        fn submit(&mut self, s: Sqe) {
+            self.sq.push(s).unwrap();
+        }
+
+        fn drain(&mut self) -> Vec<Cqe> {
+            std::iter::from_fn(|| self.cq.pop().unwrap()).collect()
+        }
+    }
+
+    fn attach(t: &mut AppTable, g: Geometry) -> (AppId, TestApp) {
+        let layout = Layout::new(g).unwrap();
+        let region = Region::create(layout, 1, &["p0"]).unwrap();
+        let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).unwrap();
+        let app_region = Region::open(fd).unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let att = Attachment {
+            region,
+            app_evfd: rustix::event::eventfd(0, EventfdFlags::NONBLOCK).unwrap(),
+            sock: a,
+            pid: None,
+            app_id: 1,
+        };
+        let id = t.attach(att).unwrap();
+        // SAFETY: one producer and one consumer for this test app; `app_region` lives in the same struct.
+        let (sq, cq) = unsafe { (app_region.sq_producer(), app_region.cq_consumer()) };
+        (
+            id,
+            TestApp {
+                region: app_region,
+                sq,
+                cq,
+                _peer_sock: b,
+            },
+        )
+    }
+
+    fn geometry() -> Geometry {
+        Geometry {
+            sq_entries: 64,
+            cq_entries: 64,
+            arena_size: 1 << 16,
+            peers: 1,
+        }
+    }
+
+    fn call(user_data: u64) -> Sqe {
+        Sqe {
+            opcode: op::CALL,
+            user_data,
+            prog: 100,
+            vers: 1,
+            msg_off: 0,
+            msg_len: 8,
+            reply_off: 4096,
+            reply_len: 1024,
+            ..Sqe::default()
+        }
+    }
+
+    fn poll(t: &mut AppTable) -> Vec<(AppId, Submission)> {
+        let mut v = Vec::new();
+        t.poll_submissions(&mut v, 64);
+        v
+    }
+
+    #[test]
+    fn bad_descriptors_fail_with_their_error_code_and_good_ones_pass() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        let arena = geometry().arena_size;
+        // Piece table at 8192: one argument piece at a misaligned position.
+        app.region.write_piece(
+            8192,
+            0,
+            Piece {
+                off: 0,
+                len: 4,
+                xdr_pos: 2,
+                used: 0,
+            },
+        );
+        // Piece table at 8448: a piece that runs off the end of the arena.
+        app.region.write_piece(
+            8448,
+            0,
+            Piece {
+                off: arena - 2,
+                len: 4,
+                xdr_pos: 0,
+                used: 0,
+            },
+        );
+        let cases: Vec<(Sqe, u32)> = vec![
+            (
+                Sqe {
+                    opcode: 99,
+                    ..call(1)
+                },
+                status::BAD_OPCODE,
+            ),
+            (
+                Sqe {
+                    reserved: [0, 1, 0],
+                    ..call(2)
+                },
+                status::BAD_FLAGS,
+            ),
+            (
+                Sqe {
+                    flags: 0x80,
+                    ..call(3)
+                },
+                status::BAD_FLAGS,
+            ),
+            (
+                Sqe {
+                    msg_off: arena - 4,
+                    ..call(4)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    msg_off: u32::MAX - 2,
+                    ..call(5)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    reply_len: arena,
+                    ..call(6)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    target: 1,
+                    ..call(7)
+                },
+                status::UNKNOWN_PEER,
+            ),
+            (
+                Sqe {
+                    n_args: 9,
+                    pieces_off: 8192,
+                    ..call(8)
+                },
+                status::BAD_PIECES,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8192,
+                    ..call(9)
+                },
+                status::BAD_PIECES,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8448,
+                    ..call(10)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    n_results: 1,
+                    pieces_off: arena - 8,
+                    ..call(11)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8194,
+                    ..call(12)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    opcode: op::REPLY,
+                    target: 0x0001_0001,
+                    ..call(13)
+                },
+                status::BAD_HANDLE,
+            ),
+            (
+                Sqe {
+                    opcode: op::UNREGISTER,
+                    ..call(14)
+                },
+                status::NOT_REGISTERED,
+            ),
+            (
+                Sqe {
+                    opcode: op::POST_RECV,
+                    msg_off: arena,
+                    msg_len: 1,
+                    ..call(15)
+                },
+                status::BAD_RANGE,
+            ),
+        ];
+        for (s, _) in &cases {
+            app.submit(*s);
+        }
+        app.submit(call(100));
+        let subs = poll(&mut t);
+        assert_eq!(subs.len(), 1, "only the good call passes");
+        let Submission::Call(c) = subs[0].1 else {
+            panic!("not a call")
+        };
+        assert_eq!((c.msg.off(), c.msg.len(), c.reply.len()), (0, 8, 1024));
+        let got = app.drain();
+        assert_eq!(got.len(), cases.len());
+        for (cqe, (sqe, code)) in got.iter().zip(&cases) {
+            assert_eq!((cqe.user_data, cqe.status), (sqe.user_data, *code));
+        }
+        assert_eq!(t.stats().bad_submissions, cases.len() as u64);
+    }
+
+    #[test]
+    fn offsets_are_relative_to_each_apps_own_arena() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let small = Geometry {
+            arena_size: 4096,
+            ..geometry()
+        };
+        let (a, mut app_a) = attach(&mut t, small);
+        let (b, _app_b) = attach(&mut t, geometry());
+        // App A names an offset that exists only in B's (larger) arena: rejected, nothing written anywhere.
+        app_a.submit(Sqe {
+            msg_off: 8192,
+            ..call(1)
+        });
+        assert!(poll(&mut t).is_empty());
+        assert_eq!(app_a.drain()[0].status, status::BAD_RANGE);
+        let (ra, rb) = (t.region(a).unwrap(), t.region(b).unwrap());
+        assert_ne!(ra.base(), rb.base());
+        assert!(ra.range(4095, 2).is_none());
+    }
+
+    #[test]
+    fn call_completes_with_results_and_a_stale_completion_is_dropped() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (id, mut app) = attach(&mut t, geometry());
+        app.region.write_piece(
+            8192,
+            0,
+            Piece {
+                off: 12288,
+                len: 100,
+                xdr_pos: 0,
+                used: 0,
+            },
+        );
+        app.submit(Sqe {
+            n_results: 1,
+            pieces_off: 8192,
+            xid: 7,
+            flags: flag::XID_APP,
+            ..call(5)
+        });
+        let subs = poll(&mut t);
+        let Submission::Call(c) = subs[0].1 else {
+            panic!("not a call")
+        };
+        assert_eq!(c.xid, 7);
+        assert_eq!(t.stats().ops, 1);
+        assert!(t.complete_call(
+            c.id,
+            CallOutcome {
+                status: 0,
+                rpc_stat: 0,
+                reply_len: 4,
+                results: &[(4, 60)]
+            }
+        ));
+        let cqe = app.drain()[0];
+        assert_eq!(
+            (cqe.status, cqe.msg_len, cqe.n_results, cqe.xid),
+            (0, 4, 1, 7)
+        );
+        assert_eq!(app.region.read_piece(8192, 0).unwrap().used, 60);
+        assert_eq!(t.stats().ops, 0);
+        // A second completion for the same call (or any after detach) is dropped and counted.
+        assert!(!t.complete_call(c.id, CallOutcome::default()));
+        app.submit(call(6));
+        let Submission::Call(c2) = poll(&mut t)[0].1 else {
+            panic!("not a call")
+        };
+        let d = t.detach(id, "detached").unwrap();
+        assert_eq!(d.calls, vec![c2.id]);
+        assert!(!t.complete_call(c2.id, CallOutcome::default()));
+        assert_eq!(t.stats().stale_completions, 2);
+        assert_eq!(t.stats().apps, 0);
+        assert_eq!(
+            app.region.header().state.value.load(Ordering::Acquire),
+            STATE_DETACHED
+        );
+    }
+
+    #[test]
+    fn too_many_ops_fails_the_submission_with_too_many() {
+        let mut t = AppTable::new(TableConfig {
+            max_ops_per_app: 2,
+            ..TableConfig::default()
+        })
+        .unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        for i in 0..3 {
+            app.submit(call(i));
+        }
+        assert_eq!(poll(&mut t).len(), 2);
+        let c = app.drain();
+        assert_eq!(
+            (c.len(), c[0].user_data, c[0].status),
+            (1, 2, status::TOO_MANY)
+        );
+    }
+
+    #[test]
+    fn a_full_completion_ring_backs_up_into_a_bounded_backlog_and_loses_nothing() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let g = Geometry {
+            sq_entries: 32,
+            cq_entries: 4,
+            ..geometry()
+        };
+        let (_, mut app) = attach(&mut t, g);
+        for i in 0..20 {
+            app.submit(Sqe {
+                opcode: 99,
+                ..call(i)
+            });
+        }
+        poll(&mut t);
+        poll(&mut t);
+        // 4 in the ring, 4 in the backlog, the rest still on the submission ring.
+        assert_eq!(t.stats().backlog, 4);
+        let mut seen = Vec::new();
+        while seen.len() < 20 {
+            seen.extend(app.drain().iter().map(|c| c.user_data));
+            poll(&mut t);
+            assert!(t.stats().backlog <= 4);
+        }
+        assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_corrupt_ring_index_detaches_only_that_app() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (bad, app_bad) = attach(&mut t, geometry());
+        let (good, mut app_good) = attach(&mut t, geometry());
+        // SAFETY: the SQ producer index word of the bad app's own mapping.
+        let tail = unsafe {
+            &*(app_bad
+                .region
+                .base()
+                .add(app_bad.region.layout().sq_offset as usize)
+                as *const std::sync::atomic::AtomicU32)
+        };
+        tail.store(1000, Ordering::Release);
+        app_good.submit(call(1));
+        assert_eq!(poll(&mut t).len(), 1);
+        let gone = t.reap();
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].app, gone[0].reason), (bad, "corrupt ring"));
+        assert_eq!(t.app_ids().collect::<Vec<_>>(), vec![good]);
+        assert_eq!(t.stats().faults, 1);
+    }
+
+    #[test]
+    fn register_routes_and_a_second_registration_is_refused() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (a, mut app_a) = attach(&mut t, geometry());
+        let (_, mut app_b) = attach(&mut t, geometry());
+        let reg = Sqe {
+            opcode: op::REGISTER,
+            prog: 9,
+            vers: 1,
+            ..Sqe::default()
+        };
+        app_a.submit(reg);
+        app_b.submit(reg);
+        poll(&mut t);
+        assert_eq!(app_a.drain()[0].status, status::OK);
+        assert_eq!(app_b.drain()[0].status, status::ALREADY_REGISTERED);
+        assert_eq!(t.lookup(9, 1), Some(a));
+        assert_eq!(t.lookup_backchannel(9, 1), None);
+        t.detach(a, "detached");
+        assert_eq!(t.lookup(9, 1), None);
+    }
+}
