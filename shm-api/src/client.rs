@@ -121,6 +121,9 @@ impl Arena {
     }
 }
 
+/// How long an app busy-polls its completion ring before sleeping on its eventfd.
+pub const SPIN: Duration = Duration::from_micros(50);
+
 /// The rings and region of one attached app.
 #[derive(Debug)]
 struct Endpoint {
@@ -180,11 +183,15 @@ impl Endpoint {
         self.cq.pop().map_err(|_| Error::Detached)
     }
 
-    /// Next completion: spins briefly, then sleeps on the eventfd; `None` at the deadline.
+    /// Next completion: spins up to [`SPIN`], then sleeps on the eventfd; `None` at the deadline.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<Option<Cqe>, Error> {
-        for _ in 0..2000 {
+        let start = Instant::now();
+        loop {
             if let Some(c) = self.poll()? {
                 return Ok(Some(c));
+            }
+            if start.elapsed() >= SPIN {
+                break;
             }
             std::hint::spin_loop();
         }

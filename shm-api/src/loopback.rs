@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The harness state: listener, table and scratch buffers.
 #[derive(Debug)]
@@ -96,25 +96,32 @@ impl Loopback {
         )
     }
 
-    /// Runs forever: accept, poll, route, reap, park when idle.
-    pub fn run(&mut self) -> io::Result<()> {
-        let mut idle = 0u32;
+    /// Runs forever: accept, poll, route, reap; after `spin` without work, park (20 ms at most).
+    pub fn run(&mut self, spin: Duration) -> io::Result<()> {
+        let mut idle_since: Option<Instant> = None;
         let mut loops = 0u32;
         loop {
             let mut work = self.step()?;
             loops = loops.wrapping_add(1);
-            if loops % 4096 == 0 || idle >= 64 {
+            if loops % 4096 == 0 {
                 work |= self.housekeeping();
             }
             if work {
-                idle = 0;
-            } else {
-                idle += 1;
-                if idle >= 64 {
-                    let l = self.listener.as_fd();
-                    let c = self.ctl.as_fd();
-                    self.table.park(Duration::from_millis(20), &[l, c]);
+                idle_since = None;
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= spin {
+                if self.housekeeping() {
+                    idle_since = None;
+                    continue;
                 }
+                let l = self.listener.as_fd();
+                let c = self.ctl.as_fd();
+                self.table.park(Duration::from_millis(20), &[l, c]);
+                idle_since = None;
+            } else {
+                std::hint::spin_loop();
             }
         }
     }
