@@ -70,9 +70,9 @@ struct rr_header {
     uint32_t arena_offset, arena_size;
     uint32_t peers_offset, peers_count;
     uint32_t app_id, max_outstanding;
-    uint32_t app_waiting; /* offset 64: app sets before sleeping on its eventfd */
+    uint32_t app_waiting; /* offset 64: app sets before sleeping on its socket */
     uint8_t pad1[60];
-    uint32_t daemon_waiting; /* offset 128: daemon sets while parked on its doorbell */
+    uint32_t daemon_waiting; /* offset 128: daemon sets while parked */
     uint8_t pad2[60];
     uint32_t state; /* offset 192: RR_STATE_* */
     uint8_t pad3[60];
@@ -127,7 +127,7 @@ struct rr_app {
     uint8_t *arena;
     uint32_t arena_size, arena_bump;
     uint32_t sq_mask, cq_mask, sq_local, cq_local;
-    int sock, app_evfd, doorbell;
+    int sock; /* the attach socket: closing it detaches; one-byte messages are wake-ups */
 };
 
 /* Connects to the daemon socket at path and maps the region it sends. Returns 0 or -errno. */
@@ -137,13 +137,13 @@ static inline int rr_connect(const char *path, struct rr_app *app)
     uint8_t msg[16];
     union {
         struct cmsghdr h;
-        char buf[CMSG_SPACE(3 * sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int))];
     } ctl;
     struct iovec iov = {msg, sizeof msg};
     struct msghdr mh;
     struct cmsghdr *c;
     struct stat st;
-    int fds[3] = {-1, -1, -1}, err = -EPROTO;
+    int memfd = -1, err = -EPROTO;
     uint64_t magic = 0;
 
     memset(app, 0, sizeof *app);
@@ -170,16 +170,15 @@ static inline int rr_connect(const char *path, struct rr_app *app)
     if (recvmsg(app->sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof msg)
         goto fail;
     for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(3 * sizeof(int)))
-            memcpy(fds, CMSG_DATA(c), sizeof fds);
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&memfd, CMSG_DATA(c), sizeof memfd);
     memcpy(&magic, msg, 8); /* little-endian hosts only, like the daemon */
-    if (magic != RR_MAGIC || fds[0] < 0 || fstat(fds[0], &st) < 0 || st.st_size < 256)
+    if (magic != RR_MAGIC || memfd < 0 || fstat(memfd, &st) < 0 || st.st_size < 256)
         goto fail;
     app->len = (size_t)st.st_size;
-    app->base = mmap(NULL, app->len, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
-    close(fds[0]);
-    fds[0] = -1;
+    app->base = mmap(NULL, app->len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    close(memfd);
+    memfd = -1;
     if (app->base == MAP_FAILED) {
         app->base = NULL;
         goto fail;
@@ -199,13 +198,10 @@ static inline int rr_connect(const char *path, struct rr_app *app)
     app->cq_mask = app->hdr->cq_entries - 1;
     app->arena = app->base + app->hdr->arena_offset;
     app->arena_size = app->hdr->arena_size;
-    app->app_evfd = fds[1];
-    app->doorbell = fds[2];
     return 0;
 fail:
-    for (int i = 0; i < 3; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
+    if (memfd >= 0)
+        close(memfd);
     if (app->base)
         munmap(app->base, app->len);
     close(app->sock);
@@ -218,8 +214,6 @@ static inline void rr_close(struct rr_app *app)
 {
     if (app->base)
         munmap(app->base, app->len);
-    close(app->app_evfd);
-    close(app->doorbell);
     close(app->sock);
     memset(app, 0, sizeof *app);
 }
@@ -282,8 +276,8 @@ static inline int rr_submit(struct rr_app *app, const struct rr_sqe *s)
     /* SeqCst fence, then load daemon_waiting: pairs with the daemon's store-flag/fence/re-read-tail in park. */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&app->hdr->daemon_waiting, __ATOMIC_RELAXED)) {
-        uint64_t one = 1;
-        if (write(app->doorbell, &one, sizeof one) < 0) { /* a full counter already wakes it */
+        uint8_t one = 1; /* a full socket buffer already means "wake up" */
+        if (send(app->sock, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
         }
     }
     return 0;
@@ -303,7 +297,8 @@ static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
     return 1;
 }
 
-/* Waits for one completion: 1, 0 on timeout (timeout_ms < 0: forever), -EPIPE if detached. */
+/* Waits for one completion (spin, then sleep on the socket): 1, 0 on timeout (timeout_ms < 0: forever),
+   -EPIPE if detached. */
 static inline int rr_wait(struct rr_app *app, struct rr_cqe *out, int timeout_ms)
 {
     for (int i = 0; i < 2000; i++)
@@ -317,11 +312,13 @@ static inline int rr_wait(struct rr_app *app, struct rr_cqe *out, int timeout_ms
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
         int got = rr_poll(app, out);
         if (!got) {
-            struct pollfd p = {app->app_evfd, POLLIN, 0};
+            struct pollfd p = {app->sock, POLLIN, 0};
             int t = timeout_ms < 0 || timeout_ms > 100 ? 100 : timeout_ms;
             int n = poll(&p, 1, t);
-            uint64_t v;
-            if (n > 0 && read(app->app_evfd, &v, sizeof v) < 0) { /* drained by someone else: fine */
+            uint8_t buf[64];
+            if (n > 0 && recv(app->sock, buf, sizeof buf, MSG_DONTWAIT) == 0) {
+                __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
+                return -EPIPE; /* the daemon closed the socket */
             }
             if (timeout_ms >= 0) {
                 timeout_ms -= t;

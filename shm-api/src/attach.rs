@@ -1,12 +1,14 @@
-//! The attach handshake over a Unix stream socket: the daemon sends the sealed memfd and two eventfds.
+//! The attach handshake over a Unix stream socket, and the socket's later use for wake-ups.
 //!
 //! Message (daemon → app, once): 16 bytes = [`crate::abi::MAGIC`] (u64 LE) + region size (u64 LE), with
-//! SCM_RIGHTS `[memfd, app eventfd, daemon doorbell eventfd]`. The app never writes to the socket; it
-//! stays open for the app's lifetime, and its closing tells the daemon the app is gone.
+//! SCM_RIGHTS `[memfd]`. Afterwards either side may send single bytes as wake-ups (only when the other
+//! side's waiting flag is set); both send and drain them with `MSG_DONTWAIT`, so no file-status flag an app
+//! could change on a shared file description (as it could on a passed eventfd) can make the daemon block.
+//! The socket stays open for the app's lifetime; its closing tells the daemon the app is gone.
 
 use crate::abi::{Geometry, Layout, MAGIC};
 use crate::region::Region;
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -26,12 +28,11 @@ pub struct Listener {
     next_app_id: u32,
 }
 
-/// An accepted app: its region, its wake-up eventfd and its socket; hand it to the owning poll thread's
+/// An accepted app: its region and its socket; hand it to the owning poll thread's
 /// [`crate::daemon::AppTable::attach`].
 #[derive(Debug)]
 pub struct Attachment {
     pub(crate) region: Region,
-    pub(crate) app_evfd: OwnedFd,
     pub(crate) sock: UnixStream,
     pub(crate) pid: Option<i32>,
     pub(crate) app_id: u32,
@@ -80,9 +81,7 @@ impl Listener {
     }
 
     /// Accepts one pending app, creates its region and sends it; `Ok(None)` when nobody is waiting.
-    ///
-    /// `doorbell` is the owning poll thread's eventfd ([`crate::daemon::AppTable::doorbell`]).
-    pub fn accept(&mut self, doorbell: BorrowedFd<'_>) -> io::Result<Option<Attachment>> {
+    pub fn accept(&mut self) -> io::Result<Option<Attachment>> {
         let (sock, _) = match self.sock.accept() {
             Ok(s) => s,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -95,12 +94,11 @@ impl Listener {
         self.next_app_id = self.next_app_id.wrapping_add(1);
         let names: Vec<&str> = self.peers.iter().map(String::as_str).collect();
         let region = Region::create(self.layout, app_id, &names)?;
-        let app_evfd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let mut msg = [0u8; 16];
         msg[..8].copy_from_slice(&MAGIC.to_le_bytes());
         msg[8..].copy_from_slice(&self.layout.region_size.to_le_bytes());
-        let fds = [region.fd(), app_evfd.as_fd(), doorbell];
-        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(3))];
+        let fds = [region.fd()];
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         control.push(SendAncillaryMessage::ScmRights(&fds));
         let n = rustix::net::sendmsg(
@@ -115,7 +113,6 @@ impl Listener {
         sock.set_nonblocking(true)?;
         Ok(Some(Attachment {
             region,
-            app_evfd,
             sock,
             pid,
             app_id,
@@ -123,7 +120,7 @@ impl Listener {
     }
 }
 
-/// App side of an attachment: the mapped region, the two eventfds and the socket (kept open while attached).
+/// App side of an attachment: the mapped region and the socket (kept open while attached; carries wake-ups).
 ///
 /// [`crate::Client`] and [`crate::Server`] wrap this; it is public for tools that speak the ring protocol
 /// themselves (benchmarks, the hostile-app test).
@@ -131,11 +128,7 @@ impl Listener {
 pub struct AppConn {
     /// The mapped region.
     pub region: Region,
-    /// Readable when the daemon wakes this app.
-    pub app_evfd: OwnedFd,
-    /// Write 1 to wake a parked daemon.
-    pub doorbell: OwnedFd,
-    /// The attach socket; closing it detaches.
+    /// The attach socket: readable when the daemon wakes this app; closing it detaches.
     pub sock: UnixStream,
 }
 
@@ -143,7 +136,7 @@ pub struct AppConn {
 pub fn connect(path: &Path) -> io::Result<AppConn> {
     let sock = UnixStream::connect(path)?;
     let mut msg = [0u8; 16];
-    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let r = rustix::net::recvmsg(
         &sock,
@@ -161,33 +154,34 @@ pub fn connect(path: &Path) -> io::Result<AppConn> {
     if r.bytes != 16 || msg[..8] != MAGIC.to_le_bytes() {
         return Err(bad("not an rpcrdma-shm daemon"));
     }
-    if fds.len() != 3 {
-        return Err(bad("handshake without three descriptors"));
+    if fds.len() != 1 {
+        return Err(bad("handshake without exactly one descriptor"));
     }
-    let doorbell = fds.pop().ok_or_else(|| bad("fd"))?;
-    let app_evfd = fds.pop().ok_or_else(|| bad("fd"))?;
     let memfd = fds.pop().ok_or_else(|| bad("fd"))?;
     let region = Region::open(memfd)?;
     if (region.len() as u64).to_le_bytes() != msg[8..] {
         return Err(bad("region size differs from handshake"));
     }
-    Ok(AppConn {
-        region,
-        app_evfd,
-        doorbell,
-        sock,
-    })
+    Ok(AppConn { region, sock })
 }
 
-/// Adds 1 to an eventfd without blocking (a full counter already means "wake up").
-pub(crate) fn ring_eventfd(fd: BorrowedFd<'_>) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+/// Sends a one-byte wake-up without ever blocking (a full socket buffer already means "wake up").
+pub(crate) fn wake(sock: BorrowedFd<'_>) {
+    let _ = rustix::net::send(sock, &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
 }
 
-/// Resets an eventfd's counter (non-blocking read; nothing to read is fine).
-pub(crate) fn drain_eventfd(fd: BorrowedFd<'_>) {
-    let mut b = [0u8; 8];
-    let _ = rustix::io::read(fd, &mut b);
+/// Discards pending wake-up bytes without blocking; false once the other side has closed the socket.
+pub(crate) fn drain(sock: BorrowedFd<'_>) -> bool {
+    let mut b = [0u8; 64];
+    for _ in 0..16 {
+        match rustix::net::recv(sock, &mut b, RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return false,
+            Ok(_) => {}
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => return true,
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 /// Waits until `fd` is readable or `timeout_ms` passes (negative = forever).

@@ -1,7 +1,7 @@
 //! App side: [`Client`] for calls, [`Server`] for serving a program, [`Arena`] for the arena's space.
 
 use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED};
-use crate::attach::{connect, drain_eventfd, ring_eventfd, wait_readable, AppConn};
+use crate::attach::{connect, drain, wait_readable, wake, AppConn};
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
 use rustix::fd::AsFd;
@@ -121,7 +121,7 @@ impl Arena {
     }
 }
 
-/// How long an app busy-polls its completion ring before sleeping on its eventfd.
+/// How long an app busy-polls its completion ring before sleeping on its socket.
 pub const SPIN: Duration = Duration::from_micros(50);
 
 /// The rings and region of one attached app.
@@ -174,7 +174,7 @@ impl Endpoint {
         fence(Ordering::SeqCst);
         let h = self.conn.region.header();
         if h.daemon_waiting.value.load(Ordering::Relaxed) != 0 {
-            ring_eventfd(self.conn.doorbell.as_fd());
+            wake(self.conn.sock.as_fd());
         }
         Ok(())
     }
@@ -183,7 +183,7 @@ impl Endpoint {
         self.cq.pop().map_err(|_| Error::Detached)
     }
 
-    /// Next completion: spins up to [`SPIN`], then sleeps on the eventfd; `None` at the deadline.
+    /// Next completion: spins up to [`SPIN`], then sleeps on its socket; `None` at the deadline.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<Option<Cqe>, Error> {
         let start = Instant::now();
         loop {
@@ -220,9 +220,12 @@ impl Endpoint {
                 }
             };
             // A bounded sleep also notices a detach that happened without a wake-up.
-            wait_readable(self.conn.app_evfd.as_fd(), ms);
-            drain_eventfd(self.conn.app_evfd.as_fd());
+            wait_readable(self.conn.sock.as_fd(), ms);
+            let open = drain(self.conn.sock.as_fd());
             h.app_waiting.value.store(0, Ordering::Relaxed);
+            if !open {
+                return Err(Error::Detached);
+            }
         }
     }
 
@@ -665,7 +668,7 @@ impl Client {
         }
     }
 
-    /// Waits for `t` (spinning briefly, then sleeping on the eventfd) up to `timeout` (`None` = forever).
+    /// Waits for `t` (spinning briefly, then sleeping on the socket) up to `timeout` (`None` = forever).
     pub fn wait(&mut self, t: Ticket, timeout: Option<Duration>) -> Result<Reply, Error> {
         let deadline = timeout.map(|d| Instant::now() + d);
         loop {
@@ -741,6 +744,7 @@ pub struct Server {
     replies: Vec<Option<Vec<ArenaBuf>>>,
     stash: VecDeque<Cqe>,
     registered: Vec<(u32, u32, bool)>,
+    posted: u32,
 }
 
 impl Server {
@@ -753,6 +757,7 @@ impl Server {
             replies: Vec::new(),
             stash: VecDeque::new(),
             registered: Vec::new(),
+            posted: 0,
         })
     }
 
@@ -823,16 +828,13 @@ impl Server {
         }
     }
 
-    /// Serves (`prog`, `vers`) with `handler` until the daemon detaches this app (then `Err(Detached)`);
-    /// registers the program first unless [`Server::register`] already did.
-    pub fn serve<F>(&mut self, prog: u32, vers: u32, mut handler: F) -> Result<(), Error>
-    where
-        F: FnMut(&Call<'_>, &mut ReplyBuilder),
-    {
+    /// Registers (`prog`, `vers`) unless already done and posts the receive buffers (once), without serving
+    /// yet: calls that arrive before [`Server::serve`] wait in the completion ring.
+    pub fn start(&mut self, prog: u32, vers: u32) -> Result<(), Error> {
         if !self.registered.contains(&(prog, vers, false)) {
             self.register(prog, vers, false)?;
         }
-        for _ in 0..self.recv_count {
+        while self.posted < self.recv_count {
             let b = self
                 .ep
                 .arena
@@ -840,8 +842,18 @@ impl Server {
                 .ok_or(Error::ArenaFull)?;
             self.post_recv(b.off, b.len)?;
             // The buffer now belongs to the daemon; it comes back with each call and is reposted.
-            let _ = b;
+            self.posted += 1;
         }
+        Ok(())
+    }
+
+    /// Serves (`prog`, `vers`) with `handler` until the daemon detaches this app (then `Err(Detached)`);
+    /// registers the program first unless [`Server::register`] already did.
+    pub fn serve<F>(&mut self, prog: u32, vers: u32, mut handler: F) -> Result<(), Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        self.start(prog, vers)?;
         loop {
             let c = self.next()?;
             match c.kind {

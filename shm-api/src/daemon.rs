@@ -8,12 +8,12 @@
 //! No method blocks on an app; only `attach`, `reap`, `detach` and `park` allocate or make system calls.
 
 use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, MAX_PIECES, STATE_DETACHED};
-use crate::attach::{drain_eventfd, ring_eventfd, Attachment};
+use crate::attach::{drain, wake, Attachment};
 use crate::region::Region;
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
-use rustix::event::{EventfdFlags, PollFd, PollFlags};
-use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::event::{PollFd, PollFlags};
+use rustix::fd::{AsFd, BorrowedFd};
 use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
@@ -308,7 +308,6 @@ pub struct AppTable {
     cfg: TableConfig,
     apps: Vec<Option<App>>,
     gens: Vec<u16>,
-    doorbell: OwnedFd,
     registry: Vec<Registration>,
     next_xid: u32,
     stats: TableStats,
@@ -382,7 +381,7 @@ impl App {
             .load(Ordering::Relaxed)
             != 0
         {
-            ring_eventfd(self.att.app_evfd.as_fd());
+            wake(self.att.sock.as_fd());
         }
     }
 
@@ -458,23 +457,16 @@ impl App {
 }
 
 impl AppTable {
-    /// An empty table with its doorbell eventfd.
+    /// An empty table.
     pub fn new(cfg: TableConfig) -> io::Result<AppTable> {
-        let doorbell = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         Ok(AppTable {
             cfg,
             apps: (0..cfg.max_apps).map(|_| None).collect(),
             gens: vec![0; usize::from(cfg.max_apps)],
-            doorbell,
             registry: Vec::new(),
             next_xid: 0x5348_0000,
             stats: TableStats::default(),
         })
-    }
-
-    /// The eventfd apps ring when they submit while this thread is parked (pass it to `Listener::accept`).
-    pub fn doorbell(&self) -> BorrowedFd<'_> {
-        self.doorbell.as_fd()
     }
 
     /// Takes ownership of an accepted app; gives it back when the table is full.
@@ -1000,14 +992,8 @@ impl AppTable {
                 let r = p.revents();
                 if r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) {
                     gone.push((a.id, "closed"));
-                } else if r.contains(PollFlags::IN) {
-                    // Apps never write; read whatever came, and treat end-of-file as gone.
-                    let mut b = [0u8; 64];
-                    match rustix::io::read(&a.att.sock, &mut b) {
-                        Ok(0) => gone.push((a.id, "closed")),
-                        Ok(_) | Err(rustix::io::Errno::AGAIN) => {}
-                        Err(_) => gone.push((a.id, "closed")),
-                    }
+                } else if r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd()) {
+                    gone.push((a.id, "closed"));
                 }
             }
         }
@@ -1016,11 +1002,11 @@ impl AppTable {
             .collect()
     }
 
-    /// Sleeps until an app rings the doorbell or `timeout` passes, unless work is already waiting.
+    /// Sleeps until an app sends a wake-up (or closes), an `extra` descriptor (e.g. a listening socket or a
+    /// command-queue eventfd) becomes readable, or `timeout` passes — unless work is already waiting.
     ///
     /// Sets every app's `daemon_waiting` flag, re-checks the rings (the app's matching fence is in
-    /// `Endpoint::submit`), then polls the doorbell and the app sockets.
-    /// `extra` descriptors (e.g. a listening socket or a command-queue eventfd) also end the sleep.
+    /// `Endpoint::submit`), then polls the app sockets; wake-up bytes are drained with `MSG_DONTWAIT`.
     pub fn park(&mut self, timeout: Duration, extra: &[BorrowedFd<'_>]) {
         let set = |t: &AppTable, v: u32| {
             for a in t.apps.iter().flatten() {
@@ -1046,20 +1032,35 @@ impl AppTable {
             }
         }
         if !busy {
-            let mut fds = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
-            fds.extend(
-                self.apps
-                    .iter()
-                    .flatten()
-                    .map(|a| PollFd::new(&a.att.sock, PollFlags::IN)),
-            );
-            fds.extend(extra.iter().map(|f| PollFd::new(f, PollFlags::IN)));
             let ts = rustix::event::Timespec {
                 tv_sec: timeout.as_secs() as i64,
                 tv_nsec: i64::from(timeout.subsec_nanos()),
             };
-            let _ = rustix::event::poll(&mut fds, Some(&ts));
-            drain_eventfd(self.doorbell.as_fd());
+            let mut closed: Vec<usize> = Vec::new();
+            {
+                let live: Vec<(usize, &App)> = self
+                    .apps
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
+                    .collect();
+                let mut fds: Vec<PollFd<'_>> = live
+                    .iter()
+                    .map(|(_, a)| PollFd::new(&a.att.sock, PollFlags::IN))
+                    .collect();
+                fds.extend(extra.iter().map(|f| PollFd::new(f, PollFlags::IN)));
+                let _ = rustix::event::poll(&mut fds, Some(&ts));
+                for ((i, a), p) in live.iter().zip(&fds) {
+                    if !p.revents().is_empty() && !drain(a.att.sock.as_fd()) {
+                        closed.push(*i);
+                    }
+                }
+            }
+            for i in closed {
+                if let Some(a) = self.apps[i].as_mut() {
+                    a.fault.get_or_insert("closed");
+                }
+            }
         }
         set(self, 0);
     }
@@ -1105,7 +1106,6 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let att = Attachment {
             region,
-            app_evfd: rustix::event::eventfd(0, EventfdFlags::NONBLOCK).unwrap(),
             sock: a,
             pid: None,
             app_id: 1,

@@ -129,7 +129,7 @@ impl Loopback {
     /// Accepts apps, answers stats requests and reaps dead apps; true if anything happened.
     pub fn housekeeping(&mut self) -> bool {
         let mut work = false;
-        while let Ok(Some(att)) = self.listener.accept(self.table.doorbell()) {
+        while let Ok(Some(att)) = self.listener.accept() {
             work = true;
             let _ = self.table.attach(att);
         }

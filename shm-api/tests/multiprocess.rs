@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{app, eventually, harness, sock, stats, xdr_opaque};
+use common::{app, eventually, harness, settled, sock, stats, xdr_opaque, SERVER_RECVS};
 use rpcrdma_shm::abi::status;
 use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
@@ -232,7 +232,7 @@ fn kill9_app_with_calls_in_flight_returns_counts_to_baseline() {
     let _h = harness(&path);
     let empty = stats(&path);
     let mut hole = app("blackhole", &path, &[]);
-    let base = stats(&path);
+    let base = settled(&path, SERVER_RECVS);
     assert_eq!(base["apps"], empty["apps"] + 1);
     let mut victim = app("inflight", &path, &["16"]);
     assert!(eventually(|| {
@@ -258,12 +258,13 @@ fn kill9_server_mid_call_cancels_the_callers_call() {
     let path = sock("srvdie");
     let _h = harness(&path);
     let mut hole = app("blackhole", &path, &[]);
+    settled(&path, SERVER_RECVS);
     let (mut c, peer) = client(&path);
     let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
     b.args().put_opaque(b"ping");
     let t = b.submit().unwrap();
-    // 16 receive buffers of the blackhole plus our call, which is routed in the step that accepts it.
-    assert!(eventually(|| stats(&path)["ops"] > 16));
+    // The blackhole's receive buffers plus our call, which is routed in the step that accepts it.
+    assert!(eventually(|| stats(&path)["ops"] > SERVER_RECVS));
     hole.kill9();
     assert!(matches!(
         c.wait(t, T),
@@ -277,7 +278,7 @@ fn hostile_apps_cannot_crash_the_daemon_and_others_keep_working() {
     let mut h = harness(&path);
     let _s = app("server", &path, &[]);
     let (mut c, peer) = client(&path);
-    let base = stats(&path);
+    let base = settled(&path, SERVER_RECVS);
     let hostiles: Vec<_> = (1..=3)
         .map(|seed| {
             std::process::Command::new(env!("CARGO_BIN_EXE_shm-testapp"))
@@ -308,10 +309,14 @@ fn hostile_apps_cannot_crash_the_daemon_and_others_keep_working() {
         assert!(p.0.wait().unwrap().success());
     }
     assert!(h.alive());
-    assert!(eventually(|| {
-        let s = stats(&path);
-        s["apps"] == base["apps"] && s["regions"] == base["regions"] && s["ops"] == base["ops"]
-    }));
+    assert!(
+        eventually(|| {
+            let s = stats(&path);
+            s["apps"] == base["apps"] && s["regions"] == base["regions"] && s["ops"] == base["ops"]
+        }),
+        "base {base:?} now {:?}",
+        stats(&path)
+    );
     assert!(stats(&path)["bad"] > 1000);
     let t = c
         .call(peer, rdmatest::PROG, 1, rdmatest::NULL)

@@ -44,14 +44,14 @@ fn ready() {
 
 fn server(path: &Path) -> Res {
     let mut s = Server::connect(path)?;
-    s.register(rdmatest::PROG, rdmatest::VERS, false)?;
+    s.start(rdmatest::PROG, rdmatest::VERS)?;
     ready();
     Ok(s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle)?)
 }
 
 fn blackhole(path: &Path) -> Res {
     let mut s = Server::connect(path)?;
-    s.register(rdmatest::CB_PROG, 1, false)?;
+    s.start(rdmatest::CB_PROG, 1)?;
     ready();
     // The first call's handler never returns, so every later call stays delivered and unanswered.
     s.serve(rdmatest::CB_PROG, 1, |_c, _r: &mut ReplyBuilder| loop {
@@ -175,7 +175,7 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                 cq_head.store(t, Ordering::Release);
             }
             if rng.below(64) == 0 {
-                let _ = rustix::io::write(&conn.doorbell, &1u64.to_ne_bytes());
+                let _ = rustix::net::send(&conn.sock, &[1], rustix::net::SendFlags::DONTWAIT);
             }
         }
         // Phase 2: impossible indices and header scribbles, racing the daemon.
@@ -190,7 +190,7 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                     word(at).store(rng.next() as u32, Ordering::Relaxed);
                 }
             }
-            let _ = rustix::io::write(&conn.doorbell, &1u64.to_ne_bytes());
+            let _ = rustix::net::send(&conn.sock, &[1], rustix::net::SendFlags::DONTWAIT);
             std::thread::yield_now();
         }
         drop(conn);

@@ -93,3 +93,17 @@ pub fn xdr_opaque(d: &[u8]) -> Vec<u8> {
     v.resize(v.len() + (4 - d.len() % 4) % 4, 0);
     v
 }
+
+/// Receive buffers each `shm-testapp` server or blackhole posts (the `Server` default).
+pub const SERVER_RECVS: u64 = 16;
+
+/// Waits until the harness holds exactly `ops` operations (e.g. the servers' posted receive buffers, which
+/// the harness takes off the ring asynchronously), then returns its counters.
+pub fn settled(path: &Path, ops: u64) -> HashMap<String, u64> {
+    assert!(
+        eventually(|| stats(path)["ops"] == ops),
+        "ops never settled at {ops}: {:?}",
+        stats(path)
+    );
+    stats(path)
+}
