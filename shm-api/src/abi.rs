@@ -57,9 +57,9 @@ pub struct RegionHeader {
     pub app_id: u32,
     /// Most submissions the daemon accepts before their completions are written (= `cq_entries`).
     pub max_outstanding: u32,
-    /// Non-zero while the app sleeps on its eventfd waiting for completions (app writes, daemon reads).
+    /// Non-zero while the app sleeps waiting for completions (app writes, daemon reads).
     pub app_waiting: FlagLine,
-    /// Non-zero while the daemon's poll thread is parked on its doorbell (daemon writes, app reads).
+    /// Non-zero while the daemon's poll thread is parked (daemon writes, app reads).
     pub daemon_waiting: FlagLine,
     /// [`STATE_ATTACHED`] or [`STATE_DETACHED`] (daemon writes, app reads).
     pub state: FlagLine,

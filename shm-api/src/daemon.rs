@@ -990,9 +990,8 @@ impl AppTable {
                     continue;
                 }
                 let r = p.revents();
-                if r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) {
-                    gone.push((a.id, "closed"));
-                } else if r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd()) {
+                let hung_up = r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL);
+                if hung_up || (r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd())) {
                     gone.push((a.id, "closed"));
                 }
             }
