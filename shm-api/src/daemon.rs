@@ -16,7 +16,7 @@ use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, BorrowedFd};
 use std::collections::VecDeque;
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Limits of one poll thread's table.
 #[derive(Debug, Clone, Copy)]
@@ -292,6 +292,8 @@ struct App {
     pending: u32,
     max_owed: u32,
     fault: Option<&'static str>,
+    /// When the backlog last went from empty to non-empty (the app stopped draining its CQ).
+    stalled_since: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -344,7 +346,11 @@ impl App {
                 Err(RingError::Full) => {}
             }
         }
-        // Bounded: pending + backlog never exceeds max_owed (see `poll_one`), so this never reallocates.
+        // Bounded: pending + backlog never exceeds max_owed (see `poll_submissions`), so this never
+        // reallocates.
+        if self.backlog.is_empty() {
+            self.stalled_since = Some(Instant::now());
+        }
         self.backlog.push_back(c);
     }
 
@@ -365,6 +371,9 @@ impl App {
         }
         if pushed {
             self.wake();
+        }
+        if self.backlog.is_empty() {
+            self.stalled_since = None;
         }
     }
 
@@ -502,6 +511,7 @@ impl AppTable {
             pending: 0,
             max_owed,
             fault: None,
+            stalled_since: None,
         });
         self.stats.apps += 1;
         Ok(id)
@@ -965,6 +975,26 @@ impl AppTable {
             calls,
             serving_tags,
         })
+    }
+
+    /// Detaches every app whose completions have waited in its backlog (CQ full, app not draining) for
+    /// longer than `limit`: its calls are reported for cancellation and its memory released.
+    pub fn evict_stalled(&mut self, limit: Duration) -> Vec<Detached> {
+        let now = Instant::now();
+        let stalled: Vec<AppId> = self
+            .apps
+            .iter()
+            .flatten()
+            .filter(|a| {
+                a.stalled_since
+                    .is_some_and(|t| now.duration_since(t) > limit)
+            })
+            .map(|a| a.id)
+            .collect();
+        stalled
+            .into_iter()
+            .filter_map(|id| self.detach(id, "stalled"))
+            .collect()
     }
 
     /// Detaches every app whose socket closed (it exited or was killed) or that corrupted a ring.

@@ -31,6 +31,7 @@ pub struct Loopback {
     results: Vec<(u32, u32)>,
     waiting: VecDeque<CallRequest>,
     dropped_replies: u64,
+    stall_limit: Duration,
 }
 
 /// Calls held while their server has no receive buffer posted (beyond this they fail with NO_RECV_BUFFER).
@@ -71,7 +72,13 @@ impl Loopback {
             results: Vec::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
             dropped_replies: 0,
+            stall_limit: Duration::from_secs(10),
         })
+    }
+
+    /// Detach apps that leave completions undrained for longer than `limit` (default 10 s).
+    pub fn set_stall_limit(&mut self, limit: Duration) {
+        self.stall_limit = limit;
     }
 
     /// The table's counters.
@@ -136,7 +143,9 @@ impl Loopback {
         while let Ok((mut s, _)) = self.ctl.accept() {
             let _ = s.write_all(self.stats_line().as_bytes());
         }
-        for d in self.table.reap() {
+        let mut gone = self.table.reap();
+        gone.extend(self.table.evict_stalled(self.stall_limit));
+        for d in gone {
             work = true;
             self.on_detached(d);
         }

@@ -227,6 +227,39 @@ fn stalled_app_is_held_by_backpressure_while_others_keep_working() {
 }
 
 #[test]
+fn app_that_stops_draining_is_evicted_and_its_memory_released() {
+    let path = sock("evict");
+    let _h = common::harness_with_stall_limit(&path, 300);
+    let _s = app("server", &path, &[]);
+    let base = settled(&path, SERVER_RECVS);
+    let (mut lazy, peer) = client(&path);
+    let mut n = 0u32;
+    // Fill the completion ring and then some, never draining: the harness starts a backlog, then evicts.
+    let evicted = eventually(|| loop {
+        let mut b = lazy.call(peer, rdmatest::PROG, 1, rdmatest::NULL);
+        b.xid(n);
+        match b.submit() {
+            Ok(_) => n += 1,
+            Err(Error::RingFull) => break false,
+            Err(Error::Detached) => break true,
+            Err(e) => panic!("{e}"),
+        }
+    });
+    assert!(evicted, "never evicted after {n} calls");
+    assert!(eventually(|| {
+        let s = stats(&path);
+        s["apps"] == base["apps"] && s["regions"] == base["regions"] && s["ops"] == base["ops"]
+    }));
+    // The server and new clients are unaffected.
+    let (mut c, _) = client(&path);
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .unwrap();
+    assert_eq!(c.wait(t, T).unwrap().accept_stat, 0);
+}
+
+#[test]
 fn kill9_app_with_calls_in_flight_returns_counts_to_baseline() {
     let path = sock("kill9");
     let _h = harness(&path);

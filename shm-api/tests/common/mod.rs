@@ -49,6 +49,16 @@ pub fn harness(path: &Path) -> Proc {
     spawn_ready(Command::new(env!("CARGO_BIN_EXE_shm-loopback")).arg(path))
 }
 
+/// Starts `shm-loopback` on `path`, evicting apps that leave completions undrained for `stall_ms`.
+pub fn harness_with_stall_limit(path: &Path, stall_ms: u64) -> Proc {
+    spawn_ready(
+        Command::new(env!("CARGO_BIN_EXE_shm-loopback"))
+            .arg(path)
+            .arg("200")
+            .arg(stall_ms.to_string()),
+    )
+}
+
 /// Starts `shm-testapp role path args…` and waits for its "ready".
 pub fn app(role: &str, path: &Path, args: &[&str]) -> Proc {
     spawn_ready(
