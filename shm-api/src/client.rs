@@ -943,3 +943,44 @@ impl Server {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_allocations_never_overlap_and_are_reused_after_free() {
+        let mut a = Arena::new(1 << 16);
+        let mut live: Vec<ArenaBuf> = (1..40).map(|i| a.alloc(i * 37).unwrap()).collect();
+        let mut spans: Vec<(u32, u32)> =
+            live.iter().map(|b| (b.off(), b.off() + b.len())).collect();
+        spans.sort();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0));
+        assert!(live
+            .iter()
+            .all(|b| b.off() % 64 == 0 && b.off() + b.len() <= 1 << 16));
+        let b = live.pop().unwrap();
+        let off = b.off();
+        a.free(b);
+        assert_eq!(a.alloc(39 * 37).unwrap().off(), off);
+        assert!(a.alloc(1 << 16).is_none());
+        assert!(a.alloc(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn reduced_stream_with_pieces_reassembles_with_xdr_pad() {
+        let mut x = XdrBuilder::default();
+        x.put_u32(7).put_ddp_opaque(&[1, 2, 3, 4, 5]).put_u32(9);
+        assert_eq!(x.msg.len(), 12);
+        assert_eq!(x.pieces[0].0, 8);
+        assert_eq!(
+            x.to_full(),
+            vec![0, 0, 0, 7, 0, 0, 0, 5, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0, 9]
+        );
+        // Positions beyond the stream are clamped rather than trusted.
+        assert_eq!(
+            reassemble(&[1, 2, 3, 4], [(400, &[9u8][..])].into_iter()),
+            vec![1, 2, 3, 4, 9, 0, 0, 0]
+        );
+    }
+}
