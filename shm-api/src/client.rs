@@ -828,10 +828,10 @@ impl Server {
         }
     }
 
-    /// Registers (`prog`, `vers`) unless already done and posts the receive buffers (once), without serving
+    /// Registers (`prog`, `vers`) for forward calls unless already registered, and posts the receive buffers (once), without serving
     /// yet: calls that arrive before [`Server::serve`] wait in the completion ring.
     pub fn start(&mut self, prog: u32, vers: u32) -> Result<(), Error> {
-        if !self.registered.contains(&(prog, vers, false)) {
+        if !self.registered.iter().any(|r| r.0 == prog && r.1 == vers) {
             self.register(prog, vers, false)?;
         }
         while self.posted < self.recv_count {
@@ -848,7 +848,8 @@ impl Server {
     }
 
     /// Serves (`prog`, `vers`) with `handler` until the daemon detaches this app (then `Err(Detached)`);
-    /// registers the program first unless [`Server::register`] already did.
+    /// registers the program first unless [`Server::register`] already did (to serve a callback program
+    /// for backward-direction calls, call `register(prog, vers, true)` first).
     pub fn serve<F>(&mut self, prog: u32, vers: u32, mut handler: F) -> Result<(), Error>
     where
         F: FnMut(&Call<'_>, &mut ReplyBuilder),

@@ -203,7 +203,13 @@ impl Loopback {
 
     /// Reassembles the caller's arguments and delivers them to the serving app's receive buffer.
     fn route_call(&mut self, app: AppId, c: CallRequest) {
-        let Some(server) = self.table.lookup(c.prog, c.vers) else {
+        // Forward servers first; a callback program answers the backward direction (the loopback has no
+        // connections, so any app's callback registration stands for "the client on this connection").
+        let server = self
+            .table
+            .lookup(c.prog, c.vers)
+            .or_else(|| self.table.lookup_backchannel(c.prog, c.vers));
+        let Some(server) = server else {
             return self.fail(c.id, status::UNKNOWN_PROGRAM);
         };
         self.scratch.clear();

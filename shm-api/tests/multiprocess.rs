@@ -98,6 +98,27 @@ fn rdmatest_null_echo_read_write_through_loopback() {
 }
 
 #[test]
+fn callback_program_registered_for_the_backward_direction_receives_calls() {
+    let path = sock("callback");
+    let _h = harness(&path);
+    let _cb = app("callback", &path, &[]);
+    let (mut c, peer) = client(&path);
+    // A second backchannel registration of the same program is refused; a forward one is separate.
+    let mut dup = rpcrdma_shm::Server::connect(&path).unwrap();
+    assert!(matches!(
+        dup.register(rdmatest::CB_PROG, 1, true),
+        Err(Error::Status(status::ALREADY_REGISTERED))
+    ));
+    let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+    b.args().put_opaque(b"ping!");
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T).unwrap()
+    };
+    assert_eq!(r.body, xdr_opaque(b"ping!"));
+}
+
+#[test]
 fn unroutable_calls_fail_with_error_codes() {
     let path = sock("errors");
     let _h = harness(&path);

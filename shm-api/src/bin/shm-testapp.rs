@@ -1,6 +1,7 @@
 //! Test apps for the multi-process tests: `shm-testapp <role> <socket-path> [args]`.
 //!
-//! Roles: `server` (serves RDMATEST), `blackhole` (registers RDMATEST_CB v1 and never replies),
+//! Roles: `server` (serves RDMATEST), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
 //! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon).
 use rpcrdma_shm::abi::{op, Cqe, Sqe};
@@ -25,6 +26,7 @@ fn main() {
     let r = match role {
         "server" => server(path),
         "blackhole" => blackhole(path),
+        "callback" => callback(path),
         "inflight" => inflight(path, num(3, 16) as usize),
         "hostile" => hostile(path, num(3, 1), num(4, 4) as u32),
         _ => Err("unknown role".into()),
@@ -47,6 +49,25 @@ fn server(path: &Path) -> Res {
     s.start(rdmatest::PROG, rdmatest::VERS)?;
     ready();
     Ok(s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle)?)
+}
+
+/// Serves RDMATEST_CB PING (echo) as a callback program, the way a client app takes backward calls.
+fn callback(path: &Path) -> Res {
+    let mut s = Server::connect(path)?;
+    s.register(rdmatest::CB_PROG, 1, true)?;
+    s.start(rdmatest::CB_PROG, 1)?;
+    ready();
+    s.serve(
+        rdmatest::CB_PROG,
+        1,
+        |c, r: &mut ReplyBuilder| match rdmatest::XdrReader::new(c.args).opaque() {
+            Some(d) if c.proc_ == 1 => {
+                r.xdr.put_opaque(d);
+            }
+            _ => r.accept_stat = rdmatest::GARBAGE_ARGS,
+        },
+    )?;
+    Ok(())
 }
 
 fn blackhole(path: &Path) -> Res {
