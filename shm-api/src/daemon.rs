@@ -4,8 +4,42 @@
 //! hands each [`Attachment`] over; the poll thread calls [`AppTable::attach`], then loops:
 //! [`AppTable::poll_submissions`] (each descriptor copied once, validated, turned into a [`Submission`] or
 //! failed with a [`status`] code in a completion), the `complete_*`/[`AppTable::deliver_call`] calls as its
-//! RPCs progress, [`AppTable::reap`] now and then (dead apps), and [`AppTable::park`] when idle.
-//! No method blocks on an app; only `attach`, `reap`, `detach` and `park` allocate or make system calls.
+//! RPCs progress, [`AppTable::reap`] and [`AppTable::evict_stalled`] now and then, and [`AppTable::park`]
+//! when idle. No method blocks on an app; only `attach`, `reap`, `evict_stalled`, `detach` and `park`
+//! allocate or make system calls.
+//!
+//! ```no_run
+//! use rpcrdma_shm::daemon::{AppTable, CallOutcome, Submission, TableConfig};
+//! use rpcrdma_shm::abi::status;
+//! # fn main() -> std::io::Result<()> {
+//! let mut table = AppTable::new(TableConfig::default())?;
+//! let mut subs = Vec::with_capacity(256); // reused: the loop itself never allocates
+//! loop {
+//!     subs.clear();
+//!     table.poll_submissions(&mut subs, 32);
+//!     for (app, sub) in subs.drain(..) {
+//!         match sub {
+//!             // Gather `c.msg` and `c.args` from `table.region(app)` and send them; when the reply has been
+//!             // placed in `c.reply` / `c.results`, call `complete_call` with its length and results.
+//!             Submission::Call(c) => {
+//!                 let _ = (app, c.peer);
+//!                 table.complete_call(c.id, CallOutcome { status: status::TRANSPORT, ..Default::default() });
+//!             }
+//!             // Send the reply to the requester identified by `r.tag`, then `complete_reply`.
+//!             Submission::Reply(r) => {
+//!                 table.complete_reply(r.id, status::OK);
+//!             }
+//!             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+//!         }
+//!     }
+//!     for gone in table.reap() {
+//!         let _ = gone.calls; // cancel these RPCs; answer `gone.serving_tags` with errors
+//!     }
+//! #   break;
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, MAX_PIECES, STATE_DETACHED};
 use crate::attach::{drain, wake, Attachment};

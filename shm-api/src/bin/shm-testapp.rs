@@ -181,6 +181,16 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
             };
             tail = tail.wrapping_add(1);
             sq_tail.store(tail, Ordering::Release);
+            if rng.below(4) == 0 {
+                // Rewrite the slot just published, racing the daemon's single copy of it.
+                let junk = Sqe {
+                    opcode: rng.below(7) as u8,
+                    msg_len: rng.next() as u32,
+                    ..d
+                };
+                // SAFETY: the same slot as above, inside our mapping.
+                unsafe { (base.add(slot) as *mut Sqe).write_volatile(junk) };
+            }
             if rng.below(16) == 0 {
                 // Drain our completion ring the lazy way: claim everything is read.
                 let t = cq_tail.load(Ordering::Acquire);
