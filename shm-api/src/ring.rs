@@ -398,4 +398,31 @@ mod loom_tests {
             drop((sq, cq));
         });
     }
+
+    /// The sleep/wake handshake (`app_waiting` + SeqCst fences, ABI.md §5): a completion pushed while the
+    /// app decides to sleep is either seen by the app's re-check or answered by a wake-up, never lost.
+    #[test]
+    fn loom_wakeup_flag_is_never_missed() {
+        use crate::sync::{fence, AtomicU32};
+        loom::model(|| {
+            let (cq, mut cq_p, mut cq_c) = ring(2);
+            let waiting = Arc::new(AtomicU32::new(0));
+            let (w2, cq2) = (waiting.clone(), cq.clone());
+            let daemon = loom::thread::spawn(move || {
+                let _keep = cq2;
+                cq_p.push([1, 1]).unwrap();
+                fence(Ordering::SeqCst);
+                w2.load(Ordering::Relaxed) != 0 // true: the daemon sends a wake-up
+            });
+            waiting.store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            let seen = cq_c.pop().unwrap().is_some();
+            let woken = daemon.join().unwrap();
+            assert!(
+                seen || woken,
+                "completion pushed but the app sleeps without a wake-up"
+            );
+            drop(cq);
+        });
+    }
 }
