@@ -121,7 +121,7 @@ impl Arena {
     }
 }
 
-/// How long an app busy-polls its completion ring before sleeping on its socket.
+/// How long an app busy-polls its completion ring before sleeping on its socket, by default.
 pub const SPIN: Duration = Duration::from_micros(50);
 
 /// The rings and region of one attached app.
@@ -132,6 +132,7 @@ struct Endpoint {
     cq: Consumer<Cqe>,
     arena: Arena,
     peers: Vec<String>,
+    spin: Duration,
 }
 
 impl Endpoint {
@@ -147,6 +148,7 @@ impl Endpoint {
             cq,
             arena,
             peers,
+            spin: SPIN,
         })
     }
 
@@ -183,14 +185,14 @@ impl Endpoint {
         self.cq.pop().map_err(|_| Error::Detached)
     }
 
-    /// Next completion: spins up to [`SPIN`], then sleeps on its socket; `None` at the deadline.
+    /// Next completion: spins up to `self.spin`, then sleeps on its socket; `None` at the deadline.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<Option<Cqe>, Error> {
         let start = Instant::now();
         loop {
             if let Some(c) = self.poll()? {
                 return Ok(Some(c));
             }
-            if start.elapsed() >= SPIN {
+            if start.elapsed() >= self.spin {
                 break;
             }
             std::hint::spin_loop();
@@ -426,6 +428,12 @@ impl Client {
             free: Vec::new(),
             done: VecDeque::new(),
         })
+    }
+
+    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]; zero sleeps at once). Longer spins
+    /// cut latency and burn a core.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.ep.spin = spin;
     }
 
     /// Peer names from the daemon's config; a name's position is its peer index.
@@ -759,6 +767,11 @@ impl Server {
             registered: Vec::new(),
             posted: 0,
         })
+    }
+
+    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.ep.spin = spin;
     }
 
     /// Sets how many receive buffers of what size to post (before `serve`).

@@ -1,6 +1,6 @@
 //! Test apps for the multi-process tests: `shm-testapp <role> <socket-path> [args]`.
 //!
-//! Roles: `server` (serves RDMATEST), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time), `callback` (serves RDMATEST_CB PING as a backchannel program),
 //! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
 //! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon).
@@ -46,6 +46,12 @@ fn ready() {
 
 fn server(path: &Path) -> Res {
     let mut s = Server::connect(path)?;
+    if let Some(us) = std::env::var("SHM_TESTAPP_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        s.set_spin(std::time::Duration::from_micros(us));
+    }
     s.start(rdmatest::PROG, rdmatest::VERS)?;
     ready();
     Ok(s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle)?)
