@@ -1137,6 +1137,13 @@ impl AppTable {
     }
 }
 
+// The control thread accepts apps and hands them (and tables) to poll threads.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Attachment>();
+    send::<AppTable>();
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
