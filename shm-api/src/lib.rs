@@ -1,1 +1,37 @@
-//! The application ABI: shared-memory rings, arena, client and server libraries.
+//! The application ABI of rpcrdmad: shared-memory rings, arena, client and server libraries.
+//!
+//! `ABI.md` (next to this crate's `Cargo.toml`) specifies the region layout, memory ordering and error
+//! codes. The modules:
+//!
+//! - [`abi`]: the `#[repr(C)]` header, descriptors (`Sqe`, `Cqe`, 64 bytes each), piece records, opcodes,
+//!   flags and status codes; [`ring`]: the SPSC ring protocol (loom-checked under `--cfg loom`).
+//! - `region`: the sealed memfd mapping; `attach`: the Unix-socket handshake (`SCM_RIGHTS`) and wake-ups.
+//! - `daemon`: what a poll thread uses — an `AppTable` of attached apps, validated `Submission`s,
+//!   completions, receive buffers of serving apps, detach/reap/evict, and parking.
+//! - `client`: the app libraries — `Client` (calls, tickets, wait/poll/iterate, arena allocator) and
+//!   `Server` (`serve(prog, vers, handler)`); `include/rpcrdma.h` is the C binding.
+//! - `rdmatest`: the RDMATEST program (spec/TESTPROG.md) for examples, tests and benchmarks.
+//! - `loopback`: the `shm-loopback` test harness, which stands in for the dataplane's routing by handing
+//!   each call to the local app serving its program.
+
+pub mod abi;
+pub mod ring;
+mod sync;
+
+pub use sync::Slot;
+
+#[cfg(not(loom))]
+pub mod attach;
+#[cfg(not(loom))]
+pub mod client;
+#[cfg(not(loom))]
+pub mod daemon;
+#[cfg(not(loom))]
+pub mod loopback;
+#[cfg(not(loom))]
+pub mod rdmatest;
+#[cfg(not(loom))]
+pub mod region;
+
+#[cfg(not(loom))]
+pub use client::{Client, Server};

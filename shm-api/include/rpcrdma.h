@@ -1,0 +1,337 @@
+/*
+ * rpcrdma.h - header-only C binding of the rpcrdmad shared-memory ABI (version 1).
+ *
+ * The layout and rules are in shm-api/ABI.md; this file mirrors the Rust types in src/abi.rs and the ring
+ * protocol in src/ring.rs. Needs C11 and the GCC/Clang __atomic builtins; Linux only (memfd, SCM_RIGHTS).
+ *
+ * Typical use:
+ *   struct rr_app app; rr_connect("/run/rpcrdmad.sock", &app);
+ *   int peer = rr_peer_index(&app, "nfs-server");
+ *   ... write XDR into rr_arena_ptr(&app, off) ..., fill a struct rr_sqe, rr_submit(&app, &sqe);
+ *   struct rr_cqe c; rr_wait(&app, &c, -1);
+ */
+#ifndef RPCRDMA_H
+#define RPCRDMA_H
+
+#include <errno.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define RR_MAGIC 0x314d485352435052ULL /* "RPCRSHM1" little-endian */
+#define RR_ABI_VERSION 1u
+#define RR_MAX_PIECES 8u
+
+/* Submission opcodes (struct rr_sqe.opcode); completions carry the same value in rr_cqe.kind. */
+#define RR_OP_CALL 1u
+#define RR_OP_REPLY 2u
+#define RR_OP_REGISTER 3u
+#define RR_OP_UNREGISTER 4u
+#define RR_OP_POST_RECV 5u
+
+/* Submission flags. */
+#define RR_FLAG_XID_APP 1u
+#define RR_FLAG_BACKCHANNEL 2u
+
+/* Completion status codes (rr_cqe.status). */
+#define RR_OK 0u
+#define RR_BAD_OPCODE 1u
+#define RR_BAD_FLAGS 2u
+#define RR_BAD_RANGE 3u
+#define RR_BAD_PIECES 4u
+#define RR_UNKNOWN_PEER 5u
+#define RR_UNKNOWN_PROGRAM 6u
+#define RR_BAD_HANDLE 7u
+#define RR_TOO_MANY 8u
+#define RR_ALREADY_REGISTERED 9u
+#define RR_NOT_REGISTERED 10u
+#define RR_REPLY_TOO_LARGE 11u
+#define RR_NO_RECV_BUFFER 12u
+#define RR_CANCELLED 13u
+#define RR_TRANSPORT 14u
+#define RR_TIMEOUT 15u
+
+#define RR_STATE_ATTACHED 1u
+#define RR_STATE_DETACHED 2u
+
+struct rr_header {
+    uint64_t magic;
+    uint32_t abi_version;
+    uint32_t header_size;
+    uint64_t region_size;
+    uint32_t sq_offset, sq_entries;
+    uint32_t cq_offset, cq_entries;
+    uint32_t arena_offset, arena_size;
+    uint32_t peers_offset, peers_count;
+    uint32_t app_id, max_outstanding;
+    uint32_t app_waiting; /* offset 64: app sets before sleeping on its socket */
+    uint8_t pad1[60];
+    uint32_t daemon_waiting; /* offset 128: daemon sets while parked */
+    uint8_t pad2[60];
+    uint32_t state; /* offset 192: RR_STATE_* */
+    uint8_t pad3[60];
+};
+
+struct rr_sqe {
+    uint8_t opcode, flags, n_args, n_results;
+    uint32_t target; /* CALL: peer index; REPLY: handle from the incoming call's completion */
+    uint64_t user_data;
+    uint32_t prog, vers, proc_; /* REPLY: proc_ = accept_stat */
+    uint32_t xid;
+    uint32_t msg_off, msg_len;
+    uint32_t pieces_off;
+    uint32_t reply_off, reply_len;
+    uint32_t reserved[3];
+};
+
+struct rr_cqe {
+    uint8_t kind, flags, n_results, reserved0;
+    uint32_t status;
+    uint64_t user_data;
+    uint32_t prog, vers, proc_, xid;
+    uint32_t msg_off, msg_len;
+    uint32_t handle, peer;
+    uint32_t rpc_stat;
+    uint32_t reserved[3];
+};
+
+struct rr_piece {
+    uint32_t off, len, xdr_pos, used;
+};
+
+struct rr_peer {
+    char name[60];
+    uint32_t reserved;
+};
+
+_Static_assert(sizeof(struct rr_header) == 256, "header is 256 bytes");
+_Static_assert(sizeof(struct rr_sqe) == 64, "sqe is 64 bytes");
+_Static_assert(sizeof(struct rr_cqe) == 64, "cqe is 64 bytes");
+_Static_assert(sizeof(struct rr_piece) == 16, "piece is 16 bytes");
+_Static_assert(sizeof(struct rr_peer) == 64, "peer entry is 64 bytes");
+
+/* One attachment. Fields are private to this header's functions except base/len/arena/arena_size. */
+struct rr_app {
+    uint8_t *base;
+    size_t len;
+    struct rr_header *hdr;
+    uint32_t *sq_tail, *sq_head, *cq_tail, *cq_head;
+    struct rr_sqe *sqes;
+    struct rr_cqe *cqes;
+    uint8_t *arena;
+    uint32_t arena_size, arena_bump;
+    uint32_t sq_mask, cq_mask, sq_local, cq_local;
+    int sock; /* the attach socket: closing it detaches; one-byte messages are wake-ups */
+};
+
+/* Connects to the daemon socket at path and maps the region it sends. Returns 0 or -errno. */
+static inline int rr_connect(const char *path, struct rr_app *app)
+{
+    struct sockaddr_un sa;
+    uint8_t msg[16];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {msg, sizeof msg};
+    struct msghdr mh;
+    struct cmsghdr *c;
+    struct stat st;
+    int memfd = -1, err = -EPROTO;
+    uint64_t magic = 0;
+
+    memset(app, 0, sizeof *app);
+    app->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (app->sock < 0)
+        return -errno;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path) {
+        close(app->sock);
+        return -ENAMETOOLONG;
+    }
+    strcpy(sa.sun_path, path);
+    if (connect(app->sock, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        err = -errno;
+        close(app->sock);
+        return err;
+    }
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    if (recvmsg(app->sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof msg)
+        goto fail;
+    for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&memfd, CMSG_DATA(c), sizeof memfd);
+    memcpy(&magic, msg, 8); /* little-endian hosts only, like the daemon */
+    if (magic != RR_MAGIC || memfd < 0 || fstat(memfd, &st) < 0 || st.st_size < 256)
+        goto fail;
+    app->len = (size_t)st.st_size;
+    app->base = mmap(NULL, app->len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    close(memfd);
+    memfd = -1;
+    if (app->base == MAP_FAILED) {
+        app->base = NULL;
+        goto fail;
+    }
+    app->hdr = (struct rr_header *)app->base;
+    if (app->hdr->magic != RR_MAGIC || app->hdr->abi_version != RR_ABI_VERSION ||
+        app->hdr->region_size != app->len ||
+        (uint64_t)app->hdr->arena_offset + app->hdr->arena_size > app->len)
+        goto fail;
+    app->sq_tail = (uint32_t *)(app->base + app->hdr->sq_offset);
+    app->sq_head = (uint32_t *)(app->base + app->hdr->sq_offset + 64);
+    app->sqes = (struct rr_sqe *)(app->base + app->hdr->sq_offset + 128);
+    app->cq_tail = (uint32_t *)(app->base + app->hdr->cq_offset);
+    app->cq_head = (uint32_t *)(app->base + app->hdr->cq_offset + 64);
+    app->cqes = (struct rr_cqe *)(app->base + app->hdr->cq_offset + 128);
+    app->sq_mask = app->hdr->sq_entries - 1;
+    app->cq_mask = app->hdr->cq_entries - 1;
+    app->arena = app->base + app->hdr->arena_offset;
+    app->arena_size = app->hdr->arena_size;
+    return 0;
+fail:
+    if (memfd >= 0)
+        close(memfd);
+    if (app->base)
+        munmap(app->base, app->len);
+    close(app->sock);
+    memset(app, 0, sizeof *app);
+    return err;
+}
+
+/* Detaches: unmaps and closes everything (the daemon sees the socket close). */
+static inline void rr_close(struct rr_app *app)
+{
+    if (app->base)
+        munmap(app->base, app->len);
+    close(app->sock);
+    memset(app, 0, sizeof *app);
+}
+
+/* The index of the peer called name, or -1. */
+static inline int rr_peer_index(const struct rr_app *app, const char *name)
+{
+    const struct rr_peer *p = (const struct rr_peer *)(app->base + app->hdr->peers_offset);
+    for (uint32_t i = 0; i < app->hdr->peers_count; i++)
+        if (strncmp(p[i].name, name, sizeof p[i].name) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Address of arena offset off (no check: use offsets your allocator returned). */
+static inline void *rr_arena_ptr(struct rr_app *app, uint32_t off)
+{
+    return app->arena + off;
+}
+
+/* A trivial 64-byte-aligned bump allocator over the arena; returns an offset or -1. rr_arena_reset frees all. */
+static inline int64_t rr_arena_alloc(struct rr_app *app, uint32_t len)
+{
+    uint64_t off = ((uint64_t)app->arena_bump + 63) & ~(uint64_t)63;
+    if (off + len > app->arena_size)
+        return -1;
+    app->arena_bump = (uint32_t)(off + len);
+    return (int64_t)off;
+}
+
+static inline void rr_arena_reset(struct rr_app *app)
+{
+    app->arena_bump = 0;
+}
+
+/* Piece record i of the table at arena offset table. */
+static inline struct rr_piece *rr_piece_at(struct rr_app *app, uint32_t table, uint32_t i)
+{
+    return (struct rr_piece *)(app->arena + table) + i;
+}
+
+static inline int rr_detached(struct rr_app *app)
+{
+    return __atomic_load_n(&app->hdr->state, __ATOMIC_ACQUIRE) == RR_STATE_DETACHED;
+}
+
+/* Puts one descriptor on the submission ring. 0, -EAGAIN (ring full) or -EPIPE (detached). */
+static inline int rr_submit(struct rr_app *app, const struct rr_sqe *s)
+{
+    if (rr_detached(app))
+        return -EPIPE;
+    /* Acquire pairs with the daemon's Release store of the SQ head after it copied the slot out. */
+    uint32_t head = __atomic_load_n(app->sq_head, __ATOMIC_ACQUIRE);
+    if (app->sq_local - head > app->sq_mask)
+        return -EAGAIN;
+    app->sqes[app->sq_local & app->sq_mask] = *s;
+    app->sq_local++;
+    /* Release pairs with the daemon's Acquire load of the SQ tail: the slot is written before it is seen. */
+    __atomic_store_n(app->sq_tail, app->sq_local, __ATOMIC_RELEASE);
+    /* SeqCst fence, then load daemon_waiting: pairs with the daemon's store-flag/fence/re-read-tail in park. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&app->hdr->daemon_waiting, __ATOMIC_RELAXED)) {
+        uint8_t one = 1; /* a full socket buffer already means "wake up" */
+        if (send(app->sock, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        }
+    }
+    return 0;
+}
+
+/* Takes one completion if there is one: 1 (copied to *out) or 0. */
+static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
+{
+    /* Acquire pairs with the daemon's Release store of the CQ tail after writing the slot. */
+    uint32_t tail = __atomic_load_n(app->cq_tail, __ATOMIC_ACQUIRE);
+    if (tail == app->cq_local)
+        return 0;
+    *out = app->cqes[app->cq_local & app->cq_mask];
+    app->cq_local++;
+    /* Release: the slot is read before the daemon may reuse it. */
+    __atomic_store_n(app->cq_head, app->cq_local, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Waits for one completion (spin, then sleep on the socket): 1, 0 on timeout (timeout_ms < 0: forever),
+   -EPIPE if detached. */
+static inline int rr_wait(struct rr_app *app, struct rr_cqe *out, int timeout_ms)
+{
+    for (int i = 0; i < 2000; i++)
+        if (rr_poll(app, out))
+            return 1;
+    for (;;) {
+        if (rr_detached(app))
+            return -EPIPE;
+        __atomic_store_n(&app->hdr->app_waiting, 1, __ATOMIC_RELAXED);
+        /* SeqCst fence between the flag store and the CQ tail load; pairs with the daemon's wake-up check. */
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        int got = rr_poll(app, out);
+        if (!got) {
+            struct pollfd p = {app->sock, POLLIN, 0};
+            int t = timeout_ms < 0 || timeout_ms > 100 ? 100 : timeout_ms;
+            int n = poll(&p, 1, t);
+            uint8_t buf[64];
+            if (n > 0 && recv(app->sock, buf, sizeof buf, MSG_DONTWAIT) == 0) {
+                __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
+                return -EPIPE; /* the daemon closed the socket */
+            }
+            if (timeout_ms >= 0) {
+                timeout_ms -= t;
+                if (timeout_ms <= 0 && n == 0) {
+                    __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
+                    return rr_poll(app, out);
+                }
+            }
+        }
+        __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
+        if (got)
+            return 1;
+    }
+}
+
+#endif /* RPCRDMA_H */

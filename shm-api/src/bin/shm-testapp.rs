@@ -1,0 +1,237 @@
+//! Test apps for the multi-process tests: `shm-testapp <role> <socket-path> [args]`.
+//!
+//! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! `blackhole` (registers RDMATEST_CB v1 and never replies),
+//! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
+//! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon).
+use rpcrdma_shm::abi::{op, Cqe, Sqe};
+use rpcrdma_shm::attach::connect;
+use rpcrdma_shm::client::ReplyBuilder;
+use rpcrdma_shm::rdmatest;
+use rpcrdma_shm::{Client, Server};
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let (role, path) = match (a.get(1), a.get(2)) {
+        (Some(r), Some(p)) => (r.as_str(), Path::new(p)),
+        _ => {
+            eprintln!("usage: shm-testapp <server|blackhole|inflight N|hostile SEED ROUNDS> <socket-path>");
+            std::process::exit(2)
+        }
+    };
+    let num = |i: usize, d: u64| a.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let r = match role {
+        "server" => server(path),
+        "blackhole" => blackhole(path),
+        "callback" => callback(path),
+        "inflight" => inflight(path, num(3, 16) as usize),
+        "hostile" => hostile(path, num(3, 1), num(4, 4) as u32),
+        _ => Err("unknown role".into()),
+    };
+    if let Err(e) = r {
+        eprintln!("shm-testapp {role}: {e}");
+        std::process::exit(1);
+    }
+}
+
+type Res = Result<(), Box<dyn std::error::Error>>;
+
+fn ready() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+}
+
+fn server(path: &Path) -> Res {
+    let mut s = Server::connect(path)?;
+    if let Some(us) = std::env::var("SHM_TESTAPP_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        s.set_spin(std::time::Duration::from_micros(us));
+    }
+    s.start(rdmatest::PROG, rdmatest::VERS)?;
+    ready();
+    Ok(s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle)?)
+}
+
+/// Serves RDMATEST_CB PING (echo) as a callback program, the way a client app takes backward calls.
+fn callback(path: &Path) -> Res {
+    let mut s = Server::connect(path)?;
+    s.register(rdmatest::CB_PROG, 1, true)?;
+    s.start(rdmatest::CB_PROG, 1)?;
+    ready();
+    s.serve(
+        rdmatest::CB_PROG,
+        1,
+        |c, r: &mut ReplyBuilder| match rdmatest::XdrReader::new(c.args).opaque() {
+            Some(d) if c.proc_ == 1 => {
+                r.xdr.put_opaque(d);
+            }
+            _ => r.accept_stat = rdmatest::GARBAGE_ARGS,
+        },
+    )?;
+    Ok(())
+}
+
+fn blackhole(path: &Path) -> Res {
+    let mut s = Server::connect(path)?;
+    s.start(rdmatest::CB_PROG, 1)?;
+    ready();
+    // The first call's handler never returns, so every later call stays delivered and unanswered.
+    s.serve(rdmatest::CB_PROG, 1, |_c, _r: &mut ReplyBuilder| loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    })?;
+    Ok(())
+}
+
+fn inflight(path: &Path, n: usize) -> Res {
+    let mut c = Client::connect(path)?;
+    let peer = c.peer("loopback").ok_or("no loopback peer")?;
+    for i in 0..n {
+        let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+        b.args().put_opaque(&rdmatest::pattern(i as u32, 100));
+        b.submit()?;
+    }
+    ready();
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// One hostile attachment per round: valid-index random descriptors, then random indices and scribbles.
+fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
+    let mut rng = Rng(seed | 1);
+    for _ in 0..rounds {
+        let conn = connect(path)?;
+        let g = conn.region.layout().geometry;
+        let l = *conn.region.layout();
+        let base = conn.region.base();
+        let arena = g.arena_size as u64;
+        // SAFETY: offsets come from this region's own layout; we only ever touch our own mapping.
+        let word = |off: u32| unsafe { &*(base.add(off as usize) as *const AtomicU32) };
+        let sq_tail = word(l.sq_offset);
+        let sq_head = word(l.sq_offset + 64);
+        let cq_tail = word(l.cq_offset);
+        let cq_head = word(l.cq_offset + 64);
+        let mut tail = 0u32;
+        for _ in 0..3000 {
+            let free = g.sq_entries - tail.wrapping_sub(sq_head.load(Ordering::Acquire));
+            if free == 0 || free > g.sq_entries {
+                std::thread::yield_now();
+                cq_head.store(cq_tail.load(Ordering::Acquire), Ordering::Release);
+                continue;
+            }
+            let mut d: Sqe = Sqe {
+                opcode: rng.below(7) as u8,
+                flags: if rng.below(4) == 0 {
+                    rng.next() as u8
+                } else {
+                    0
+                },
+                n_args: rng.below(10) as u8,
+                n_results: rng.below(10) as u8,
+                target: if rng.below(2) == 0 {
+                    0
+                } else {
+                    rng.next() as u32
+                },
+                user_data: rng.next(),
+                prog: rdmatest::CB_PROG + 1 + rng.below(3) as u32,
+                vers: rng.below(3) as u32,
+                proc_: rng.next() as u32,
+                xid: rng.next() as u32,
+                msg_off: rng.below(arena * 2) as u32,
+                msg_len: if rng.below(2) == 0 {
+                    rng.below(256) as u32
+                } else {
+                    rng.next() as u32
+                },
+                pieces_off: rng.below(arena + 64) as u32,
+                reply_off: rng.below(arena) as u32,
+                reply_len: rng.below(arena) as u32,
+                reserved: if rng.below(8) == 0 {
+                    [rng.next() as u32, 0, 0]
+                } else {
+                    [0; 3]
+                },
+            };
+            if d.opcode == op::REPLY {
+                d.target = rng.below(1 << 20) as u32;
+            }
+            let slot = l.sq_offset as usize + 128 + (tail & (g.sq_entries - 1)) as usize * 64;
+            // SAFETY: the slot lies in our mapping's submission ring.
+            unsafe { (base.add(slot) as *mut Sqe).write_volatile(d) };
+            // Scribble piece tables in the arena too.
+            let at = rng.below(arena - 64) & !7;
+            // SAFETY: `at + 64 ≤ arena`, inside our mapping.
+            unsafe {
+                (base.add(l.arena_offset as usize + at as usize) as *mut [u64; 8])
+                    .write_volatile([rng.next(); 8])
+            };
+            tail = tail.wrapping_add(1);
+            sq_tail.store(tail, Ordering::Release);
+            if rng.below(4) == 0 {
+                // Rewrite the slot just published, racing the daemon's single copy of it.
+                let junk = Sqe {
+                    opcode: rng.below(7) as u8,
+                    msg_len: rng.next() as u32,
+                    ..d
+                };
+                // SAFETY: the same slot as above, inside our mapping.
+                unsafe { (base.add(slot) as *mut Sqe).write_volatile(junk) };
+            }
+            if rng.below(16) == 0 {
+                // Drain our completion ring the lazy way: claim everything is read.
+                let t = cq_tail.load(Ordering::Acquire);
+                let mut last = Cqe::default();
+                if t != cq_head.load(Ordering::Relaxed) {
+                    let s = l.cq_offset as usize
+                        + 128
+                        + (t.wrapping_sub(1) & (g.cq_entries - 1)) as usize * 64;
+                    // SAFETY: slot inside our completion ring.
+                    last = unsafe { (base.add(s) as *const Cqe).read_volatile() };
+                }
+                std::hint::black_box(last);
+                cq_head.store(t, Ordering::Release);
+            }
+            if rng.below(64) == 0 {
+                let _ = rustix::net::send(&conn.sock, &[1], rustix::net::SendFlags::DONTWAIT);
+            }
+        }
+        // Phase 2: impossible indices and header scribbles, racing the daemon.
+        for _ in 0..200 {
+            match rng.below(5) {
+                0 => sq_tail.store(rng.next() as u32, Ordering::Release),
+                1 => cq_head.store(rng.next() as u32, Ordering::Release),
+                2 => sq_head.store(rng.next() as u32, Ordering::Release),
+                3 => cq_tail.store(rng.next() as u32, Ordering::Release),
+                _ => {
+                    let at = rng.below(l.sq_offset as u64) as u32 & !3;
+                    word(at).store(rng.next() as u32, Ordering::Relaxed);
+                }
+            }
+            let _ = rustix::net::send(&conn.sock, &[1], rustix::net::SendFlags::DONTWAIT);
+            std::thread::yield_now();
+        }
+        drop(conn);
+    }
+    ready();
+    Ok(())
+}

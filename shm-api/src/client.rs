@@ -1,0 +1,1000 @@
+//! App side: [`Client`] for calls, [`Server`] for serving a program, [`Arena`] for the arena's space.
+
+use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED};
+use crate::attach::{connect, drain, wait_readable, wake, AppConn};
+use crate::ring::{Consumer, Producer, RingError};
+use crate::sync::{fence, Ordering};
+use rustix::fd::AsFd;
+use std::collections::VecDeque;
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Why an app-side operation failed.
+#[derive(Debug)]
+pub enum Error {
+    /// The submission ring is full: drain completions and retry.
+    RingFull,
+    /// No arena space for the call's buffers.
+    ArenaFull,
+    /// The daemon detached this app (or its ring is corrupt).
+    Detached,
+    /// The operation completed with this [`status`] code.
+    Status(u32),
+    /// No such ticket (already taken, or never issued).
+    UnknownTicket,
+    /// Timed out waiting.
+    Timeout,
+    /// Socket or mapping failure.
+    Io(io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::RingFull => f.write_str("submission ring full"),
+            Error::ArenaFull => f.write_str("arena full"),
+            Error::Detached => f.write_str("detached by the daemon"),
+            Error::Status(s) => write!(f, "completed with status {s}"),
+            Error::UnknownTicket => f.write_str("unknown ticket"),
+            Error::Timeout => f.write_str("timed out"),
+            Error::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
+/// A block of the arena owned by the app (until lent to the daemon in a submission).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ArenaBuf {
+    off: u32,
+    len: u32,
+    class: u8,
+}
+
+impl ArenaBuf {
+    /// Offset in the arena (what descriptors carry).
+    pub fn off(&self) -> u32 {
+        self.off
+    }
+
+    /// Requested length.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// True if zero-length.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Power-of-two size-class allocator over the arena (64 B .. arena size); app-private bookkeeping.
+#[derive(Debug)]
+pub struct Arena {
+    size: u32,
+    bump: u32,
+    free: Vec<Vec<u32>>,
+}
+
+const MIN_CLASS_SHIFT: u32 = 6;
+
+impl Arena {
+    /// An allocator for an arena of `size` bytes.
+    pub fn new(size: u32) -> Arena {
+        Arena {
+            size,
+            bump: 0,
+            free: (0..32).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// Allocates `len` bytes (64-byte aligned); `None` when no space is left.
+    pub fn alloc(&mut self, len: u32) -> Option<ArenaBuf> {
+        let block = len.max(1 << MIN_CLASS_SHIFT).checked_next_power_of_two()?;
+        let class = (block.trailing_zeros() - MIN_CLASS_SHIFT) as u8;
+        if let Some(off) = self.free.get_mut(usize::from(class))?.pop() {
+            return Some(ArenaBuf { off, len, class });
+        }
+        let off = self.bump.checked_next_multiple_of(block.min(4096))?;
+        let end = off.checked_add(block)?;
+        if end > self.size {
+            return None;
+        }
+        self.bump = end;
+        Some(ArenaBuf { off, len, class })
+    }
+
+    /// Returns a block.
+    pub fn free(&mut self, b: ArenaBuf) {
+        if let Some(l) = self.free.get_mut(usize::from(b.class)) {
+            l.push(b.off);
+        }
+    }
+}
+
+/// How long an app busy-polls its completion ring before sleeping on its socket, by default.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// The rings and region of one attached app.
+#[derive(Debug)]
+struct Endpoint {
+    conn: AppConn,
+    sq: Producer<Sqe>,
+    cq: Consumer<Cqe>,
+    arena: Arena,
+    peers: Vec<String>,
+    spin: Duration,
+}
+
+impl Endpoint {
+    fn connect(path: &Path) -> io::Result<Endpoint> {
+        let conn = connect(path)?;
+        // SAFETY: this endpoint is the app's only SQ producer and CQ consumer, and keeps the region alive.
+        let (sq, cq) = unsafe { (conn.region.sq_producer(), conn.region.cq_consumer()) };
+        let arena = Arena::new(conn.region.layout().geometry.arena_size);
+        let peers = conn.region.peer_names();
+        Ok(Endpoint {
+            conn,
+            sq,
+            cq,
+            arena,
+            peers,
+            spin: SPIN,
+        })
+    }
+
+    fn detached(&self) -> bool {
+        self.conn
+            .region
+            .header()
+            .state
+            .value
+            .load(Ordering::Acquire)
+            == STATE_DETACHED
+    }
+
+    fn submit(&mut self, s: Sqe) -> Result<(), Error> {
+        if self.detached() {
+            return Err(Error::Detached);
+        }
+        match self.sq.push(s) {
+            Ok(()) => {}
+            Err(RingError::Full) => return Err(Error::RingFull),
+            Err(RingError::Corrupt) => return Err(Error::Detached),
+        }
+        // SYNC POINT: SeqCst fence between our SQ tail store and the load of `daemon_waiting`; pairs with the
+        // daemon's fence in `AppTable::park` (it stores the flag, fences, then re-reads our tail).
+        fence(Ordering::SeqCst);
+        let h = self.conn.region.header();
+        if h.daemon_waiting.value.load(Ordering::Relaxed) != 0 {
+            wake(self.conn.sock.as_fd());
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<Option<Cqe>, Error> {
+        self.cq.pop().map_err(|_| Error::Detached)
+    }
+
+    /// Next completion: spins up to `self.spin`, then sleeps on its socket; `None` at the deadline.
+    fn wait(&mut self, deadline: Option<Instant>) -> Result<Option<Cqe>, Error> {
+        let start = Instant::now();
+        loop {
+            if let Some(c) = self.poll()? {
+                return Ok(Some(c));
+            }
+            if start.elapsed() >= self.spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let h = self.conn.region.header();
+        loop {
+            if self.detached() {
+                return Err(Error::Detached);
+            }
+            h.app_waiting.value.store(1, Ordering::Relaxed);
+            // SYNC POINT: SeqCst fence between our `app_waiting` store and the CQ tail load in `pop`; pairs with
+            // the daemon's fence between its CQ tail store and its `app_waiting` load (`App::wake`).
+            fence(Ordering::SeqCst);
+            if let Some(c) = self.cq.pop().map_err(|_| Error::Detached)? {
+                h.app_waiting.value.store(0, Ordering::Relaxed);
+                return Ok(Some(c));
+            }
+            let ms = match deadline {
+                None => 100,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        h.app_waiting.value.store(0, Ordering::Relaxed);
+                        return Ok(None);
+                    }
+                    left.as_millis().clamp(1, 100) as i32
+                }
+            };
+            // A bounded sleep also notices a detach that happened without a wake-up.
+            wait_readable(self.conn.sock.as_fd(), ms);
+            let open = drain(self.conn.sock.as_fd());
+            h.app_waiting.value.store(0, Ordering::Relaxed);
+            if !open {
+                return Err(Error::Detached);
+            }
+        }
+    }
+
+    fn write(&self, b: &ArenaBuf, at: u32, data: &[u8]) {
+        if let Some(r) = self.range(b).and_then(|r| narrow(r, at)) {
+            self.conn.region.write_arena(r, data);
+        }
+    }
+
+    fn read(&self, off: u32, len: u32) -> Vec<u8> {
+        let mut v = vec![0u8; len as usize];
+        if let Some(r) = self.conn.region.range(off, len) {
+            self.conn.region.read_arena(r, &mut v);
+        }
+        v
+    }
+
+    fn range(&self, b: &ArenaBuf) -> Option<ArenaRange> {
+        self.conn.region.range(b.off, b.len)
+    }
+
+    fn write_pieces(&self, table: &ArenaBuf, pieces: &[Piece]) {
+        for (i, p) in pieces.iter().enumerate() {
+            self.conn.region.write_piece(table.off, i as u32, *p);
+        }
+    }
+
+    fn read_piece(&self, table: u32, i: u32) -> Option<Piece> {
+        self.conn.region.read_piece(table, i)
+    }
+}
+
+fn narrow(r: ArenaRange, at: u32) -> Option<ArenaRange> {
+    ArenaRange::new(r.off().checked_add(at)?, r.len().checked_sub(at)?, u32::MAX)
+}
+
+fn pad4(n: usize) -> usize {
+    (4 - n % 4) % 4
+}
+
+/// An XDR stream with DDP-eligible pieces kept aside (the reduced stream plus (position, data) pairs).
+#[derive(Debug, Default, Clone)]
+pub struct XdrBuilder {
+    msg: Vec<u8>,
+    pieces: Vec<(u32, Vec<u8>)>,
+}
+
+impl XdrBuilder {
+    /// Appends a big-endian `u32`.
+    pub fn put_u32(&mut self, v: u32) -> &mut Self {
+        self.msg.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+
+    /// Appends variable-length opaque data inline (length, bytes, pad).
+    pub fn put_opaque(&mut self, d: &[u8]) -> &mut Self {
+        self.put_u32(d.len() as u32);
+        self.msg.extend_from_slice(d);
+        self.msg.extend(std::iter::repeat_n(0, pad4(d.len())));
+        self
+    }
+
+    /// Appends opaque data as a DDP-eligible item: the length stays inline, the bytes become a piece.
+    pub fn put_ddp_opaque(&mut self, d: &[u8]) -> &mut Self {
+        self.put_u32(d.len() as u32);
+        self.pieces.push((self.msg.len() as u32, d.to_vec()));
+        self
+    }
+
+    /// The reassembled stream (pieces put back in place with their pad).
+    pub fn to_full(&self) -> Vec<u8> {
+        reassemble(
+            &self.msg,
+            self.pieces.iter().map(|(p, d)| (*p, d.as_slice())),
+        )
+    }
+}
+
+fn reassemble<'a>(msg: &[u8], pieces: impl Iterator<Item = (u32, &'a [u8])>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(msg.len());
+    let mut cur = 0usize;
+    for (pos, d) in pieces {
+        let pos = (pos as usize).clamp(cur, msg.len());
+        out.extend_from_slice(&msg[cur..pos]);
+        out.extend_from_slice(d);
+        out.extend(std::iter::repeat_n(0, pad4(d.len())));
+        cur = pos;
+    }
+    out.extend_from_slice(&msg[cur..]);
+    out
+}
+
+/// A finished call: its ticket and its outcome.
+pub type Finished = (Ticket, Result<Reply, Error>);
+
+/// Identifies one call of a [`Client`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ticket(u64);
+
+/// A finished call.
+#[derive(Debug)]
+pub struct Reply {
+    /// Which call.
+    pub ticket: Ticket,
+    /// The XID used.
+    pub xid: u32,
+    /// accept_stat (0 = SUCCESS).
+    pub accept_stat: u32,
+    /// The result XDR, reassembled (DDP results put back in place).
+    pub body: Vec<u8>,
+    /// Bytes of the body that arrived in result buffers (the Write-chunk path) rather than inline.
+    pub ddp_bytes: u32,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    bufs: Vec<ArenaBuf>,
+    table: Option<u32>,
+    n_args: u32,
+    results: Vec<u32>,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Free,
+    InFlight(InFlight),
+    Done(Result<Reply, Error>),
+}
+
+/// An app that makes calls through the daemon.
+#[derive(Debug)]
+pub struct Client {
+    ep: Endpoint,
+    slots: Vec<(u32, Slot)>,
+    free: Vec<u32>,
+    done: VecDeque<Ticket>,
+}
+
+/// A call being built; [`CallBuilder::submit`] puts it on the ring.
+#[derive(Debug)]
+pub struct CallBuilder<'c> {
+    client: &'c mut Client,
+    peer: u32,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    xid: Option<u32>,
+    args: XdrBuilder,
+    results: Vec<u32>,
+    max_reply: u32,
+}
+
+impl CallBuilder<'_> {
+    /// The call's arguments (append XDR items to it).
+    pub fn args(&mut self) -> &mut XdrBuilder {
+        &mut self.args
+    }
+
+    /// Offers a buffer of `len` bytes for the next DDP-eligible result.
+    pub fn result_buffer(&mut self, len: u32) -> &mut Self {
+        self.results.push(len);
+        self
+    }
+
+    /// Sets the maximum size of the (reduced) reply; default 4096.
+    pub fn max_reply(&mut self, len: u32) -> &mut Self {
+        self.max_reply = len;
+        self
+    }
+
+    /// Uses this XID instead of one the daemon assigns.
+    pub fn xid(&mut self, xid: u32) -> &mut Self {
+        self.xid = Some(xid);
+        self
+    }
+
+    /// Copies the call into the arena and submits it.
+    pub fn submit(self) -> Result<Ticket, Error> {
+        self.client.submit_call(
+            self.peer,
+            self.prog,
+            self.vers,
+            self.proc_,
+            self.xid,
+            &self.args,
+            &self.results,
+            self.max_reply,
+        )
+    }
+}
+
+impl Client {
+    /// Attaches to the daemon listening at `path`.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client, Error> {
+        Ok(Client {
+            ep: Endpoint::connect(path.as_ref())?,
+            slots: Vec::new(),
+            free: Vec::new(),
+            done: VecDeque::new(),
+        })
+    }
+
+    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]; zero sleeps at once). Longer spins
+    /// cut latency and burn a core.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.ep.spin = spin;
+    }
+
+    /// Peer names from the daemon's config; a name's position is its peer index.
+    pub fn peers(&self) -> &[String] {
+        &self.ep.peers
+    }
+
+    /// The index of the peer called `name`.
+    pub fn peer(&self, name: &str) -> Option<u32> {
+        self.ep
+            .peers
+            .iter()
+            .position(|p| p == name)
+            .map(|i| i as u32)
+    }
+
+    /// The arena allocator (to place data for zero-copy use).
+    pub fn arena(&mut self) -> &mut Arena {
+        &mut self.ep.arena
+    }
+
+    /// Starts a call of `prog`/`vers`/`proc_` to peer index `peer`.
+    pub fn call(&mut self, peer: u32, prog: u32, vers: u32, proc_: u32) -> CallBuilder<'_> {
+        CallBuilder {
+            client: self,
+            peer,
+            prog,
+            vers,
+            proc_,
+            xid: None,
+            args: XdrBuilder::default(),
+            results: Vec::new(),
+            max_reply: 4096,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit_call(
+        &mut self,
+        peer: u32,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        xid: Option<u32>,
+        args: &XdrBuilder,
+        results: &[u32],
+        max_reply: u32,
+    ) -> Result<Ticket, Error> {
+        let mut bufs: Vec<ArenaBuf> = Vec::new();
+        let r = self.place_call(&mut bufs, args, results, max_reply);
+        let (msg, reply, table, n_args) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                bufs.into_iter().for_each(|b| self.ep.arena.free(b));
+                return Err(e);
+            }
+        };
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push((0, Slot::Free));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let gen = self.slots[slot as usize].0.wrapping_add(1);
+        let ticket = Ticket((u64::from(slot) << 32) | u64::from(gen));
+        let sqe = Sqe {
+            opcode: op::CALL,
+            flags: if xid.is_some() { flag::XID_APP } else { 0 },
+            n_args,
+            n_results: results.len() as u8,
+            target: peer,
+            user_data: ticket.0,
+            prog,
+            vers,
+            proc_,
+            xid: xid.unwrap_or(0),
+            msg_off: msg.0,
+            msg_len: msg.1,
+            pieces_off: table.unwrap_or(0),
+            reply_off: reply.0,
+            reply_len: reply.1,
+            reserved: [0; 3],
+        };
+        if let Err(e) = self.ep.submit(sqe) {
+            bufs.into_iter().for_each(|b| self.ep.arena.free(b));
+            self.free.push(slot);
+            return Err(e);
+        }
+        self.slots[slot as usize] = (
+            gen,
+            Slot::InFlight(InFlight {
+                bufs,
+                table,
+                n_args: u32::from(n_args),
+                results: results.to_vec(),
+            }),
+        );
+        Ok(ticket)
+    }
+
+    /// Allocates and fills the call's arena buffers: (msg off,len), (reply off,len), piece table, n_args.
+    #[allow(clippy::type_complexity)]
+    fn place_call(
+        &mut self,
+        bufs: &mut Vec<ArenaBuf>,
+        args: &XdrBuilder,
+        results: &[u32],
+        max_reply: u32,
+    ) -> Result<((u32, u32), (u32, u32), Option<u32>, u8), Error> {
+        if args.pieces.len() > crate::abi::MAX_PIECES || results.len() > crate::abi::MAX_PIECES {
+            return Err(Error::Status(status::BAD_PIECES));
+        }
+        let ep = &mut self.ep;
+        let msg = ep
+            .arena
+            .alloc(args.msg.len() as u32)
+            .ok_or(Error::ArenaFull)?;
+        ep.write(&msg, 0, &args.msg);
+        let m = (msg.off, msg.len);
+        bufs.push(msg);
+        let reply = ep.arena.alloc(max_reply).ok_or(Error::ArenaFull)?;
+        let rp = (reply.off, reply.len);
+        bufs.push(reply);
+        let n = args.pieces.len() + results.len();
+        let mut table = None;
+        if n > 0 {
+            let t = ep.arena.alloc(16 * n as u32).ok_or(Error::ArenaFull)?;
+            let mut recs = Vec::with_capacity(n);
+            for (pos, d) in &args.pieces {
+                let b = ep.arena.alloc(d.len() as u32).ok_or(Error::ArenaFull)?;
+                ep.write(&b, 0, d);
+                recs.push(Piece {
+                    off: b.off,
+                    len: b.len,
+                    xdr_pos: *pos,
+                    used: 0,
+                });
+                bufs.push(b);
+            }
+            for &len in results {
+                let b = ep.arena.alloc(len).ok_or(Error::ArenaFull)?;
+                recs.push(Piece {
+                    off: b.off,
+                    len: b.len,
+                    xdr_pos: 0,
+                    used: 0,
+                });
+                bufs.push(b);
+            }
+            ep.write_pieces(&t, &recs);
+            table = Some(t.off);
+            bufs.push(t);
+        }
+        Ok((m, rp, table, args.pieces.len() as u8))
+    }
+
+    fn on_cqe(&mut self, c: Cqe) {
+        if c.kind != op::CALL {
+            return;
+        }
+        let slot = (c.user_data >> 32) as usize;
+        let gen = c.user_data as u32;
+        let Some((g, s)) = self.slots.get_mut(slot) else {
+            return;
+        };
+        if *g != gen {
+            return;
+        }
+        let Slot::InFlight(f) = std::mem::replace(s, Slot::Free) else {
+            return;
+        };
+        let ticket = Ticket(c.user_data);
+        let res = if c.status != status::OK {
+            Err(Error::Status(c.status))
+        } else {
+            let reply = self.ep.read(c.msg_off, c.msg_len);
+            let mut pieces = Vec::new();
+            if let Some(t) = f.table {
+                for i in 0..u32::from(c.n_results).min(f.results.len() as u32) {
+                    if let Some(p) = self.ep.read_piece(t, f.n_args + i) {
+                        if p.used > 0 {
+                            pieces.push((p.xdr_pos, self.ep.read(p.off, p.used.min(p.len))));
+                        }
+                    }
+                }
+            }
+            Ok(Reply {
+                ticket,
+                xid: c.xid,
+                accept_stat: c.rpc_stat,
+                ddp_bytes: pieces.iter().map(|(_, d)| d.len() as u32).sum(),
+                body: reassemble(&reply, pieces.iter().map(|(p, d)| (*p, d.as_slice()))),
+            })
+        };
+        for b in f.bufs {
+            self.ep.arena.free(b);
+        }
+        self.slots[slot].1 = Slot::Done(res);
+        self.done.push_back(ticket);
+    }
+
+    /// Moves every available completion into the finished set; returns how many.
+    pub fn progress(&mut self) -> Result<usize, Error> {
+        let mut n = 0;
+        while let Some(c) = self.ep.poll()? {
+            self.on_cqe(c);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Takes the result of `t` if it has finished.
+    pub fn try_take(&mut self, t: Ticket) -> Result<Option<Result<Reply, Error>>, Error> {
+        self.progress()?;
+        let slot = (t.0 >> 32) as usize;
+        match self.slots.get_mut(slot) {
+            Some((g, s)) if u64::from(*g) == t.0 & 0xffff_ffff => match s {
+                Slot::Done(_) => {
+                    let Slot::Done(r) = std::mem::replace(s, Slot::Free) else {
+                        return Err(Error::UnknownTicket);
+                    };
+                    self.free.push(slot as u32);
+                    self.done.retain(|d| *d != t);
+                    Ok(Some(r))
+                }
+                Slot::InFlight(_) => Ok(None),
+                Slot::Free => Err(Error::UnknownTicket),
+            },
+            _ => Err(Error::UnknownTicket),
+        }
+    }
+
+    /// The next finished call, in completion order, without waiting.
+    pub fn poll(&mut self) -> Result<Option<Finished>, Error> {
+        self.progress()?;
+        match self.done.front().copied() {
+            Some(t) => Ok(self.try_take(t)?.map(|r| (t, r))),
+            None => Ok(None),
+        }
+    }
+
+    /// Waits for `t` (spinning briefly, then sleeping on the socket) up to `timeout` (`None` = forever).
+    pub fn wait(&mut self, t: Ticket, timeout: Option<Duration>) -> Result<Reply, Error> {
+        let deadline = timeout.map(|d| Instant::now() + d);
+        loop {
+            if let Some(r) = self.try_take(t)? {
+                return r;
+            }
+            match self.ep.wait(deadline)? {
+                Some(c) => self.on_cqe(c),
+                None => return Err(Error::Timeout),
+            }
+        }
+    }
+
+    /// Waits for any call to finish.
+    pub fn wait_any(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<(Ticket, Result<Reply, Error>), Error> {
+        let deadline = timeout.map(|d| Instant::now() + d);
+        loop {
+            if let Some(r) = self.poll()? {
+                return Ok(r);
+            }
+            match self.ep.wait(deadline)? {
+                Some(c) => self.on_cqe(c),
+                None => return Err(Error::Timeout),
+            }
+        }
+    }
+
+    /// Iterates over calls that have already finished (drains them).
+    pub fn completions(&mut self) -> impl Iterator<Item = (Ticket, Result<Reply, Error>)> + '_ {
+        std::iter::from_fn(move || self.poll().ok().flatten())
+    }
+
+    /// Calls in flight.
+    pub fn in_flight(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::InFlight(_)))
+            .count()
+    }
+}
+
+/// An incoming call as the handler sees it.
+#[derive(Debug)]
+pub struct Call<'a> {
+    /// Procedure.
+    pub proc_: u32,
+    /// XID.
+    pub xid: u32,
+    /// Calling peer index.
+    pub peer: u32,
+    /// The argument XDR (reassembled: DDP pieces already in place).
+    pub args: &'a [u8],
+}
+
+/// The reply a handler builds: result XDR, DDP-eligible results marked with `put_ddp_opaque`.
+#[derive(Debug, Default)]
+pub struct ReplyBuilder {
+    /// The results.
+    pub xdr: XdrBuilder,
+    /// accept_stat (0 = SUCCESS, 3 = PROC_UNAVAIL, 4 = GARBAGE_ARGS, 5 = SYSTEM_ERR).
+    pub accept_stat: u32,
+}
+
+/// An app that serves programs.
+#[derive(Debug)]
+pub struct Server {
+    ep: Endpoint,
+    recv_count: u32,
+    recv_size: u32,
+    replies: Vec<Option<Vec<ArenaBuf>>>,
+    stash: VecDeque<Cqe>,
+    registered: Vec<(u32, u32, bool)>,
+    posted: u32,
+}
+
+impl Server {
+    /// Attaches to the daemon at `path`; posts 16 receive buffers of 64 KiB when serving.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Server, Error> {
+        Ok(Server {
+            ep: Endpoint::connect(path.as_ref())?,
+            recv_count: 16,
+            recv_size: 64 << 10,
+            replies: Vec::new(),
+            stash: VecDeque::new(),
+            registered: Vec::new(),
+            posted: 0,
+        })
+    }
+
+    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.ep.spin = spin;
+    }
+
+    /// Sets how many receive buffers of what size to post (before `serve`).
+    pub fn receive_buffers(&mut self, count: u32, size: u32) -> &mut Self {
+        self.recv_count = count;
+        self.recv_size = size;
+        self
+    }
+
+    /// Submits, draining completions into the stash while the ring is full (never deadlocks on our own CQ).
+    fn submit(&mut self, s: Sqe) -> Result<(), Error> {
+        loop {
+            match self.ep.submit(s) {
+                Err(Error::RingFull) => match self
+                    .ep
+                    .wait(Some(Instant::now() + Duration::from_millis(10)))?
+                {
+                    Some(c) => self.stash.push_back(c),
+                    None => continue,
+                },
+                r => return r,
+            }
+        }
+    }
+
+    fn next(&mut self) -> Result<Cqe, Error> {
+        if let Some(c) = self.stash.pop_front() {
+            return Ok(c);
+        }
+        loop {
+            if let Some(c) = self.ep.wait(None)? {
+                return Ok(c);
+            }
+        }
+    }
+
+    fn post_recv(&mut self, off: u32, len: u32) -> Result<(), Error> {
+        self.submit(Sqe {
+            opcode: op::POST_RECV,
+            user_data: u64::from(off) << 32 | u64::from(len),
+            msg_off: off,
+            msg_len: len,
+            ..Sqe::default()
+        })
+    }
+
+    /// Registers (`prog`, `vers`) (`backchannel`: as a callback program) and waits for the daemon's answer.
+    pub fn register(&mut self, prog: u32, vers: u32, backchannel: bool) -> Result<(), Error> {
+        self.submit(Sqe {
+            opcode: op::REGISTER,
+            flags: if backchannel { flag::BACKCHANNEL } else { 0 },
+            user_data: u64::MAX,
+            prog,
+            vers,
+            ..Sqe::default()
+        })?;
+        loop {
+            let c = self.next()?;
+            if c.kind == op::REGISTER && c.user_data == u64::MAX {
+                if c.status != status::OK {
+                    return Err(Error::Status(c.status));
+                }
+                self.registered.push((prog, vers, backchannel));
+                return Ok(());
+            }
+            self.stash.push_back(c);
+        }
+    }
+
+    /// Registers (`prog`, `vers`) for forward calls unless already registered, and posts the receive buffers (once), without serving
+    /// yet: calls that arrive before [`Server::serve`] wait in the completion ring.
+    pub fn start(&mut self, prog: u32, vers: u32) -> Result<(), Error> {
+        if !self.registered.iter().any(|r| r.0 == prog && r.1 == vers) {
+            self.register(prog, vers, false)?;
+        }
+        while self.posted < self.recv_count {
+            let b = self
+                .ep
+                .arena
+                .alloc(self.recv_size)
+                .ok_or(Error::ArenaFull)?;
+            self.post_recv(b.off, b.len)?;
+            // The buffer now belongs to the daemon; it comes back with each call and is reposted.
+            self.posted += 1;
+        }
+        Ok(())
+    }
+
+    /// Serves (`prog`, `vers`) with `handler` until the daemon detaches this app (then `Err(Detached)`);
+    /// registers the program first unless [`Server::register`] already did (to serve a callback program
+    /// for backward-direction calls, call `register(prog, vers, true)` first).
+    pub fn serve<F>(&mut self, prog: u32, vers: u32, mut handler: F) -> Result<(), Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        self.start(prog, vers)?;
+        loop {
+            let c = self.next()?;
+            match c.kind {
+                op::POST_RECV if c.status == status::OK => {
+                    let buf_off = (c.user_data >> 32) as u32;
+                    let buf_len = c.user_data as u32;
+                    let args = self.ep.read(c.msg_off, c.msg_len.min(buf_len));
+                    let mut rb = ReplyBuilder::default();
+                    handler(
+                        &Call {
+                            proc_: c.proc_,
+                            xid: c.xid,
+                            peer: c.peer,
+                            args: &args,
+                        },
+                        &mut rb,
+                    );
+                    self.reply(c.handle, c.prog, c.vers, &rb)?;
+                    self.post_recv(buf_off, buf_len)?;
+                }
+                op::REPLY => {
+                    if let Some(bufs) = self
+                        .replies
+                        .get_mut(c.user_data as usize)
+                        .and_then(Option::take)
+                    {
+                        bufs.into_iter().for_each(|b| self.ep.arena.free(b));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn reply(&mut self, handle: u32, prog: u32, vers: u32, rb: &ReplyBuilder) -> Result<(), Error> {
+        let ep = &mut self.ep;
+        let mut bufs = Vec::new();
+        let msg = ep
+            .arena
+            .alloc(rb.xdr.msg.len() as u32)
+            .ok_or(Error::ArenaFull)?;
+        ep.write(&msg, 0, &rb.xdr.msg);
+        let (moff, mlen) = (msg.off, msg.len);
+        bufs.push(msg);
+        let mut table = 0;
+        if !rb.xdr.pieces.is_empty() {
+            let t = ep
+                .arena
+                .alloc(16 * rb.xdr.pieces.len() as u32)
+                .ok_or(Error::ArenaFull)?;
+            let mut recs = Vec::new();
+            for (pos, d) in &rb.xdr.pieces {
+                let b = ep.arena.alloc(d.len() as u32).ok_or(Error::ArenaFull)?;
+                ep.write(&b, 0, d);
+                recs.push(Piece {
+                    off: b.off,
+                    len: b.len,
+                    xdr_pos: *pos,
+                    used: 0,
+                });
+                bufs.push(b);
+            }
+            ep.write_pieces(&t, &recs);
+            table = t.off;
+            bufs.push(t);
+        }
+        let idx = match self.replies.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.replies.push(None);
+                self.replies.len() - 1
+            }
+        };
+        self.replies[idx] = Some(bufs);
+        self.submit(Sqe {
+            opcode: op::REPLY,
+            n_args: rb.xdr.pieces.len() as u8,
+            target: handle,
+            user_data: idx as u64,
+            prog,
+            vers,
+            proc_: rb.accept_stat,
+            msg_off: moff,
+            msg_len: mlen,
+            pieces_off: table,
+            ..Sqe::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_allocations_never_overlap_and_are_reused_after_free() {
+        let mut a = Arena::new(1 << 16);
+        let mut live: Vec<ArenaBuf> = (1..40).map(|i| a.alloc(i * 37).unwrap()).collect();
+        let mut spans: Vec<(u32, u32)> =
+            live.iter().map(|b| (b.off(), b.off() + b.len())).collect();
+        spans.sort();
+        assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0));
+        assert!(live
+            .iter()
+            .all(|b| b.off() % 64 == 0 && b.off() + b.len() <= 1 << 16));
+        let b = live.pop().unwrap();
+        let off = b.off();
+        a.free(b);
+        assert_eq!(a.alloc(39 * 37).unwrap().off(), off);
+        assert!(a.alloc(1 << 16).is_none());
+        assert!(a.alloc(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn reduced_stream_with_pieces_reassembles_with_xdr_pad() {
+        let mut x = XdrBuilder::default();
+        x.put_u32(7).put_ddp_opaque(&[1, 2, 3, 4, 5]).put_u32(9);
+        assert_eq!(x.msg.len(), 12);
+        assert_eq!(x.pieces[0].0, 8);
+        assert_eq!(
+            x.to_full(),
+            vec![0, 0, 0, 7, 0, 0, 0, 5, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0, 9]
+        );
+        // Positions beyond the stream are clamped rather than trusted.
+        assert_eq!(
+            reassemble(&[1, 2, 3, 4], [(400, &[9u8][..])].into_iter()),
+            vec![1, 2, 3, 4, 9, 0, 0, 0]
+        );
+    }
+}

@@ -1,0 +1,1558 @@
+//! Daemon side: the set of apps one poll thread owns, their validated submissions and their completions.
+//!
+//! A poll thread keeps one [`AppTable`]. The control thread accepts apps ([`crate::attach::Listener`]) and
+//! hands each [`Attachment`] over; the poll thread calls [`AppTable::attach`], then loops:
+//! [`AppTable::poll_submissions`] (each descriptor copied once, validated, turned into a [`Submission`] or
+//! failed with a [`status`] code in a completion), the `complete_*`/[`AppTable::deliver_call`] calls as its
+//! RPCs progress, [`AppTable::reap`] and [`AppTable::evict_stalled`] now and then, and [`AppTable::park`]
+//! when idle. No method blocks on an app; only `attach`, `reap`, `evict_stalled`, `detach` and `park`
+//! allocate or make system calls.
+//!
+//! ```no_run
+//! use rpcrdma_shm::daemon::{AppTable, CallOutcome, Submission, TableConfig};
+//! use rpcrdma_shm::abi::status;
+//! # fn main() -> std::io::Result<()> {
+//! let mut table = AppTable::new(TableConfig::default())?;
+//! let mut subs = Vec::with_capacity(256); // reused: the loop itself never allocates
+//! loop {
+//!     subs.clear();
+//!     table.poll_submissions(&mut subs, 32);
+//!     for (app, sub) in subs.drain(..) {
+//!         match sub {
+//!             // Gather `c.msg` and `c.args` from `table.region(app)` and send them; when the reply has been
+//!             // placed in `c.reply` / `c.results`, call `complete_call` with its length and results.
+//!             Submission::Call(c) => {
+//!                 let _ = (app, c.peer);
+//!                 table.complete_call(c.id, CallOutcome { status: status::TRANSPORT, ..Default::default() });
+//!             }
+//!             // Send the reply to the requester identified by `r.tag`, then `complete_reply`.
+//!             Submission::Reply(r) => {
+//!                 table.complete_reply(r.id, status::OK);
+//!             }
+//!             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+//!         }
+//!     }
+//!     for gone in table.reap() {
+//!         let _ = gone.calls; // cancel these RPCs; answer `gone.serving_tags` with errors
+//!     }
+//! #   break;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, MAX_PIECES, STATE_DETACHED};
+use crate::attach::{drain, wake, Attachment};
+use crate::region::Region;
+use crate::ring::{Consumer, Producer, RingError};
+use crate::sync::{fence, Ordering};
+use rustix::event::{PollFd, PollFlags};
+use rustix::fd::{AsFd, BorrowedFd};
+use std::collections::VecDeque;
+use std::io;
+use std::time::{Duration, Instant};
+
+/// Limits of one poll thread's table.
+#[derive(Debug, Clone, Copy)]
+pub struct TableConfig {
+    /// Most apps attached at once.
+    pub max_apps: u16,
+    /// Most operations (calls, receive buffers, calls being served) one app may have in flight.
+    pub max_ops_per_app: u16,
+    /// Number of configured peers (a CALL's target must be below it).
+    pub peers: u32,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        TableConfig {
+            max_apps: 64,
+            max_ops_per_app: 512,
+            peers: 1,
+        }
+    }
+}
+
+/// An attached app (slot + generation: a stale id never reaches a newer app in the same slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AppId {
+    slot: u16,
+    gen: u16,
+}
+
+/// One in-flight operation of one app (a call, a receive buffer, a call being served, a reply being sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OpId {
+    app: AppId,
+    slot: u16,
+    gen: u16,
+}
+
+impl OpId {
+    /// The owning app.
+    pub fn app(&self) -> AppId {
+        self.app
+    }
+
+    /// Packs the id into a `u64` (e.g. to carry it as a tag through another app's call).
+    pub fn to_u64(self) -> u64 {
+        (u64::from(self.app.slot) << 48)
+            | (u64::from(self.app.gen) << 32)
+            | (u64::from(self.slot) << 16)
+            | u64::from(self.gen)
+    }
+
+    /// Unpacks [`OpId::to_u64`]; a stale or forged value is simply not found later.
+    pub fn from_u64(v: u64) -> OpId {
+        OpId {
+            app: AppId {
+                slot: (v >> 48) as u16,
+                gen: (v >> 32) as u16,
+            },
+            slot: (v >> 16) as u16,
+            gen: v as u16,
+        }
+    }
+
+    fn handle(self) -> u32 {
+        (u32::from(self.slot) << 16) | u32::from(self.gen)
+    }
+}
+
+/// Up to [`MAX_PIECES`] validated piece records, copied out of the arena.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PieceList {
+    n: u8,
+    items: [Piece; MAX_PIECES],
+}
+
+impl PieceList {
+    /// The pieces.
+    pub fn as_slice(&self) -> &[Piece] {
+        &self.items[..usize::from(self.n)]
+    }
+}
+
+/// A validated CALL: every range lies in the caller's arena, pieces are ordered and 4-aligned.
+#[derive(Debug, Clone, Copy)]
+pub struct CallRequest {
+    /// Handle for [`AppTable::complete_call`].
+    pub id: OpId,
+    /// Peer index (below [`TableConfig::peers`]).
+    pub peer: u32,
+    /// Program.
+    pub prog: u32,
+    /// Version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// The XID to use (the app's, or one the table assigned).
+    pub xid: u32,
+    /// Reduced argument XDR.
+    pub msg: ArenaRange,
+    /// DDP-eligible argument pieces (inserted at their `xdr_pos` of `msg`).
+    pub args: PieceList,
+    /// Buffers for DDP-eligible results, in result order.
+    pub results: PieceList,
+    /// Buffer for the reduced reply (its length is the maximum reply size).
+    pub reply: ArenaRange,
+    pieces_off: u32,
+    user_data: u64,
+}
+
+/// A validated REPLY to a call this app was serving.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplyRequest {
+    /// Handle for [`AppTable::complete_reply`].
+    pub id: OpId,
+    /// The tag given to [`AppTable::deliver_call`].
+    pub tag: u64,
+    /// accept_stat (0 = SUCCESS).
+    pub accept_stat: u32,
+    /// The call's XID.
+    pub xid: u32,
+    /// Reduced result XDR.
+    pub msg: ArenaRange,
+    /// DDP-eligible results (inserted at their `xdr_pos` of `msg`).
+    pub results: PieceList,
+}
+
+/// What an app asked for, after validation.
+#[derive(Debug, Clone, Copy)]
+pub enum Submission {
+    /// Send a call to a peer.
+    Call(CallRequest),
+    /// Send a reply to a call delivered earlier.
+    Reply(ReplyRequest),
+    /// The app now serves (`prog`, `vers`) (already recorded for [`AppTable::lookup`]).
+    Registered {
+        /// Program.
+        prog: u32,
+        /// Version.
+        vers: u32,
+        /// A callback program for backward-direction calls.
+        backchannel: bool,
+    },
+    /// The app stopped serving (`prog`, `vers`).
+    Unregistered {
+        /// Program.
+        prog: u32,
+        /// Version.
+        vers: u32,
+    },
+}
+
+/// How a call ended, for [`AppTable::complete_call`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallOutcome<'a> {
+    /// [`status`] code.
+    pub status: u32,
+    /// accept_stat of the reply.
+    pub rpc_stat: u32,
+    /// Bytes written at the start of the reply buffer.
+    pub reply_len: u32,
+    /// (xdr_pos, used) for each result buffer the reply filled, in order.
+    pub results: &'a [(u32, u32)],
+}
+
+/// An incoming call for a serving app, for [`AppTable::deliver_call`].
+#[derive(Debug, Clone, Copy)]
+pub struct IncomingCall {
+    /// Calling peer's index.
+    pub peer: u32,
+    /// Program.
+    pub prog: u32,
+    /// Version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// XID.
+    pub xid: u32,
+    /// Bytes of argument XDR already placed at the start of the receive buffer.
+    pub args_len: u32,
+    /// The caller's token, returned in the [`ReplyRequest`].
+    pub tag: u64,
+}
+
+/// A receive buffer taken from a serving app ([`AppTable::take_recv`]); fill it, then deliver or put it back.
+#[derive(Debug)]
+pub struct RecvBuf {
+    id: OpId,
+    /// Where the arguments go in the serving app's arena.
+    pub buf: ArenaRange,
+}
+
+/// What was left when an app went away; the dataplane cancels these RPCs.
+#[derive(Debug)]
+pub struct Detached {
+    /// The app.
+    pub app: AppId,
+    /// Its pid, if known.
+    pub pid: Option<i32>,
+    /// Why: "closed" (socket gone), "corrupt ring", or "detached".
+    pub reason: &'static str,
+    /// Its calls still in flight (their completions will be dropped).
+    pub calls: Vec<OpId>,
+    /// Tags of calls it was serving (answer their callers with an error).
+    pub serving_tags: Vec<u64>,
+}
+
+/// Counters for tests and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Apps attached.
+    pub apps: usize,
+    /// Operations in flight, all apps.
+    pub ops: usize,
+    /// Completions waiting for room in completion rings.
+    pub backlog: usize,
+    /// Submissions failed by validation.
+    pub bad_submissions: u64,
+    /// Completions dropped because their app had gone.
+    pub stale_completions: u64,
+    /// Apps detached because they corrupted a ring.
+    pub faults: u64,
+    /// Apps detached in total.
+    pub detached: u64,
+}
+
+// Ops live in a slab allocated at attach; boxing the large variant would allocate on the hot path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy)]
+enum OpState {
+    Free,
+    Call(CallRequest),
+    Recv {
+        user_data: u64,
+        buf: ArenaRange,
+    },
+    Filling {
+        user_data: u64,
+        buf: ArenaRange,
+    },
+    Serving {
+        tag: u64,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        xid: u32,
+    },
+    Replying {
+        user_data: u64,
+        tag: u64,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        xid: u32,
+    },
+}
+
+#[derive(Debug)]
+struct Op {
+    gen: u16,
+    state: OpState,
+}
+
+#[derive(Debug)]
+struct App {
+    id: AppId,
+    att: Attachment,
+    sq: Consumer<Sqe>,
+    cq: Producer<Cqe>,
+    ops: Vec<Op>,
+    free: Vec<u16>,
+    recvs: VecDeque<u16>,
+    backlog: VecDeque<Cqe>,
+    pending: u32,
+    max_owed: u32,
+    fault: Option<&'static str>,
+    /// When the backlog last went from empty to non-empty (the app stopped draining its CQ).
+    stalled_since: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Registration {
+    app: AppId,
+    prog: u32,
+    vers: u32,
+    backchannel: bool,
+}
+
+/// The apps one poll thread owns.
+#[derive(Debug)]
+pub struct AppTable {
+    cfg: TableConfig,
+    apps: Vec<Option<App>>,
+    gens: Vec<u16>,
+    registry: Vec<Registration>,
+    next_xid: u32,
+    stats: TableStats,
+}
+
+fn err_cqe(s: &Sqe, code: u32) -> Cqe {
+    Cqe {
+        kind: s.opcode,
+        status: code,
+        user_data: s.user_data,
+        prog: s.prog,
+        vers: s.vers,
+        proc_: s.proc_,
+        xid: s.xid,
+        ..Cqe::default()
+    }
+}
+
+impl App {
+    fn region(&self) -> &Region {
+        &self.att.region
+    }
+
+    /// Queues a completion: into the ring if there is room, else into the bounded backlog.
+    fn push(&mut self, c: Cqe) {
+        self.pending = self.pending.saturating_sub(1);
+        if self.backlog.is_empty() {
+            match self.cq.push(c) {
+                Ok(()) => {
+                    self.wake();
+                    return;
+                }
+                Err(RingError::Corrupt) => self.fault = Some("corrupt ring"),
+                Err(RingError::Full) => {}
+            }
+        }
+        // Bounded: pending + backlog never exceeds max_owed (see `poll_submissions`), so this never
+        // reallocates.
+        if self.backlog.is_empty() {
+            self.stalled_since = Some(Instant::now());
+        }
+        self.backlog.push_back(c);
+    }
+
+    fn flush_backlog(&mut self) {
+        let mut pushed = false;
+        while let Some(c) = self.backlog.front().copied() {
+            match self.cq.push(c) {
+                Ok(()) => {
+                    self.backlog.pop_front();
+                    pushed = true;
+                }
+                Err(RingError::Full) => break,
+                Err(RingError::Corrupt) => {
+                    self.fault = Some("corrupt ring");
+                    break;
+                }
+            }
+        }
+        if pushed {
+            self.wake();
+        }
+        if self.backlog.is_empty() {
+            self.stalled_since = None;
+        }
+    }
+
+    /// Wakes the app if it sleeps (Dekker pair with the app's store of `app_waiting` then load of the CQ tail).
+    fn wake(&self) {
+        // SYNC POINT: SeqCst fence between our Release store of the CQ tail and this load; pairs with the app's
+        // fence between its store of `app_waiting` and its load of the CQ tail (`Endpoint::wait`).
+        fence(Ordering::SeqCst);
+        if self
+            .region()
+            .header()
+            .app_waiting
+            .value
+            .load(Ordering::Relaxed)
+            != 0
+        {
+            wake(self.att.sock.as_fd());
+        }
+    }
+
+    fn alloc_op(&mut self, state: OpState) -> Option<OpId> {
+        let slot = self.free.pop()?;
+        let op = self.ops.get_mut(usize::from(slot))?;
+        op.gen = op.gen.wrapping_add(1);
+        op.state = state;
+        Some(OpId {
+            app: self.id,
+            slot,
+            gen: op.gen,
+        })
+    }
+
+    fn op_mut(&mut self, id: OpId) -> Option<&mut Op> {
+        let op = self.ops.get_mut(usize::from(id.slot))?;
+        (op.gen == id.gen && !matches!(op.state, OpState::Free)).then_some(op)
+    }
+
+    fn free_op(&mut self, id: OpId) {
+        if let Some(op) = self.op_mut(id) {
+            op.state = OpState::Free;
+            self.free.push(id.slot);
+        }
+    }
+
+    fn ops_in_use(&self) -> usize {
+        self.ops.len() - self.free.len()
+    }
+
+    /// Validates `n` pieces starting at record `first` of the table at `off`; positions are checked against
+    /// `msg_len` when `positions` is set.
+    fn read_pieces(
+        &self,
+        off: u32,
+        first: u32,
+        n: u8,
+        msg_len: Option<u32>,
+    ) -> Result<PieceList, u32> {
+        let mut list = PieceList::default();
+        if usize::from(n) > MAX_PIECES {
+            return Err(status::BAD_PIECES);
+        }
+        if n > 0 && off % 4 != 0 {
+            return Err(status::BAD_RANGE);
+        }
+        let mut last_pos = 0u32;
+        let mut total = msg_len.unwrap_or(0);
+        for i in 0..u32::from(n) {
+            let idx = first.checked_add(i).ok_or(status::BAD_RANGE)?;
+            let mut p = self
+                .region()
+                .read_piece(off, idx)
+                .ok_or(status::BAD_RANGE)?;
+            self.region().range(p.off, p.len).ok_or(status::BAD_RANGE)?;
+            if let Some(ml) = msg_len {
+                if p.xdr_pos % 4 != 0 || p.xdr_pos > ml || p.xdr_pos < last_pos {
+                    return Err(status::BAD_PIECES);
+                }
+                last_pos = p.xdr_pos;
+                let padded = crate::abi::xdr_pad(p.len).ok_or(status::BAD_PIECES)?;
+                total = total.checked_add(padded).ok_or(status::BAD_PIECES)?;
+            } else {
+                p.xdr_pos = 0;
+            }
+            p.used = 0;
+            list.items[i as usize] = p;
+            list.n += 1;
+        }
+        Ok(list)
+    }
+}
+
+impl AppTable {
+    /// An empty table.
+    pub fn new(cfg: TableConfig) -> io::Result<AppTable> {
+        Ok(AppTable {
+            cfg,
+            apps: (0..cfg.max_apps).map(|_| None).collect(),
+            gens: vec![0; usize::from(cfg.max_apps)],
+            registry: Vec::new(),
+            next_xid: 0x5348_0000,
+            stats: TableStats::default(),
+        })
+    }
+
+    /// Takes ownership of an accepted app; gives it back when the table is full.
+    pub fn attach(&mut self, att: Attachment) -> Result<AppId, Attachment> {
+        let Some(slot) = self.apps.iter().position(Option::is_none) else {
+            return Err(att);
+        };
+        let gen = self.gens[slot].wrapping_add(1);
+        self.gens[slot] = gen;
+        let id = AppId {
+            slot: slot as u16,
+            gen,
+        };
+        // SAFETY: this table is the only daemon-side user of the region: one SQ consumer and one CQ producer,
+        // stored next to the region they point into (the mapping does not move), so they never outlive it.
+        let (sq, cq) = unsafe { (att.region.sq_consumer(), att.region.cq_producer()) };
+        let max_owed = att.region.layout().geometry.cq_entries;
+        let n = self.cfg.max_ops_per_app;
+        self.apps[slot] = Some(App {
+            id,
+            att,
+            sq,
+            cq,
+            ops: (0..n)
+                .map(|_| Op {
+                    gen: 0,
+                    state: OpState::Free,
+                })
+                .collect(),
+            free: (0..n).rev().collect(),
+            recvs: VecDeque::with_capacity(usize::from(n)),
+            backlog: VecDeque::with_capacity(max_owed as usize),
+            pending: 0,
+            max_owed,
+            fault: None,
+            stalled_since: None,
+        });
+        self.stats.apps += 1;
+        Ok(id)
+    }
+
+    fn app(&self, id: AppId) -> Option<&App> {
+        self.apps
+            .get(usize::from(id.slot))?
+            .as_ref()
+            .filter(|a| a.id == id)
+    }
+
+    fn app_mut(&mut self, id: AppId) -> Option<&mut App> {
+        self.apps
+            .get_mut(usize::from(id.slot))?
+            .as_mut()
+            .filter(|a| a.id == id)
+    }
+
+    /// The shared region of an attached app (to gather from / place into its arena, or to register it).
+    pub fn region(&self, id: AppId) -> Option<&Region> {
+        self.app(id).map(App::region)
+    }
+
+    /// Ids of all attached apps.
+    pub fn app_ids(&self) -> impl Iterator<Item = AppId> + '_ {
+        self.apps.iter().flatten().map(|a| a.id)
+    }
+
+    /// The app serving (`prog`, `vers`) in the forward direction, if any.
+    pub fn lookup(&self, prog: u32, vers: u32) -> Option<AppId> {
+        self.registry
+            .iter()
+            .find(|r| r.prog == prog && r.vers == vers && !r.backchannel)
+            .map(|r| r.app)
+    }
+
+    /// The app that registered the callback program (`prog`, `vers`), if any.
+    pub fn lookup_backchannel(&self, prog: u32, vers: u32) -> Option<AppId> {
+        self.registry
+            .iter()
+            .find(|r| r.prog == prog && r.vers == vers && r.backchannel)
+            .map(|r| r.app)
+    }
+
+    /// A call still in flight (to route it or to place its reply); `None` once completed or cancelled.
+    pub fn call_request(&self, id: OpId) -> Option<&CallRequest> {
+        let op = self.app(id.app)?.ops.get(usize::from(id.slot))?;
+        match &op.state {
+            OpState::Call(c) if op.gen == id.gen => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Pops up to `budget` submissions per app, validates each and appends the good ones to `out`
+    /// (reuse `out` across calls: it then never allocates). Bad ones complete with an error code here.
+    pub fn poll_submissions(&mut self, out: &mut Vec<(AppId, Submission)>, budget: usize) {
+        for slot in 0..self.apps.len() {
+            let Some(app) = self.apps[slot].as_mut() else {
+                continue;
+            };
+            if app.fault.is_some() {
+                continue;
+            }
+            app.flush_backlog();
+            for _ in 0..budget {
+                // Backpressure: accept a submission only if its completion is sure to find room.
+                if app.pending as usize + app.backlog.len() >= app.max_owed as usize {
+                    break;
+                }
+                let sqe = match app.sq.pop() {
+                    Ok(Some(s)) => s,
+                    Ok(None) => break,
+                    Err(_) => {
+                        app.fault = Some("corrupt ring");
+                        break;
+                    }
+                };
+                app.pending += 1;
+                match Self::validate(
+                    app,
+                    &mut self.registry,
+                    &mut self.next_xid,
+                    self.cfg.peers,
+                    &sqe,
+                ) {
+                    Ok(Some(sub)) => out.push((app.id, sub)),
+                    Ok(None) => {}
+                    Err(code) => {
+                        self.stats.bad_submissions += 1;
+                        app.push(err_cqe(&sqe, code));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turns one copied descriptor into a submission, or an error code; never trusts it twice.
+    fn validate(
+        app: &mut App,
+        registry: &mut Vec<Registration>,
+        next_xid: &mut u32,
+        peers: u32,
+        s: &Sqe,
+    ) -> Result<Option<Submission>, u32> {
+        if s.reserved != [0; 3] || s.flags & !flag::ALL != 0 {
+            return Err(status::BAD_FLAGS);
+        }
+        match s.opcode {
+            op::CALL => {
+                if s.target >= peers {
+                    return Err(status::UNKNOWN_PEER);
+                }
+                let msg = app
+                    .region()
+                    .range(s.msg_off, s.msg_len)
+                    .ok_or(status::BAD_RANGE)?;
+                let reply = app
+                    .region()
+                    .range(s.reply_off, s.reply_len)
+                    .ok_or(status::BAD_RANGE)?;
+                let args = app.read_pieces(s.pieces_off, 0, s.n_args, Some(s.msg_len))?;
+                let results =
+                    app.read_pieces(s.pieces_off, u32::from(s.n_args), s.n_results, None)?;
+                let xid = if s.flags & flag::XID_APP != 0 {
+                    s.xid
+                } else {
+                    *next_xid = next_xid.wrapping_add(1);
+                    *next_xid
+                };
+                let mut req = CallRequest {
+                    id: OpId {
+                        app: app.id,
+                        slot: 0,
+                        gen: 0,
+                    },
+                    peer: s.target,
+                    prog: s.prog,
+                    vers: s.vers,
+                    proc_: s.proc_,
+                    xid,
+                    msg,
+                    args,
+                    results,
+                    reply,
+                    pieces_off: s.pieces_off,
+                    user_data: s.user_data,
+                };
+                let id = app.alloc_op(OpState::Call(req)).ok_or(status::TOO_MANY)?;
+                req.id = id;
+                if let Some(op) = app.op_mut(id) {
+                    op.state = OpState::Call(req);
+                }
+                Ok(Some(Submission::Call(req)))
+            }
+            op::POST_RECV => {
+                let buf = app
+                    .region()
+                    .range(s.msg_off, s.msg_len)
+                    .ok_or(status::BAD_RANGE)?;
+                let id = app
+                    .alloc_op(OpState::Recv {
+                        user_data: s.user_data,
+                        buf,
+                    })
+                    .ok_or(status::TOO_MANY)?;
+                app.recvs.push_back(id.slot);
+                Ok(None)
+            }
+            op::REPLY => {
+                let id = OpId {
+                    app: app.id,
+                    slot: (s.target >> 16) as u16,
+                    gen: s.target as u16,
+                };
+                let msg = app
+                    .region()
+                    .range(s.msg_off, s.msg_len)
+                    .ok_or(status::BAD_RANGE)?;
+                let results = app.read_pieces(s.pieces_off, 0, s.n_args, Some(s.msg_len))?;
+                let op = app.op_mut(id).ok_or(status::BAD_HANDLE)?;
+                let OpState::Serving {
+                    tag,
+                    prog,
+                    vers,
+                    proc_,
+                    xid,
+                } = op.state
+                else {
+                    return Err(status::BAD_HANDLE);
+                };
+                op.state = OpState::Replying {
+                    user_data: s.user_data,
+                    tag,
+                    prog,
+                    vers,
+                    proc_,
+                    xid,
+                };
+                Ok(Some(Submission::Reply(ReplyRequest {
+                    id,
+                    tag,
+                    accept_stat: s.proc_,
+                    xid,
+                    msg,
+                    results,
+                })))
+            }
+            op::REGISTER | op::UNREGISTER => {
+                let backchannel = s.flags & flag::BACKCHANNEL != 0;
+                let pos = registry.iter().position(|r| {
+                    r.prog == s.prog && r.vers == s.vers && r.backchannel == backchannel
+                });
+                let sub = if s.opcode == op::REGISTER {
+                    if pos.is_some() {
+                        return Err(status::ALREADY_REGISTERED);
+                    }
+                    registry.push(Registration {
+                        app: app.id,
+                        prog: s.prog,
+                        vers: s.vers,
+                        backchannel,
+                    });
+                    Submission::Registered {
+                        prog: s.prog,
+                        vers: s.vers,
+                        backchannel,
+                    }
+                } else {
+                    match pos {
+                        Some(p) if registry[p].app == app.id => {
+                            registry.swap_remove(p);
+                        }
+                        _ => return Err(status::NOT_REGISTERED),
+                    }
+                    Submission::Unregistered {
+                        prog: s.prog,
+                        vers: s.vers,
+                    }
+                };
+                app.push(err_cqe(s, status::OK));
+                Ok(Some(sub))
+            }
+            _ => Err(status::BAD_OPCODE),
+        }
+    }
+
+    /// Ends a call: writes the result-buffer records and the completion. Returns false (and counts it) when
+    /// the call is no longer known — its app went away — so the reply is dropped.
+    pub fn complete_call(&mut self, id: OpId, out: CallOutcome<'_>) -> bool {
+        let Some(app) = self.app_mut(id.app) else {
+            self.stats.stale_completions += 1;
+            return false;
+        };
+        let req = match app.op_mut(id) {
+            Some(Op {
+                state: OpState::Call(c),
+                ..
+            }) => *c,
+            _ => {
+                self.stats.stale_completions += 1;
+                return false;
+            }
+        };
+        let mut n_results = 0u8;
+        if out.status == status::OK {
+            for (i, (&(pos, used), p)) in out.results.iter().zip(req.results.as_slice()).enumerate()
+            {
+                let rec = Piece {
+                    xdr_pos: pos,
+                    used: used.min(p.len),
+                    ..*p
+                };
+                let at = u32::from(req.args.n) + i as u32;
+                app.region().write_piece(req.pieces_off, at, rec);
+                n_results += 1;
+            }
+        }
+        let ok = out.status == status::OK;
+        app.free_op(id);
+        app.push(Cqe {
+            kind: op::CALL,
+            n_results,
+            status: out.status,
+            user_data: req.user_data,
+            prog: req.prog,
+            vers: req.vers,
+            proc_: req.proc_,
+            xid: req.xid,
+            msg_off: req.reply.off(),
+            msg_len: if ok {
+                out.reply_len.min(req.reply.len())
+            } else {
+                0
+            },
+            rpc_stat: out.rpc_stat,
+            ..Cqe::default()
+        });
+        true
+    }
+
+    /// Takes the first posted receive buffer of `app` at least `need` bytes long.
+    pub fn take_recv(&mut self, app: AppId, need: u32) -> Result<RecvBuf, u32> {
+        let a = self.app_mut(app).ok_or(status::CANCELLED)?;
+        let pos = a
+            .recvs
+            .iter()
+            .position(|&s| matches!(a.ops[usize::from(s)].state, OpState::Recv { buf, .. } if buf.len() >= need))
+            .ok_or(status::NO_RECV_BUFFER)?;
+        let slot = a.recvs.remove(pos).ok_or(status::NO_RECV_BUFFER)?;
+        let op = &mut a.ops[usize::from(slot)];
+        let OpState::Recv { user_data, buf } = op.state else {
+            return Err(status::NO_RECV_BUFFER);
+        };
+        op.state = OpState::Filling { user_data, buf };
+        Ok(RecvBuf {
+            id: OpId {
+                app,
+                slot,
+                gen: op.gen,
+            },
+            buf,
+        })
+    }
+
+    /// How many receive buffers `app` has posted and not yet been handed a call in.
+    pub fn recv_posted(&self, app: AppId) -> usize {
+        self.app(app).map_or(0, |a| a.recvs.len())
+    }
+
+    /// Returns an unused receive buffer to its app's list.
+    pub fn put_back_recv(&mut self, rb: RecvBuf) {
+        if let Some(a) = self.app_mut(rb.id.app) {
+            if let Some(op) = a.op_mut(rb.id) {
+                if let OpState::Filling { user_data, buf } = op.state {
+                    op.state = OpState::Recv { user_data, buf };
+                    a.recvs.push_front(rb.id.slot);
+                }
+            }
+        }
+    }
+
+    /// Hands a call (arguments already placed in `rb.buf`) to the serving app; returns the id the app's
+    /// REPLY will carry.
+    pub fn deliver_call(&mut self, rb: RecvBuf, call: IncomingCall) -> Result<OpId, u32> {
+        let a = self.app_mut(rb.id.app).ok_or(status::CANCELLED)?;
+        let op = a.op_mut(rb.id).ok_or(status::CANCELLED)?;
+        let OpState::Filling { user_data, buf } = op.state else {
+            return Err(status::CANCELLED);
+        };
+        if call.args_len > buf.len() {
+            return Err(status::NO_RECV_BUFFER);
+        }
+        op.state = OpState::Serving {
+            tag: call.tag,
+            prog: call.prog,
+            vers: call.vers,
+            proc_: call.proc_,
+            xid: call.xid,
+        };
+        a.push(Cqe {
+            kind: op::POST_RECV,
+            status: status::OK,
+            user_data,
+            prog: call.prog,
+            vers: call.vers,
+            proc_: call.proc_,
+            xid: call.xid,
+            msg_off: buf.off(),
+            msg_len: call.args_len,
+            handle: rb.id.handle(),
+            peer: call.peer,
+            ..Cqe::default()
+        });
+        Ok(rb.id)
+    }
+
+    /// Drops a call being served (its requester went away); a later REPLY to it fails with BAD_HANDLE.
+    pub fn cancel_serving(&mut self, id: OpId) {
+        if let Some(a) = self.app_mut(id.app) {
+            if matches!(a.op_mut(id).map(|o| o.state), Some(OpState::Serving { .. })) {
+                a.free_op(id);
+            }
+        }
+    }
+
+    /// Ends a REPLY (its memory is the app's again): writes its completion.
+    pub fn complete_reply(&mut self, id: OpId, code: u32) -> bool {
+        let Some(a) = self.app_mut(id.app) else {
+            self.stats.stale_completions += 1;
+            return false;
+        };
+        let Some(&mut Op {
+            state:
+                OpState::Replying {
+                    user_data,
+                    prog,
+                    vers,
+                    proc_,
+                    xid,
+                    ..
+                },
+            ..
+        }) = a.op_mut(id)
+        else {
+            self.stats.stale_completions += 1;
+            return false;
+        };
+        a.free_op(id);
+        a.push(Cqe {
+            kind: op::REPLY,
+            status: code,
+            user_data,
+            prog,
+            vers,
+            proc_,
+            xid,
+            ..Cqe::default()
+        });
+        true
+    }
+
+    /// Detaches an app: marks its region detached, drops its registrations, unmaps its region, closes its
+    /// fds, and reports what it had in flight.
+    pub fn detach(&mut self, id: AppId, reason: &'static str) -> Option<Detached> {
+        let app = self
+            .apps
+            .get_mut(usize::from(id.slot))?
+            .take_if(|a| a.id == id)?;
+        app.region()
+            .header()
+            .state
+            .value
+            .store(STATE_DETACHED, Ordering::Release);
+        app.wake();
+        self.registry.retain(|r| r.app != id);
+        let mut calls = Vec::new();
+        let mut serving_tags = Vec::new();
+        for (slot, op) in app.ops.iter().enumerate() {
+            match op.state {
+                OpState::Call(_) => calls.push(OpId {
+                    app: id,
+                    slot: slot as u16,
+                    gen: op.gen,
+                }),
+                OpState::Serving { tag, .. } | OpState::Replying { tag, .. } => {
+                    serving_tags.push(tag)
+                }
+                _ => {}
+            }
+        }
+        self.stats.apps -= 1;
+        self.stats.detached += 1;
+        if reason == "corrupt ring" {
+            self.stats.faults += 1;
+        }
+        Some(Detached {
+            app: id,
+            pid: app.att.pid,
+            reason,
+            calls,
+            serving_tags,
+        })
+    }
+
+    /// Detaches every app whose completions have waited in its backlog (CQ full, app not draining) for
+    /// longer than `limit`: its calls are reported for cancellation and its memory released.
+    pub fn evict_stalled(&mut self, limit: Duration) -> Vec<Detached> {
+        let now = Instant::now();
+        let stalled: Vec<AppId> = self
+            .apps
+            .iter()
+            .flatten()
+            .filter(|a| {
+                a.stalled_since
+                    .is_some_and(|t| now.duration_since(t) > limit)
+            })
+            .map(|a| a.id)
+            .collect();
+        stalled
+            .into_iter()
+            .filter_map(|id| self.detach(id, "stalled"))
+            .collect()
+    }
+
+    /// Detaches every app whose socket closed (it exited or was killed) or that corrupted a ring.
+    /// Makes one `poll(2)`; call it every millisecond or so, not on every loop.
+    pub fn reap(&mut self) -> Vec<Detached> {
+        let mut gone: Vec<(AppId, &'static str)> = Vec::new();
+        {
+            let live: Vec<&App> = self.apps.iter().flatten().collect();
+            let mut fds: Vec<PollFd<'_>> = live
+                .iter()
+                .map(|a| PollFd::new(&a.att.sock, PollFlags::IN))
+                .collect();
+            let zero = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            if !fds.is_empty() {
+                let _ = rustix::event::poll(&mut fds, Some(&zero));
+            }
+            for (a, p) in live.iter().zip(&fds) {
+                if let Some(f) = a.fault {
+                    gone.push((a.id, f));
+                    continue;
+                }
+                let r = p.revents();
+                let hung_up = r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL);
+                if hung_up || (r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd())) {
+                    gone.push((a.id, "closed"));
+                }
+            }
+        }
+        gone.into_iter()
+            .filter_map(|(id, why)| self.detach(id, why))
+            .collect()
+    }
+
+    /// Sleeps until an app sends a wake-up (or closes), an `extra` descriptor (e.g. a listening socket or a
+    /// command-queue eventfd) becomes readable, or `timeout` passes — unless work is already waiting.
+    ///
+    /// Sets every app's `daemon_waiting` flag, re-checks the rings (the app's matching fence is in
+    /// `Endpoint::submit`), then polls the app sockets; wake-up bytes are drained with `MSG_DONTWAIT`.
+    pub fn park(&mut self, timeout: Duration, extra: &[BorrowedFd<'_>]) {
+        let set = |t: &AppTable, v: u32| {
+            for a in t.apps.iter().flatten() {
+                a.region()
+                    .header()
+                    .daemon_waiting
+                    .value
+                    .store(v, Ordering::Relaxed);
+            }
+        };
+        set(self, 1);
+        // SYNC POINT: SeqCst fence between our store of `daemon_waiting` and our loads of the SQ tails; pairs
+        // with the app's fence between its SQ tail store and its load of `daemon_waiting`.
+        fence(Ordering::SeqCst);
+        let mut busy = false;
+        for a in self.apps.iter_mut().flatten() {
+            let room = (a.pending as usize + a.backlog.len()) < a.max_owed as usize;
+            if a.fault.is_some() || (room && a.sq.ready().map_or(true, |n| n > 0)) {
+                busy = true;
+            }
+            if !a.backlog.is_empty() && a.cq.free().map_or(true, |n| n > 0) {
+                busy = true;
+            }
+        }
+        if !busy {
+            let ts = rustix::event::Timespec {
+                tv_sec: timeout.as_secs() as i64,
+                tv_nsec: i64::from(timeout.subsec_nanos()),
+            };
+            let mut closed: Vec<usize> = Vec::new();
+            {
+                let live: Vec<(usize, &App)> = self
+                    .apps
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
+                    .collect();
+                let mut fds: Vec<PollFd<'_>> = live
+                    .iter()
+                    .map(|(_, a)| PollFd::new(&a.att.sock, PollFlags::IN))
+                    .collect();
+                fds.extend(extra.iter().map(|f| PollFd::new(f, PollFlags::IN)));
+                let _ = rustix::event::poll(&mut fds, Some(&ts));
+                for ((i, a), p) in live.iter().zip(&fds) {
+                    if !p.revents().is_empty() && !drain(a.att.sock.as_fd()) {
+                        closed.push(*i);
+                    }
+                }
+            }
+            for i in closed {
+                if let Some(a) = self.apps[i].as_mut() {
+                    a.fault.get_or_insert("closed");
+                }
+            }
+        }
+        set(self, 0);
+    }
+
+    /// Current counters (apps, ops in flight, backlog are live values).
+    pub fn stats(&self) -> TableStats {
+        let mut s = self.stats;
+        s.ops = self.apps.iter().flatten().map(App::ops_in_use).sum();
+        s.backlog = self.apps.iter().flatten().map(|a| a.backlog.len()).sum();
+        s
+    }
+}
+
+// The control thread accepts apps and hands them (and tables) to poll threads.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Attachment>();
+    send::<AppTable>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{Geometry, Layout};
+    use std::os::unix::net::UnixStream;
+
+    /// The app's half of an in-process attachment: its own mapping of the same memfd.
+    struct TestApp {
+        region: Region,
+        sq: Producer<Sqe>,
+        cq: Consumer<Cqe>,
+        _peer_sock: UnixStream,
+    }
+
+    impl TestApp {
+        fn submit(&mut self, s: Sqe) {
+            self.sq.push(s).unwrap();
+        }
+
+        fn drain(&mut self) -> Vec<Cqe> {
+            std::iter::from_fn(|| self.cq.pop().unwrap()).collect()
+        }
+    }
+
+    fn attach(t: &mut AppTable, g: Geometry) -> (AppId, TestApp) {
+        let layout = Layout::new(g).unwrap();
+        let region = Region::create(layout, 1, &["p0"]).unwrap();
+        let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).unwrap();
+        let app_region = Region::open(fd).unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let att = Attachment {
+            region,
+            sock: a,
+            pid: None,
+            app_id: 1,
+        };
+        let id = t.attach(att).unwrap();
+        // SAFETY: one producer and one consumer for this test app; `app_region` lives in the same struct.
+        let (sq, cq) = unsafe { (app_region.sq_producer(), app_region.cq_consumer()) };
+        (
+            id,
+            TestApp {
+                region: app_region,
+                sq,
+                cq,
+                _peer_sock: b,
+            },
+        )
+    }
+
+    fn geometry() -> Geometry {
+        Geometry {
+            sq_entries: 64,
+            cq_entries: 64,
+            arena_size: 1 << 16,
+            peers: 1,
+        }
+    }
+
+    fn call(user_data: u64) -> Sqe {
+        Sqe {
+            opcode: op::CALL,
+            user_data,
+            prog: 100,
+            vers: 1,
+            msg_off: 0,
+            msg_len: 8,
+            reply_off: 4096,
+            reply_len: 1024,
+            ..Sqe::default()
+        }
+    }
+
+    fn poll(t: &mut AppTable) -> Vec<(AppId, Submission)> {
+        let mut v = Vec::new();
+        t.poll_submissions(&mut v, 64);
+        v
+    }
+
+    #[test]
+    fn bad_descriptors_fail_with_their_error_code_and_good_ones_pass() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        let arena = geometry().arena_size;
+        // Piece table at 8192: one argument piece at a misaligned position.
+        app.region.write_piece(
+            8192,
+            0,
+            Piece {
+                off: 0,
+                len: 4,
+                xdr_pos: 2,
+                used: 0,
+            },
+        );
+        // Piece table at 8448: a piece that runs off the end of the arena.
+        app.region.write_piece(
+            8448,
+            0,
+            Piece {
+                off: arena - 2,
+                len: 4,
+                xdr_pos: 0,
+                used: 0,
+            },
+        );
+        let cases: Vec<(Sqe, u32)> = vec![
+            (
+                Sqe {
+                    opcode: 99,
+                    ..call(1)
+                },
+                status::BAD_OPCODE,
+            ),
+            (
+                Sqe {
+                    reserved: [0, 1, 0],
+                    ..call(2)
+                },
+                status::BAD_FLAGS,
+            ),
+            (
+                Sqe {
+                    flags: 0x80,
+                    ..call(3)
+                },
+                status::BAD_FLAGS,
+            ),
+            (
+                Sqe {
+                    msg_off: arena - 4,
+                    ..call(4)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    msg_off: u32::MAX - 2,
+                    ..call(5)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    reply_len: arena,
+                    ..call(6)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    target: 1,
+                    ..call(7)
+                },
+                status::UNKNOWN_PEER,
+            ),
+            (
+                Sqe {
+                    n_args: 9,
+                    pieces_off: 8192,
+                    ..call(8)
+                },
+                status::BAD_PIECES,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8192,
+                    ..call(9)
+                },
+                status::BAD_PIECES,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8448,
+                    ..call(10)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    n_results: 1,
+                    pieces_off: arena - 8,
+                    ..call(11)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    n_args: 1,
+                    pieces_off: 8194,
+                    ..call(12)
+                },
+                status::BAD_RANGE,
+            ),
+            (
+                Sqe {
+                    opcode: op::REPLY,
+                    target: 0x0001_0001,
+                    ..call(13)
+                },
+                status::BAD_HANDLE,
+            ),
+            (
+                Sqe {
+                    opcode: op::UNREGISTER,
+                    ..call(14)
+                },
+                status::NOT_REGISTERED,
+            ),
+            (
+                Sqe {
+                    opcode: op::POST_RECV,
+                    msg_off: arena,
+                    msg_len: 1,
+                    ..call(15)
+                },
+                status::BAD_RANGE,
+            ),
+        ];
+        for (s, _) in &cases {
+            app.submit(*s);
+        }
+        app.submit(call(100));
+        let subs = poll(&mut t);
+        assert_eq!(subs.len(), 1, "only the good call passes");
+        let Submission::Call(c) = subs[0].1 else {
+            panic!("not a call")
+        };
+        assert_eq!((c.msg.off(), c.msg.len(), c.reply.len()), (0, 8, 1024));
+        let got = app.drain();
+        assert_eq!(got.len(), cases.len());
+        for (cqe, (sqe, code)) in got.iter().zip(&cases) {
+            assert_eq!((cqe.user_data, cqe.status), (sqe.user_data, *code));
+        }
+        assert_eq!(t.stats().bad_submissions, cases.len() as u64);
+    }
+
+    #[test]
+    fn offsets_are_relative_to_each_apps_own_arena() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let small = Geometry {
+            arena_size: 4096,
+            ..geometry()
+        };
+        let (a, mut app_a) = attach(&mut t, small);
+        let (b, _app_b) = attach(&mut t, geometry());
+        // App A names an offset that exists only in B's (larger) arena: rejected, nothing written anywhere.
+        app_a.submit(Sqe {
+            msg_off: 8192,
+            ..call(1)
+        });
+        assert!(poll(&mut t).is_empty());
+        assert_eq!(app_a.drain()[0].status, status::BAD_RANGE);
+        let (ra, rb) = (t.region(a).unwrap(), t.region(b).unwrap());
+        assert_ne!(ra.base(), rb.base());
+        assert!(ra.range(4095, 2).is_none());
+    }
+
+    #[test]
+    fn call_completes_with_results_and_a_stale_completion_is_dropped() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (id, mut app) = attach(&mut t, geometry());
+        app.region.write_piece(
+            8192,
+            0,
+            Piece {
+                off: 12288,
+                len: 100,
+                xdr_pos: 0,
+                used: 0,
+            },
+        );
+        app.submit(Sqe {
+            n_results: 1,
+            pieces_off: 8192,
+            xid: 7,
+            flags: flag::XID_APP,
+            ..call(5)
+        });
+        let subs = poll(&mut t);
+        let Submission::Call(c) = subs[0].1 else {
+            panic!("not a call")
+        };
+        assert_eq!(c.xid, 7);
+        assert_eq!(t.stats().ops, 1);
+        assert!(t.complete_call(
+            c.id,
+            CallOutcome {
+                status: 0,
+                rpc_stat: 0,
+                reply_len: 4,
+                results: &[(4, 60)]
+            }
+        ));
+        let cqe = app.drain()[0];
+        assert_eq!(
+            (cqe.status, cqe.msg_len, cqe.n_results, cqe.xid),
+            (0, 4, 1, 7)
+        );
+        assert_eq!(app.region.read_piece(8192, 0).unwrap().used, 60);
+        assert_eq!(t.stats().ops, 0);
+        // A second completion for the same call (or any after detach) is dropped and counted.
+        assert!(!t.complete_call(c.id, CallOutcome::default()));
+        app.submit(call(6));
+        let Submission::Call(c2) = poll(&mut t)[0].1 else {
+            panic!("not a call")
+        };
+        let d = t.detach(id, "detached").unwrap();
+        assert_eq!(d.calls, vec![c2.id]);
+        assert!(!t.complete_call(c2.id, CallOutcome::default()));
+        assert_eq!(t.stats().stale_completions, 2);
+        assert_eq!(t.stats().apps, 0);
+        assert_eq!(
+            app.region.header().state.value.load(Ordering::Acquire),
+            STATE_DETACHED
+        );
+    }
+
+    #[test]
+    fn too_many_ops_fails_the_submission_with_too_many() {
+        let mut t = AppTable::new(TableConfig {
+            max_ops_per_app: 2,
+            ..TableConfig::default()
+        })
+        .unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        for i in 0..3 {
+            app.submit(call(i));
+        }
+        assert_eq!(poll(&mut t).len(), 2);
+        let c = app.drain();
+        assert_eq!(
+            (c.len(), c[0].user_data, c[0].status),
+            (1, 2, status::TOO_MANY)
+        );
+    }
+
+    #[test]
+    fn a_full_completion_ring_backs_up_into_a_bounded_backlog_and_loses_nothing() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let g = Geometry {
+            sq_entries: 32,
+            cq_entries: 4,
+            ..geometry()
+        };
+        let (_, mut app) = attach(&mut t, g);
+        for i in 0..20 {
+            app.submit(Sqe {
+                opcode: 99,
+                ..call(i)
+            });
+        }
+        poll(&mut t);
+        poll(&mut t);
+        // 4 in the ring, 4 in the backlog, the rest still on the submission ring.
+        assert_eq!(t.stats().backlog, 4);
+        let mut seen = Vec::new();
+        while seen.len() < 20 {
+            seen.extend(app.drain().iter().map(|c| c.user_data));
+            poll(&mut t);
+            assert!(t.stats().backlog <= 4);
+        }
+        assert_eq!(seen, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_corrupt_ring_index_detaches_only_that_app() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (bad, app_bad) = attach(&mut t, geometry());
+        let (good, mut app_good) = attach(&mut t, geometry());
+        // SAFETY: the SQ producer index word of the bad app's own mapping.
+        let tail = unsafe {
+            &*(app_bad
+                .region
+                .base()
+                .add(app_bad.region.layout().sq_offset as usize)
+                as *const std::sync::atomic::AtomicU32)
+        };
+        tail.store(1000, Ordering::Release);
+        app_good.submit(call(1));
+        assert_eq!(poll(&mut t).len(), 1);
+        let gone = t.reap();
+        assert_eq!(gone.len(), 1);
+        assert_eq!((gone[0].app, gone[0].reason), (bad, "corrupt ring"));
+        assert_eq!(t.app_ids().collect::<Vec<_>>(), vec![good]);
+        assert_eq!(t.stats().faults, 1);
+    }
+
+    #[test]
+    fn register_routes_and_a_second_registration_is_refused() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (a, mut app_a) = attach(&mut t, geometry());
+        let (_, mut app_b) = attach(&mut t, geometry());
+        let reg = Sqe {
+            opcode: op::REGISTER,
+            prog: 9,
+            vers: 1,
+            ..Sqe::default()
+        };
+        app_a.submit(reg);
+        app_b.submit(reg);
+        poll(&mut t);
+        assert_eq!(app_a.drain()[0].status, status::OK);
+        assert_eq!(app_b.drain()[0].status, status::ALREADY_REGISTERED);
+        assert_eq!(t.lookup(9, 1), Some(a));
+        assert_eq!(t.lookup_backchannel(9, 1), None);
+        t.detach(a, "detached");
+        assert_eq!(t.lookup(9, 1), None);
+    }
+}

@@ -1,0 +1,414 @@
+//! Real processes, real shared memory: the `shm-loopback` harness (standing in for the dataplane's
+//! routing), RDMATEST server apps and clients, kill -9, hostile apps and the C example.
+
+mod common;
+
+use common::{app, eventually, harness, settled, sock, stats, xdr_opaque, SERVER_RECVS};
+use rpcrdma_shm::abi::status;
+use rpcrdma_shm::client::Error;
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::Client;
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(30));
+
+fn client(path: &std::path::Path) -> (Client, u32) {
+    let c = Client::connect(path).expect("attach");
+    let peer = c.peer("loopback").expect("loopback peer");
+    (c, peer)
+}
+
+#[test]
+fn rdmatest_null_echo_read_write_through_loopback() {
+    let path = sock("basic");
+    let _h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let (mut c, peer) = client(&path);
+
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .unwrap();
+    let r = c.wait(t, T).unwrap();
+    assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+
+    // ECHO, short: no result buffer, so the result comes back inline.
+    let data = pattern(5, 37);
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    b.args().put_opaque(&data);
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T)
+    }
+    .unwrap();
+    assert_eq!(r.body, xdr_opaque(&data));
+    assert_eq!(r.ddp_bytes, 0);
+
+    // ECHO, large: DDP-eligible argument piece out, result placed in the result buffer (Write-chunk path).
+    let data = pattern(11, 9001);
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    b.args().put_ddp_opaque(&data);
+    b.result_buffer(16384);
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T)
+    }
+    .unwrap();
+    assert_eq!(r.body, xdr_opaque(&data));
+    assert_eq!(r.ddp_bytes, 9001);
+
+    // READ: count bytes of pattern(seed) into the result buffer.
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    b.args().put_u32(5000).put_u32(9);
+    b.result_buffer(5000);
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T)
+    }
+    .unwrap();
+    assert_eq!(r.body, xdr_opaque(&pattern(9, 5000)));
+    assert_eq!(r.ddp_bytes, 5000);
+
+    // WRITE: the server counts bytes matching pattern(seed); 10 are spoiled.
+    let mut data = pattern(3, 3000);
+    for b in &mut data[100..110] {
+        *b = !*b;
+    }
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::WRITE);
+    b.args().put_u32(3).put_ddp_opaque(&data);
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T)
+    }
+    .unwrap();
+    assert_eq!(r.body, 2990u32.to_be_bytes());
+
+    // App-supplied XID is used as given.
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::NULL);
+    b.xid(0xabcd_0123);
+    assert_eq!(
+        {
+            let t = b.submit().unwrap();
+            c.wait(t, T)
+        }
+        .unwrap()
+        .xid,
+        0xabcd_0123
+    );
+}
+
+#[test]
+fn callback_program_registered_for_the_backward_direction_receives_calls() {
+    let path = sock("callback");
+    let _h = harness(&path);
+    let _cb = app("callback", &path, &[]);
+    let (mut c, peer) = client(&path);
+    // A second backchannel registration of the same program is refused; a forward one is separate.
+    let mut dup = rpcrdma_shm::Server::connect(&path).unwrap();
+    assert!(matches!(
+        dup.register(rdmatest::CB_PROG, 1, true),
+        Err(Error::Status(status::ALREADY_REGISTERED))
+    ));
+    let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+    b.args().put_opaque(b"ping!");
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T).unwrap()
+    };
+    assert_eq!(r.body, xdr_opaque(b"ping!"));
+}
+
+#[test]
+fn unroutable_calls_fail_with_error_codes() {
+    let path = sock("errors");
+    let _h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let (mut c, peer) = client(&path);
+
+    let t = c.call(peer, 0x4000_0000, 1, 0).submit().unwrap();
+    assert!(matches!(
+        c.wait(t, T),
+        Err(Error::Status(status::UNKNOWN_PROGRAM))
+    ));
+
+    let t = c.call(peer + 1, rdmatest::PROG, 1, 0).submit().unwrap();
+    assert!(matches!(
+        c.wait(t, T),
+        Err(Error::Status(status::UNKNOWN_PEER))
+    ));
+
+    // Reply larger than the reply buffer, and no result buffer to take the data.
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    b.args().put_u32(8000).put_u32(1);
+    b.max_reply(1024);
+    assert!(matches!(
+        {
+            let t = b.submit().unwrap();
+            c.wait(t, T)
+        },
+        Err(Error::Status(status::REPLY_TOO_LARGE))
+    ));
+
+    // Arguments larger than every receive buffer the server posted (64 KiB).
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    b.args().put_ddp_opaque(&vec![1u8; 100_000]);
+    assert!(matches!(
+        {
+            let t = b.submit().unwrap();
+            c.wait(t, T)
+        },
+        Err(Error::Status(status::NO_RECV_BUFFER))
+    ));
+
+    // Garbage arguments reach the server, which answers GARBAGE_ARGS; the call itself succeeds.
+    let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    b.args().put_u32(1);
+    let r = {
+        let t = b.submit().unwrap();
+        c.wait(t, T)
+    }
+    .unwrap();
+    assert_eq!(r.accept_stat, rdmatest::GARBAGE_ARGS);
+}
+
+#[test]
+fn backpressure_many_outstanding_calls_all_complete_in_full() {
+    let path = sock("backpressure");
+    let _h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let (mut c, peer) = client(&path);
+    let total = 2000u32;
+    let (mut sent, mut got, mut ring_full) = (0u32, 0u32, 0u32);
+    let mut expect = std::collections::HashMap::new();
+    while got < total {
+        while sent < total {
+            let data = pattern(sent, (sent % 200) as usize);
+            let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+            b.args().put_opaque(&data);
+            match b.submit() {
+                Ok(t) => {
+                    expect.insert(t, xdr_opaque(&data));
+                    sent += 1;
+                }
+                Err(Error::RingFull) | Err(Error::ArenaFull) => {
+                    ring_full += 1;
+                    break;
+                }
+                Err(e) => panic!("submit: {e}"),
+            }
+        }
+        let (t, r) = c.wait_any(T).unwrap();
+        assert_eq!(r.unwrap().body, expect.remove(&t).unwrap());
+        got += 1;
+    }
+    assert!(expect.is_empty());
+    assert!(ring_full > 0, "the test never filled the ring");
+}
+
+#[test]
+fn stalled_app_is_held_by_backpressure_while_others_keep_working() {
+    let path = sock("stalled");
+    let _h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let (mut lazy, peer) = client(&path);
+    // Keep submitting, never draining completions, until the daemon holds completions in its backlog and
+    // the submission ring stays full.
+    let mut n = 0u32;
+    assert!(eventually(|| loop {
+        let mut b = lazy.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        b.args().put_opaque(&n.to_be_bytes());
+        match b.submit() {
+            Ok(_) => n += 1,
+            Err(Error::RingFull) => break stats(&path)["backlog"] > 0,
+            Err(e) => panic!("{e}"),
+        }
+    }));
+    let (mut busy, _) = client(&path);
+    for i in 0..50u32 {
+        let mut b = busy.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        b.args().put_opaque(&i.to_be_bytes());
+        assert_eq!(
+            {
+                let t = b.submit().unwrap();
+                busy.wait(t, T)
+            }
+            .unwrap()
+            .body,
+            xdr_opaque(&i.to_be_bytes())
+        );
+    }
+    // Nothing was dropped: every one of the lazy app's calls completes once it drains.
+    let mut done = 0;
+    while done < n {
+        let (_, r) = lazy.wait_any(T).unwrap();
+        assert_eq!(r.unwrap().accept_stat, 0);
+        done += 1;
+    }
+    assert!(eventually(|| stats(&path)["backlog"] == 0));
+}
+
+#[test]
+fn app_that_stops_draining_is_evicted_and_its_memory_released() {
+    let path = sock("evict");
+    let _h = common::harness_with_stall_limit(&path, 300);
+    let _s = app("server", &path, &[]);
+    let base = settled(&path, SERVER_RECVS);
+    let (mut lazy, peer) = client(&path);
+    let mut n = 0u32;
+    // Fill the completion ring and then some, never draining: the harness starts a backlog, then evicts.
+    let evicted = eventually(|| loop {
+        let mut b = lazy.call(peer, rdmatest::PROG, 1, rdmatest::NULL);
+        b.xid(n);
+        match b.submit() {
+            Ok(_) => n += 1,
+            Err(Error::RingFull) => break false,
+            Err(Error::Detached) => break true,
+            Err(e) => panic!("{e}"),
+        }
+    });
+    assert!(evicted, "never evicted after {n} calls");
+    assert!(eventually(|| {
+        let s = stats(&path);
+        s["apps"] == base["apps"] && s["regions"] == base["regions"] && s["ops"] == base["ops"]
+    }));
+    // The server and new clients are unaffected.
+    let (mut c, _) = client(&path);
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .unwrap();
+    assert_eq!(c.wait(t, T).unwrap().accept_stat, 0);
+}
+
+#[test]
+fn kill9_app_with_calls_in_flight_returns_counts_to_baseline() {
+    let path = sock("kill9");
+    let _h = harness(&path);
+    let empty = stats(&path);
+    let mut hole = app("blackhole", &path, &[]);
+    let base = settled(&path, SERVER_RECVS);
+    assert_eq!(base["apps"], empty["apps"] + 1);
+    let mut victim = app("inflight", &path, &["16"]);
+    assert!(eventually(|| {
+        let s = stats(&path);
+        s["apps"] == base["apps"] + 1 && s["ops"] == base["ops"] + 16
+    }));
+    victim.kill9();
+    assert!(eventually(|| {
+        let s = stats(&path);
+        s["apps"] == base["apps"] && s["ops"] == base["ops"] && s["regions"] == base["regions"]
+    }));
+    // The server still holds the dead app's calls; when it dies too, their replies are dropped, counted.
+    hole.kill9();
+    assert!(eventually(|| {
+        let s = stats(&path);
+        s["apps"] == empty["apps"] && s["ops"] == empty["ops"] && s["regions"] == empty["regions"]
+    }));
+    assert!(stats(&path)["stale"] >= 16);
+}
+
+#[test]
+fn kill9_server_mid_call_cancels_the_callers_call() {
+    let path = sock("srvdie");
+    let _h = harness(&path);
+    let mut hole = app("blackhole", &path, &[]);
+    settled(&path, SERVER_RECVS);
+    let (mut c, peer) = client(&path);
+    let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+    b.args().put_opaque(b"ping");
+    let t = b.submit().unwrap();
+    // The blackhole's receive buffers plus our call, which is routed in the step that accepts it.
+    assert!(eventually(|| stats(&path)["ops"] > SERVER_RECVS));
+    hole.kill9();
+    assert!(matches!(
+        c.wait(t, T),
+        Err(Error::Status(status::CANCELLED))
+    ));
+}
+
+#[test]
+fn hostile_apps_cannot_crash_the_daemon_and_others_keep_working() {
+    let path = sock("hostile");
+    let mut h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let (mut c, peer) = client(&path);
+    let base = settled(&path, SERVER_RECVS);
+    let hostiles: Vec<_> = (1..=3)
+        .map(|seed| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_shm-testapp"))
+                .args(["hostile", path.to_str().unwrap(), &seed.to_string(), "3"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut i = 0u32;
+    let mut hostiles: Vec<common::Proc> = hostiles.into_iter().map(common::Proc).collect();
+    while hostiles.iter_mut().any(|p| p.alive()) || i < 200 {
+        let data = pattern(i, (i % 300) as usize);
+        let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        b.args().put_opaque(&data);
+        assert_eq!(
+            {
+                let t = b.submit().unwrap();
+                c.wait(t, T)
+            }
+            .unwrap()
+            .body,
+            xdr_opaque(&data)
+        );
+        i += 1;
+    }
+    for p in &mut hostiles {
+        assert!(p.0.wait().unwrap().success());
+    }
+    assert!(h.alive());
+    assert!(
+        eventually(|| {
+            let s = stats(&path);
+            s["apps"] == base["apps"] && s["regions"] == base["regions"] && s["ops"] == base["ops"]
+        }),
+        "base {base:?} now {:?}",
+        stats(&path)
+    );
+    assert!(stats(&path)["bad"] > 1000);
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .unwrap();
+    assert_eq!(c.wait(t, T).unwrap().accept_stat, 0);
+}
+
+#[test]
+fn c_example_client_runs_against_the_harness() {
+    let path = sock("cexample");
+    let _h = harness(&path);
+    let _s = app("server", &path, &[]);
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let exe = std::env::temp_dir().join(format!("rpcrdma-c-client-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(format!("{dir}/include"))
+        .arg(format!("{dir}/examples/c/client.c"))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "C example did not compile");
+    let out = std::process::Command::new(&exe)
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&exe);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "C client failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("NULL ok") && text.contains("ECHO ok") && text.contains("READ ok"),
+        "{text}"
+    );
+}
