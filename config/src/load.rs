@@ -64,6 +64,8 @@ pub(crate) fn parse<'i>(text: &'i str, file: &str) -> Parsed<'i> {
         for e in &syntax_errors {
             diagnostics.push(from_toml_error(&doc, e, String::new()));
         }
+        diagnostics.sort_by_key(|d| (d.line, d.column));
+        diagnostics.dedup();
         return Parsed {
             config: None,
             doc,
@@ -143,7 +145,10 @@ impl<'i> Probe<'_, 'i> {
                 for (i, item) in a.iter().enumerate() {
                     stack.push(Step::Index(i, item.span()));
                     if let Err(e) = deserialize(wrap(stack, item.clone())) {
+                        let depth = stack.len();
+                        descend_to_error(item, &e, stack);
                         self.push(&e, stack);
+                        stack.truncate(depth);
                     }
                     stack.pop();
                 }
@@ -169,6 +174,26 @@ impl<'i> Probe<'_, 'i> {
             acc
         });
         self.out.push(from_toml_error(self.doc, err, path));
+    }
+}
+
+/// Extends `stack` with the keys of `value` whose values contain the error's position, so an
+/// error inside an array element names the key (`peers[0].name`) rather than the element.
+fn descend_to_error<'i>(
+    value: &Spanned<DeValue<'i>>,
+    err: &toml::de::Error,
+    stack: &mut Vec<Step<'i>>,
+) {
+    let Some(at) = err.span().map(|s| s.start) else {
+        return;
+    };
+    let mut cur = value;
+    while let DeValue::Table(t) = cur.get_ref() {
+        let Some((k, v)) = t.iter().find(|(_, v)| v.span().contains(&at)) else {
+            return;
+        };
+        stack.push(Step::Key(k.clone(), v.span()));
+        cur = v;
     }
 }
 
