@@ -72,7 +72,25 @@ struct Sink<'a, 'i> {
 
 impl Sink<'_, '_> {
     fn emit(&mut self, severity: Severity, path: Path, message: String, hint: Option<String>) {
-        let (line, column) = self.doc.map_or((0, 0), |d| d.locate(&path));
+        self.emit_cross(severity, path, &[], message, hint);
+    }
+
+    /// Reports at `path`, positioned at the first of `path` and `also` written in the file (a
+    /// cross-field error about a defaulted key points at the key that made it wrong).
+    fn emit_cross(
+        &mut self,
+        severity: Severity,
+        path: Path,
+        also: &[Path],
+        message: String,
+        hint: Option<String>,
+    ) {
+        let (line, column) = self.doc.map_or((0, 0), |d| {
+            std::iter::once(&path)
+                .chain(also)
+                .find_map(|p| d.locate_exact(p))
+                .unwrap_or_else(|| d.locate(&path))
+        });
         self.out.push(Diagnostic {
             severity,
             file: self.file.to_owned(),
@@ -86,6 +104,16 @@ impl Sink<'_, '_> {
 
     fn error(&mut self, path: Path, message: String, hint: impl Into<Option<String>>) {
         self.emit(Severity::Error, path, message, hint.into());
+    }
+
+    fn cross(
+        &mut self,
+        path: Path,
+        also: &[Path],
+        message: String,
+        hint: impl Into<Option<String>>,
+    ) {
+        self.emit_cross(Severity::Error, path, also, message, hint.into());
     }
 
     fn warn(&mut self, path: Path, message: String, hint: impl Into<Option<String>>) {
@@ -197,8 +225,9 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
                 cores_hint(),
             );
         } else if seen.contains(&core) && c.idle.policy == IdlePolicy::Spin {
-            s.error(
+            s.cross(
                 p!("cpu", "control-core"),
+                &[p!("cpu", "idle", "policy")],
                 format!("control core {core} is also a spinning poll core: the control thread would starve"),
                 "pick a core not in `cpu.poll-cores`, or use `cpu.idle.policy = \"backoff\"`".to_string(),
             );
@@ -212,8 +241,9 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
         1_000_000,
     );
     if idle.park_after_us < idle.backoff_max_us {
-        s.error(
+        s.cross(
             p!("cpu", "idle", "park-after-us"),
+            &[p!("cpu", "idle", "backoff-max-us")],
             format!(
                 "`cpu.idle.park-after-us` ({}) is shorter than `cpu.idle.backoff-max-us` ({})",
                 idle.park_after_us, idle.backoff_max_us
@@ -305,8 +335,9 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
     rfc8797_size(s, p!("transport", "inline-send"), t.inline_send);
     rfc8797_size(s, p!("transport", "inline-recv"), t.inline_recv);
     if t.version == 2 && t.inline_recv < 4096 {
-        s.error(
+        s.cross(
             p!("transport", "inline-recv"),
+            &[p!("transport", "version")],
             format!(
                 "version 2 receivers must post receives of at least 4096 bytes (V2-2.3-a), not {}",
                 t.inline_recv
@@ -323,8 +354,9 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
     ) && t.version == 2
         && t.backchannel_credits == 0
     {
-        s.error(
+        s.cross(
             p!("transport", "backchannel-credits"),
+            &[p!("transport", "version")],
             "version 2 requires backward-direction support (V2-4.2.2-a), so it needs backchannel credits".into(),
             "at least 1 with `transport.version = 2`".to_string(),
         );
@@ -362,8 +394,9 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
         u32::MAX.into(),
     );
     if x.max_rbsiz < x.min_rbsiz {
-        s.error(
+        s.cross(
             p!("transport", "xcharext", "max-rbsiz"),
+            &[p!("transport", "xcharext", "min-rbsiz")],
             format!(
                 "`transport.xcharext.max-rbsiz` ({}) is below `min-rbsiz` ({})",
                 x.max_rbsiz, x.min_rbsiz
@@ -376,16 +409,18 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
 fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {
     s.range(p!("pools", "connections"), p.connections.into(), 1, 65_536);
     if p.send_buffer_size < t.inline_send {
-        s.error(
+        s.cross(
             p!("pools", "send-buffer-size"),
+            &[p!("transport", "inline-send")],
             format!("send buffers of {} bytes cannot hold an inline Send of `transport.inline-send` = {}", p.send_buffer_size, t.inline_send),
             format!("at least {}", t.inline_send),
         );
     }
     let need_recv = t.inline_recv.max(t.xcharext.max_rbsiz);
     if p.recv_buffer_size < need_recv {
-        s.error(
+        s.cross(
             p!("pools", "recv-buffer-size"),
+            &[p!("transport", "inline-recv"), p!("transport", "xcharext", "max-rbsiz")],
             format!(
                 "receive buffers of {} bytes are smaller than `transport.inline-recv` ({}) or `transport.xcharext.max-rbsiz` ({})",
                 p.recv_buffer_size, t.inline_recv, t.xcharext.max_rbsiz
@@ -402,8 +437,13 @@ fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {
         ("recv-buffers", p.recv_buffers),
     ] {
         if u64::from(have) < need {
-            s.error(
+            s.cross(
                 p!("pools", key),
+                &[
+                    p!("pools", "connections"),
+                    p!("transport", "credits"),
+                    p!("transport", "backchannel-credits"),
+                ],
                 format!(
                     "`pools.{key}` = {have} is too few for {} connection(s) x ({} credits + {} backchannel credits + 1 spare)",
                     p.connections, t.credits, t.backchannel_credits
@@ -475,8 +515,9 @@ fn peers(s: &mut Sink<'_, '_>, ps: &[Peer]) {
             3_600_000,
         );
         if p.reconnect_max_ms < p.reconnect_initial_ms {
-            s.error(
+            s.cross(
                 p!("peers", [i], "reconnect-max-ms"),
+                &[p!("peers", [i], "reconnect-initial-ms")],
                 format!(
                     "`reconnect-max-ms` ({}) is below `reconnect-initial-ms` ({})",
                     p.reconnect_max_ms, p.reconnect_initial_ms

@@ -20,8 +20,20 @@ pub(crate) struct Doc<'i> {
 }
 
 impl<'i> Doc<'i> {
+    /// Line and column of the value at `path`, if that key is in the document.
+    pub(crate) fn locate_exact(&self, path: &Path) -> Option<(usize, usize)> {
+        let (found, span) = self.walk(path);
+        (found == path.segs().len()).then(|| self.lines.position(span.start))
+    }
+
     /// Line and column of the value at `path`, or of its nearest present ancestor.
     pub(crate) fn locate(&self, path: &Path) -> (usize, usize) {
+        self.lines.position(self.walk(path).1.start)
+    }
+
+    /// How many segments of `path` exist, and the span of the deepest one.
+    fn walk(&self, path: &Path) -> (usize, Range<usize>) {
+        let mut found = 0;
         let mut span: Range<usize> = 0..0;
         let mut cur: Option<&DeValue<'i>> = None;
         let mut table: Option<&DeTable<'i>> = Some(self.root.get_ref());
@@ -32,11 +44,12 @@ impl<'i> Doc<'i> {
                 _ => None,
             };
             let Some(next) = next else { break };
+            found += 1;
             span = next.span();
             cur = Some(next.get_ref());
             table = next.get_ref().as_table();
         }
-        self.lines.position(span.start)
+        (found, span)
     }
 
     pub(crate) fn file(&self) -> &str {

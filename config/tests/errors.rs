@@ -58,7 +58,12 @@ fn wrong_type_for_every_key_is_located() {
             "{path}: {}",
             e.message
         );
-        assert!(e.hint.as_deref().is_some_and(|h| h.starts_with("expected ")), "{path}: {e}");
+        assert!(
+            e.hint
+                .as_deref()
+                .is_some_and(|h| h.starts_with("expected ")),
+            "{path}: {e}"
+        );
     }
 }
 
@@ -79,17 +84,36 @@ fn unknown_key_at_every_table_level_is_located_with_allowed_keys() {
         assert_eq!((e.line, e.column), (line, 1), "{header}: {e}");
         assert_eq!(e.message, "unknown field `zzz`", "{header}");
         let hint = e.hint.as_deref().unwrap_or_default();
-        assert!(hint.starts_with("expected ") && hint.contains('`'), "{header}: {hint}");
+        assert!(
+            hint.starts_with("expected ") && hint.contains('`'),
+            "{header}: {hint}"
+        );
     }
 }
 
 #[test]
 fn unknown_enum_value_lists_allowed_values() {
     for (text, path, allowed) in [
-        ("[daemon]\nlog-format = \"xml\"\n", "daemon.log-format", "`human` or `json`"),
-        ("[daemon]\nlog-level = \"loud\"\n", "daemon.log-level", "`trace`"),
-        ("[cpu.idle]\npolicy = \"nap\"\n", "cpu.idle.policy", "`spin` or `backoff`"),
-        ("[provider]\nkind = \"rxe\"\n", "provider.kind", "`soft` or `ibv`"),
+        (
+            "[daemon]\nlog-format = \"xml\"\n",
+            "daemon.log-format",
+            "`human` or `json`",
+        ),
+        (
+            "[daemon]\nlog-level = \"loud\"\n",
+            "daemon.log-level",
+            "`trace`",
+        ),
+        (
+            "[cpu.idle]\npolicy = \"nap\"\n",
+            "cpu.idle.policy",
+            "`spin` or `backoff`",
+        ),
+        (
+            "[provider]\nkind = \"rxe\"\n",
+            "provider.kind",
+            "`soft` or `ibv`",
+        ),
     ] {
         let errs = errors(text);
         assert_eq!(errs.len(), 1, "{text}");
@@ -97,7 +121,10 @@ fn unknown_enum_value_lists_allowed_values() {
         assert_eq!(e.path, path);
         assert_eq!(e.line, 2);
         assert!(e.message.starts_with("unknown variant"), "{e}");
-        assert!(e.hint.as_deref().unwrap_or_default().contains(allowed), "{e}");
+        assert!(
+            e.hint.as_deref().unwrap_or_default().contains(allowed),
+            "{e}"
+        );
     }
 }
 
@@ -124,21 +151,105 @@ fn integer_overflow_and_negative_are_type_errors() {
 
 /// (section header, key line, path, column of the value, hint fragment)
 const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
-    ("[cpu]", "poll-cores = [0, 7]", "cpu.poll-cores[1]", 18, "0..=1"),
-    ("[cpu]", "poll-cores = [1, 1]", "cpu.poll-cores[1]", 18, "one poll thread per core"),
+    (
+        "[cpu]",
+        "poll-cores = [0, 7]",
+        "cpu.poll-cores[1]",
+        18,
+        "0..=1",
+    ),
+    (
+        "[cpu]",
+        "poll-cores = [1, 1]",
+        "cpu.poll-cores[1]",
+        18,
+        "one poll thread per core",
+    ),
     ("[cpu]", "control-core = 2", "cpu.control-core", 16, "0..=1"),
-    ("[cpu.idle]", "backoff-max-us = 0", "cpu.idle.backoff-max-us", 18, "1..=1000000"),
-    ("[cpu.idle]", "park-after-us = 10", "cpu.idle.park-after-us", 17, "at least 100"),
-    ("[provider.ibv]", "port = 0", "provider.ibv.port", 8, "1..=255"),
-    ("[provider.ibv]", "gid-index = 256", "provider.ibv.gid-index", 13, "0..=255"),
-    ("[provider.ibv]", "device = \"\"", "provider.ibv.device", 10, "device name"),
-    ("[provider.soft]", "fpdu-size = 100", "provider.soft.fpdu-size", 13, "256..=65535"),
-    ("[provider.soft]", "fpdu-size = 65536", "provider.soft.fpdu-size", 13, "256..=65535"),
-    ("[provider.soft]", "mpa-revision = 3", "provider.soft.mpa-revision", 16, "1, 2"),
-    ("[provider.soft]", "ird = 0", "provider.soft.ird", 7, "1..=128"),
-    ("[provider.soft]", "ord = 129", "provider.soft.ord", 7, "1..=128"),
-    ("[transport]", "version = 3", "transport.version", 11, "1, 2"),
-    ("[transport]", "inline-send = 512", "transport.inline-send", 15, "1024..=262144"),
+    (
+        "[cpu.idle]",
+        "backoff-max-us = 0",
+        "cpu.idle.backoff-max-us",
+        18,
+        "1..=1000000",
+    ),
+    (
+        "[cpu.idle]",
+        "park-after-us = 10",
+        "cpu.idle.park-after-us",
+        17,
+        "at least 100",
+    ),
+    (
+        "[provider.ibv]",
+        "port = 0",
+        "provider.ibv.port",
+        8,
+        "1..=255",
+    ),
+    (
+        "[provider.ibv]",
+        "gid-index = 256",
+        "provider.ibv.gid-index",
+        13,
+        "0..=255",
+    ),
+    (
+        "[provider.ibv]",
+        "device = \"\"",
+        "provider.ibv.device",
+        10,
+        "device name",
+    ),
+    (
+        "[provider.soft]",
+        "fpdu-size = 100",
+        "provider.soft.fpdu-size",
+        13,
+        "256..=65535",
+    ),
+    (
+        "[provider.soft]",
+        "fpdu-size = 65536",
+        "provider.soft.fpdu-size",
+        13,
+        "256..=65535",
+    ),
+    (
+        "[provider.soft]",
+        "mpa-revision = 3",
+        "provider.soft.mpa-revision",
+        16,
+        "1, 2",
+    ),
+    (
+        "[provider.soft]",
+        "ird = 0",
+        "provider.soft.ird",
+        7,
+        "1..=128",
+    ),
+    (
+        "[provider.soft]",
+        "ord = 129",
+        "provider.soft.ord",
+        7,
+        "1..=128",
+    ),
+    (
+        "[transport]",
+        "version = 3",
+        "transport.version",
+        11,
+        "1, 2",
+    ),
+    (
+        "[transport]",
+        "inline-send = 512",
+        "transport.inline-send",
+        15,
+        "1024..=262144",
+    ),
     (
         "[transport]",
         "inline-send = 263168\n[pools]\nsend-buffer-size = 524288",
@@ -146,7 +257,13 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         15,
         "1024..=262144",
     ),
-    ("[transport]", "credits = 0", "transport.credits", 11, "1..=4096"),
+    (
+        "[transport]",
+        "credits = 0",
+        "transport.credits",
+        11,
+        "1..=4096",
+    ),
     (
         "[transport]",
         "backchannel-credits = 4097\n[pools]\nsend-buffers = 99999\nrecv-buffers = 99999",
@@ -154,28 +271,148 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         23,
         "0..=4096",
     ),
-    ("[transport]", "ddp-threshold = 0", "transport.ddp-threshold", 17, "1..=262144"),
-    ("[transport]", "max-segments-per-chunk = 0", "transport.max-segments-per-chunk", 26, "1..=256"),
-    ("[transport]", "max-chunks-per-list = 65", "transport.max-chunks-per-list", 23, "1..=64"),
-    ("[transport]", "v2-first-message-timeout-ms = 0", "transport.v2-first-message-timeout-ms", 31, "1..=600000"),
-    ("[transport.xcharext]", "min-rbsiz = 512", "transport.xcharext.min-rbsiz", 13, "1024..="),
-    ("[transport.xcharext]", "max-rbsiz = 1024\nmin-rbsiz = 2048", "transport.xcharext.max-rbsiz", 13, "at least 2048"),
-    ("[pools]", "connections = 0", "pools.connections", 15, "1..=65536"),
-    ("[pools]", "send-buffers = 10", "pools.send-buffers", 16, "at least 292"),
-    ("[pools]", "recv-buffers = 291", "pools.recv-buffers", 16, "at least 292"),
-    ("[pools]", "send-buffer-size = 2048", "pools.send-buffer-size", 20, "at least 4096"),
-    ("[pools]", "recv-buffer-size = 4096", "pools.recv-buffer-size", 20, "at least 8192"),
-    ("[daemon]", "app-socket = \"\"", "daemon.app-socket", 14, "socket path"),
-    ("[daemon]", "admin-socket = \"/tmp/rpcrdmad/app.sock\"", "daemon.admin-socket", 16, "two different"),
-    ("[daemon]", "metrics-listen = \"localhost\"", "daemon.metrics-listen", 18, "ip:port"),
+    (
+        "[transport]",
+        "ddp-threshold = 0",
+        "transport.ddp-threshold",
+        17,
+        "1..=262144",
+    ),
+    (
+        "[transport]",
+        "max-segments-per-chunk = 0",
+        "transport.max-segments-per-chunk",
+        26,
+        "1..=256",
+    ),
+    (
+        "[transport]",
+        "max-chunks-per-list = 65",
+        "transport.max-chunks-per-list",
+        23,
+        "1..=64",
+    ),
+    (
+        "[transport]",
+        "v2-first-message-timeout-ms = 0",
+        "transport.v2-first-message-timeout-ms",
+        31,
+        "1..=600000",
+    ),
+    (
+        "[transport.xcharext]",
+        "min-rbsiz = 512",
+        "transport.xcharext.min-rbsiz",
+        13,
+        "1024..=",
+    ),
+    (
+        "[transport.xcharext]",
+        "max-rbsiz = 1024\nmin-rbsiz = 2048",
+        "transport.xcharext.max-rbsiz",
+        13,
+        "at least 2048",
+    ),
+    (
+        "[pools]",
+        "connections = 0",
+        "pools.connections",
+        15,
+        "1..=65536",
+    ),
+    (
+        "[pools]",
+        "send-buffers = 10",
+        "pools.send-buffers",
+        16,
+        "at least 292",
+    ),
+    (
+        "[pools]",
+        "recv-buffers = 291",
+        "pools.recv-buffers",
+        16,
+        "at least 292",
+    ),
+    (
+        "[pools]",
+        "send-buffer-size = 2048",
+        "pools.send-buffer-size",
+        20,
+        "at least 4096",
+    ),
+    (
+        "[pools]",
+        "recv-buffer-size = 4096",
+        "pools.recv-buffer-size",
+        20,
+        "at least 8192",
+    ),
+    (
+        "[daemon]",
+        "app-socket = \"\"",
+        "daemon.app-socket",
+        14,
+        "socket path",
+    ),
+    (
+        "[daemon]",
+        "admin-socket = \"/tmp/rpcrdmad/app.sock\"",
+        "daemon.admin-socket",
+        16,
+        "two different",
+    ),
+    (
+        "[daemon]",
+        "metrics-listen = \"localhost\"",
+        "daemon.metrics-listen",
+        18,
+        "ip:port",
+    ),
     ("[apps]", "max-apps = 0", "apps.max-apps", 12, "1..=4096"),
-    ("[apps]", "sq-entries = 100", "apps.sq-entries", 14, "2, 4, 8"),
+    (
+        "[apps]",
+        "sq-entries = 100",
+        "apps.sq-entries",
+        14,
+        "2, 4, 8",
+    ),
     ("[apps]", "cq-entries = 1", "apps.cq-entries", 14, "2, 4, 8"),
-    ("[apps]", "arena-size = 65537", "apps.arena-size", 14, "multiple of 4096"),
-    ("[apps]", "arena-size = 4096", "apps.arena-size", 14, "65536..="),
-    ("[[listeners]]", "address = \"localhost:20049\"", "listeners[0].address", 11, "ip:port"),
-    ("[[peers]]", "address = \"1.2.3.4:99999\"\nname = \"p\"", "peers[0].address", 11, "ip:port"),
-    ("[[peers]]", "name = \"\"\naddress = \"::1\"", "peers[0].name", 8, "non-empty"),
+    (
+        "[apps]",
+        "arena-size = 65537",
+        "apps.arena-size",
+        14,
+        "multiple of 4096",
+    ),
+    (
+        "[apps]",
+        "arena-size = 4096",
+        "apps.arena-size",
+        14,
+        "65536..=",
+    ),
+    (
+        "[[listeners]]",
+        "address = \"localhost:20049\"",
+        "listeners[0].address",
+        11,
+        "ip:port",
+    ),
+    (
+        "[[peers]]",
+        "address = \"1.2.3.4:99999\"\nname = \"p\"",
+        "peers[0].address",
+        11,
+        "ip:port",
+    ),
+    (
+        "[[peers]]",
+        "name = \"\"\naddress = \"::1\"",
+        "peers[0].name",
+        8,
+        "non-empty",
+    ),
     (
         "[[peers]]",
         "reconnect-initial-ms = 0\nname = \"p\"\naddress = \"::1\"",
@@ -201,7 +438,10 @@ fn out_of_range_values_are_located_with_allowed_range() {
         assert_eq!(at_path.len(), 1, "{text}: {errs:#?}");
         let e = at_path[0];
         assert_eq!((e.line, e.column), (2, column), "{text}: {e}");
-        assert!(e.hint.as_deref().unwrap_or_default().contains(hint), "{text}: {e}");
+        assert!(
+            e.hint.as_deref().unwrap_or_default().contains(hint),
+            "{text}: {e}"
+        );
         assert_eq!(errs.len(), 1, "{text}: no knock-on errors: {errs:#?}");
     }
 }
@@ -224,7 +464,10 @@ name = \"b\"
 address = []
 ";
     let errs = errors(text);
-    let got: Vec<_> = errs.iter().map(|e| (e.line, e.column, e.path.as_str())).collect();
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.path.as_str()))
+        .collect();
     assert_eq!(
         got,
         [
@@ -256,7 +499,10 @@ name = \"a\"
 address = \"192.0.2.2\"
 ";
     let errs = errors(text);
-    let got: Vec<_> = errs.iter().map(|e| (e.line, e.column, e.path.as_str())).collect();
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.path.as_str()))
+        .collect();
     assert_eq!(
         got,
         [
@@ -272,10 +518,17 @@ address = \"192.0.2.2\"
 fn several_syntax_errors_reported_in_one_run() {
     let report = check("a = \nb = [1,\n[x\n", "s.toml", &HOST);
     assert!(report.config.is_none());
-    let got: Vec<_> = report.diagnostics.iter().map(|d| (d.line, d.column)).collect();
+    let got: Vec<_> = report
+        .diagnostics
+        .iter()
+        .map(|d| (d.line, d.column))
+        .collect();
     assert_eq!(got.first(), Some(&(1, 5)), "{}", report.diagnostics);
     assert!(got.iter().any(|&(l, _)| l == 3), "{}", report.diagnostics);
-    assert!(got.windows(2).all(|w| w[0] < w[1]), "sorted, no duplicates: {got:?}");
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "sorted, no duplicates: {got:?}"
+    );
 }
 
 #[test]
@@ -288,6 +541,9 @@ fn display_renders_file_line_column_and_help() {
         ),
         "{text}"
     );
-    assert!(text.contains("  = help: allowed: 1024..=262144, a multiple of 1024"), "{text}");
+    assert!(
+        text.contains("  = help: allowed: 1024..=262144, a multiple of 1024"),
+        "{text}"
+    );
     assert!(text.ends_with("1 error(s), 0 warning(s)"), "{text}");
 }

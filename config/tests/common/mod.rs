@@ -100,7 +100,11 @@ pub fn leaves(cfg: &Config) -> Vec<(String, toml::Value)> {
         }
     }
     let mut out = Vec::new();
-    walk("", &toml::Value::try_from(cfg).expect("config serializes"), &mut out);
+    walk(
+        "",
+        &toml::Value::try_from(cfg).expect("config serializes"),
+        &mut out,
+    );
     out
 }
 
