@@ -8,18 +8,43 @@ use crate::load::Doc;
 use crate::schema::*;
 
 /// Facts about the host the configuration is checked against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
-    /// Number of CPU cores usable by the daemon (core ids are `0..cores`).
-    pub cores: usize,
+    /// Ids of the cores the daemon may run on (its affinity mask, which a cpuset may restrict).
+    pub cores: Vec<u32>,
 }
 
 impl HostFacts {
-    /// Facts of the running host (`std::thread::available_parallelism`, 1 if unknown).
+    /// Facts of the running host: `core_affinity::get_core_ids()` (the process's affinity
+    /// mask), else `0..available_parallelism`.
     pub fn detect() -> Self {
-        Self {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        let ids = core_affinity::get_core_ids()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|c| u32::try_from(c.id).ok())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|ids| !ids.is_empty());
+        match ids {
+            Some(cores) => Self { cores },
+            None => Self::with_cores(std::thread::available_parallelism().map_or(1, |n| n.get())),
         }
+    }
+
+    /// A host whose cores are `0..n`.
+    pub fn with_cores(n: usize) -> Self {
+        Self {
+            cores: (0..u32::try_from(n).unwrap_or(u32::MAX)).collect(),
+        }
+    }
+
+    fn has_core(&self, id: u32) -> bool {
+        self.cores.contains(&id)
+    }
+
+    fn describe_cores(&self) -> String {
+        let list: Vec<String> = self.cores.iter().map(u32::to_string).collect();
+        format!("usable core ids: {}", list.join(", "))
     }
 }
 
@@ -195,15 +220,10 @@ fn daemon(s: &mut Sink<'_, '_>, d: &Daemon) {
 }
 
 fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
-    let cores_hint = || {
-        format!(
-            "core ids on this host: 0..={}",
-            host.cores.saturating_sub(1)
-        )
-    };
+    let cores_hint = || host.describe_cores();
     let mut seen = HashSet::new();
     for (i, &core) in c.poll_cores.iter().enumerate() {
-        if core as usize >= host.cores {
+        if !host.has_core(core) {
             s.error(
                 p!("cpu", "poll-cores", [i]),
                 format!("core {core} does not exist"),
@@ -218,7 +238,7 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
         }
     }
     if let Some(core) = c.control_core {
-        if core as usize >= host.cores {
+        if !host.has_core(core) {
             s.error(
                 p!("cpu", "control-core"),
                 format!("core {core} does not exist"),
@@ -252,10 +272,10 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
         );
     }
     let spinners = c.poll_cores.len().max(1);
-    if idle.policy == IdlePolicy::Spin && spinners >= host.cores {
+    if idle.policy == IdlePolicy::Spin && spinners >= host.cores.len() {
         s.warn(
             p!("cpu", "idle", "policy"),
-            format!("{spinners} spinning poll thread(s) on a {}-core host leave no core for the control thread and apps", host.cores),
+            format!("{spinners} spinning poll thread(s) on {} usable core(s) leave none for the control thread and apps", host.cores.len()),
             "use `policy = \"backoff\"` on laptops, CI and shared hosts".to_string(),
         );
     }

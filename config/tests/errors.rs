@@ -156,7 +156,7 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         "poll-cores = [0, 7]",
         "cpu.poll-cores[1]",
         18,
-        "0..=1",
+        "usable core ids: 0, 1",
     ),
     (
         "[cpu]",
@@ -165,7 +165,13 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         18,
         "one poll thread per core",
     ),
-    ("[cpu]", "control-core = 2", "cpu.control-core", 16, "0..=1"),
+    (
+        "[cpu]",
+        "control-core = 2",
+        "cpu.control-core",
+        16,
+        "usable core ids: 0, 1",
+    ),
     (
         "[cpu.idle]",
         "backoff-max-us = 0",

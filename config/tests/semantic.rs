@@ -17,7 +17,7 @@ fn warnings(text: &str) -> Vec<Diagnostic> {
 #[test]
 fn empty_file_gives_laptop_defaults_without_findings() {
     for cores in [1, 2, 64] {
-        let report = check("", "empty.toml", &HostFacts { cores });
+        let report = check("", "empty.toml", &HostFacts::with_cores(cores));
         assert!(
             report.diagnostics.0.is_empty(),
             "{cores} cores: {}",
@@ -195,10 +195,32 @@ fn spinning_on_every_core_warns() {
     let report = check(
         "[cpu.idle]\npolicy = \"spin\"\n",
         "t.toml",
-        &HostFacts { cores: 1 },
+        &HostFacts::with_cores(1),
     );
     assert_eq!(report.diagnostics.0.len(), 1);
     assert!(warnings("[cpu]\npoll-cores = [1]\n[cpu.idle]\npolicy = \"spin\"\n").is_empty());
+}
+
+#[test]
+fn cores_come_from_the_affinity_mask_not_a_count() {
+    // A cpuset of cores 4 and 5: core 0 does not exist, core 5 does.
+    let host = HostFacts { cores: vec![4, 5] };
+    let report = check(
+        "[cpu]\npoll-cores = [0, 5]\ncontrol-core = 4\n",
+        "t.toml",
+        &host,
+    );
+    let errs: Vec<_> = report
+        .diagnostics
+        .iter()
+        .map(|d| (d.path.as_str(), d.line, d.column))
+        .collect();
+    assert_eq!(errs, [("cpu.poll-cores[0]", 2, 15)]);
+    assert_eq!(
+        report.diagnostics.0[0].hint.as_deref(),
+        Some("usable core ids: 4, 5")
+    );
+    assert!(!HostFacts::detect().cores.is_empty());
 }
 
 #[test]

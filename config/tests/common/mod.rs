@@ -4,7 +4,8 @@
 use rpcrdma_config::*;
 
 /// A 2-core host, like this machine and CI.
-pub const HOST: HostFacts = HostFacts { cores: 2 };
+pub static HOST: std::sync::LazyLock<HostFacts> =
+    std::sync::LazyLock::new(|| HostFacts::with_cores(2));
 
 /// A config where every optional key is present and most values differ from their defaults.
 pub fn full_sample() -> Config {
