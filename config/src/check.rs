@@ -399,6 +399,22 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
         1,
         64,
     );
+    let header = max_header_size(t.max_chunks_per_list, t.max_segments_per_chunk);
+    if t.inline_send >= MIN_INLINE_SIZE && header > u64::from(t.inline_send) {
+        s.emit_cross(
+            Severity::Warning,
+            p!("transport", "max-segments-per-chunk"),
+            &[
+                p!("transport", "max-chunks-per-list"),
+                p!("transport", "inline-send"),
+            ],
+            format!(
+                "a call header using every allowed chunk and segment takes {header} bytes, more than `transport.inline-send` ({})",
+                t.inline_send
+            ),
+            Some("lower `max-chunks-per-list` / `max-segments-per-chunk`, or raise `inline-send`".to_string()),
+        );
+    }
     s.range(
         p!("transport", "v2-first-message-timeout-ms"),
         t.v2_first_message_timeout_ms.into(),
@@ -424,6 +440,17 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
             format!("at least {}", x.min_rbsiz),
         );
     }
+}
+
+/// Bytes of an RPC-over-RDMA v1 call header with full Read and Write lists and a Reply chunk
+/// (RFC 8166 §4: 16 fixed; read segment 24 with its list discriminator and position; write chunk
+/// 8 plus 16 per segment; 4 per list terminator).
+fn max_header_size(chunks: u32, segs: u32) -> u64 {
+    let (chunks, segs) = (u64::from(chunks), u64::from(segs));
+    let reads = chunks * segs * 24 + 4;
+    let writes = chunks * (8 + segs * 16) + 4;
+    let reply = 8 + segs * 16;
+    16 + reads + writes + reply
 }
 
 fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {

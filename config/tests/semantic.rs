@@ -224,6 +224,44 @@ fn cores_come_from_the_affinity_mask_not_a_count() {
 }
 
 #[test]
+fn chunk_caps_whose_full_header_exceeds_inline_send_warn() {
+    // 4 chunks x 8 segments: 16 + (768 + 4) + (4 x 136 + 4) + 136 = 1472 bytes.
+    assert!(warnings("[transport]\ninline-send = 2048\n").is_empty());
+    let w = warnings("[transport]\ninline-send = 1024\n");
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(w[0].message.contains("1472 bytes"), "{}", w[0]);
+    assert_eq!(w[0].path, "transport.max-segments-per-chunk");
+    assert_eq!(
+        (w[0].line, w[0].column),
+        (2, 15),
+        "points at inline-send, the key written"
+    );
+    assert!(warnings(
+        "[transport]\ninline-send = 1024\nmax-chunks-per-list = 2\nmax-segments-per-chunk = 4\n"
+    )
+    .is_empty());
+}
+
+#[test]
+fn inline_tables_and_dotted_keys_are_located_too() {
+    let errs = errors("transport = { credits = 0 }\n");
+    assert_eq!(
+        (errs[0].path.as_str(), errs[0].line, errs[0].column),
+        ("transport.credits", 1, 25)
+    );
+    let errs = errors("apps.sq-entries = 3\n");
+    assert_eq!(
+        (errs[0].path.as_str(), errs[0].line, errs[0].column),
+        ("apps.sq-entries", 1, 19)
+    );
+    let errs = errors("[provider]\nsoft = { crc = 1 }\n");
+    assert_eq!(
+        (errs[0].path.as_str(), errs[0].line, errs[0].column),
+        ("provider.soft.crc", 2, 16)
+    );
+}
+
+#[test]
 fn mpa_revision_one_warns_about_linux_servers() {
     let w = warnings("[provider.soft]\nmpa-revision = 1\n");
     assert_eq!(w.len(), 1);
