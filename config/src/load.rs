@@ -119,7 +119,7 @@ fn deserialize(root: Spanned<DeTable<'_>>) -> Result<Config, toml::de::Error> {
     serde::Deserialize::deserialize(toml::de::Deserializer::from(root))
 }
 
-/// One step from the root to a probed subtree: the key (with its span) and its parent's span.
+/// One step from the root to a probed subtree: the key or index, and the span of its value.
 #[derive(Clone)]
 enum Step<'i> {
     Key(Spanned<std::borrow::Cow<'i, str>>, Range<usize>),
