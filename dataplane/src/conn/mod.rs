@@ -1109,3 +1109,8 @@ fn scatter(
     }
     Some(used)
 }
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
