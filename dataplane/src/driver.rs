@@ -239,15 +239,28 @@ fn wr_id(c: ConnId, tag: u32) -> u64 {
 }
 
 impl<P: Provider> Driver<P> {
-    /// A driver over `provider` polling `cq`; `pool` (registered with local write, remote
-    /// read and remote write rights, and added with [`add_region`](Self::add_region) by
-    /// this call) is cut into one block per connection.
-    pub fn new(provider: P, cq: CqId, pool: Mr, tmpl: ConnTemplate) -> Result<Self, DriverError> {
+    /// A driver over `provider` polling `cq`; `pool`, a range of `region` (registered with
+    /// local write, remote read and remote write rights; added as with
+    /// [`add_region`](Self::add_region)), is cut into one block per connection.
+    pub fn new(
+        provider: P,
+        cq: CqId,
+        region: Mr,
+        pool: MemRef,
+        tmpl: ConnTemplate,
+    ) -> Result<Self, DriverError> {
         let block_len = tmpl
             .block_len()
             .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
-        let len = u32::try_from(pool.len).unwrap_or(u32::MAX);
-        let blocks = len / block_len.max(1);
+        let inside = pool.mr == region.id
+            && pool
+                .offset
+                .checked_add(u64::from(pool.len))
+                .is_some_and(|e| e <= region.len);
+        if !inside {
+            return Err(DriverError::Config(ConfigError("pool outside its region")));
+        }
+        let blocks = pool.len / block_len.max(1);
         if blocks == 0 {
             return Err(DriverError::Config(ConfigError(
                 "pool smaller than one connection",
@@ -256,8 +269,8 @@ impl<P: Provider> Driver<P> {
         Ok(Driver {
             p: provider,
             cq,
-            regions: vec![pool],
-            pool: MemRef::new(pool.id, 0, len),
+            regions: vec![region],
+            pool,
             tmpl,
             block_len,
             free_blocks: (0..blocks).rev().collect(),
