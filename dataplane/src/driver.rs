@@ -487,6 +487,17 @@ impl<P: Provider> Driver<P> {
             .unwrap_or(Err(SubmitError::Closed))
     }
 
+    /// Cancels a call (see [`Connection::cancel_call`]).
+    pub fn cancel_call(
+        &mut self,
+        id: ConnId,
+        xid: u32,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, _| c.cancel_call(xid))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
     /// Sends a reply (see [`Connection::submit_reply`]).
     pub fn submit_reply(
         &mut self,
@@ -575,8 +586,7 @@ impl<P: Provider> Driver<P> {
                 .conns
                 .get(i)
                 .and_then(Option::as_ref)
-                .and_then(|e| e.conn.poll_timeout())
-                .is_some_and(|t| t <= now);
+                .is_some_and(|e| e.conn.wants_timer());
             if due {
                 let id = ConnId {
                     idx: i as u32,

@@ -18,7 +18,7 @@ mod requester;
 mod responder;
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::{self as proto, v1, v2, Limits, Message, MsgType, Received, Segment};
@@ -47,6 +47,10 @@ const TAIL_ZERO: u32 = 48;
 const TAIL_LAND: u32 = 64;
 /// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
 pub const DEFAULT_INLINE: u32 = 1024;
+/// Version-two inline size once both ends speak it (V2-2.3-b, AMB-20).
+pub const V2_DEFAULT_INLINE: u32 = 4096;
+/// How long a version-two requester waits for the first answer before giving up (AMB-33).
+pub const V2_FIRST_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who opened the connection (fixed for its life; xcharext's client and server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,6 +273,8 @@ pub enum CallStatus {
     Local,
     /// The connection ended before a reply.
     Closed,
+    /// The owner cancelled the call (its memory was fenced first).
+    Cancelled,
 }
 
 /// A finished call.
@@ -349,6 +355,8 @@ pub enum CloseReason {
     Local(&'static str),
     /// The owner closed it (disconnect, shutdown).
     Requested,
+    /// A version-two peer never answered the first call (AMB-33): reconnect with version 1.
+    NoAnswer,
 }
 
 /// What the connection reports.
@@ -462,6 +470,8 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SendOwner {
     Free,
+    /// Released by its owner while its Send is still in flight: freed on completion.
+    Orphan,
     /// A call of the requester (held until the call ends).
     Call,
     /// A reply or error from the responder (freed when the Send completes).
@@ -483,11 +493,21 @@ pub struct Connection {
     recv_threshold: u32,
     /// The peer accepts Send With Invalidate (RFC 8797 flag).
     peer_takes_inv: bool,
+    /// A version-two message from the peer has been seen (V2-5.1-a).
+    v2_confirmed: bool,
+    /// The peer's XCHAR_RBSIZ, once learned.
+    peer_rbsiz: Option<u32>,
+    /// When the first version-two call was seen going out (set at the next timer run).
+    first_sent: Option<Instant>,
+    first_pending: bool,
+    first_timeout: Duration,
     closed: Option<CloseReason>,
     work: VecDeque<Work>,
     events: VecDeque<Event>,
     scratch: Vec<u8>,
     send_owner: Vec<SendOwner>,
+    /// Per send buffer: a Send from it has not completed yet.
+    send_busy: Vec<bool>,
     send_free: Vec<u32>,
     recv_posted: u32,
     // Requester.
@@ -515,7 +535,7 @@ impl Connection {
             Some(p) => (p.send_size, p.recv_size, p.remote_invalidate),
             None => (DEFAULT_INLINE, DEFAULT_INLINE, false),
         };
-        let grant = cfg.credits.clamp(1, cfg.recv_slots);
+        let grant = Self::grant_for(&cfg);
         let mut c = Connection {
             limits: Limits {
                 max_read_segments: MAX_SEGS,
@@ -530,11 +550,17 @@ impl Connection {
             send_threshold: cfg.send_size.min(peer_recv),
             recv_threshold: peer_send.min(cfg.recv_size),
             peer_takes_inv: peer_inv,
+            v2_confirmed: false,
+            peer_rbsiz: None,
+            first_sent: None,
+            first_pending: false,
+            first_timeout: V2_FIRST_REPLY_TIMEOUT,
             closed: None,
             work: VecDeque::with_capacity(256),
             events: VecDeque::with_capacity(64),
             scratch: vec![0; cfg.recv_size as usize],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
+            send_busy: vec![false; cfg.send_slots as usize],
             send_free: (0..cfg.send_slots).rev().collect(),
             recv_posted: 0,
             calls: (0..cfg.max_calls)
@@ -561,6 +587,64 @@ impl Connection {
         Ok(c)
     }
 
+    /// The grant this side gives as responder: its credits on a server; on a client, the
+    /// receive buffers left after the forward replies, for backward calls (RFC 8167).
+    fn grant_for(cfg: &ConnConfig) -> u32 {
+        match cfg.role {
+            Role::Server => cfg.credits.clamp(1, cfg.recv_slots),
+            Role::Client => cfg.recv_slots.saturating_sub(cfg.credits).max(1),
+        }
+    }
+
+    /// Changes the credits requested (and, on a server, granted) from the next message on
+    /// (R8166-3.3.1-f). Every receive buffer stays posted, so a raised grant is always
+    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them.
+    pub fn set_credits(&mut self, credits: u32) {
+        self.cfg.credits = credits.clamp(1, self.cfg.recv_slots);
+        self.grant = Self::grant_for(&self.cfg);
+    }
+
+    /// The grant this side sends as responder.
+    pub fn grant(&self) -> u32 {
+        self.grant
+    }
+
+    /// Sets how long a version-two call waits for the first answer (AMB-33).
+    pub fn set_first_reply_timeout(&mut self, t: Duration) {
+        self.first_timeout = t;
+    }
+
+    /// Inline threshold for what this side sends now: 1024 until version two is confirmed
+    /// (V2-5-b), then as learned.
+    fn threshold(&self) -> u32 {
+        if self.vers == v2::VERSION && !self.v2_confirmed {
+            self.send_threshold.min(DEFAULT_INLINE)
+        } else {
+            self.send_threshold
+        }
+    }
+
+    /// The peer answered in version two: both sides now use its defaults (V2-5.1-a,
+    /// AMB-20), or the receive size it announced.
+    fn confirm_v2(&mut self) {
+        if self.v2_confirmed {
+            return;
+        }
+        self.v2_confirmed = true;
+        self.first_pending = false;
+        self.first_sent = None;
+        self.send_threshold = self
+            .cfg
+            .send_size
+            .min(self.peer_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
+        self.recv_threshold = self.cfg.recv_size.min(V2_DEFAULT_INLINE);
+    }
+
+    /// Whether [`handle_timeout`](Self::handle_timeout) has anything to do.
+    pub fn wants_timer(&self) -> bool {
+        self.first_pending && self.closed.is_none()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ConnConfig {
         &self.cfg
@@ -573,7 +657,7 @@ impl Connection {
 
     /// Inline thresholds in force: (messages this side sends, messages the peer sends).
     pub fn thresholds(&self) -> (u32, u32) {
-        (self.send_threshold, self.recv_threshold)
+        (self.threshold(), self.recv_threshold)
     }
 
     /// The credit limit this side's calls obey now (min of requested and granted).
@@ -611,13 +695,27 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) wants to run next (none in version 1).
+    /// When [`handle_timeout`](Self::handle_timeout) wants to run next: the deadline of the
+    /// first version-two call (AMB-33); none in version 1.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        None
+        self.first_sent
+            .filter(|_| self.first_pending)
+            .map(|t| t + self.first_timeout)
     }
 
-    /// Runs timers due at `now`.
-    pub fn handle_timeout(&mut self, _now: Instant) {}
+    /// Runs timers at `now`: a version-two connection whose first call got no answer in
+    /// time ends with [`CloseReason::NoAnswer`], and the owner reconnects speaking
+    /// version 1 (V2-5.2-b).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.wants_timer() {
+            return;
+        }
+        match self.first_sent {
+            None => self.first_sent = Some(now),
+            Some(t) if now >= t + self.first_timeout => self.close(CloseReason::NoAnswer),
+            Some(_) => {}
+        }
+    }
 
     /// Ends the connection (owner's decision, or the provider reported it lost): every
     /// outstanding call completes with [`CallStatus::Closed`].
@@ -697,17 +795,39 @@ impl Connection {
         Some(s)
     }
 
+    /// Releases a send buffer; one whose Send has not completed is reused only after it has
+    /// (a stale completion must never be taken for a later owner's).
     fn free_send(&mut self, slot: u32) {
+        let busy = self.send_busy.get(slot as usize).copied().unwrap_or(false);
         if let Some(o) = self.send_owner.get_mut(slot as usize) {
-            if *o != SendOwner::Free {
-                *o = SendOwner::Free;
-                self.send_free.push(slot);
+            match (*o, busy) {
+                (SendOwner::Free, _) => {}
+                (_, true) => *o = SendOwner::Orphan,
+                (_, false) => {
+                    *o = SendOwner::Free;
+                    self.send_free.push(slot);
+                }
             }
         }
     }
 
+    fn queue_send(&mut self, slot: u32, buf: MemRef, invalidate: Option<u32>) {
+        if let Some(b) = self.send_busy.get_mut(slot as usize) {
+            *b = true;
+        }
+        self.work.push_back(Work::Send {
+            tag: tag(K_SEND, slot),
+            buf,
+            invalidate,
+        });
+    }
+
     fn on_send_done(&mut self, slot: u32) {
+        if let Some(b) = self.send_busy.get_mut(slot as usize) {
+            *b = false;
+        }
         match self.send_owner.get(slot as usize).copied() {
+            Some(SendOwner::Orphan) => self.free_send(slot),
             Some(SendOwner::Serve(i)) => {
                 self.free_send(slot);
                 self.serve_step_done(i);
@@ -733,11 +853,7 @@ impl Connection {
             self.close(CloseReason::Local("send buffer write"));
             return false;
         }
-        self.work.push_back(Work::Send {
-            tag: tag(K_SEND, slot),
-            buf,
-            invalidate: None,
-        });
+        self.queue_send(slot, buf, None);
         true
     }
 
@@ -852,6 +968,7 @@ impl Connection {
             }
             Message::V2(h) => match h.body {
                 v2::Body::Msg { direction, chunks } => {
+                    self.confirm_v2();
                     if proto::rpc::msg_type(payload) != Some(direction) {
                         self.reject_direction(h.xid, direction, env);
                         return false;
@@ -870,6 +987,7 @@ impl Connection {
                     )
                 }
                 v2::Body::Nomsg { direction, chunks } => {
+                    self.confirm_v2();
                     let call = chunks.reads.has_position_zero();
                     if call != (direction == MsgType::Call) {
                         self.reject_direction(h.xid, direction, env);
@@ -952,7 +1070,7 @@ impl Connection {
         let n = h
             .emit(&mut b)
             .map_err(|_| SubmitError::Invalid("optional body too large"))?;
-        if n as u32 > self.send_threshold {
+        if n as u32 > self.threshold() {
             return Err(SubmitError::Invalid(
                 "optional message above the inline threshold",
             ));
@@ -985,6 +1103,15 @@ impl Connection {
     /// the threshold for messages this side sends becomes min(own send size, `rbsiz`).
     pub fn set_peer_receive_size(&mut self, rbsiz: u32) {
         self.send_threshold = self.cfg.send_size.min(rbsiz.max(DEFAULT_INLINE));
+        if self.vers == v2::VERSION {
+            self.peer_rbsiz = Some(rbsiz.max(DEFAULT_INLINE));
+        }
+    }
+
+    /// Sets the receive size this side announced in XCHAR_RBSIZ (version two): the
+    /// threshold for what the peer sends, which decides when calls offer a Reply chunk.
+    pub fn set_own_receive_size(&mut self, rbsiz: u32) {
+        self.recv_threshold = self.cfg.recv_size.min(rbsiz.max(DEFAULT_INLINE));
     }
 
     /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer

@@ -9,8 +9,8 @@ use rpcrdma_proto::{
 
 use super::{
     pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall, ReplyStatus,
-    SendOwner, ServeId, SubmitError, Work, K_READ, K_SEND, K_WRITE, MAX_PIECES, MAX_RCHUNKS,
-    MAX_SEGS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_SEGS,
+    MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -683,7 +683,7 @@ impl Connection {
             + (0..usize::from(s.n_wchunk))
                 .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
                 .sum::<u32>();
-        let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.send_threshold;
+        let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.threshold();
         let reply_cap = s
             .rseg
             .iter()
@@ -830,11 +830,7 @@ impl Connection {
         } else {
             None
         };
-        self.work.push_back(Work::Send {
-            tag: tag(K_SEND, slot),
-            buf,
-            invalidate,
-        });
+        self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
         let d = self.serves.get_mut(i as usize)?;
         d.pending = writes + 1;

@@ -1166,3 +1166,130 @@ fn memory_copy_overlapping_moves_like_memmove() {
     );
     assert!(!m.copy(MemRef::new(sim::APP, 12, 8), MemRef::new(sim::APP, 0, 8)));
 }
+
+#[test]
+fn r8166_3_3_1_f_lowered_grant_obeyed_from_next_reply() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    p.b.conn.set_credits(3);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 3);
+    for x in 2..10 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.conn.calls_in_flight(), 3);
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 10);
+}
+
+#[test]
+fn r8166_7_1_d_client_grants_backward_credits_from_spare_receives() {
+    let p = Pair::default_pair();
+    // Client: 10 receives, 8 for forward replies, 2 left for backward calls.
+    assert_eq!(p.a.conn.grant(), 2);
+    assert_eq!(p.b.conn.grant(), 8);
+}
+
+#[test]
+fn amb_33_v2_first_call_unanswered_closes_for_v1_reconnect() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    assert!(p.a.conn.wants_timer());
+    let t0 = p.now;
+    p.a.conn.handle_timeout(t0);
+    assert_eq!(p.a.conn.poll_timeout(), Some(t0 + V2_FIRST_REPLY_TIMEOUT));
+    p.a.conn.handle_timeout(t0 + V2_FIRST_REPLY_TIMEOUT / 2);
+    assert_eq!(p.a.conn.closed(), None);
+    p.a.conn.handle_timeout(t0 + V2_FIRST_REPLY_TIMEOUT);
+    assert_eq!(p.a.conn.closed(), Some(CloseReason::NoAnswer));
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::Closed));
+}
+
+#[test]
+fn v2_5_b_first_message_within_1024_then_v2_2_3_b_4096() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    bulk(&mut p, 1, &pattern(1, 2000), 2100);
+    p.run();
+    assert!(p.a.sent[0].len() <= 1024);
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[0]).unwrap().proc,
+        v2::RDMA2_NOMSG
+    );
+    serve(&mut p);
+    assert!(!p.a.conn.wants_timer());
+    assert_eq!(p.a.conn.thresholds(), (4096, 4096));
+    // After the first answer a 2000-byte call goes inline.
+    bulk(&mut p, 2, &pattern(2, 2000), 2100);
+    p.run();
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[1]).unwrap().proc,
+        v2::RDMA2_MSG
+    );
+    serve(&mut p);
+    let d = done(&mut p);
+    assert!(d
+        .iter()
+        .all(|d| d.status == CallStatus::Ok && d.reply_len == 2000));
+}
+
+#[test]
+fn r8166_4_4_c_cancelled_call_fenced_then_reported_and_late_reply_returns_credit() {
+    let mut p = Pair::default_pair();
+    // A queued call is cancelled at once.
+    bulk(&mut p, 1, &[0; 4], 64);
+    bulk(&mut p, 2, &[0; 4], 64);
+    p.run();
+    p.a.conn.cancel_call(2).unwrap();
+    p.run();
+    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+    // A sent call: its exposures are invalidated, then it is reported.
+    p.a.conn.cancel_call(1).unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d[0].xid, d[0].status), (1, CallStatus::Cancelled));
+    assert_eq!(p.a.conn.calls_in_flight(), 1, "still owed a reply");
+    serve(&mut p);
+    // The late reply returned the credit and is not reported again.
+    assert!(done(&mut p).is_empty());
+    assert_eq!(p.a.conn.calls_in_flight(), 0);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    let msg = p.a.put(&be(&[8192, 1]));
+    let result = p.a.alloc(8192);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 3,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    assert_eq!(p.a.env.live_windows(), 1);
+    p.a.conn.cancel_call(3).unwrap();
+    // Run only the requester: the server still holds the call.
+    p.step();
+    // R8166-8.1.4-c: the Write chunk is fenced before the call is reported.
+    assert_eq!(p.a.env.live_windows(), 0);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+}
