@@ -105,6 +105,11 @@ impl SimMem {
         }
     }
 
+    /// Keys ever exposed.
+    pub fn exposed_total(&self) -> usize {
+        self.windows.len()
+    }
+
     /// Keys still valid (exposed and not invalidated).
     pub fn live_windows(&self) -> usize {
         self.windows.iter().filter(|w| w.valid).count()
@@ -206,6 +211,15 @@ pub fn config(role: Role, credits: u32) -> ConnConfig {
         max_reads: 4,
         max_call_size: 4 << 20,
     }
+}
+
+/// `cfg` with its pools laid out again for its current sizes.
+pub fn sized(mut cfg: ConnConfig) -> ConnConfig {
+    let send_len = ConnConfig::send_pool_len(cfg.send_slots, cfg.send_size).unwrap();
+    let recv_len = ConnConfig::recv_pool_len(cfg.recv_slots, cfg.recv_size).unwrap();
+    cfg.send_pool = MemRef::new(POOL, 0, send_len);
+    cfg.recv_pool = MemRef::new(POOL, u64::from(send_len), recv_len);
+    cfg
 }
 
 /// Two connected engines: `a` (client) and `b` (server).

@@ -1293,3 +1293,210 @@ fn r8166_4_4_c_cancelled_call_fenced_then_reported_and_late_reply_returns_credit
     assert_eq!(p.a.env.live_windows(), 0);
     assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
 }
+
+/// A WRITE call whose data (len `n`) is pulled from segments `segs` of the peer.
+fn write_call_with_chunk(p: &mut Pair, xid: u32, n: u32, segs: &[(u32, u32, u64)]) -> Vec<u8> {
+    let mut m = be(&[xid, 1, 8, 0]);
+    for &(h, l, o) in segs {
+        m.extend(be(&[1, 48, h, l]));
+        m.extend(o.to_be_bytes());
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(rpcmsg::call_header(xid, RDMATEST_PROG, 1, rdmatest::WRITE));
+    m.extend(be(&[5, n]));
+    p.inject(true, &m);
+    serve(p);
+    p.b.sent.last().unwrap().clone()
+}
+
+#[test]
+fn r8166_3_4_4_a_unaligned_split_same_position_gathered() {
+    let mut p = Pair::default_pair();
+    let data = pattern(5, 10001);
+    let parts = [(0usize, 4097usize), (4097, 3000), (7097, 2904)];
+    let segs: Vec<(u32, u32, u64)> = parts
+        .iter()
+        .map(|&(o, l)| {
+            let at = p.a.put(&data[o..o + l]);
+            let s =
+                p.a.env
+                    .expose(at, rpcrdma_verbs::Access::REMOTE_READ)
+                    .unwrap();
+            (s.handle, s.length, s.offset)
+        })
+        .collect();
+    let r = write_call_with_chunk(&mut p, 4, 10001, &segs);
+    assert_eq!(
+        &r[28..],
+        &[rpcmsg::reply_header(4, 0).to_vec(), be(&[10001])].concat()[..]
+    );
+}
+
+#[test]
+fn r8166_3_4_5_2_b_chunk_with_pad_accepted() {
+    let mut p = Pair::default_pair();
+    let mut data = pattern(5, 5);
+    data.extend([0, 0, 0]);
+    let at = p.a.put(&data);
+    let s =
+        p.a.env
+            .expose(at, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    let r = write_call_with_chunk(&mut p, 6, 5, &[(s.handle, 8, s.offset)]);
+    assert_eq!(
+        &r[28..],
+        &[rpcmsg::reply_header(6, 0).to_vec(), be(&[5])].concat()[..]
+    );
+}
+
+#[test]
+fn r8166_8_1_4_a_huge_read_chunk_refused_without_reads() {
+    let mut p = Pair::default_pair();
+    let r = write_call_with_chunk(&mut p, 8, 1 << 30, &[(0x77, 1 << 30, 0)]);
+    assert_eq!(r, be(&[8, 1, 8, 4, 2]));
+    assert!(!p.b.log.iter().any(|w| matches!(w, Work::Read { .. })));
+}
+
+#[test]
+fn r8166_3_1_a_responder_exposes_nothing_and_4_3_1_b_replies_have_empty_read_list() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 30000));
+    p.run();
+    serve(&mut p);
+    bulk(&mut p, 2, &pattern(2, 5000), 6000);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 2);
+    assert_eq!(p.b.env.exposed_total(), 0);
+    for r in &p.b.sent {
+        let h = header(r);
+        match h.body {
+            v1::Body::Msg(c) | v1::Body::Nomsg(c) => assert!(c.reads.is_empty()),
+            v1::Body::Error(_) => {}
+        }
+    }
+}
+
+#[test]
+fn r8166_2_3_2_d_read_chunk_memory_kept_until_reply() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 3000));
+    p.run();
+    // Read chunk, Write chunk and the two Reply chunk segments exposed; no answer yet.
+    assert_eq!(p.a.env.live_windows(), 4);
+    assert!(!p.a.log.iter().any(|w| matches!(w, Work::Invalidate { .. })));
+    serve(&mut p);
+    assert_eq!(p.a.env.live_windows(), 0);
+    // R8166-4.4-b: the invalidations precede the completion report.
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+}
+
+#[test]
+fn r8166_3_3_1_i_responder_sends_only_answers_and_3_3_1_e_grant_constant() {
+    let mut p = Pair::default_pair();
+    for x in 0..12 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 12);
+    assert_eq!(p.b.sent.len(), 12);
+    assert!(p
+        .b
+        .sent
+        .iter()
+        .all(|r| proto::Fixed::peek(r).unwrap().credit == 8));
+    p.run();
+    assert_eq!(p.b.sent.len(), 12);
+}
+
+#[test]
+fn r8166_3_3_2_a_thresholds_are_min_of_send_and_peer_receive() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut cfg = sim::config(Role::Client, 4);
+    cfg.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 2048,
+        recv_size: 8192,
+    });
+    let c = Connection::new(cfg).unwrap();
+    assert_eq!(c.thresholds(), (4096, 2048));
+    let c = Connection::new(sim::config(Role::Client, 4)).unwrap();
+    assert_eq!(c.thresholds(), (1024, 1024));
+}
+
+#[test]
+fn r8166_3_3_3_d_receive_buffers_hold_1024() {
+    let mut cfg = sim::config(Role::Server, 4);
+    cfg.recv_size = 512;
+    assert!(Connection::new(cfg).is_err());
+}
+
+#[test]
+fn r8166_3_3_3_e_1024_bytes_inline_1028_not() {
+    let mut p = Pair::default_pair();
+    // 28-byte header + 40-byte RPC header + 956 bytes = 1024: inline.
+    bulk(&mut p, 1, &[7; 956], 64);
+    p.run();
+    serve(&mut p);
+    bulk(&mut p, 2, &[7; 960], 64);
+    p.run();
+    assert_eq!(p.a.sent[0].len(), 1024);
+    assert_eq!(header(&p.a.sent[0]).body.proc(), v1::RDMA_MSG);
+    assert_eq!(header(&p.a.sent[1]).body.proc(), v1::RDMA_NOMSG);
+}
+
+#[test]
+fn r8166_3_4_2_a_ineligible_piece_never_reduced() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut client = sim::config(Role::Client, 4);
+    client.send_size = 8192;
+    client.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 8192,
+        recv_size: 8192,
+    });
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_size = 8192;
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    let msg = p.a.put(&[0; 8]);
+    let piece = p.a.put(&pattern(1, 3000));
+    let reply = p.a.alloc(8192);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 4,
+        }],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let h = header(&p.a.sent[0]);
+    let v1::Body::Msg(c) = h.body else {
+        panic!("{h:?}")
+    };
+    assert!(c.reads.is_empty());
+    serve(&mut p);
+    let d = done(&mut p);
+    let mut want = vec![0; 4];
+    want.extend(pattern(1, 3000));
+    want.extend([0; 4]);
+    assert_eq!(p.a.get(reply.prefix(d[0].reply_len).unwrap()), want);
+}
+
+#[test]
+fn r8166_4_5_f_undecodable_error_dropped_and_amb_2_err_vers_any_version() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    p.inject(false, &be(&[1, 1, 1, 4, 7]));
+    assert!(done(&mut p).is_empty());
+    p.inject(false, &be(&[1, 7, 1, 4, 1, 1, 1]));
+    assert_eq!(done(&mut p)[0].status, CallStatus::ErrVers);
+}
