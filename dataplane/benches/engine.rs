@@ -30,13 +30,18 @@ struct BufMem {
 impl BufMem {
     fn range(&self, at: MemRef) -> Option<std::ops::Range<usize>> {
         let end = at.offset.checked_add(u64::from(at.len))?;
-        (at.mr == self.mr && end <= self.len).then(|| GUARD + at.offset as usize..GUARD + end as usize)
+        (at.mr == self.mr && end <= self.len)
+            .then(|| GUARD + at.offset as usize..GUARD + end as usize)
     }
 }
 
 impl Memory for BufMem {
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        match self.range(at).and_then(|r| self.buf.get(r)).and_then(|s| s.get(..dst.len())) {
+        match self
+            .range(at)
+            .and_then(|r| self.buf.get(r))
+            .and_then(|s| s.get(..dst.len()))
+        {
             Some(s) => {
                 dst.copy_from_slice(s);
                 true
@@ -45,7 +50,9 @@ impl Memory for BufMem {
         }
     }
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        let Some(r) = self.range(at) else { return false };
+        let Some(r) = self.range(at) else {
+            return false;
+        };
         match self.buf.get_mut(r).and_then(|d| d.get_mut(..src.len())) {
             Some(d) => {
                 d.copy_from_slice(src);
@@ -97,11 +104,18 @@ fn node(f: &MemFabric, tmpl: ConnTemplate) -> Node {
 
 fn connect(c: &mut Node, s: &mut Node) -> ConnId {
     let now = Instant::now();
-    let l = s.drv.provider_mut().listen("10.9.0.1:20049".parse().unwrap()).unwrap();
+    let l = s
+        .drv
+        .provider_mut()
+        .listen("10.9.0.1:20049".parse().unwrap())
+        .unwrap();
     let addr = s.drv.provider().listen_addr(l).unwrap();
     let init = c.drv.template().qp_init(c.pd, c.drv.cq());
     let qa = c.drv.provider_mut().create_qp(&init).unwrap();
-    let ca = c.drv.add_connection(qa, Role::Client, None, &mut c.mem).unwrap();
+    let ca = c
+        .drv
+        .add_connection(qa, Role::Client, None, &mut c.mem)
+        .unwrap();
     let pd = c.drv.template().private_data().emit();
     let params = ConnParams {
         private_data: &pd,
@@ -114,11 +128,16 @@ fn connect(c: &mut Node, s: &mut Node) -> ConnId {
         c.drv.poll(now, &mut c.mem);
         s.drv.poll(now, &mut s.mem);
         while let Some(e) = s.drv.provider_mut().poll_cm() {
-            if let CmEvent::ConnectRequest { req, private_data, .. } = e {
+            if let CmEvent::ConnectRequest {
+                req, private_data, ..
+            } = e
+            {
                 let init = s.drv.template().qp_init(s.pd, s.drv.cq());
                 let qb = s.drv.provider_mut().create_qp(&init).unwrap();
                 let peer = PrivateData::parse(private_data.as_slice());
-                s.drv.add_connection(qb, Role::Server, peer, &mut s.mem).unwrap();
+                s.drv
+                    .add_connection(qb, Role::Server, peer, &mut s.mem)
+                    .unwrap();
                 s.drv.provider_mut().accept(req, qb, &params).unwrap();
                 accepted = true;
             }
@@ -126,7 +145,9 @@ fn connect(c: &mut Node, s: &mut Node) -> ConnId {
         while let Some(e) = c.drv.provider_mut().poll_cm() {
             if let CmEvent::Established { private_data, .. } = e {
                 assert!(accepted);
-                c.drv.set_peer(ca, PrivateData::parse(private_data.as_slice())).unwrap();
+                c.drv
+                    .set_peer(ca, PrivateData::parse(private_data.as_slice()))
+                    .unwrap();
                 return ca;
             }
         }
@@ -148,7 +169,13 @@ fn slots(c: &mut Node, s: &mut Node, n: usize, len: u32) -> Slots {
     for k in 0..n as u64 {
         // Big pieces first (argument, result), then the small message and reply words.
         let big = |i: u64| MemRef::new(c.mem.mr, c.base + (2 * k + i) * stride, len);
-        let small = |i: u64| MemRef::new(c.mem.mr, c.base + 2 * n as u64 * stride + (2 * k + i) * 128, 120);
+        let small = |i: u64| {
+            MemRef::new(
+                c.mem.mr,
+                c.base + 2 * n as u64 * stride + (2 * k + i) * 128,
+                120,
+            )
+        };
         let (piece, result, msg, reply) = (big(0), big(1), small(0).prefix(4).unwrap(), small(1));
         assert!(c.mem.write(msg, &len.to_be_bytes()));
         // 120 bytes: room for a 64-byte result inline; a large one takes the Write chunk.
@@ -158,7 +185,11 @@ fn slots(c: &mut Node, s: &mut Node, n: usize, len: u32) -> Slots {
         assert!(s.mem.write(word.prefix(4).unwrap(), &len.to_be_bytes()));
         server.push((args, word.prefix(4).unwrap()));
     }
-    Slots { len, client, server }
+    Slots {
+        len,
+        client,
+        server,
+    }
 }
 
 /// Runs `calls` ECHO calls of `sl.len` bytes with `sl.client.len()` in flight; returns the
@@ -176,7 +207,10 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Dura
             vers: 1,
             proc_: rdmatest::ECHO,
             msg,
-            args: &[ArgPiece { mem: piece, xdr_pos: 4 }],
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 4,
+            }],
             results: &[result],
             reply,
         };
@@ -203,14 +237,23 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Dura
                     let k = next_slot % depth;
                     next_slot += 1;
                     serving.push((ic.id, sc, k));
-                    s.drv.accept_call(sc, ic.id, sl.server[k].0, &mut s.mem).unwrap();
+                    s.drv
+                        .accept_call(sc, ic.id, sl.server[k].0, &mut s.mem)
+                        .unwrap();
                 }
                 Event::ArgsReady { id, .. } => {
                     let i = serving.iter().position(|e| e.0 == id).unwrap();
                     let (_, sc, k) = serving.swap_remove(i);
                     let (args, word) = sl.server[k];
-                    let results = [ResultPiece { mem: args.sub(4, sl.len).unwrap(), xdr_pos: 4 }];
-                    let spec = ReplySpec { accept_stat: 0, msg: word, results: &results };
+                    let results = [ResultPiece {
+                        mem: args.sub(4, sl.len).unwrap(),
+                        xdr_pos: 4,
+                    }];
+                    let spec = ReplySpec {
+                        accept_stat: 0,
+                        msg: word,
+                        results: &results,
+                    };
                     s.drv.submit_reply(sc, id, &spec, &mut s.mem).unwrap();
                 }
                 _ => {}
@@ -253,7 +296,11 @@ fn main() {
     let conn = connect(&mut c, &mut s);
     let sl = slots(&mut c, &mut s, 32, 64);
     run(&mut c, &mut s, conn, &sl, 20_000);
-    let t = median((0..5).map(|_| run(&mut c, &mut s, conn, &sl, calls)).collect());
+    let t = median(
+        (0..5)
+            .map(|_| run(&mut c, &mut s, conn, &sl, calls))
+            .collect(),
+    );
     let ns = t.as_nanos() as f64 / calls as f64;
     println!(
         "echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC, {:.2} M RPC/s ({calls} calls, median of 5)",

@@ -121,14 +121,14 @@ impl ConnId {
 /// Packs a connection and a served call into one `u64` (e.g. the tag an app returns with
 /// its reply).
 pub fn serve_tag(conn: ConnId, id: ServeId) -> u64 {
-    (u64::from(conn.to_u32()) << 48) ^ id.to_u64()
+    (u64::from(conn.to_u32()) << 32) | u64::from(id.to_u32())
 }
 
 /// Unpacks [`serve_tag`].
 pub fn from_serve_tag(tag: u64) -> (ConnId, ServeId) {
     (
-        ConnId::from_u32((tag >> 48) as u32),
-        ServeId::from_u64(tag & 0xffff_ffff_ffff),
+        ConnId::from_u32((tag >> 32) as u32),
+        ServeId::from_u32(tag as u32),
     )
 }
 
@@ -363,6 +363,10 @@ impl<P: Provider> Driver<P> {
         };
         let idx = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
+            None if self.conns.len() >= 0xffff => {
+                self.free_blocks.push(block);
+                return Err(DriverError::NoBuffers);
+            }
             None => {
                 self.conns.push(None);
                 self.gens.push(0);
@@ -699,4 +703,20 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
 /// Bytes each send buffer occupies in the pool (the buffer plus the engine's tail).
 pub const fn send_stride(send_size: u32) -> u32 {
     send_size + SLOT_TAIL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_tag_round_trips_connection_and_call() {
+        let conn = ConnId {
+            idx: 0x1234,
+            gen: 0xbeef,
+        };
+        let id = ServeId::from_u32(0x00ab_cdef);
+        assert_eq!(from_serve_tag(serve_tag(conn, id)), (conn, id));
+        assert_eq!(ConnId::from_u32(conn.to_u32()), conn);
+    }
 }

@@ -135,7 +135,7 @@ impl ConnConfig {
         {
             return bad("receive pool too small");
         }
-        if self.recv_slots >= 1 << 24 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
+        if self.recv_slots >= 1 << 16 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
             return bad("too many slots");
         }
         Ok(())
@@ -240,16 +240,16 @@ pub struct ServeId {
 }
 
 impl ServeId {
-    /// Packs the id into 48 bits (to carry it in an app tag with a connection index).
-    pub fn to_u64(self) -> u64 {
-        (u64::from(self.slot & 0xff_ffff) << 24) | u64::from(self.gen & 0xff_ffff)
+    /// Packs the id into 32 bits (16-bit slot, 16-bit generation).
+    pub fn to_u32(self) -> u32 {
+        ((self.slot & 0xffff) << 16) | (self.gen & 0xffff)
     }
 
-    /// Unpacks [`ServeId::to_u64`].
-    pub fn from_u64(v: u64) -> ServeId {
+    /// Unpacks [`ServeId::to_u32`].
+    pub fn from_u32(v: u32) -> ServeId {
         ServeId {
-            slot: ((v >> 24) & 0xff_ffff) as u32,
-            gen: (v & 0xff_ffff) as u32,
+            slot: v >> 16,
+            gen: v & 0xffff,
         }
     }
 }

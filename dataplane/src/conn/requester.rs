@@ -339,7 +339,7 @@ impl Connection {
         let mut upos = [0u32; MAX_PIECES];
         let mut shift = 0u32;
         for (k, a) in c.args().iter().enumerate() {
-            upos[k] = hdr_rpc + a.xdr_pos + shift;
+            upos[k] = hdr_rpc.checked_add(a.xdr_pos)?.checked_add(shift)?;
             shift = shift.checked_add(round4(a.mem.len))?;
             if short && reduce[k] {
                 continue;
@@ -752,7 +752,7 @@ impl Connection {
         }
         let h =
             rpcmsg::parse_reply(hb.get(..n0 + n1).unwrap_or(&[])).ok_or(CallStatus::BadReply)?;
-        let total = used[0] + used[1];
+        let total = used[0].saturating_add(used[1]);
         let body = total.saturating_sub(h.len as u32);
         if h.len > REPLY_HEADER_LEN && body > 0 {
             let shift = (h.len - REPLY_HEADER_LEN) as u32;

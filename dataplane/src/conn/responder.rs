@@ -234,7 +234,7 @@ impl Connection {
         let gen = self
             .serves
             .get(i as usize)
-            .map_or(0, |s| s.gen.wrapping_add(1) & 0xff_ffff);
+            .map_or(0, |s| s.gen.wrapping_add(1) & 0xffff);
         let mut s = Serve {
             state: State::Waiting,
             gen,
