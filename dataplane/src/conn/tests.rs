@@ -1130,6 +1130,31 @@ mod props {
             prop_assert_eq!(p.a.env.live_windows(), 0);
         }
 
+        /// Hostile replies (random bytes after a plausible header for an outstanding XID)
+        /// never panic the requester; it still completes or keeps each call.
+        #[test]
+        fn prop_hostile_replies_never_panic(
+            tail in proptest::collection::vec(any::<u32>(), 0..40),
+            small in proptest::collection::vec(0u32..6, 0..40),
+            proc_ in 0u32..6,
+        ) {
+            let mut p = Pair::default_pair();
+            echo(&mut p, 1, &pattern(1, 3000));
+            p.run();
+            let mut m = be(&[1, 1, 3, proc_]);
+            m.extend(be(&small));
+            m.extend(be(&tail));
+            p.inject(false, &m);
+            let d = done(&mut p);
+            prop_assert!(d.len() <= 1);
+            if p.a.conn.closed().is_none() && d.is_empty() {
+                // The call is still outstanding: a real reply still completes it.
+                serve(&mut p);
+                prop_assert_eq!(done(&mut p).len(), 1);
+            }
+            prop_assert_eq!(p.rnr, 0);
+        }
+
         /// Hostile bytes never panic the engine; a bad message costs at most its connection.
         #[test]
         fn prop_hostile_messages_never_panic(msgs in proptest::collection::vec(
