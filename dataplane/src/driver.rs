@@ -3,7 +3,7 @@
 //! posts and completions fed back. A poll thread calls [`Driver::poll`] and reads
 //! [`Driver::poll_event`]; the provider's connection manager stays with its owner.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use rpcrdma_proto::cm::PrivateData;
@@ -172,11 +172,25 @@ struct Entry {
     dead: bool,
 }
 
+/// A shared receive queue and the buffers posted to it.
+#[derive(Debug, Clone, Copy)]
+struct Shared {
+    srq: SrqId,
+    pool: MemRef,
+    size: u32,
+    count: u32,
+}
+
+/// `wr_id` connection field marking a shared-receive-queue buffer.
+const SRQ_CONN: u64 = 0xffff;
+
 /// A provider, its completion queue, a buffer pool and the connections using them.
 #[derive(Debug)]
 pub struct Driver<P: Provider> {
     p: P,
     cq: CqId,
+    shared: Option<Shared>,
+    by_qp: HashMap<QpId, ConnId>,
     regions: Vec<Mr>,
     pool: MemRef,
     tmpl: ConnTemplate,
@@ -252,6 +266,17 @@ impl<P: Provider> Driver<P> {
         let block_len = tmpl
             .block_len()
             .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
+        Self::build(provider, cq, region, pool, tmpl, block_len)
+    }
+
+    fn build(
+        provider: P,
+        cq: CqId,
+        region: Mr,
+        pool: MemRef,
+        tmpl: ConnTemplate,
+        block_len: u32,
+    ) -> Result<Self, DriverError> {
         let inside = pool.mr == region.id
             && pool
                 .offset
@@ -269,6 +294,8 @@ impl<P: Provider> Driver<P> {
         Ok(Driver {
             p: provider,
             cq,
+            shared: None,
+            by_qp: HashMap::new(),
             regions: vec![region],
             pool,
             tmpl,
@@ -279,6 +306,73 @@ impl<P: Provider> Driver<P> {
             wcs: vec![WorkCompletion::default(); 64],
             events: VecDeque::with_capacity(256),
         })
+    }
+
+    /// A driver whose connections take their receives from one shared receive queue of
+    /// `count` buffers of the template's `recv_size`, cut from `srq_pool` (a range of
+    /// `region` too): receive memory then does not grow with connections × credits.
+    /// `pool` holds only send buffers; each connection's grant stays the template's credits,
+    /// so size `count` for the calls you expect in flight across connections.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_shared(
+        provider: P,
+        cq: CqId,
+        pd: PdId,
+        region: Mr,
+        pool: MemRef,
+        srq_pool: MemRef,
+        count: u32,
+        tmpl: ConnTemplate,
+    ) -> Result<Self, DriverError> {
+        let send_len = ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size)
+            .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
+        let need = count
+            .checked_mul(tmpl.recv_size)
+            .ok_or(DriverError::Config(ConfigError(
+                "shared receive pool too large",
+            )))?;
+        let inside = srq_pool
+            .offset
+            .checked_add(u64::from(srq_pool.len))
+            .is_some_and(|e| e <= region.len);
+        if srq_pool.mr != region.id || need > srq_pool.len || !inside {
+            return Err(DriverError::Config(ConfigError(
+                "shared receive pool outside its region",
+            )));
+        }
+        let mut d = Self::build(provider, cq, region, pool, tmpl, send_len)?;
+        let srq = d.p.create_srq(pd, count, 1)?;
+        let sh = Shared {
+            srq,
+            pool: srq_pool,
+            size: tmpl.recv_size,
+            count,
+        };
+        d.shared = Some(sh);
+        for i in 0..count {
+            d.repost_shared(i)?;
+        }
+        Ok(d)
+    }
+
+    fn repost_shared(&mut self, i: u32) -> Result<(), DriverError> {
+        let sh = self.shared.ok_or(DriverError::BadId)?;
+        let buf = sh
+            .pool
+            .sub(i * sh.size, sh.size)
+            .ok_or(DriverError::BadId)?;
+        let sge = sge(&self.regions, buf).ok_or(DriverError::BadId)?;
+        self.p
+            .post_srq_recv(sh.srq, (SRQ_CONN << 48) | u64::from(i), &[sge])?;
+        Ok(())
+    }
+
+    /// Queue-pair attributes for a new connection of this driver (with its shared receive
+    /// queue, if it has one).
+    pub fn qp_init(&self, pd: PdId) -> QpInit {
+        let mut q = self.tmpl.qp_init(pd, self.cq);
+        q.srq = self.shared.map(|s| s.srq);
+        q
     }
 
     /// Makes a registered region (an app arena) usable in [`MemRef`]s.
@@ -332,6 +426,14 @@ impl<P: Provider> Driver<P> {
         let t = self.tmpl;
         let base = block * self.block_len;
         let send_len = ConnConfig::send_pool_len(t.send_slots(), t.send_size).unwrap_or(0);
+        let shared = self.shared.is_some();
+        let recv_pool = if shared {
+            MemRef::new(self.pool.mr, self.pool.offset, 0)
+        } else {
+            self.pool
+                .sub(base + send_len, self.block_len - send_len)
+                .ok_or(DriverError::NoBuffers)?
+        };
         let cfg = ConnConfig {
             role,
             version: t.version,
@@ -342,12 +444,10 @@ impl<P: Provider> Driver<P> {
                 .ok_or(DriverError::NoBuffers)?,
             send_slots: t.send_slots(),
             send_size: t.send_size,
-            recv_pool: self
-                .pool
-                .sub(base + send_len, self.block_len - send_len)
-                .ok_or(DriverError::NoBuffers)?,
+            recv_pool,
             recv_slots: t.recv_slots,
             recv_size: t.recv_size,
+            shared_recv: shared,
             max_calls: t.max_calls,
             peer,
             ddp_threshold: t.ddp_threshold,
@@ -389,6 +489,7 @@ impl<P: Provider> Driver<P> {
             idx: idx as u32,
             gen,
         };
+        self.by_qp.insert(qp, id);
         self.flush(id, mem);
         Ok(id)
     }
@@ -424,13 +525,7 @@ impl<P: Provider> Driver<P> {
 
     /// The connection using queue pair `qp` (to route connection-manager events).
     pub fn by_qp(&self, qp: QpId) -> Option<ConnId> {
-        self.conns.iter().enumerate().find_map(|(i, e)| {
-            let e = e.as_ref()?;
-            (e.qp == qp).then(|| ConnId {
-                idx: i as u32,
-                gen: self.gens.get(i).copied().unwrap_or(0),
-            })
-        })
+        self.by_qp.get(&qp).copied()
     }
 
     /// Runs `f` on connection `id` with its environment, then posts its work and collects
@@ -562,6 +657,7 @@ impl<P: Provider> Driver<P> {
             .and_then(Option::take)
             .ok_or(DriverError::BadId)?;
         self.free_blocks.push(e.block);
+        self.by_qp.remove(&e.qp);
         self.p.destroy_qp(e.qp)?;
         Ok(())
     }
@@ -572,6 +668,10 @@ impl<P: Provider> Driver<P> {
         let mut wcs = std::mem::take(&mut self.wcs);
         let n = self.p.poll_cq(self.cq, &mut wcs).unwrap_or(0);
         for wc in wcs.iter().take(n) {
+            if wc.wr_id >> 48 == SRQ_CONN {
+                self.on_shared_recv(now, wc, mem);
+                continue;
+            }
             let id = ConnId {
                 idx: (wc.wr_id >> 48) as u32,
                 gen: ((wc.wr_id >> 32) & 0xffff) as u32,
@@ -602,6 +702,35 @@ impl<P: Provider> Driver<P> {
         n
     }
 
+    /// A receive completion of the shared receive queue: routed by queue pair.
+    fn on_shared_recv(&mut self, now: Instant, wc: &WorkCompletion, mem: &mut impl Memory) {
+        let i = wc.wr_id as u32;
+        let Some(sh) = self.shared else { return };
+        let buf = sh.pool.sub(i.saturating_mul(sh.size), sh.size);
+        let conn = self.by_qp.get(&wc.qp).copied();
+        match (buf, conn) {
+            (Some(buf), Some(id)) if i < sh.count => {
+                if wc.status == rpcrdma_verbs::WcStatus::Success {
+                    let (len, inv) = (wc.byte_len, wc.invalidated_rkey);
+                    if self
+                        .with(id, mem, |c, env| c.handle_recv(now, buf, len, inv, env))
+                        .is_none()
+                    {
+                        let _ = self.repost_shared(i);
+                    }
+                } else {
+                    let st = wc.status;
+                    self.with(id, mem, |c, _| c.close(CloseReason::WorkFailed(st)));
+                    let _ = self.repost_shared(i);
+                }
+            }
+            _ if i < sh.count => {
+                let _ = self.repost_shared(i);
+            }
+            _ => {}
+        }
+    }
+
     /// The next event of any connection.
     pub fn poll_event(&mut self) -> Option<(ConnId, Event)> {
         self.events.pop_front()
@@ -613,6 +742,20 @@ impl<P: Provider> Driver<P> {
             return;
         };
         while let Some(w) = e.conn.poll_work() {
+            if let Work::Release { buf } = w {
+                // A shared receive buffer goes back to the queue, dead connection or not.
+                if let Some(sh) = self.shared {
+                    let i = buf.offset.saturating_sub(sh.pool.offset) / u64::from(sh.size.max(1));
+                    let wr = (SRQ_CONN << 48) | i;
+                    let ok = sge(&self.regions, buf)
+                        .is_some_and(|s| self.p.post_srq_recv(sh.srq, wr, &[s]).is_ok());
+                    if !ok {
+                        e.conn
+                            .close(CloseReason::Local("shared receive repost failed"));
+                    }
+                }
+                continue;
+            }
             if e.dead {
                 continue;
             }
@@ -697,6 +840,7 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
             Some(local),
         ),
         Work::Invalidate { tag, rkey } => send(p, tag, SendOp::LocalInvalidate { rkey }, None),
+        Work::Release { .. } => Ok(()),
     }
 }
 

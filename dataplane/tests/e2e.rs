@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::{
-    ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnId, ConnTemplate, Driver, Event,
-    MemRef, Memory, ReplySpec, ResultPiece, Role, SubmitError,
+    ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId, ConnTemplate,
+    Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, SubmitError,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
@@ -129,6 +129,32 @@ fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
     }
 }
 
+/// A node whose connections share one receive queue of 16 buffers.
+fn node_shared<P: Provider>(p: P, blocks: u32) -> Node<P> {
+    let Side {
+        p, pd, cq, buf, mr, ..
+    } = Side::new(p);
+    let tmpl = template();
+    let send = ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size).unwrap();
+    let pool = MemRef::new(mr.id, 0, send * blocks);
+    let srq_pool = MemRef::new(mr.id, u64::from(pool.len), 16 * tmpl.recv_size);
+    let base = (u64::from(pool.len) + u64::from(srq_pool.len)).div_ceil(4096) * 4096;
+    let drv = Driver::new_shared(p, cq, pd, mr, pool, srq_pool, 16, tmpl).expect("driver");
+    Node {
+        drv,
+        mem: BufMem {
+            mr: mr.id,
+            buf,
+            len: mr.len,
+        },
+        pd,
+        bump: base,
+        base,
+        events: Vec::new(),
+        cm: Vec::new(),
+    }
+}
+
 impl<P: Provider> Node<P> {
     fn alloc(&mut self, len: u32) -> MemRef {
         if self.bump + u64::from(len) > self.mem.len {
@@ -163,7 +189,7 @@ impl<P: Provider> Node<P> {
     }
 
     fn qp(&mut self) -> QpId {
-        let init = self.drv.template().qp_init(self.pd, self.drv.cq());
+        let init = self.drv.qp_init(self.pd);
         self.drv.provider_mut().create_qp(&init).expect("create_qp")
     }
 }
@@ -562,6 +588,14 @@ fn e2e_mem_fabric_every_transfer_mode() {
     let c = node(SoftProvider::memory(&f, SoftConfig::default()), 1);
     let s = node(SoftProvider::memory(&f, SoftConfig::default()), 1);
     all_modes(c, s, "10.0.0.1:20049".parse().unwrap());
+}
+
+#[test]
+fn e2e_mem_fabric_shared_receive_queue_every_transfer_mode() {
+    let f = MemFabric::new();
+    let c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 2);
+    all_modes(c, s, "10.0.0.3:20049".parse().unwrap());
 }
 
 #[test]

@@ -83,6 +83,11 @@ pub struct ConnConfig {
     pub recv_slots: u32,
     /// Receive buffer size (at least 1024, R8166-3.3.3-d).
     pub recv_size: u32,
+    /// Receives come from a shared receive queue the owner feeds (`recv_pool` unused,
+    /// `recv_slots` is then this connection's share: its grant and its calls in progress);
+    /// messages arrive through [`Connection::handle_recv`] and buffers go back with
+    /// [`Work::Release`].
+    pub shared_recv: bool,
     /// Calls this side may have outstanding or queued as requester.
     pub max_calls: u32,
     /// The peer's RFC 8797 private data (`None`: absent, 1024-byte inline both ways).
@@ -130,8 +135,9 @@ impl ConnConfig {
         {
             return bad("send pool too small");
         }
-        if Self::recv_pool_len(self.recv_slots, self.recv_size)
-            .is_none_or(|n| n > self.recv_pool.len)
+        if !self.shared_recv
+            && Self::recv_pool_len(self.recv_slots, self.recv_size)
+                .is_none_or(|n| n > self.recv_pool.len)
         {
             return bad("receive pool too small");
         }
@@ -216,6 +222,12 @@ pub enum Work {
         tag: Tag,
         /// The key.
         rkey: u32,
+    },
+    /// Give a buffer of the shared receive queue back (post it again); only with
+    /// [`ConnConfig::shared_recv`].
+    Release {
+        /// The buffer handed in by [`Connection::handle_recv`].
+        buf: MemRef,
     },
 }
 
@@ -581,8 +593,10 @@ impl Connection {
             stats: Stats::default(),
             cfg,
         };
-        for slot in 0..cfg.recv_slots {
-            c.post_recv(slot);
+        if !cfg.shared_recv {
+            for slot in 0..cfg.recv_slots {
+                c.post_recv(slot);
+            }
         }
         Ok(c)
     }
@@ -726,6 +740,13 @@ impl Connection {
         self.closed = Some(reason);
         self.work.clear();
         self.reads.clear();
+        if self.cfg.shared_recv {
+            for s in &mut self.serves {
+                if let Some(buf) = s.take_recv() {
+                    self.work.push_back(Work::Release { buf });
+                }
+            }
+        }
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
                 self.events.push_back(Event::CallDone(done));
@@ -891,19 +912,60 @@ impl Connection {
         env: &mut impl Env,
     ) {
         self.recv_posted = self.recv_posted.saturating_sub(1);
-        let n = byte_len.min(self.cfg.recv_size);
+        match self.recv_buf(slot) {
+            Some(buf) => self.receive(now, buf, byte_len, inv, env),
+            None => self.close(CloseReason::Local("receive buffer")),
+        }
+    }
+
+    /// A message arrived in `buf`, a buffer of the shared receive queue
+    /// ([`ConnConfig::shared_recv`]); the buffer comes back as [`Work::Release`], at once or
+    /// once the call it holds has been placed.
+    pub fn handle_recv(
+        &mut self,
+        now: Instant,
+        buf: MemRef,
+        byte_len: u32,
+        invalidated_rkey: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        if self.closed.is_some() {
+            self.work.push_back(Work::Release { buf });
+            return;
+        }
+        self.receive(now, buf, byte_len, invalidated_rkey, env);
+        self.pump(env);
+    }
+
+    /// Returns a receive buffer: reposted if it is one of ours, released if shared.
+    pub(super) fn release_recv(&mut self, buf: MemRef) {
+        if self.cfg.shared_recv {
+            self.work.push_back(Work::Release { buf });
+            return;
+        }
+        let off = buf.offset.saturating_sub(self.cfg.recv_pool.offset);
+        let slot = off / u64::from(self.cfg.recv_size.max(1));
+        self.post_recv(slot as u32);
+    }
+
+    fn receive(
+        &mut self,
+        now: Instant,
+        buf: MemRef,
+        byte_len: u32,
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        let n = byte_len.min(self.cfg.recv_size).min(buf.len);
         let mut scratch = std::mem::take(&mut self.scratch);
-        let ok = match (
-            self.recv_buf(slot).and_then(|b| b.prefix(n)),
-            scratch.get_mut(..n as usize),
-        ) {
+        let ok = match (buf.prefix(n), scratch.get_mut(..n as usize)) {
             (Some(at), Some(dst)) => env.read(at, dst),
             _ => false,
         };
         if ok {
             let msg = scratch.get(..n as usize).unwrap_or(&[]);
-            if !self.dispatch(now, slot, msg, inv, env) {
-                self.post_recv(slot);
+            if !self.dispatch(now, buf, msg, inv, env) {
+                self.release_recv(buf);
             }
         } else {
             self.close(CloseReason::Local("receive buffer read"));
@@ -916,7 +978,7 @@ impl Connection {
     fn dispatch(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         msg: &[u8],
         inv: Option<u32>,
         env: &mut impl Env,
@@ -1131,7 +1193,7 @@ impl Connection {
     fn on_msg(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         credit: u32,
@@ -1166,7 +1228,7 @@ impl Connection {
     fn on_nomsg(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         credit: u32,

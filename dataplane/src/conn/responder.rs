@@ -65,7 +65,7 @@ pub(super) struct Serve {
     prog_vers: u32,
     proc_: u32,
     /// The receive buffer still holding the inline payload (or the PZRC head).
-    recv: Option<u32>,
+    recv: Option<MemRef>,
     s_off: u32,
     s_len: u32,
     s_local: u32,
@@ -113,6 +113,11 @@ impl Serve {
         };
         self.state = State::Free;
         ev
+    }
+
+    /// Takes the held receive buffer (to release it).
+    pub(super) fn take_recv(&mut self) -> Option<MemRef> {
+        self.recv.take()
     }
 
     fn wchunk_segs(&self, k: usize) -> &[Segment] {
@@ -213,7 +218,7 @@ impl Connection {
     /// A received call; true if its receive buffer is kept for the serve slot.
     pub(super) fn on_call(
         &mut self,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         lists: ChunkLists<'_>,
@@ -283,10 +288,7 @@ impl Connection {
             return self.serve_fail_header(i, env);
         };
         let head = total.min(self.cfg.recv_size);
-        let dest = s
-            .recv
-            .and_then(|r| self.recv_buf(r))
-            .and_then(|b| b.prefix(head));
+        let dest = s.recv.and_then(|b| b.prefix(head));
         let Some(dest) = dest else {
             return self.serve_fail_header(i, env);
         };
@@ -396,10 +398,7 @@ impl Connection {
         };
         let mut scratch = std::mem::take(&mut self.scratch);
         let n = s.s_local as usize;
-        let src = s
-            .recv
-            .and_then(|r| self.recv_buf(r))
-            .and_then(|b| b.prefix(s.s_local));
+        let src = s.recv.and_then(|b| b.prefix(s.s_local));
         let ok = match (src, scratch.get_mut(..n)) {
             (Some(src), Some(dst)) => env.read(src, dst),
             _ => false,
@@ -501,13 +500,13 @@ impl Connection {
         let Some((np, _)) = plan(&s, &mut pieces) else {
             return Err(SubmitError::BadId);
         };
-        let recv = s.recv.and_then(|r| self.recv_buf(r));
+        let recv = s.recv;
         let mut ok = true;
         for p in pieces.iter().take(np) {
             ok &= self.place_piece(i, &s, *p, recv, dest, env).is_some();
         }
         if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
-            self.post_recv(r);
+            self.release_recv(r);
         }
         if !ok {
             self.close(CloseReason::Local("argument placement"));
@@ -944,7 +943,7 @@ impl Connection {
         env: &mut impl Env,
     ) {
         if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
-            self.post_recv(r);
+            self.release_recv(r);
         }
         self.uncount(i);
         if let Some(d) = self.serves.get_mut(i as usize) {

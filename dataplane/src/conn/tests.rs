@@ -1086,10 +1086,12 @@ mod props {
             credits in 1u32..6,
             grant in 1u32..6,
             send_kib in 1u32..5,
+            shared in any::<bool>(),
         ) {
             let mut client = sim::config(Role::Client, credits);
             client.send_size = send_kib * 1024;
-            let server = sim::config(Role::Server, grant);
+            let mut server = sim::config(Role::Server, grant);
+            server.shared_recv = shared;
             let mut p = Pair::new(client, server);
             let mut want = Vec::new();
             for (k, &n) in sizes.iter().enumerate() {
@@ -1128,6 +1130,10 @@ mod props {
             }
             prop_assert_eq!(p.rnr, 0);
             prop_assert_eq!(p.a.env.live_windows(), 0);
+            if shared {
+                // Every shared receive buffer went back to the queue.
+                prop_assert_eq!(p.b.posted_len(), 16);
+            }
         }
 
         /// Hostile replies (random bytes after a plausible header for an outstanding XID)
@@ -1524,4 +1530,30 @@ fn r8166_4_5_f_undecodable_error_dropped_and_amb_2_err_vers_any_version() {
     assert!(done(&mut p).is_empty());
     p.inject(false, &be(&[1, 7, 1, 4, 1, 1, 1]));
     assert_eq!(done(&mut p)[0].status, CallStatus::ErrVers);
+}
+
+#[test]
+fn r8166_3_3_1_f_shared_receive_queue_serves_every_mode_and_returns_buffers() {
+    let mut server = sim::config(Role::Server, 4);
+    server.shared_recv = true;
+    let mut p = Pair::new(sim::config(Role::Client, 4), server);
+    assert_eq!(p.b.posted_len(), 16);
+    let data = pattern(3, 40_000);
+    let (result, _) = echo(&mut p, 1, &data);
+    let reply = bulk(&mut p, 2, &pattern(4, 3000), 3100);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert!(d.iter().all(|d| d.status == CallStatus::Ok), "{d:?}");
+    assert_eq!(p.a.get(result), data);
+    assert_eq!(p.a.get(reply.prefix(3000).unwrap()), pattern(4, 3000));
+    assert_eq!(p.b.posted_len(), 16);
+    // A connection that ends while holding a shared buffer gives it back.
+    let mut m = be(&[9, 1, 4, 0, 0, 0, 0]);
+    m.extend(rpcmsg::call_header(9, BULK_PROG, 1, 1));
+    p.inject(true, &m);
+    assert_eq!(p.b.posted_len(), 15);
+    p.b.conn.close(CloseReason::Requested);
+    p.run();
+    assert_eq!(p.b.posted_len(), 16);
 }
