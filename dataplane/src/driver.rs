@@ -60,9 +60,10 @@ impl Default for ConnTemplate {
 }
 
 impl ConnTemplate {
-    /// Send buffers per connection: the requester's calls plus one per granted credit.
+    /// Send buffers per connection: calls in flight (credits) plus answers to calls in
+    /// progress (receive slots) plus one; queued calls hold none.
     pub fn send_slots(&self) -> u32 {
-        self.max_calls + self.credits.min(self.recv_slots)
+        self.credits.min(self.recv_slots) + self.recv_slots.max(1) + 1
     }
 
     /// Bytes of pool one connection uses (send buffers, then receive buffers).

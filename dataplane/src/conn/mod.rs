@@ -73,7 +73,8 @@ pub struct ConnConfig {
     /// Send buffers: `send_slots` buffers of `send_size + SLOT_TAIL` bytes; the region must
     /// allow remote read and write (Long calls and Reply chunks expose parts of it).
     pub send_pool: MemRef,
-    /// Number of send buffers (at least `max_calls + credits`).
+    /// Number of send buffers (at least `credits + recv_slots + 1`: calls in flight plus
+    /// answers to calls in progress; queued calls hold none).
     pub send_slots: u32,
     /// Largest Send this side transmits.
     pub send_size: u32,
@@ -123,9 +124,9 @@ impl ConnConfig {
             return bad("credits must be at least 1");
         }
         if self.max_calls == 0
-            || self.send_slots < self.max_calls + self.credits.min(self.recv_slots)
+            || self.send_slots < self.credits.min(self.recv_slots) + self.recv_slots.max(1) + 1
         {
-            return bad("send_slots must cover max_calls plus credits");
+            return bad("send_slots must cover credits plus receive slots plus one");
         }
         if self.max_reads == 0 {
             return bad("max_reads must be at least 1");
@@ -521,6 +522,8 @@ pub struct Connection {
     /// Per send buffer: a Send from it has not completed yet.
     send_busy: Vec<bool>,
     send_free: Vec<u32>,
+    /// Send buffers held by calls of the requester.
+    call_sends: u32,
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
@@ -574,6 +577,7 @@ impl Connection {
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
             send_free: (0..cfg.send_slots).rev().collect(),
+            call_sends: 0,
             recv_posted: 0,
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
@@ -1250,7 +1254,12 @@ impl Connection {
 
     /// Moves queued calls out while credits allow, and RDMA Reads while ORD allows.
     fn pump(&mut self, env: &mut impl Env) {
-        while self.closed.is_none() && self.in_flight < self.credit_limit() {
+        // Calls may hold send buffers up to what the responder side's grant leaves free.
+        let call_room = self.cfg.send_slots.saturating_sub(self.grant + 1);
+        while self.closed.is_none()
+            && self.in_flight < self.credit_limit()
+            && self.call_sends < call_room
+        {
             let Some(i) = self.queued.pop_front() else {
                 break;
             };

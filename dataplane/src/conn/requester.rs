@@ -272,6 +272,7 @@ impl Connection {
     fn marshal(&mut self, c: &mut Call, env: &mut impl Env) -> Option<()> {
         c.state = State::Sent;
         let slot = self.alloc_send(SendOwner::Call)?;
+        self.call_sends += 1;
         c.slot = Some(slot);
         let b = binding(c.prog, c.vers, c.proc_);
         let v2 = self.vers == v2::VERSION;
@@ -555,6 +556,7 @@ impl Connection {
             }
         }
         if let Some(s) = slot {
+            self.call_sends = self.call_sends.saturating_sub(1);
             self.free_send(s);
         }
     }

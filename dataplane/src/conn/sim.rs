@@ -216,7 +216,7 @@ impl Side {
 }
 
 pub fn config(role: Role, credits: u32) -> ConnConfig {
-    let send_slots = 2 * credits + 8;
+    let send_slots = 2 * credits + 3;
     let send_size = 4096;
     let recv_slots = credits + 2;
     let recv_size = 4096;
