@@ -182,6 +182,17 @@ struct Shared {
     count: u32,
 }
 
+/// Send buffers shared by all connections.
+#[derive(Debug)]
+struct SendShared {
+    pool: MemRef,
+    stride: u32,
+    free: Vec<u32>,
+}
+
+/// Pool block of a connection whose buffers are all shared.
+const NO_BLOCK: u32 = u32::MAX;
+
 /// `wr_id` connection field marking a shared-receive-queue buffer.
 const SRQ_CONN: u64 = 0xffff;
 
@@ -191,6 +202,7 @@ pub struct Driver<P: Provider> {
     p: P,
     cq: CqId,
     shared: Option<Shared>,
+    send_shared: Option<SendShared>,
     by_qp: HashMap<QpId, ConnId>,
     regions: Vec<Mr>,
     pool: MemRef,
@@ -210,6 +222,7 @@ struct DrvEnv<'a, P, M> {
     mem: &'a mut M,
     regions: &'a [Mr],
     qp: QpId,
+    sends: Option<&'a mut SendShared>,
 }
 
 impl<P: Provider, M: Memory> Memory for DrvEnv<'_, P, M> {
@@ -236,6 +249,12 @@ impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
             .expose(self.qp, at.mr, at.offset, u64::from(at.len), access)
             .ok()?;
         Some(Segment::new(rkey, at.len, mr.addr_at(at.offset)))
+    }
+
+    fn take_send(&mut self) -> Option<MemRef> {
+        let s = self.sends.as_mut()?;
+        let i = s.free.pop()?;
+        s.pool.sub(i * s.stride, s.stride)
     }
 }
 
@@ -296,6 +315,7 @@ impl<P: Provider> Driver<P> {
             p: provider,
             cq,
             shared: None,
+            send_shared: None,
             by_qp: HashMap::new(),
             regions: vec![region],
             pool,
@@ -312,8 +332,11 @@ impl<P: Provider> Driver<P> {
     /// A driver whose connections take their receives from one shared receive queue of
     /// `count` buffers of the template's `recv_size`, cut from `srq_pool` (a range of
     /// `region` too): receive memory then does not grow with connections × credits.
-    /// `pool` holds only send buffers; each connection's grant stays the template's credits,
-    /// so size `count` for the calls you expect in flight across connections.
+    /// With `shared_send`, `pool` is likewise one pool of send buffers
+    /// (`send_size + SLOT_TAIL` bytes each) for all connections; otherwise it is cut into
+    /// per-connection blocks of send buffers. Each connection's grant stays the template's
+    /// credits: size the pools for the calls expected in flight across connections (a reply
+    /// finding no send buffer is refused with `SubmitError::Busy`, to be retried).
     #[allow(clippy::too_many_arguments)]
     pub fn new_shared(
         provider: P,
@@ -321,12 +344,17 @@ impl<P: Provider> Driver<P> {
         pd: PdId,
         region: Mr,
         pool: MemRef,
+        shared_send: bool,
         srq_pool: MemRef,
         count: u32,
         tmpl: ConnTemplate,
     ) -> Result<Self, DriverError> {
-        let send_len = ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size)
-            .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
+        let send_len = if shared_send {
+            crate::conn::SLOT_TAIL + tmpl.send_size
+        } else {
+            ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size)
+                .ok_or(DriverError::Config(ConfigError("pool block too large")))?
+        };
         let need = count
             .checked_mul(tmpl.recv_size)
             .ok_or(DriverError::Config(ConfigError(
@@ -342,6 +370,15 @@ impl<P: Provider> Driver<P> {
             )));
         }
         let mut d = Self::build(provider, cq, region, pool, tmpl, send_len)?;
+        if shared_send {
+            let n = pool.len / send_len;
+            d.send_shared = Some(SendShared {
+                pool,
+                stride: send_len,
+                free: (0..n).rev().collect(),
+            });
+            d.free_blocks.clear();
+        }
         let srq = d.p.create_srq(pd, count, 1)?;
         let sh = Shared {
             srq,
@@ -397,9 +434,18 @@ impl<P: Provider> Driver<P> {
         self.cq
     }
 
-    /// Connections the pool can still take.
+    /// Connections the pool can still take (with a shared send pool: as many as ids allow).
     pub fn free_blocks(&self) -> usize {
-        self.free_blocks.len()
+        if self.send_shared.is_some() {
+            0xffff - self.by_qp.len()
+        } else {
+            self.free_blocks.len()
+        }
+    }
+
+    /// Shared send buffers free now (none without a shared send pool).
+    pub fn free_send_buffers(&self) -> usize {
+        self.send_shared.as_ref().map_or(0, |s| s.free.len())
     }
 
     /// The provider (for connection management: listen, connect, accept, poll_cm).
@@ -423,9 +469,18 @@ impl<P: Provider> Driver<P> {
         peer: Option<PrivateData>,
         mem: &mut impl Memory,
     ) -> Result<ConnId, DriverError> {
-        let block = self.free_blocks.pop().ok_or(DriverError::NoBuffers)?;
+        let shared_send = self.send_shared.is_some();
+        let block = if shared_send {
+            NO_BLOCK
+        } else {
+            self.free_blocks.pop().ok_or(DriverError::NoBuffers)?
+        };
         let t = self.tmpl;
-        let base = block * self.block_len;
+        let base = if shared_send {
+            0
+        } else {
+            block * self.block_len
+        };
         let send_len = ConnConfig::send_pool_len(t.send_slots(), t.send_size).unwrap_or(0);
         let shared = self.shared.is_some();
         let recv_pool = if shared {
@@ -439,16 +494,20 @@ impl<P: Provider> Driver<P> {
             role,
             version: t.version,
             credits: t.credits,
-            send_pool: self
-                .pool
-                .sub(base, send_len)
-                .ok_or(DriverError::NoBuffers)?,
+            send_pool: if shared_send {
+                MemRef::new(self.pool.mr, self.pool.offset, 0)
+            } else {
+                self.pool
+                    .sub(base, send_len)
+                    .ok_or(DriverError::NoBuffers)?
+            },
             send_slots: t.send_slots(),
             send_size: t.send_size,
             recv_pool,
             recv_slots: t.recv_slots,
             recv_size: t.recv_size,
             shared_recv: shared,
+            shared_send,
             max_calls: t.max_calls,
             peer,
             ddp_threshold: t.ddp_threshold,
@@ -458,14 +517,18 @@ impl<P: Provider> Driver<P> {
         let conn = match Connection::new(cfg) {
             Ok(c) => c,
             Err(e) => {
-                self.free_blocks.push(block);
+                if block != NO_BLOCK {
+                    self.free_blocks.push(block);
+                }
                 return Err(DriverError::Config(e));
             }
         };
         let idx = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
             None if self.conns.len() >= 0xffff => {
-                self.free_blocks.push(block);
+                if block != NO_BLOCK {
+                    self.free_blocks.push(block);
+                }
                 return Err(DriverError::NoBuffers);
             }
             None => {
@@ -546,6 +609,7 @@ impl<P: Provider> Driver<P> {
             mem,
             regions: &self.regions,
             qp: e.qp,
+            sends: self.send_shared.as_mut(),
         };
         let r = f(&mut e.conn, &mut env);
         self.flush(id, mem);
@@ -657,7 +721,9 @@ impl<P: Provider> Driver<P> {
             .get_mut(id.idx as usize)
             .and_then(Option::take)
             .ok_or(DriverError::BadId)?;
-        self.free_blocks.push(e.block);
+        if e.block != NO_BLOCK {
+            self.free_blocks.push(e.block);
+        }
         self.by_qp.remove(&e.qp);
         self.p.destroy_qp(e.qp)?;
         Ok(())
@@ -744,6 +810,17 @@ impl<P: Provider> Driver<P> {
         };
         while let Some(w) = e.conn.poll_work() {
             if let Work::Release { buf } = w {
+                // A shared send buffer goes back to its pool.
+                if let Some(ss) = self.send_shared.as_mut() {
+                    let inside = buf.mr == ss.pool.mr
+                        && buf.offset >= ss.pool.offset
+                        && buf.offset < ss.pool.offset + u64::from(ss.pool.len);
+                    if inside {
+                        let i = (buf.offset - ss.pool.offset) / u64::from(ss.stride.max(1));
+                        ss.free.push(i as u32);
+                        continue;
+                    }
+                }
                 // A shared receive buffer goes back to the queue, dead connection or not.
                 if let Some(sh) = self.shared {
                     let i = buf.offset.saturating_sub(sh.pool.offset) / u64::from(sh.size.max(1));

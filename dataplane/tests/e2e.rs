@@ -129,17 +129,18 @@ fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
     }
 }
 
-/// A node whose connections share one receive queue of 16 buffers.
+/// A node whose connections share one receive queue of 16 buffers and 24 send buffers.
 fn node_shared<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let Side {
         p, pd, cq, buf, mr, ..
     } = Side::new(p);
     let tmpl = template();
-    let send = ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size).unwrap();
-    let pool = MemRef::new(mr.id, 0, send * blocks);
+    let _ = blocks;
+    let send = ConnConfig::send_pool_len(24, tmpl.send_size).unwrap();
+    let pool = MemRef::new(mr.id, 0, send);
     let srq_pool = MemRef::new(mr.id, u64::from(pool.len), 16 * tmpl.recv_size);
     let base = (u64::from(pool.len) + u64::from(srq_pool.len)).div_ceil(4096) * 4096;
-    let drv = Driver::new_shared(p, cq, pd, mr, pool, srq_pool, 16, tmpl).expect("driver");
+    let drv = Driver::new_shared(p, cq, pd, mr, pool, true, srq_pool, 16, tmpl).expect("driver");
     Node {
         drv,
         mem: BufMem {
@@ -596,6 +597,46 @@ fn e2e_mem_fabric_shared_receive_queue_every_transfer_mode() {
     let c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
     let s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 2);
     all_modes(c, s, "10.0.0.3:20049".parse().unwrap());
+}
+
+#[test]
+fn e2e_shared_pools_return_every_buffer() {
+    let f = MemFabric::new();
+    let mut c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, sconn) = connect(&mut c, &mut s, "10.0.0.4:20049".parse().unwrap());
+    for x in 0..40u32 {
+        let data = pattern(x, 3000);
+        let msg = c.put(&be(&[3000]));
+        let piece = c.put(&data);
+        let (result, reply) = (c.alloc(3000), c.alloc(64));
+        let d = run_call(
+            &mut c,
+            &mut s,
+            conn,
+            &CallSpec {
+                user: 1,
+                xid: 1000 + x,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::ECHO,
+                msg,
+                args: &[ArgPiece {
+                    mem: piece,
+                    xdr_pos: 4,
+                }],
+                results: &[result],
+                reply,
+            },
+        );
+        assert_eq!(d.status, CallStatus::Ok);
+        assert_eq!(c.get(result), data);
+    }
+    drive(&mut c, &mut s, "send completions", |c, s| {
+        c.drv.free_send_buffers() == 24 && s.drv.free_send_buffers() == 24
+    });
+    s.drv.close(sconn, CloseReason::Requested, &mut s.mem);
+    assert_eq!(s.drv.free_send_buffers(), 24);
 }
 
 #[test]

@@ -73,6 +73,10 @@ pub struct ConnConfig {
     /// Send buffers: `send_slots` buffers of `send_size + SLOT_TAIL` bytes; the region must
     /// allow remote read and write (Long calls and Reply chunks expose parts of it).
     pub send_pool: MemRef,
+    /// Send buffers come from a pool shared by connections ([`Env::take_send`]) and go back
+    /// as [`Work::Release`]; `send_pool` is unused and `send_slots` caps this connection's
+    /// share.
+    pub shared_send: bool,
     /// Number of send buffers (at least `credits + recv_slots + 1`: calls in flight plus
     /// answers to calls in progress; queued calls hold none).
     pub send_slots: u32,
@@ -131,8 +135,9 @@ impl ConnConfig {
         if self.max_reads == 0 {
             return bad("max_reads must be at least 1");
         }
-        if Self::send_pool_len(self.send_slots, self.send_size)
-            .is_none_or(|n| n > self.send_pool.len)
+        if !self.shared_send
+            && Self::send_pool_len(self.send_slots, self.send_size)
+                .is_none_or(|n| n > self.send_pool.len)
         {
             return bad("send pool too small");
         }
@@ -224,10 +229,11 @@ pub enum Work {
         /// The key.
         rkey: u32,
     },
-    /// Give a buffer of the shared receive queue back (post it again); only with
-    /// [`ConnConfig::shared_recv`].
+    /// Give a shared buffer back: a receive buffer to the shared receive queue (post it
+    /// again; [`ConnConfig::shared_recv`]) or a send buffer to the shared send pool
+    /// ([`ConnConfig::shared_send`]).
     Release {
-        /// The buffer handed in by [`Connection::handle_recv`].
+        /// The buffer handed in by [`Connection::handle_recv`] or [`Env::take_send`].
         buf: MemRef,
     },
 }
@@ -519,6 +525,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     scratch: Vec<u8>,
     send_owner: Vec<SendOwner>,
+    /// The buffer of each send slot (fixed, or taken from the shared pool while in use).
+    send_bufs: Vec<MemRef>,
     /// Per send buffer: a Send from it has not completed yet.
     send_busy: Vec<bool>,
     send_free: Vec<u32>,
@@ -576,6 +584,14 @@ impl Connection {
             scratch: vec![0; cfg.recv_size as usize],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
+            send_bufs: (0..cfg.send_slots)
+                .map(|i| {
+                    let stride = cfg.send_size + SLOT_TAIL;
+                    i.checked_mul(stride)
+                        .and_then(|o| cfg.send_pool.sub(o, stride))
+                        .unwrap_or_default()
+                })
+                .collect(),
             send_free: (0..cfg.send_slots).rev().collect(),
             call_sends: 0,
             recv_posted: 0,
@@ -751,6 +767,17 @@ impl Connection {
                 }
             }
         }
+        if self.cfg.shared_send {
+            // The queue pair is going down: its Sends will not touch these buffers again.
+            for (o, b) in self.send_owner.iter_mut().zip(self.send_bufs.iter_mut()) {
+                if *o != SendOwner::Free {
+                    *o = SendOwner::Free;
+                    self.work.push_back(Work::Release {
+                        buf: std::mem::take(b),
+                    });
+                }
+            }
+        }
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
                 self.events.push_back(Event::CallDone(done));
@@ -794,8 +821,10 @@ impl Connection {
     }
 
     fn send_buf(&self, slot: u32) -> Option<MemRef> {
-        let stride = self.cfg.send_size + SLOT_TAIL;
-        self.cfg.send_pool.sub(slot.checked_mul(stride)?, stride)
+        self.send_bufs
+            .get(slot as usize)
+            .copied()
+            .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)
     }
 
     fn send_tail(&self, slot: u32, off: u32, len: u32) -> Option<MemRef> {
@@ -812,8 +841,15 @@ impl Connection {
         }
     }
 
-    fn alloc_send(&mut self, owner: SendOwner) -> Option<u32> {
-        let s = self.send_free.pop()?;
+    fn alloc_send(&mut self, owner: SendOwner, env: &mut impl Env) -> Option<u32> {
+        let s = *self.send_free.last()?;
+        if self.cfg.shared_send {
+            let buf = env
+                .take_send()
+                .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)?;
+            *self.send_bufs.get_mut(s as usize)? = buf;
+        }
+        self.send_free.pop();
         if let Some(o) = self.send_owner.get_mut(s as usize) {
             *o = owner;
         }
@@ -831,6 +867,12 @@ impl Connection {
                 (_, false) => {
                     *o = SendOwner::Free;
                     self.send_free.push(slot);
+                    if self.cfg.shared_send {
+                        if let Some(b) = self.send_bufs.get_mut(slot as usize) {
+                            let buf = std::mem::take(b);
+                            self.work.push_back(Work::Release { buf });
+                        }
+                    }
                 }
             }
         }
@@ -866,7 +908,7 @@ impl Connection {
 
     /// Writes `hdr` (and nothing else) into a fresh send buffer and queues the Send.
     fn send_bytes(&mut self, owner: SendOwner, hdr: &[u8], env: &mut impl Env) -> bool {
-        let Some(slot) = self.alloc_send(owner) else {
+        let Some(slot) = self.alloc_send(owner, env) else {
             self.close(CloseReason::Local("no send buffer"));
             return false;
         };
@@ -1263,7 +1305,9 @@ impl Connection {
             let Some(i) = self.queued.pop_front() else {
                 break;
             };
-            self.start_call(i, env);
+            if !self.start_call(i, env) {
+                break;
+            }
         }
         self.pump_reads();
     }

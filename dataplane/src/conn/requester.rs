@@ -248,11 +248,19 @@ impl Connection {
         Ok(())
     }
 
-    pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) {
+    /// Sends queued call `i`; false (and the call stays first in the queue) if no send
+    /// buffer is free.
+    pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) -> bool {
         let Some(mut c) = self.calls.get(i as usize).copied() else {
-            return;
+            return true;
         };
-        let ok = self.marshal(&mut c, env).is_some();
+        let Some(slot) = self.alloc_send(SendOwner::Call, env) else {
+            self.queued.push_front(i);
+            return false;
+        };
+        self.call_sends += 1;
+        c.slot = Some(slot);
+        let ok = self.marshal(&mut c, slot, env).is_some();
         if let Some(slot) = self.calls.get_mut(i as usize) {
             *slot = c;
         }
@@ -265,15 +273,13 @@ impl Connection {
         } else {
             self.end_call(i, CallDone::failed(c.user, c.xid, CallStatus::Local), None);
         }
+        true
     }
 
     /// Builds the header and payload of call `c` in a fresh send buffer and queues the
     /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
-    fn marshal(&mut self, c: &mut Call, env: &mut impl Env) -> Option<()> {
+    fn marshal(&mut self, c: &mut Call, slot: u32, env: &mut impl Env) -> Option<()> {
         c.state = State::Sent;
-        let slot = self.alloc_send(SendOwner::Call)?;
-        self.call_sends += 1;
-        c.slot = Some(slot);
         let b = binding(c.prog, c.vers, c.proc_);
         let v2 = self.vers == v2::VERSION;
         let fixed = if v2 { 20 } else { 16 };

@@ -617,17 +617,30 @@ impl Connection {
             }
             last = r.xdr_pos;
         }
-        match self.build_reply(i, spec, env) {
+        // No send buffer free (shared pool exhausted): the owner retries later.
+        let slot = self
+            .alloc_send(SendOwner::Serve(i), env)
+            .ok_or(SubmitError::Busy)?;
+        match self.build_reply(i, slot, spec, env) {
             Some(true) => {}
             // The requester's chunks cannot take this reply (R8166-4.5.3-b, R8166-8.1.4-b).
-            Some(false) => self.serve_fail_header(i, env),
+            Some(false) => {
+                self.free_send(slot);
+                self.serve_fail_header(i, env);
+            }
             None => self.close(CloseReason::Local("reply marshalling")),
         }
         Ok(())
     }
 
     /// Builds and queues the reply; `Some(false)` if it does not fit the chunks offered.
-    fn build_reply(&mut self, i: u32, spec: &ReplySpec<'_>, env: &mut impl Env) -> Option<bool> {
+    fn build_reply(
+        &mut self,
+        i: u32,
+        slot: u32,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Option<bool> {
         let s = self.serves.get(i as usize).copied()?;
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
@@ -646,7 +659,6 @@ impl Connection {
                 to_chunk[k] = true;
             }
         }
-        let slot = self.alloc_send(SendOwner::Serve(i))?;
         let rpc_tail = self.send_tail(slot, TAIL_RPC, REPLY_HEADER_LEN as u32)?;
         let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
         let hdr24 = rpcmsg::reply_header(s.xid, spec.accept_stat);

@@ -20,6 +20,10 @@ pub const POOL: MrId = MrId(1);
 /// Region of a side's shared receive buffers (when its config says `shared_recv`).
 pub const SRQ: MrId = MrId(3);
 const SHARED: u32 = u32::MAX;
+/// Region of a side's shared send buffers (when its config says `shared_send`).
+pub const SENDS: MrId = MrId(4);
+/// Shared send buffers of a side.
+pub const SEND_COUNT: usize = 24;
 
 #[derive(Debug)]
 enum Cqe {
@@ -49,6 +53,8 @@ pub struct SimMem {
     next_key: u32,
     /// When set, `expose` fails (provider refusal).
     pub refuse_expose: bool,
+    /// Free shared send buffers.
+    pub sends: Vec<MemRef>,
 }
 
 fn addr(at: MemRef) -> u64 {
@@ -84,6 +90,10 @@ impl Env for SimMem {
             valid: true,
         });
         Some(Segment::new(key, at.len, addr(at)))
+    }
+
+    fn take_send(&mut self) -> Option<MemRef> {
+        self.sends.pop()
     }
 }
 
@@ -165,6 +175,7 @@ impl Side {
                 windows: Vec::new(),
                 next_key: 0x1234,
                 refuse_expose: false,
+                sends: Vec::new(),
             },
             posted: VecDeque::new(),
             cq: VecDeque::new(),
@@ -175,6 +186,15 @@ impl Side {
             max_reads_in_flight: 0,
             reads_in_flight: 0,
         };
+        if cfg.shared_send {
+            let stride = cfg.send_size + super::SLOT_TAIL;
+            side.env.mem.add(SENDS, SEND_COUNT * stride as usize);
+            for k in 0..SEND_COUNT as u64 {
+                side.env
+                    .sends
+                    .push(MemRef::new(SENDS, k * u64::from(stride), stride));
+            }
+        }
         if shared {
             for k in 0..16u64 {
                 let buf = MemRef::new(SRQ, k * u64::from(cfg.recv_size), cfg.recv_size);
@@ -238,6 +258,7 @@ pub fn config(role: Role, credits: u32) -> ConnConfig {
         max_reads: 4,
         max_call_size: 4 << 20,
         shared_recv: false,
+        shared_send: false,
     }
 }
 
@@ -409,6 +430,7 @@ impl Pair {
                         .cq
                         .push_back(Cqe::Wc(err(tag, WcStatus::RemoteAccessError))),
                 },
+                Work::Release { buf } if buf.mr == SENDS => me.env.sends.push(buf),
                 Work::Release { buf } => me.posted.push_back((SHARED, buf)),
                 Work::Invalidate { tag, rkey } => {
                     me.env.invalidate(rkey);

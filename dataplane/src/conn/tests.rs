@@ -1092,6 +1092,8 @@ mod props {
             client.send_size = send_kib * 1024;
             let mut server = sim::config(Role::Server, grant);
             server.shared_recv = shared;
+            server.shared_send = shared;
+            client.shared_send = shared;
             let mut p = Pair::new(client, server);
             let mut want = Vec::new();
             for (k, &n) in sizes.iter().enumerate() {
@@ -1131,8 +1133,10 @@ mod props {
             prop_assert_eq!(p.rnr, 0);
             prop_assert_eq!(p.a.env.live_windows(), 0);
             if shared {
-                // Every shared receive buffer went back to the queue.
+                // Every shared receive and send buffer went back to its pool.
                 prop_assert_eq!(p.b.posted_len(), 16);
+                prop_assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+                prop_assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
             }
         }
 
@@ -1536,7 +1540,10 @@ fn r8166_4_5_f_undecodable_error_dropped_and_amb_2_err_vers_any_version() {
 fn r8166_3_3_1_f_shared_receive_queue_serves_every_mode_and_returns_buffers() {
     let mut server = sim::config(Role::Server, 4);
     server.shared_recv = true;
-    let mut p = Pair::new(sim::config(Role::Client, 4), server);
+    server.shared_send = true;
+    let mut client = sim::config(Role::Client, 4);
+    client.shared_send = true;
+    let mut p = Pair::new(client, server);
     assert_eq!(p.b.posted_len(), 16);
     let data = pattern(3, 40_000);
     let (result, _) = echo(&mut p, 1, &data);
@@ -1556,4 +1563,56 @@ fn r8166_3_3_1_f_shared_receive_queue_serves_every_mode_and_returns_buffers() {
     p.b.conn.close(CloseReason::Requested);
     p.run();
     assert_eq!(p.b.posted_len(), 16);
+    assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+    assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
+}
+
+#[test]
+fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
+    let mut client = sim::config(Role::Client, 8);
+    client.shared_send = true;
+    let mut server = sim::config(Role::Server, 8);
+    server.shared_send = true;
+    let mut p = Pair::new(client, server);
+    // Leave the client two send buffers: the first reply raises the grant to 8, yet only
+    // two calls can be out at once; the rest wait instead of failing.
+    let keep: Vec<MemRef> = p.a.env.sends.drain(2..).collect();
+    for x in 0..6 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 6);
+    assert_eq!(p.a.env.sends.len(), 2);
+    // The server with no send buffer refuses a reply with Busy, then sends it later.
+    p.a.env.sends.extend(keep);
+    p.b.events.clear();
+    bulk(&mut p, 10, &[1; 4], 64);
+    p.run();
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    let buf = p.b.alloc(c.args_len);
+    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    p.run();
+    p.b.events.clear();
+    let held: Vec<MemRef> = p.b.env.sends.drain(..).collect();
+    let m = p.b.put(&[1; 4]);
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg: m,
+        results: &[],
+    };
+    assert_eq!(
+        p.b.conn.submit_reply(c.id, &spec, &mut p.b.env),
+        Err(SubmitError::Busy)
+    );
+    p.b.env.sends.extend(held);
+    p.b.conn.submit_reply(c.id, &spec, &mut p.b.env).unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].xid, d[0].status, d[0].reply_len),
+        (10, CallStatus::Ok, 4)
+    );
 }
