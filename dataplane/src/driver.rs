@@ -48,7 +48,7 @@ impl Default for ConnTemplate {
         ConnTemplate {
             version: 1,
             credits: 32,
-            max_calls: 64,
+            max_calls: 32,
             send_size: 4096,
             recv_size: 4096,
             recv_slots: 34,
