@@ -11,7 +11,7 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    pad4, round4, tag, CallDone, CallStatus, Connection, Event, SendOwner, SubmitError, Work,
+    pad4, round4, tag, CallDone, CallStatus, Connection, Event, Role, SendOwner, SubmitError, Work,
     K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
@@ -280,7 +280,13 @@ impl Connection {
     /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
     fn marshal(&mut self, c: &mut Call, slot: u32, env: &mut impl Env) -> Option<()> {
         c.state = State::Sent;
-        let b = binding(c.prog, c.vers, c.proc_);
+        // R8166-7.1-c: backward-direction calls (from the server) use no chunks at all.
+        let backward = self.cfg.role == Role::Server;
+        let b = if backward {
+            rpcrdma_proto::ulb::Binding::NONE
+        } else {
+            binding(c.prog, c.vers, c.proc_)
+        };
         let v2 = self.vers == v2::VERSION;
         let fixed = if v2 { 20 } else { 16 };
         // Which eligible arguments move to Read chunks (R8166-3.4.2-a, IMPL-6.2.1-a).
@@ -319,7 +325,8 @@ impl Connection {
         // A Reply chunk whenever the largest reply may exceed the reply threshold (R8166-4.3.3-a).
         let max_reply = (REPLY_HEADER_LEN as u32).saturating_add(c.reply.len);
         let reply_hdr = (fixed + 4 + wlist_len + 4) as u32;
-        let want_reply_chunk = reply_hdr.saturating_add(max_reply) > self.recv_threshold;
+        let want_reply_chunk =
+            !backward && reply_hdr.saturating_add(max_reply) > self.recv_threshold;
         let n_reply = match (want_reply_chunk, c.reply.len) {
             (false, _) => 0,
             (true, 0) => 1,
@@ -332,6 +339,9 @@ impl Connection {
         };
         let msg_hdr = fixed + 4 + 24 * n_red as usize + wlist_len + reply_len;
         let short = (msg_hdr as u32).checked_add(inline_len)? <= self.threshold();
+        if backward && !short {
+            return None;
+        }
 
         // The Payload stream, in pieces, as it travels (reduced for a short message).
         let mut src = [Src::Zero(0); MAX_SRC];

@@ -1616,3 +1616,41 @@ fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
         (10, CallStatus::Ok, 4)
     );
 }
+
+#[test]
+fn r8166_7_1_c_backward_calls_inline_only() {
+    let mut p = Pair::default_pair();
+    // A backward call that does not fit inline fails locally, never chunked; one that
+    // fits goes inline with empty chunk lists, even with a large reply buffer.
+    let big = p.b.put(&pattern(1, 2000));
+    let reply = p.b.alloc(8000);
+    let spec = CallSpec {
+        user: 1,
+        xid: 2,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg: big,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let failed =
+        p.b.events.iter().any(
+            |e| matches!(e, Event::CallDone(d) if d.xid == 2 && d.status == CallStatus::Local),
+        );
+    assert!(failed, "{:?}", p.b.events);
+    assert!(p.b.sent.is_empty());
+    let msg = p.b.put(&be(&[8, 1, 2]));
+    let spec = CallSpec {
+        xid: 1,
+        msg,
+        ..spec
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let h = header(&p.b.sent[0]);
+    assert_eq!(h.body, v1::Body::Msg(proto::ChunkLists::EMPTY));
+}
