@@ -45,6 +45,8 @@ pub const SLOT_TAIL: u32 = 128;
 const TAIL_RPC: u32 = 0;
 const TAIL_ZERO: u32 = 48;
 const TAIL_LAND: u32 = 64;
+/// Largest transport header the engine builds (caps of `MAX_SEGS` and friends).
+const HDR_LEN: usize = 1536;
 /// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
 pub const DEFAULT_INLINE: u32 = 1024;
 /// Version-two inline size once both ends speak it (V2-2.3-b, AMB-20).
@@ -379,7 +381,7 @@ pub enum CloseReason {
 }
 
 /// What the connection reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A call of this side finished.
     CallDone(CallDone),
@@ -406,7 +408,7 @@ pub enum Event {
     },
     /// A version-two RDMA2_OPTIONAL message arrived (for the control plane); the body is
     /// copied out, `len` bytes of `optinfo`.
-    Optional(OptionalMsg),
+    Optional(Box<OptionalMsg>),
     /// The connection ended; every outstanding call has been reported.
     Closed(CloseReason),
 }
@@ -524,6 +526,8 @@ pub struct Connection {
     work: VecDeque<Work>,
     events: VecDeque<Event>,
     scratch: Vec<u8>,
+    /// Where transport headers are built (reused: no per-message zeroing).
+    hdr: Vec<u8>,
     send_owner: Vec<SendOwner>,
     /// The buffer of each send slot (fixed, or taken from the shared pool while in use).
     send_bufs: Vec<MemRef>,
@@ -582,6 +586,7 @@ impl Connection {
             work: VecDeque::with_capacity(64),
             events: VecDeque::with_capacity(16),
             scratch: vec![0; cfg.recv_size as usize],
+            hdr: vec![0; HDR_LEN],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
             send_bufs: (0..cfg.send_slots)
@@ -1137,13 +1142,14 @@ impl Connection {
         if let (Some(d), Some(s)) = (body.get_mut(..n), o.optinfo.get(..n)) {
             d.copy_from_slice(s);
         }
-        self.events.push_back(Event::Optional(OptionalMsg {
+        // Rare control-plane traffic: boxed so that every other event stays small.
+        self.events.push_back(Event::Optional(Box::new(OptionalMsg {
             xid,
             direction: o.direction,
             opttype: o.opttype,
             len: n as u16,
             body,
-        }));
+        })));
     }
 
     /// Sends an RDMA2_OPTIONAL message the control plane built (`optinfo` is the XDR body);

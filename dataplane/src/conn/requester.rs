@@ -127,7 +127,6 @@ enum Src {
 
 const MAX_SRC: usize = 2 + 3 * MAX_PIECES;
 const MAX_READ_OUT: usize = MAX_SRC;
-const HDR_BUF: usize = 1536;
 
 impl Connection {
     /// Queues a call; it is sent as soon as the credit limit allows (R8166-3.3.1-b). Its
@@ -435,7 +434,6 @@ impl Connection {
             reply: (n_reply > 0)
                 .then(|| Chunk::from_segments(c.reply_segs.get(..n_reply).unwrap_or(&[]))),
         };
-        let mut hdr = [0u8; HDR_BUF];
         let credit = self.cfg.credits;
         let n = if v2 {
             let body = if short {
@@ -454,7 +452,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } else {
             let body = if short {
@@ -467,7 +465,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } as u32;
         let total = if short { n.checked_add(inline_len)? } else { n };
@@ -475,7 +473,7 @@ impl Connection {
             return None;
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, hdr.get(..n as usize)?) {
+        if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
         if short {

@@ -785,7 +785,6 @@ impl Connection {
             reply: (!short)
                 .then(|| Chunk::from_segments(recho.get(..usize::from(s.n_rseg)).unwrap_or(&[]))),
         };
-        let mut hdr = [0u8; 1024];
         let credit = self.grant;
         let n = if v2 {
             let body = if short {
@@ -804,7 +803,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } else {
             let body = if short {
@@ -817,12 +816,12 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } as u32;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, hdr.get(..n as usize)?) {
+        if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
         if short {

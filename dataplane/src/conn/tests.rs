@@ -1200,6 +1200,16 @@ fn memory_copy_overlapping_moves_like_memmove() {
         &[3, 4, 5, 6, 7, 8, 7, 8]
     );
     assert!(!m.copy(MemRef::new(sim::APP, 12, 8), MemRef::new(sim::APP, 0, 8)));
+    // Across regions, both directions.
+    m.add(sim::POOL, 8);
+    assert!(m.copy(MemRef::new(sim::APP, 0, 4), MemRef::new(sim::POOL, 4, 4)));
+    assert_eq!(
+        m.slice(MemRef::new(sim::POOL, 0, 8)).unwrap(),
+        &[0, 0, 0, 0, 3, 4, 5, 6]
+    );
+    assert!(m.copy(MemRef::new(sim::POOL, 4, 2), MemRef::new(sim::APP, 14, 2)));
+    assert_eq!(m.slice(MemRef::new(sim::APP, 14, 2)).unwrap(), &[3, 4]);
+    assert!(!m.copy(MemRef::new(sim::POOL, 4, 8), MemRef::new(sim::APP, 0, 8)));
 }
 
 #[test]
