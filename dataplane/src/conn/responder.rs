@@ -115,6 +115,37 @@ impl Serve {
         ev
     }
 
+    /// Prepares the slot for a new call in place (its segment arrays are only read up to
+    /// their counts, so they are not cleared).
+    fn reset(&mut self, xid: u32, vers: u32, recv: MemRef) {
+        self.state = State::Waiting;
+        self.gen = self.gen.wrapping_add(1) & 0xffff;
+        self.xid = xid;
+        self.vers = vers;
+        self.prog = 0;
+        self.prog_vers = 0;
+        self.proc_ = 0;
+        self.recv = Some(recv);
+        self.s_off = 0;
+        self.s_len = 0;
+        self.s_local = 0;
+        self.n_pzrc = 0;
+        self.n_dseg = 0;
+        self.n_dchunk = 0;
+        self.n_wchunk = 0;
+        self.n_rseg = 0;
+        self.has_reply = false;
+        self.inv_rkey = None;
+        self.args_off = 0;
+        self.args_len = 0;
+        self.dest = MemRef::default();
+        self.reads_pending = 0;
+        self.pending = 0;
+        self.counted = true;
+        self.silent = false;
+        self.status = None;
+    }
+
     /// Takes the held receive buffer (to release it).
     pub(super) fn take_recv(&mut self) -> Option<MemRef> {
         self.recv.take()
@@ -151,6 +182,43 @@ fn push<T: Copy>(arr: &mut [T], n: &mut usize, v: T) -> Option<()> {
     *arr.get_mut(*n)? = v;
     *n += 1;
     Some(())
+}
+
+/// Checks a call against its header and binding and records its shape in `s`: the
+/// reassembled argument length, its generation and XID; `Err(Some(stat))` to answer with an
+/// RPC reply of that accept_stat, `Err(None)` for a header error.
+fn prepare_verdict(
+    s: &mut Serve,
+    call: &CallHeader,
+    head: &[u8],
+    reads: Option<&ReadList<'_>>,
+) -> Result<(u32, u32, u32), Option<u32>> {
+    if call.xid != s.xid {
+        // R8166-4.2.1-a.
+        return Err(None);
+    }
+    if s.n_dchunk > 0 {
+        // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
+        let b = binding(call.prog, call.vers, call.proc);
+        let ok = match reads {
+            Some(r) => check_read_chunks(head, r).is_ok(),
+            None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+        };
+        if !ok {
+            return Err(Some(rpcmsg::GARBAGE_ARGS));
+        }
+    }
+    s.args_off = u32::try_from(call.args_offset).map_err(|_| Some(rpcmsg::GARBAGE_ARGS))?;
+    let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+    let (_, u_len) = plan(s, &mut pieces).ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
+    let args_len = u_len
+        .checked_sub(s.args_off)
+        .ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
+    s.args_len = args_len;
+    s.prog = call.prog;
+    s.prog_vers = call.vers;
+    s.proc_ = call.proc;
+    Ok((args_len, s.gen, s.xid))
 }
 
 /// How the call is put together (RFC 8166 §3.4.5, AMB-10): the stream S (inline payload,
@@ -236,23 +304,13 @@ impl Connection {
             return true;
         };
         self.in_process += 1;
-        let gen = self
-            .serves
-            .get(i as usize)
-            .map_or(0, |s| s.gen.wrapping_add(1) & 0xffff);
-        let mut s = Serve {
-            state: State::Waiting,
-            gen,
-            xid,
-            vers,
-            recv: Some(slot),
-            counted: true,
-            ..Serve::default()
+        let ok = match self.serves.get_mut(i as usize) {
+            Some(s) => {
+                s.reset(xid, vers, slot);
+                copy_lists(s, &lists).is_some()
+            }
+            None => false,
         };
-        let ok = copy_lists(&mut s, &lists).is_some();
-        if let Some(d) = self.serves.get_mut(i as usize) {
-            *d = s;
-        }
         if !ok {
             self.serve_fail_header(i, env);
             return true;
@@ -421,49 +479,30 @@ impl Connection {
         reads: Option<&ReadList<'_>>,
         env: &mut impl Env,
     ) {
-        let Some(mut s) = self.serves.get(i as usize).copied() else {
-            return;
-        };
         let Ok(call) = CallHeader::parse(head) else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
         };
-        if call.xid != s.xid {
-            // R8166-4.2.1-a.
-            return self.serve_fail_header(i, env);
-        }
-        if s.n_dchunk > 0 {
-            // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
-            let b = binding(call.prog, call.vers, call.proc);
-            let ok = match reads {
-                Some(r) => check_read_chunks(head, r).is_ok(),
-                None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+        // Checked in place: the slot is large, copying it per call costs.
+        let verdict = {
+            let Some(s) = self.serves.get_mut(i as usize) else {
+                return;
             };
-            if !ok {
-                return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
-            }
-        }
-        s.args_off = call.args_offset as u32;
-        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
-        let Some((_, u_len)) = plan(&s, &mut pieces) else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+            prepare_verdict(s, &call, head, reads)
         };
-        let Some(args_len) = u_len.checked_sub(s.args_off) else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+        let (args_len, id, xid) = match verdict {
+            Ok(x) => x,
+            Err(Some(stat)) => return self.serve_status_reply(i, stat, env),
+            Err(None) => return self.serve_fail_header(i, env),
         };
         if args_len > self.cfg.max_call_size {
             return self.serve_fail_header(i, env);
         }
-        s.args_len = args_len;
-        s.prog = call.prog;
-        s.prog_vers = call.vers;
-        s.proc_ = call.proc;
-        s.state = State::Waiting;
-        if let Some(d) = self.serves.get_mut(i as usize) {
-            *d = s;
+        if let Some(s) = self.serves.get_mut(i as usize) {
+            s.state = State::Waiting;
         }
         self.events.push_back(Event::IncomingCall(IncomingCall {
-            id: s.id(i),
-            xid: s.xid,
+            id: ServeId { slot: i, gen: id },
+            xid,
             prog: call.prog,
             vers: call.vers,
             proc_: call.proc,
@@ -490,6 +529,9 @@ impl Connection {
         env: &mut impl Env,
     ) -> Result<(), SubmitError> {
         let i = self.serve_index(id, State::Waiting)?;
+        if let Some(done) = self.accept_inline(i, id, dest, env) {
+            return done;
+        }
         let Some(s) = self.serves.get(i as usize).copied() else {
             return Err(SubmitError::BadId);
         };
@@ -528,6 +570,46 @@ impl Connection {
             self.pump_reads();
         }
         Ok(())
+    }
+
+    /// The common case without chunks: one copy from the receive buffer, no plan.
+    fn accept_inline(
+        &mut self,
+        i: u32,
+        id: ServeId,
+        dest: MemRef,
+        env: &mut impl Env,
+    ) -> Option<Result<(), SubmitError>> {
+        let s = self.serves.get_mut(i as usize)?;
+        if s.n_pzrc > 0 || s.n_dchunk > 0 {
+            return None;
+        }
+        if dest.len < s.args_len {
+            return Some(Err(SubmitError::Invalid(
+                "buffer smaller than the arguments",
+            )));
+        }
+        let from = s
+            .recv
+            .and_then(|r| r.sub(s.s_off.checked_add(s.args_off)?, s.args_len));
+        let to = dest.prefix(s.args_len);
+        let recv = s.recv.take();
+        s.dest = dest;
+        s.state = State::Ready;
+        let args_len = s.args_len;
+        let ok = match (from, to) {
+            (Some(f), Some(t)) => args_len == 0 || env.copy(f, t),
+            _ => false,
+        };
+        if let Some(r) = recv {
+            self.release_recv(r);
+        }
+        if !ok {
+            self.close(CloseReason::Local("argument placement"));
+            return Some(Err(SubmitError::Closed));
+        }
+        self.events.push_back(Event::ArgsReady { id, args_len });
+        Some(Ok(()))
     }
 
     fn place_piece(
