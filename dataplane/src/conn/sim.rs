@@ -55,6 +55,8 @@ pub struct SimMem {
     pub refuse_expose: bool,
     /// Free shared send buffers.
     pub sends: Vec<MemRef>,
+    /// When set, local invalidations fail.
+    pub refuse_invalidate: bool,
 }
 
 fn addr(at: MemRef) -> u64 {
@@ -176,6 +178,7 @@ impl Side {
                 next_key: 0x1234,
                 refuse_expose: false,
                 sends: Vec::new(),
+                refuse_invalidate: false,
             },
             posted: VecDeque::new(),
             cq: VecDeque::new(),
@@ -433,8 +436,13 @@ impl Pair {
                 Work::Release { buf } if buf.mr == SENDS => me.env.sends.push(buf),
                 Work::Release { buf } => me.posted.push_back((SHARED, buf)),
                 Work::Invalidate { tag, rkey } => {
-                    me.env.invalidate(rkey);
-                    me.cq.push_back(Cqe::Wc(ok(tag)));
+                    if me.env.refuse_invalidate {
+                        me.cq
+                            .push_back(Cqe::Wc(err(tag, WcStatus::LocalQpOperationError)));
+                    } else {
+                        me.env.invalidate(rkey);
+                        me.cq.push_back(Cqe::Wc(ok(tag)));
+                    }
                 }
             }
         }

@@ -1664,3 +1664,25 @@ fn r8166_7_1_c_backward_calls_inline_only() {
     let h = header(&p.b.sent[0]);
     assert_eq!(h.body, v1::Body::Msg(proto::ChunkLists::EMPTY));
 }
+
+#[test]
+fn r8166_4_5_4_b_failed_invalidation_closes_before_completion() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 4000));
+    p.run();
+    p.a.env.refuse_invalidate = true;
+    serve(&mut p);
+    // The reply arrived, but its memory could not be fenced: the connection ends first and
+    // the call is reported as lost with it, never as a success.
+    assert!(matches!(
+        p.a.conn.closed(),
+        Some(CloseReason::WorkFailed(_))
+    ));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::Closed));
+    let closed_at =
+        p.a.events
+            .iter()
+            .position(|e| matches!(e, Event::Closed(_)));
+    assert!(closed_at.is_some());
+}
