@@ -149,7 +149,7 @@ impl ConnConfig {
         {
             return bad("receive pool too small");
         }
-        if self.recv_slots >= 1 << 16 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
+        if self.recv_slots >= 1 << 15 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
             return bad("too many slots");
         }
         Ok(())
@@ -607,10 +607,12 @@ impl Connection {
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
             granted: 1,
             in_flight: 0,
-            serves: (0..cfg.recv_slots)
+            // Calls in progress (up to the grant, at most recv_slots) plus replies posted and
+            // not yet completed, whose slots the peer's next calls must not find taken.
+            serves: (0..2 * cfg.recv_slots)
                 .map(|_| responder::Serve::default())
                 .collect(),
-            serve_free: (0..cfg.recv_slots).rev().collect(),
+            serve_free: (0..2 * cfg.recv_slots).rev().collect(),
             grant,
             in_process: 0,
             reads: VecDeque::with_capacity(32),

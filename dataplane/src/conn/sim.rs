@@ -152,6 +152,9 @@ pub struct Side {
     pub log: Vec<Work>,
     /// The bytes of every Send, in order.
     pub sent: Vec<Vec<u8>>,
+    /// When set, Send completions are held back (delivered by `release_sends`).
+    pub hold_sends: bool,
+    held: Vec<Completion>,
     /// Events not yet taken by the test.
     pub events: VecDeque<Event>,
     bump: u64,
@@ -184,6 +187,8 @@ impl Side {
             cq: VecDeque::new(),
             log: Vec::new(),
             sent: Vec::new(),
+            hold_sends: false,
+            held: Vec::new(),
             events: VecDeque::new(),
             bump: 0,
             max_reads_in_flight: 0,
@@ -205,6 +210,14 @@ impl Side {
             }
         }
         side
+    }
+
+    /// Delivers the Send completions held back by `hold_sends`.
+    pub fn release_sends(&mut self) {
+        self.hold_sends = false;
+        for c in self.held.drain(..) {
+            self.cq.push_back(Cqe::Wc(c));
+        }
     }
 
     /// Receive buffers posted now (own or shared).
@@ -380,7 +393,11 @@ impl Pair {
                     }
                     assert!(peer.env.write(rbuf, &bytes));
                     let inv = invalidate.filter(|k| peer.env.invalidate(*k));
-                    me.cq.push_back(Cqe::Wc(ok(tag)));
+                    if me.hold_sends {
+                        me.held.push(ok(tag));
+                    } else {
+                        me.cq.push_back(Cqe::Wc(ok(tag)));
+                    }
                     if rtag == SHARED {
                         peer.cq.push_back(Cqe::Shared {
                             buf: rbuf,

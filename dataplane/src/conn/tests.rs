@@ -1686,3 +1686,28 @@ fn r8166_4_5_4_b_failed_invalidation_closes_before_completion() {
             .position(|e| matches!(e, Event::Closed(_)));
     assert!(closed_at.is_some());
 }
+
+#[test]
+fn r8166_3_3_1_b_call_right_after_a_reply_is_not_an_overrun() {
+    // Grant = every receive slot: the peer may send its next calls as soon as it sees the
+    // replies, before those replies' Send completions reach the responder.
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_slots = 4;
+    let mut p = Pair::new(sim::config(Role::Client, 4), sim::sized(server));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    p.b.hold_sends = true;
+    for x in 1..9 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    // Calls 5..8 arrived while the four reply Sends were still uncompleted.
+    assert_eq!(p.b.conn.closed(), None);
+    p.b.release_sends();
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.b.conn.closed(), None);
+    assert_eq!(done(&mut p).len(), 9);
+}
