@@ -539,6 +539,10 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
+    /// Per call slot: its XID and whether it is sent and unanswered (what `find_call` scans).
+    sent: Vec<(u32, bool)>,
+    /// Cancelled calls still owed a reply.
+    ghosts: u32,
     call_free: Vec<u32>,
     queued: VecDeque<u32>,
     granted: u32,
@@ -603,6 +607,8 @@ impl Connection {
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
                 .collect(),
+            sent: vec![(0, false); cfg.max_calls as usize],
+            ghosts: 0,
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
             granted: 1,
@@ -784,6 +790,9 @@ impl Connection {
                     });
                 }
             }
+        }
+        for e in &mut self.sent {
+            e.1 = false;
         }
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {

@@ -191,14 +191,18 @@ impl Connection {
 
     /// The slot of the sent call with `xid`.
     pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
-        self.calls
+        // A compact index: scanning the call slots themselves touches far more memory.
+        self.sent
             .iter()
-            .position(|c| c.state == State::Sent && c.xid == xid)
+            .position(|&(x, sent)| sent && x == xid)
             .map(|i| i as u32)
     }
 
     /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
     fn take_ghost(&mut self, xid: u32, credit: Option<u32>) -> bool {
+        if self.ghosts == 0 {
+            return false;
+        }
         let Some(i) = self.calls.iter().position(|c| {
             c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
         }) else {
@@ -208,6 +212,7 @@ impl Connection {
         if let Some(cr) = credit {
             self.granted = cr.max(1);
         }
+        self.ghosts = self.ghosts.saturating_sub(1);
         if let Some(c) = self.calls.get_mut(i) {
             c.ghost = false;
             if c.state == State::Ghost {
@@ -242,6 +247,7 @@ impl Connection {
         let i = self.find_call(xid).ok_or(SubmitError::BadId)?;
         let c = self.calls.get_mut(i as usize).ok_or(SubmitError::BadId)?;
         c.ghost = true;
+        self.ghosts += 1;
         let done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
         self.end_call(i, done, None);
         Ok(())
@@ -264,6 +270,9 @@ impl Connection {
             *slot = c;
         }
         if ok {
+            if let Some(e) = self.sent.get_mut(i as usize) {
+                *e = (c.xid, true);
+            }
             self.in_flight += 1;
             self.stats.calls_sent += 1;
             if self.vers == v2::VERSION && !self.v2_confirmed && self.first_sent.is_none() {
@@ -512,6 +521,9 @@ impl Connection {
         };
         c.done = Some(done);
         c.state = State::Invalidating;
+        if let Some(e) = self.sent.get_mut(i as usize) {
+            e.1 = false;
+        }
         c.inv_pending = 0;
         let mut skipped = 0;
         for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
