@@ -780,6 +780,10 @@ impl Connection {
         }
         let h =
             rpcmsg::parse_reply(hb.get(..n0 + n1).unwrap_or(&[])).ok_or(CallStatus::BadReply)?;
+        // R8166-4.2.1-a: the RPC XID in the Reply chunk is the call's.
+        if h.xid != c.xid {
+            return Err(CallStatus::BadReply);
+        }
         let total = used[0].saturating_add(used[1]);
         let body = total.saturating_sub(h.len as u32);
         if h.len > REPLY_HEADER_LEN && body > 0 {
