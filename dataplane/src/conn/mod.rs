@@ -13,6 +13,60 @@
 //! CALL goes to the responder half, a REPLY (or RDMA_ERROR) to the requester half, each with
 //! its own XIDs and credits (RFC 8167, V2-3.2-a), so the backward direction needs nothing
 //! special beyond buffer sizing.
+//!
+//! ```
+//! use rpcrdma_dataplane::{CallSpec, ConnConfig, Connection, MemRef, Role, VecMemory, Work};
+//! use rpcrdma_verbs::MrId;
+//!
+//! let (pool, app) = (MrId(1), MrId(2));
+//! let send_len = ConnConfig::send_pool_len(11, 4096).unwrap();
+//! let recv_len = ConnConfig::recv_pool_len(6, 4096).unwrap();
+//! let mut conn = Connection::new(ConnConfig {
+//!     role: Role::Client,
+//!     version: 1,
+//!     credits: 4,
+//!     send_pool: MemRef::new(pool, 0, send_len),
+//!     send_slots: 11,
+//!     send_size: 4096,
+//!     recv_pool: MemRef::new(pool, u64::from(send_len), recv_len),
+//!     recv_slots: 6,
+//!     recv_size: 4096,
+//!     shared_recv: false,
+//!     shared_send: false,
+//!     max_calls: 8,
+//!     peer: None,
+//!     ddp_threshold: 1024,
+//!     max_reads: 8,
+//!     max_call_size: 1 << 20,
+//! })?;
+//! // Receives first, before the peer can send.
+//! assert!(matches!(conn.poll_work(), Some(Work::Recv { .. })));
+//! # while conn.poll_work().is_some() {}
+//! // A NULL call: one 68-byte Send (RFC 8166 §3.5.1).
+//! let mut mem = VecMemory::new();
+//! mem.add(pool, (send_len + recv_len) as usize);
+//! mem.add(app, 4096);
+//! # struct E<'a>(&'a mut VecMemory);
+//! # impl rpcrdma_dataplane::Memory for E<'_> {
+//! #     fn read(&self, a: MemRef, d: &mut [u8]) -> bool { self.0.read(a, d) }
+//! #     fn write(&mut self, a: MemRef, s: &[u8]) -> bool { self.0.write(a, s) }
+//! #     fn copy(&mut self, f: MemRef, t: MemRef) -> bool { self.0.copy(f, t) }
+//! # }
+//! # impl rpcrdma_dataplane::Env for E<'_> {
+//! #     fn expose(&mut self, _: MemRef, _: rpcrdma_verbs::Access) -> Option<rpcrdma_proto::Segment> { None }
+//! # }
+//! # let mut env = E(&mut mem);
+//! let spec = CallSpec {
+//!     user: 1, xid: 7, prog: 100_003, vers: 3, proc_: 0,
+//!     msg: MemRef::new(app, 0, 0), args: &[], results: &[], reply: MemRef::new(app, 0, 512),
+//! };
+//! conn.submit_call(&spec, &mut env).unwrap();
+//! match conn.poll_work() {
+//!     Some(Work::Send { buf, .. }) => assert_eq!(buf.len, 68),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok::<(), rpcrdma_dataplane::ConfigError>(())
+//! ```
 
 mod requester;
 mod responder;
