@@ -1711,3 +1711,179 @@ fn r8166_3_3_1_b_call_right_after_a_reply_is_not_an_overrun() {
     assert_eq!(p.b.conn.closed(), None);
     assert_eq!(done(&mut p).len(), 9);
 }
+
+fn v2_pair() -> Pair {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    Pair::new(client, server)
+}
+
+#[test]
+fn v2_4_2_2_b_direction_mismatch_is_bad_header() {
+    let mut p = v2_pair();
+    // Direction CALL, but the carried message is an RPC REPLY.
+    let mut m = be(&[5, 2, 8, 0, 0, 0, 0, 0]);
+    m.extend(rpcmsg::reply_header(5, 0));
+    p.inject(true, &m);
+    assert_eq!(p.b.sent[0], be(&[5, 2, 8, 4, 2]));
+    assert_eq!(p.b.conn.closed(), None);
+}
+
+#[test]
+fn v2_4_2_b_and_4_2_3_a_v2_header_errors_get_bad_header() {
+    let mut p = v2_pair();
+    let rpc = rpcmsg::call_header(6, BULK_PROG, 1, 1);
+    // rdma_proc 2 is undefined in version two (V2-4.2-b).
+    p.inject(
+        true,
+        &[be(&[6, 2, 8, 2, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+    );
+    // A misaligned read position, as in version 1 but answered BAD_HEADER.
+    p.inject(
+        true,
+        &[
+            be(&[6, 2, 8, 0, 0, 1, 6, 1, 8, 0, 0, 0, 0, 0]),
+            rpc.to_vec(),
+        ]
+        .concat(),
+    );
+    assert_eq!(p.b.sent, vec![be(&[6, 2, 8, 4, 2]), be(&[6, 2, 8, 4, 2])]);
+}
+
+#[test]
+fn impl_3_9_c_results_beyond_the_write_list_go_inline() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[8192, 1]));
+    let result = p.a.alloc(8192);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!()
+    };
+    let buf = p.b.alloc(c.args_len);
+    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    p.run();
+    p.b.events.clear();
+    // Two results for one Write chunk: the first goes to the chunk, the second inline.
+    let first = p.b.put(&pattern(1, 8192));
+    let second = p.b.put(&[9, 9, 9, 9, 9]);
+    let m = p.b.put(&be(&[8192, 5]));
+    let results = [
+        ResultPiece {
+            mem: first,
+            xdr_pos: 4,
+        },
+        ResultPiece {
+            mem: second,
+            xdr_pos: 8,
+        },
+    ];
+    p.b.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 0,
+                msg: m,
+                results: &results,
+            },
+            &mut p.b.env,
+        )
+        .unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(
+        d[0].status,
+        CallStatus::BadReply,
+        "the length-word check sees 5, not 8192"
+    );
+    // The wire form is still right: one Write of 8192 bytes, then the inline rest.
+    let written: u32 =
+        p.b.log
+            .iter()
+            .filter_map(|w| match w {
+                Work::Write { local, .. } => Some(local.len),
+                _ => None,
+            })
+            .sum();
+    assert_eq!(written, 8192);
+    let r = p.b.sent.last().unwrap();
+    let tail = &r[r.len() - 16..];
+    assert_eq!(
+        tail,
+        &[be(&[8192, 5]), vec![9, 9, 9, 9, 9, 0, 0, 0]].concat()[..]
+    );
+}
+
+#[test]
+fn impl_4_1_b_chunk_lists_count_against_the_inline_budget() {
+    let mut p = Pair::default_pair();
+    // 956 bytes fit with an empty header (1024 in all); a Reply chunk adds 40 header bytes.
+    bulk(&mut p, 1, &[7; 956], 8192);
+    p.run();
+    assert_eq!(header(&p.a.sent[0]).body.proc(), v1::RDMA_NOMSG);
+}
+
+#[test]
+fn r8166_6_1_e_binding_limits_write_chunks() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[8192, 1]));
+    let results = [p.a.alloc(8192), p.a.alloc(8192)];
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &results,
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    assert_eq!(c.writes.len(), 1, "RDMATEST READ allows one Write chunk");
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].results(), &[(4, 8192), (4, 0)]);
+}
+
+#[test]
+fn xch_3_1_b_learned_rbsiz_moves_the_inline_threshold() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    client.send_size = 8192;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    server.recv_size = 8192;
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    bulk(&mut p, 1, &[0; 8], 64);
+    p.run();
+    serve(&mut p);
+    // Confirmed: 4096 by default; the server's INITXCH said RBSIZ 8192.
+    assert_eq!(p.a.conn.thresholds().0, 4096);
+    p.a.conn.set_peer_receive_size(8192);
+    bulk(&mut p, 2, &[1; 6000], 6100);
+    p.run();
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[1]).unwrap().proc,
+        v2::RDMA2_MSG
+    );
+    serve(&mut p);
+    assert!(done(&mut p).iter().all(|d| d.status == CallStatus::Ok));
+}
