@@ -1887,3 +1887,113 @@ fn xch_3_1_b_learned_rbsiz_moves_the_inline_threshold() {
     serve(&mut p);
     assert!(done(&mut p).iter().all(|d| d.status == CallStatus::Ok));
 }
+
+#[test]
+fn r8166_3_3_1_g_raised_grant_is_covered_by_posted_receives() {
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_slots = 10;
+    server.send_slots = 4 + 10 + 1;
+    let mut p = Pair::new(sim::config(Role::Client, 8), sim::sized(server));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    p.b.conn.set_credits(8);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    // The reply advertising 8 went out while at least 8 receives were posted.
+    assert_eq!(
+        proto::Fixed::peek(p.b.sent.last().unwrap()).unwrap().credit,
+        8
+    );
+    assert!(p.b.conn.recv_posted() >= 8);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    // A grant beyond the receive buffers is never advertised.
+    p.b.conn.set_credits(50);
+    assert_eq!(p.b.conn.grant(), 10);
+}
+
+#[test]
+fn impl_3_2_c_read_chunk_limit_counts_positions_not_segments() {
+    let mut p = Pair::default_pair();
+    let rpc = rpcmsg::call_header(3, BULK_PROG, 1, 1);
+    // Six segments at one position: one chunk, accepted by the decoder (the binding then
+    // refuses it: GARBAGE_ARGS, not ERR_CHUNK).
+    let mut m = be(&[3, 1, 8, 0]);
+    for _ in 0..6 {
+        m.extend(be(&[1, 40, 0x77, 4, 0, 0]));
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(&rpc);
+    p.inject(true, &m);
+    assert_eq!(
+        &p.b.sent[0][28..],
+        &rpcmsg::reply_header(3, rpcmsg::GARBAGE_ARGS)[..]
+    );
+    // Five positions: more chunks than the engine's cap, a header error.
+    let mut m = be(&[4, 1, 8, 0]);
+    for k in 0..5 {
+        m.extend(be(&[1, 40 + 8 * k, 0x77, 4, 0, 0]));
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(rpcmsg::call_header(4, BULK_PROG, 1, 1));
+    p.inject(true, &m);
+    assert_eq!(p.b.sent[1], be(&[4, 1, 8, 4, 2]));
+}
+
+#[test]
+fn v2_4_2_2_a_backward_call_in_version_two() {
+    let mut p = v2_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    let msg = p.b.put(&be(&[4, 0x0a0b_0c0d]));
+    let reply = p.b.alloc(64);
+    let spec = CallSpec {
+        user: 5,
+        xid: 1,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let call = p.b.sent.last().unwrap().clone();
+    let f = proto::Fixed::peek(&call).unwrap();
+    assert_eq!((f.vers, f.proc), (2, v2::RDMA2_MSG));
+    // V2-4.2.2-b: the direction word is CALL.
+    assert_eq!(&call[16..20], &0u32.to_be_bytes());
+    let c =
+        p.a.events
+            .iter()
+            .find_map(|e| match e {
+                Event::IncomingCall(c) => Some(*c),
+                _ => None,
+            })
+            .expect("backward call at the client");
+    let buf = p.a.alloc(c.args_len);
+    p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    p.run();
+    let m = p.a.put(&be(&[4, 1]));
+    p.a.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 0,
+                msg: m,
+                results: &[],
+            },
+            &mut p.a.env,
+        )
+        .unwrap();
+    p.run();
+    assert!(p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::CallDone(d) if d.user == 5 && d.status == CallStatus::Ok)));
+}
