@@ -1,2 +1,58 @@
-//! The RPC-over-RDMA engine (sans-IO per-connection state machine) and the pinned poll loop.
+//! The RPC-over-RDMA engine: a sans-IO state machine per connection ([`Connection`]) and a
+//! thin [`Driver`] binding connections to an RDMA [`Provider`](rpcrdma_verbs::Provider).
+//!
+//! The poll thread owns one `Driver`: it creates queue pairs with
+//! [`ConnTemplate::qp_init`], registers app arenas and the buffer pool with the provider
+//! (registration is `unsafe` and happens outside this crate), adds connections, and loops:
+//!
+//! ```text
+//! driver.poll(now, &mut memory);                       // completions -> engine -> posts
+//! while let Some((conn, ev)) = driver.poll_event() {   // CallDone, IncomingCall, ...
+//!     // complete app calls, hand incoming calls to serving apps
+//! }
+//! driver.submit_call(conn, &CallSpec { .. }, &mut memory)?;   // from an app's CALL
+//! driver.accept_call(conn, id, app_buffer, &mut memory)?;      // for an IncomingCall
+//! driver.submit_reply(conn, id, &ReplySpec { .. }, &mut memory)?;
+//! ```
+//!
+//! Memory is named by [`MemRef`] (a registered region's `MrId`, an offset and a length) and
+//! reached through the owner's [`Memory`]; the engine never holds a pointer.
+//!
+//! Buffers: [`Driver::new`] cuts one pool region into per-connection blocks of send and
+//! receive buffers; [`Driver::new_shared`] gives all connections one shared receive queue
+//! and, optionally, one shared send pool, so memory follows the messages in flight rather
+//! than connections × credits.
+//!
+//! How a poll loop that owns an `rpcrdma_shm::daemon::AppTable` maps onto this API (each app
+//! arena registered once; `MemRef { mr: arena_mr, offset: arena_base + range.off(), len }`):
+//!
+//! | app side (`AppTable`)                      | engine side                                         |
+//! |--------------------------------------------|-----------------------------------------------------|
+//! | `Submission::Call(c)`                      | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
+//! | app gone (`Detached::calls`)               | `cancel_call(conn, xid)` (fences its memory first)   |
+//! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
+//! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |
+//! | `deliver_call(rb, IncomingCall { tag: serve_tag(conn, id), .. })` | on `Event::ArgsReady { id, args_len }`   |
+//! | `Submission::Reply(r)`                     | `let (conn, id) = from_serve_tag(r.tag); submit_reply(conn, id, &ReplySpec { accept_stat: r.accept_stat, msg, results })` |
+//! | `complete_reply(r.id, status)`             | on `Event::ReplyDone { id, status }`                 |
+//! | `cancel_serving(id)`                       | on `Event::ServeAborted { id }`                      |
+//!
+//! `Event::Optional` goes to the control plane (xcharext); its answers come back through
+//! `Driver::send_optional` / `reject_optional`; learned characteristics are applied with
+//! `Driver::configure` (`set_peer_receive_size`, `set_peer_takes_invalidate`, `set_credits`).
+//! `Event::Closed` means the queue pair was disconnected: call `Driver::remove` after the
+//! provider reports it, and reconnect (with version 1 after `CloseReason::NoAnswer`).
 #![forbid(unsafe_code)]
+
+pub mod conn;
+pub mod driver;
+pub mod mem;
+pub mod rpcmsg;
+
+pub use conn::{
+    ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, Completion, ConfigError, ConnConfig,
+    Connection, Event, IncomingCall, OptionalMsg, ReplySpec, ReplyStatus, ResultPiece, Role,
+    ServeId, Stats, SubmitError, Tag, Work,
+};
+pub use driver::{from_serve_tag, serve_tag, ConnId, ConnTemplate, Driver, DriverError};
+pub use mem::{Env, MemRef, Memory, VecMemory};
