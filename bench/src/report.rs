@@ -1,0 +1,400 @@
+//! Output of a run: the table, the versioned JSON document (`SCHEMA.md`), the `.hlog` interval log and the
+//! SVG percentile plot.
+
+use crate::run::{CaseResult, RunOptions, Stop};
+use crate::target::TargetInfo;
+use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+use hdrhistogram::serialization::V2DeflateSerializer;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The JSON document's schema identifier; bump the number on any incompatible change.
+pub const SCHEMA: &str = "rpcrdma-bench/run/1";
+
+/// Where the run happened.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Environment {
+    /// The bench's version.
+    pub tool_version: String,
+    /// `uname -n`.
+    pub host: String,
+    /// `uname -sr`.
+    pub kernel: String,
+    /// CPUs this process may run on.
+    pub cores: u32,
+    /// How long apps busy-poll before sleeping (µs).
+    pub app_spin_us: u64,
+    /// How long the loopback harness busy-polls before parking (µs; loopback targets only).
+    pub harness_spin_us: Option<u64>,
+    /// The target.
+    pub target: TargetInfo,
+}
+
+impl Environment {
+    /// Reads this host's facts.
+    pub fn here(target: TargetInfo, app_spin_us: u64, harness_spin_us: Option<u64>) -> Self {
+        let u = rustix::system::uname();
+        Environment {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            host: u.nodename().to_string_lossy().into_owned(),
+            kernel: format!(
+                "{} {}",
+                u.sysname().to_string_lossy(),
+                u.release().to_string_lossy()
+            ),
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
+            app_spin_us,
+            harness_spin_us,
+            target,
+        }
+    }
+}
+
+/// How the cases were driven.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    /// Warm-up per case (s).
+    pub warmup_s: f64,
+    /// Measured phase per case (s), when bounded by time.
+    pub duration_s: Option<f64>,
+    /// Measured calls per case, when bounded by count.
+    pub count: Option<u64>,
+    /// Calls outstanding.
+    pub in_flight: u32,
+}
+
+impl Settings {
+    /// From the run options.
+    pub fn from(o: &RunOptions) -> Self {
+        let (duration_s, count) = match o.stop {
+            Stop::Duration(d) => (Some(d.as_secs_f64()), None),
+            Stop::Count(n) => (None, Some(n)),
+        };
+        Settings {
+            warmup_s: o.warmup.as_secs_f64(),
+            duration_s,
+            count,
+            in_flight: o.in_flight as u32,
+        }
+    }
+}
+
+/// Round-trip percentiles of one case, in nanoseconds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Default)]
+pub struct Percentiles {
+    /// Smallest.
+    pub min: u64,
+    /// Mean.
+    pub mean: f64,
+    /// 50th percentile.
+    pub p50: u64,
+    /// 90th.
+    pub p90: u64,
+    /// 99th.
+    pub p99: u64,
+    /// 99.9th.
+    pub p99_9: u64,
+    /// 99.99th.
+    pub p99_99: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+impl Percentiles {
+    /// Reads them off a histogram (all zero when it is empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        Percentiles {
+            min: h.min(),
+            mean: h.mean(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            p99_9: h.value_at_quantile(0.999),
+            p99_99: h.value_at_quantile(0.9999),
+            max: h.max(),
+        }
+    }
+}
+
+/// One case in the JSON document.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CaseSummary {
+    /// `proc/mode/size`.
+    pub name: String,
+    /// Procedure name (upper case).
+    pub procedure: String,
+    /// Transfer mode.
+    pub mode: String,
+    /// Payload bytes (µs for SLEEP).
+    pub size: u32,
+    /// Calls outstanding.
+    pub in_flight: u32,
+    /// Whether latencies are coordinated-omission corrected.
+    pub co_corrected: bool,
+    /// The correction's expected interval (ns).
+    pub expected_interval_ns: u64,
+    /// Calls completed intact in the measured phase.
+    pub count: u64,
+    /// Failed calls or wrong data.
+    pub errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+    /// Length of the measured phase (s).
+    pub elapsed_s: f64,
+    /// Calls per second.
+    pub calls_per_s: f64,
+    /// Payload MB (10^6 B) per second.
+    pub mb_per_s: f64,
+    /// Round trips (ns).
+    pub round_trip_ns: Percentiles,
+}
+
+impl CaseSummary {
+    /// Summarises a result.
+    pub fn of(r: &CaseResult) -> Self {
+        CaseSummary {
+            name: r.case.name(),
+            procedure: r.case.proc_.name().to_uppercase(),
+            mode: r.case.mode.name().into(),
+            size: r.case.size,
+            in_flight: r.in_flight as u32,
+            co_corrected: r.co_corrected,
+            expected_interval_ns: r.expected_interval_ns,
+            count: r.count,
+            errors: r.errors,
+            first_error: r.first_error.clone(),
+            elapsed_s: r.elapsed.as_secs_f64(),
+            calls_per_s: r.rate(),
+            mb_per_s: r.mb_per_s(),
+            round_trip_ns: Percentiles::of(&r.hist),
+        }
+    }
+}
+
+/// The files a run wrote.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct Files {
+    /// The `.hlog` interval log.
+    pub hlog: Option<String>,
+    /// The SVG percentile plot.
+    pub svg: Option<String>,
+}
+
+/// The whole JSON document of a run (`SCHEMA.md`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunDoc {
+    /// [`SCHEMA`].
+    pub schema: String,
+    /// Start of the run, milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// The command line.
+    pub command: Vec<String>,
+    /// Where it ran.
+    pub environment: Environment,
+    /// How it ran.
+    pub settings: Settings,
+    /// The cases, in run order.
+    pub cases: Vec<CaseSummary>,
+    /// The files written.
+    pub files: Files,
+}
+
+fn us(ns: u64) -> String {
+    let v = ns as f64 / 1e3;
+    if v < 100.0 {
+        format!("{v:.2}")
+    } else if v < 10_000.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// The per-case table (times are round trips in µs).
+pub fn table(cases: &[CaseSummary]) -> String {
+    let mut s = String::new();
+    let in_flight = cases.first().map_or(1, |c| c.in_flight);
+    let _ = writeln!(
+        s,
+        "Round-trip times in µs (call submitted -> reply received){}",
+        if in_flight > 1 {
+            format!(", {in_flight} calls in flight, coordinated-omission corrected")
+        } else {
+            ", one call in flight".into()
+        }
+    );
+    let w = cases.iter().map(|c| c.name.len()).max().unwrap_or(4).max(4);
+    let head = [
+        "count", "calls/s", "MB/s", "min", "p50", "p90", "p99", "p99.9", "p99.99", "max",
+    ];
+    let _ = write!(s, "{:<w$}", "case");
+    for h in head {
+        let _ = write!(s, " {h:>9}");
+    }
+    s.push('\n');
+    for c in cases {
+        let p = &c.round_trip_ns;
+        let _ = write!(
+            s,
+            "{:<w$} {:>9} {:>9.0} {:>9.1}",
+            c.name, c.count, c.calls_per_s, c.mb_per_s
+        );
+        for v in [p.min, p.p50, p.p90, p.p99, p.p99_9, p.p99_99, p.max] {
+            let _ = write!(s, " {:>9}", us(v));
+        }
+        if c.errors > 0 {
+            let _ = write!(s, "  {} ERRORS", c.errors);
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Writes every case's interval histograms as an HdrHistogram interval log (tag = case name, values in ns,
+/// max column in ms).
+pub fn write_hlog(
+    path: &Path,
+    started: std::time::SystemTime,
+    results: &[CaseResult],
+) -> anyhow::Result<()> {
+    let mut out = Vec::new();
+    let mut ser = V2DeflateSerializer::new();
+    {
+        let mut w = IntervalLogWriterBuilder::new()
+            .add_comment("rpcrdma-bench round trips in nanoseconds, tagged by case")
+            .with_start_time(started)
+            .with_base_time(started)
+            .with_max_value_divisor(1e6)
+            .begin_log_with(&mut out, &mut ser)?;
+        for r in results {
+            let name = r.case.name();
+            for i in &r.intervals {
+                w.write_histogram(&i.hist, i.start, i.length, Tag::new(&name))
+                    .map_err(|e| anyhow::anyhow!("hlog: {e:?}"))?;
+            }
+        }
+    }
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+const COLOURS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Percentile-distribution points `(x = log10(1/(1-q)), round trip ns)` up to the histogram's resolution.
+pub fn curve(h: &Histogram<u64>) -> Vec<(f64, u64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    let x_max = (h.len() as f64).log10().clamp(0.0, 6.0);
+    let mut v = Vec::new();
+    let mut x = 0.0f64;
+    while x <= x_max + 1e-9 {
+        let q = 1.0 - 10f64.powf(-x);
+        v.push((x, h.value_at_quantile(q)));
+        x += 0.05;
+    }
+    v.push((x_max, h.max()));
+    v
+}
+
+/// An SVG plot of round trip by percentile: x log-scaled by 1/(1−q) (0 %, 90 %, 99 %, …), y log-scaled in
+/// µs, one line per case.
+pub fn svg(title: &str, series: &[(String, &Histogram<u64>)]) -> String {
+    let (w, h, l, r, t, b) = (900.0, 560.0, 70.0, 250.0, 40.0, 50.0);
+    let (pw, ph) = (w - l - r, h - t - b);
+    let curves: Vec<(&String, Vec<(f64, u64)>)> =
+        series.iter().map(|(n, hist)| (n, curve(hist))).collect();
+    let all = curves.iter().flat_map(|(_, c)| c.iter());
+    let (lo, hi) = all.fold((u64::MAX, 1u64), |(lo, hi), (_, v)| {
+        (lo.min(*v), hi.max(*v))
+    });
+    let y0 = ((lo.max(1) as f64 / 1e3).log10()).floor();
+    let y1 = ((hi as f64 / 1e3).log10()).ceil().max(y0 + 1.0);
+    let x1 = curves
+        .iter()
+        .flat_map(|(_, c)| c.last())
+        .map(|p| p.0.ceil())
+        .fold(1.0f64, f64::max);
+    let px = |x: f64| l + x / x1 * pw;
+    let py = |ns: u64| t + ph - ((ns.max(1) as f64 / 1e3).log10() - y0) / (y1 - y0) * ph;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        s,
+        r#"<rect width="{w}" height="{h}" fill="white"/><text x="{l}" y="24" font-size="15">{}</text>"#,
+        esc(title)
+    );
+    let labels = ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%", "99.9999%"];
+    for i in 0..=(x1 as usize) {
+        let x = px(i as f64);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x:.1}" y1="{t}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            t + ph,
+            t + ph + 18.0,
+            labels.get(i).copied().unwrap_or("")
+        );
+    }
+    let mut d = y0;
+    while d <= y1 + 1e-9 {
+        let ns = (10f64.powf(d) * 1e3).round() as u64;
+        let y = py(ns);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{l}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            l + pw,
+            l - 6.0,
+            y + 4.0,
+            us(ns)
+        );
+        d += 1.0;
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">percentile</text><text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">round trip (µs, log scale)</text>"#,
+        l + pw / 2.0,
+        h - 10.0,
+        t + ph / 2.0
+    );
+    for (i, (name, c)) in curves.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        let pts: Vec<String> = c
+            .iter()
+            .map(|(x, v)| format!("{:.1},{:.1}", px(*x), py(*v)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let ly = t + 10.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            w - r + 15.0,
+            w - r + 35.0,
+            w - r + 40.0,
+            ly + 4.0,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
