@@ -62,11 +62,14 @@ pub fn ring_echo(socket: &Path, spin: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// How long both sides of the raw-ring measurement busy-poll: the physical limit is measured spinning.
+pub const RING_SPIN: Duration = Duration::from_millis(1);
+
 /// Which implementation a row measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Impl {
-    /// App ↔ echoing poll thread over one region's rings.
+    /// App ↔ echoing poll thread over one region's rings, both spinning.
     RawRing,
     /// ONC RPC over TCP loopback, libtirpc.
     Libtirpc,
@@ -393,8 +396,8 @@ pub struct CompareOptions {
     pub build_dir: std::path::PathBuf,
     /// Progress bars.
     pub progress: bool,
-    /// App busy-poll time.
-    pub spin: Duration,
+    /// The `rpcrdma-bench` binary (for its `ring-echo` subcommand).
+    pub exe: std::path::PathBuf,
 }
 
 /// Runs everything; `ours` is an attached client of the target under test with its peer index.
@@ -417,19 +420,18 @@ pub fn compare(
 
     // 1. The raw ring.
     {
-        let me = std::env::current_exe()?;
         let sock = crate::target::temp_socket("ring");
         let mut child = crate::target::spawn_ready(
-            std::process::Command::new(me)
+            std::process::Command::new(&opts.exe)
                 .arg("ring-echo")
                 .arg(&sock)
                 .arg("--spin-us")
-                .arg("200"),
+                .arg(RING_SPIN.as_micros().to_string()),
             "ring-echo",
         )?;
         let res = (|| -> anyhow::Result<CaseResult> {
             let mut c = Client::connect(&sock).map_err(|e| anyhow::anyhow!("ring-echo: {e}"))?;
-            c.set_spin(opts.spin);
+            c.set_spin(RING_SPIN);
             run::run_case(&mut c, 0, wl[0].1, &ro, t0)
         })();
         let _ = child.kill();

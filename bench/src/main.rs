@@ -1,7 +1,6 @@
 //! `rpcrdma-bench`: RDMATEST latency/throughput runs, the RDMATEST server, and side-by-side comparisons.
 #![forbid(unsafe_code)]
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use rpcrdma_bench::case::{self, Case, Proc};
 use rpcrdma_bench::compare::{self, CompareOptions};
@@ -63,8 +62,9 @@ struct TargetArgs {
     /// Peer name to call (default: the daemon's first peer).
     #[arg(long)]
     peer: Option<String>,
-    /// How long apps busy-poll before sleeping (µs).
-    #[arg(long, default_value_t = 50)]
+    /// How long apps busy-poll before sleeping (µs). 0 is fastest on 2 cores, where a spinning app takes
+    /// the core the harness or daemon needs.
+    #[arg(long, default_value_t = 0)]
     spin_us: u64,
     /// How long the loopback harness busy-polls before parking (µs; loopback target only).
     #[arg(long, default_value_t = 200)]
@@ -92,6 +92,7 @@ impl TargetArgs {
     fn open(&self) -> anyhow::Result<(Session, Environment)> {
         let t = self.target();
         let s = t.open(
+            &std::env::current_exe()?,
             Duration::from_micros(self.spin_us),
             Duration::from_micros(self.harness_spin_us),
         )?;
@@ -139,7 +140,7 @@ struct ServeArgs {
     /// The daemon's app socket.
     socket: PathBuf,
     /// How long the app busy-polls before sleeping (µs).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 0)]
     spin_us: u64,
     /// Receive buffers posted.
     #[arg(long, default_value_t = 8)]
@@ -175,21 +176,6 @@ fn ready() {
     let _ = std::io::stdout().flush();
 }
 
-fn start_callbacks(socket: PathBuf, spin: Duration) -> anyhow::Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let tx2 = tx.clone();
-    std::thread::spawn(move || {
-        let r = serve::serve_callbacks(&socket, spin, || {
-            let _ = tx.send(Ok(()));
-        });
-        if let Err(e) = r {
-            let _ = tx2.send(Err(e));
-        }
-    });
-    rx.recv_timeout(Duration::from_secs(10))
-        .context("callback server did not start")?
-}
-
 fn run(a: RunArgs) -> anyhow::Result<()> {
     let cases = if a.cases.is_empty() {
         case::matrix(&a.matrix)?
@@ -202,7 +188,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     let mut env = env;
     env.target.peer = name;
     if cases.iter().any(|c| c.proc_ == Proc::Callback) {
-        start_callbacks(session.socket.clone(), spin)?;
+        serve::start_callbacks(session.socket.clone(), spin)?;
     }
     let opts = RunOptions {
         warmup: a.warmup,
@@ -261,7 +247,7 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         duration: a.duration,
         build_dir: a.out.join("tirpc-build"),
         progress: !a.no_progress && std::io::stderr().is_terminal(),
-        spin,
+        exe: std::env::current_exe()?,
     };
     let (mut doc, hists) = compare::compare(&opts, env, (&mut client, peer))?;
     let svg = out.with("svg");

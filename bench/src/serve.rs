@@ -32,7 +32,7 @@ impl Default for ServeOptions {
         ServeOptions {
             recv_buffers: 8,
             recv_size: MAX_SIZE + 4096,
-            spin: rpcrdma_shm::client::SPIN,
+            spin: Duration::ZERO,
         }
     }
 }
@@ -124,4 +124,20 @@ pub fn serve_callbacks(
         }
     })
     .map_err(|e| anyhow::anyhow!("serving RDMATEST_CB: {e}"))
+}
+
+/// Runs [`serve_callbacks`] on a thread of this process and waits until it is registered.
+pub fn start_callbacks(socket: std::path::PathBuf, spin: Duration) -> anyhow::Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        let r = serve_callbacks(&socket, spin, || {
+            let _ = tx.send(Ok(()));
+        });
+        if let Err(e) = r {
+            let _ = tx2.send(Err(e));
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .map_err(|_| anyhow::anyhow!("the RDMATEST_CB server did not start"))?
 }

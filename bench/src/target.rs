@@ -139,9 +139,15 @@ fn spawn_server(me: &Path, socket: &Path, spin: Duration) -> anyhow::Result<Chil
 }
 
 impl Target {
-    /// Makes the target reachable: starts what it needs (harness, daemons, RDMATEST server).
-    pub fn open(&self, spin: Duration, harness_spin: Duration) -> anyhow::Result<Session> {
-        let me = std::env::current_exe()?;
+    /// Makes the target reachable: starts what it needs (harness, daemons, RDMATEST server);
+    /// `exe` is the `rpcrdma-bench` binary (for its `loopback` and `serve` subcommands).
+    pub fn open(
+        &self,
+        exe: &Path,
+        spin: Duration,
+        harness_spin: Duration,
+    ) -> anyhow::Result<Session> {
+        let me = exe;
         match self {
             Target::Attach { socket, peer } => Ok(Session {
                 socket: socket.clone(),
@@ -168,14 +174,14 @@ impl Target {
                     cleanup: vec![socket.clone(), socket.with_extension("sock.ctl")],
                 };
                 s.children.push(spawn_ready(
-                    Command::new(&me)
+                    Command::new(me)
                         .arg("loopback")
                         .arg(&socket)
                         .arg("--spin-us")
                         .arg(harness_spin.as_micros().to_string()),
                     "the loopback harness",
                 )?);
-                s.children.push(spawn_server(&me, &socket, spin)?);
+                s.children.push(spawn_server(me, &socket, spin)?);
                 Ok(s)
             }
             Target::Daemons {

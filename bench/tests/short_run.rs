@@ -1,0 +1,172 @@
+//! A short real run: real processes (loopback harness, `serve`), real shared memory; every case of every
+//! transfer mode completes with intact data. Timings are not checked.
+
+use rpcrdma_bench::case::{self, Case, Mode, Proc};
+use rpcrdma_bench::run::{run_case, RunOptions, Stop};
+use rpcrdma_bench::target::{spawn_ready, temp_socket, Target};
+use rpcrdma_bench::{attach, serve};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
+
+fn opts(count: u64, in_flight: usize) -> RunOptions {
+    RunOptions {
+        warmup: Duration::ZERO,
+        stop: Stop::Count(count),
+        in_flight,
+        progress: false,
+    }
+}
+
+#[test]
+fn every_mode_and_size_end_completes_with_intact_data_through_loopback_and_serve() {
+    let session = Target::Loopback
+        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
+        .unwrap();
+    let (mut c, peer, name) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    assert_eq!(name, "loopback");
+    serve::start_callbacks(session.socket.clone(), Duration::ZERO).unwrap();
+    let mut cases = case::matrix("quick").unwrap();
+    for s in [
+        "echo/inline/0",
+        "echo/read-chunk/4MiB",
+        "echo/write-chunk/4MiB",
+        "read/write-chunk/4MiB",
+        "write/read-chunk/4MiB",
+        "write/long-call/4MiB",
+        "read/long-reply/4MiB",
+        "echo/long-reply/1MiB",
+        "echo/long-call/1MiB",
+        "echo/inline/1000",
+        "callback/inline/0",
+    ] {
+        cases.push(s.parse().unwrap());
+    }
+    for m in Mode::ALL {
+        assert!(cases.iter().any(|c| c.mode == m));
+    }
+    for p in Proc::ALL {
+        assert!(cases.iter().any(|c| c.proc_ == p));
+    }
+    let t0 = Instant::now();
+    for case in cases {
+        let n = if case.size >= 1 << 20 { 3 } else { 20 };
+        let r = run_case(&mut c, peer, case, &opts(n, 1), t0).unwrap();
+        assert_eq!(r.errors, 0, "{case}: {:?}", r.first_error);
+        assert_eq!(r.count, n, "{case}");
+        assert_eq!(r.hist.len(), n, "{case}: one recorded round trip per call");
+        assert!(!r.co_corrected);
+    }
+}
+
+#[test]
+fn throughput_mode_keeps_calls_in_flight_and_records_corrected_latencies() {
+    let session = Target::Loopback
+        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
+        .unwrap();
+    let (mut c, peer, _) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    for s in ["null", "echo/read-chunk/64KiB", "read/write-chunk/1MiB"] {
+        let case: Case = s.parse().unwrap();
+        let r = run_case(&mut c, peer, case, &opts(50, 8), Instant::now()).unwrap();
+        assert_eq!(r.errors, 0, "{s}: {:?}", r.first_error);
+        assert_eq!(r.count, 50);
+        assert_eq!(r.in_flight, 8);
+        assert!(r.co_corrected && r.expected_interval_ns > 0);
+        // Corrected recording only ever adds samples.
+        assert!(r.hist.len() >= 50);
+        assert_eq!(c.in_flight(), 0, "{s}: calls left in flight after the case");
+    }
+}
+
+#[test]
+fn wrong_reply_data_is_counted_as_errors_not_as_round_trips() {
+    // ring-echo completes every call with an empty reply: right for NULL, wrong for ECHO.
+    let sock = temp_socket("wrong-data");
+    let mut child =
+        spawn_ready(Command::new(EXE).arg("ring-echo").arg(&sock), "ring-echo").unwrap();
+    let (mut c, peer, _) = attach(&sock, "", Duration::ZERO).unwrap();
+    let null = run_case(
+        &mut c,
+        peer,
+        "null".parse().unwrap(),
+        &opts(10, 1),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!((null.count, null.errors), (10, 0));
+    let echo: Case = "echo/inline/64".parse().unwrap();
+    let o = RunOptions {
+        stop: Stop::Duration(Duration::from_millis(100)),
+        ..opts(0, 1)
+    };
+    let r = run_case(&mut c, peer, echo, &o, Instant::now()).unwrap();
+    assert_eq!(r.count, 0);
+    assert!(r.errors > 0);
+    assert!(r.first_error.unwrap().contains("expected data"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn spawn_daemons_without_the_binary_says_how_to_get_it() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/demo-client.toml");
+    let t = Target::Daemons {
+        rpcrdmad: "/nonexistent/rpcrdmad".into(),
+        configs: vec![cfg],
+        peer: None,
+    };
+    let e = t
+        .open(Path::new(EXE), Duration::ZERO, Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot run the daemon binary /nonexistent/rpcrdmad"),
+        "{e}"
+    );
+    assert!(e.contains("--rpcrdmad"), "{e}");
+}
+
+#[test]
+fn attach_to_a_socket_nobody_listens_on_fails_with_the_path() {
+    let e = attach(Path::new("/nonexistent/app.sock"), "", Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/app.sock"), "{e}");
+}
+
+#[test]
+fn the_cli_table_names_round_trips_and_every_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "run",
+            "--matrix",
+            "quick",
+            "--warmup",
+            "0s",
+            "--count",
+            "5",
+            "--no-progress",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Round-trip times in µs"));
+    for c in case::matrix("quick").unwrap() {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{c} "))),
+            "{c} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("plot: "));
+}
