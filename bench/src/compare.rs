@@ -400,12 +400,15 @@ pub struct CompareOptions {
     pub exe: std::path::PathBuf,
 }
 
+/// A named round-trip histogram for the plot.
+pub type Series = (String, Histogram<u64>);
+
 /// Runs everything; `ours` is an attached client of the target under test with its peer index.
 pub fn compare(
     opts: &CompareOptions,
     env: Environment,
     ours: (&mut Client, u32),
-) -> anyhow::Result<(CompareDoc, Vec<(String, Histogram<u64>)>)> {
+) -> anyhow::Result<(CompareDoc, Vec<Series>)> {
     let ro = RunOptions {
         warmup: opts.warmup,
         stop: Stop::Duration(opts.duration),
@@ -501,4 +504,94 @@ pub fn compare(
         },
         hists,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(w: &str, path: Impl, p50: u64, mb: f64) -> Row {
+        Row {
+            workload: w.into(),
+            path,
+            case: None,
+            count: 10,
+            calls_per_s: 100.0,
+            mb_per_s: mb,
+            round_trip_ns: Percentiles {
+                p50,
+                p90: p50 * 2,
+                p99: p50 * 4,
+                p99_9: p50 * 8,
+                ..Percentiles::default()
+            },
+        }
+    }
+
+    #[test]
+    fn ratios_divide_ours_by_theirs_per_percentile() {
+        let r = ratio(
+            &row("READ 1 MiB", Impl::Ours, 300, 500.0),
+            &row("READ 1 MiB", Impl::Libtirpc, 100, 1000.0),
+        );
+        assert_eq!((r.p50, r.p90, r.p99, r.p99_9), (3.0, 3.0, 3.0, 3.0));
+        assert_eq!(r.throughput, 0.5);
+        assert_eq!(r.versus, Impl::Libtirpc);
+        let null = ratio(
+            &row("NULL", Impl::Ours, 10, 0.0),
+            &row("NULL", Impl::RawRing, 0, 0.0),
+        );
+        assert!(
+            null.p50.is_nan(),
+            "division by a zero percentile is not a number, not infinity"
+        );
+        assert_eq!(null.throughput, 1.0, "calls/s when there is no payload");
+    }
+
+    #[test]
+    fn goals_are_met_not_met_or_not_measured() {
+        let rows = vec![
+            row("NULL", Impl::RawRing, 1_000, 0.0),
+            row("NULL", Impl::Ours, 3_000, 0.0),
+            row("NULL", Impl::Libtirpc, 10_000, 0.0),
+            row("READ 1 MiB", Impl::Ours, 1, 900.0),
+            row("READ 1 MiB", Impl::Libtirpc, 1, 1000.0),
+        ];
+        let g = goals(&rows, "daemons", Some("soft"));
+        assert_eq!(g.len(), 3);
+        assert_eq!(g[0].met, Some(true), "3.00x is within 3x");
+        assert_eq!(g[1].met, Some(true), "0.30x is within 0.7x");
+        assert_eq!(g[2].met, Some(false), "0.9 GB/s < 1.0 GB/s");
+        let l = goals(&rows, "loopback", None);
+        assert_eq!(l[1].met, None, "the soft-iWARP goal needs a soft daemon");
+        assert!(l[1].measured.contains("loopback"));
+        let none = goals(&rows[2..3], "loopback", None);
+        assert_eq!(none[0].met, None);
+        assert_eq!(none[2].met, None);
+    }
+
+    #[test]
+    fn the_table_prints_rows_ratios_and_goal_verdicts() {
+        let rows = vec![
+            row("NULL", Impl::RawRing, 1_000, 0.0),
+            row("NULL", Impl::Ours, 4_000, 0.0),
+        ];
+        let doc = CompareDoc {
+            schema: SCHEMA.into(),
+            environment: Environment::here(Default::default(), 0, None),
+            duration_s: 1.0,
+            ratios: vec![ratio(&rows[1], &rows[0])],
+            goals: goals(&rows, "loopback", None),
+            rows,
+            skipped: vec!["libtirpc: no rpcgen".into()],
+            svg: None,
+        };
+        let t = table(&doc);
+        assert!(t.contains("NULL         raw ring"));
+        assert!(t.contains("NULL         ours"));
+        assert!(t.contains("    4.00"), "{t}");
+        assert!(t.contains("[NOT MET] app<->app NULL p50 <= 3x the raw ring — 4.00x"));
+        assert!(t.contains("[  n/a  ]"));
+        assert!(t.contains("skipped: libtirpc: no rpcgen"));
+    }
 }

@@ -398,3 +398,201 @@ pub fn svg(title: &str, series: &[(String, &Histogram<u64>)]) -> String {
     s.push_str("</svg>\n");
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::Case;
+    use crate::run::{histogram, CaseResult, Interval};
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    use hdrhistogram::serialization::Deserializer;
+    use std::time::{Duration, SystemTime};
+
+    fn hist_1_to(n: u64) -> Histogram<u64> {
+        let mut h = histogram();
+        for v in 1..=n {
+            h.record(v).unwrap();
+        }
+        h
+    }
+
+    fn summary(name: &str, p50_ns: u64, errors: u64, in_flight: u32) -> CaseSummary {
+        CaseSummary {
+            name: name.into(),
+            procedure: "ECHO".into(),
+            mode: "inline".into(),
+            size: 64,
+            in_flight,
+            co_corrected: in_flight > 1,
+            expected_interval_ns: 0,
+            count: 1234,
+            errors,
+            first_error: None,
+            elapsed_s: 1.0,
+            calls_per_s: 1234.0,
+            mb_per_s: 0.079,
+            round_trip_ns: Percentiles {
+                min: 1_000,
+                mean: 2_000.0,
+                p50: p50_ns,
+                p90: 3_000,
+                p99: 45_678,
+                p99_9: 123_456,
+                p99_99: 12_345_678,
+                max: 20_000_000,
+            },
+        }
+    }
+
+    #[test]
+    fn percentiles_are_read_off_the_histogram_and_zero_when_empty() {
+        let p = Percentiles::of(&hist_1_to(1000));
+        assert_eq!((p.min, p.p50, p.p90, p.p99), (1, 500, 900, 990));
+        assert_eq!((p.p99_9, p.p99_99, p.max), (999, 1000, 1000));
+        assert!((p.mean - 500.5).abs() < 0.01);
+        assert_eq!(Percentiles::of(&histogram()), Percentiles::default());
+    }
+
+    #[test]
+    fn table_has_a_row_per_case_in_microseconds_and_says_they_are_round_trips() {
+        let t = table(&[
+            summary("echo/inline/64", 1_500, 0, 1),
+            summary("null/inline/0", 250_000, 3, 1),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("Round-trip times in µs"));
+        assert!(lines[0].contains("one call in flight"));
+        let head: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            head,
+            [
+                "case", "count", "calls/s", "MB/s", "min", "p50", "p90", "p99", "p99.9", "p99.99",
+                "max"
+            ]
+        );
+        let row: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            row,
+            [
+                "echo/inline/64",
+                "1234",
+                "1234",
+                "0.1",
+                "1.00",
+                "1.50",
+                "3.00",
+                "45.68",
+                "123.5",
+                "12346",
+                "20000"
+            ]
+        );
+        assert!(lines[3].starts_with("null/inline/0"));
+        assert!(lines[3].contains("250.0"));
+        assert!(lines[3].ends_with("3 ERRORS"));
+        assert!(!lines[2].contains("ERRORS"));
+        assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn table_header_says_when_several_calls_are_in_flight_and_corrected() {
+        let t = table(&[summary("null/inline/0", 1, 0, 16)]);
+        assert!(t
+            .lines()
+            .next()
+            .unwrap()
+            .contains("16 calls in flight, coordinated-omission corrected"));
+    }
+
+    #[test]
+    fn curve_is_non_decreasing_and_ends_at_the_histograms_resolution() {
+        let h = hist_1_to(10_000);
+        let c = curve(&h);
+        assert_eq!(c.first().unwrap(), &(0.0, 1));
+        assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        let last = c.last().unwrap();
+        assert_eq!(last.0, 4.0);
+        assert!(h.equivalent(last.1, 10_000), "{}", last.1);
+        assert!(curve(&histogram()).is_empty());
+    }
+
+    #[test]
+    fn svg_has_one_line_and_one_legend_entry_per_case_with_escaped_names() {
+        let (a, b) = (hist_1_to(100), hist_1_to(5000));
+        let s = svg(
+            "t<1>",
+            &[
+                ("a<b".to_string(), &a),
+                ("read/write-chunk/1MiB".to_string(), &b),
+            ],
+        );
+        assert!(s.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+        assert!(s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<polyline").count(), 2);
+        assert!(s.contains(">a&lt;b</text>") && !s.contains("a<b"));
+        assert!(s.contains("t&lt;1&gt;"));
+        for l in ["0%", "90%", "99%", "99.9%"] {
+            assert!(s.contains(&format!(">{l}</text>")), "{l}");
+        }
+        assert!(!s.contains("NaN") && !s.contains("inf"));
+    }
+
+    #[test]
+    fn hlog_holds_every_interval_tagged_by_case_and_decodes_to_the_same_counts() {
+        let case: Case = "echo/inline/64".parse().unwrap();
+        let mk = |n| Interval {
+            start: Duration::from_secs(n),
+            length: Duration::from_secs(1),
+            hist: hist_1_to(100 * n),
+        };
+        let r = CaseResult {
+            case,
+            in_flight: 1,
+            co_corrected: false,
+            expected_interval_ns: 0,
+            count: 300,
+            errors: 0,
+            first_error: None,
+            elapsed: Duration::from_secs(2),
+            hist: hist_1_to(300),
+            intervals: vec![mk(1), mk(2)],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.hlog");
+        write_hlog(&p, SystemTime::UNIX_EPOCH + Duration::from_secs(1000), &[r]).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        let mut seen = Vec::new();
+        for e in IntervalLogIterator::new(&bytes) {
+            if let Ok(LogEntry::Interval(i)) = e {
+                assert_eq!(i.tag().unwrap().as_str(), "echo/inline/64");
+                let raw = base64_decode(i.encoded_histogram());
+                let h: Histogram<u64> = Deserializer::new()
+                    .deserialize(&mut std::io::Cursor::new(raw))
+                    .unwrap();
+                seen.push((i.start_timestamp().as_secs(), h.len()));
+            }
+        }
+        assert_eq!(seen, vec![(1, 100), (2, 200)]);
+    }
+
+    /// Standard base64 (the `.hlog` encoding), decoded here to keep it out of the dependencies.
+    fn base64_decode(s: &str) -> Vec<u8> {
+        let val = |c: u8| match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            _ => 63,
+        };
+        let b: Vec<u8> = s.bytes().filter(|c| *c != b'=').map(val).collect();
+        let mut out = Vec::new();
+        for ch in b.chunks(4) {
+            let mut n = 0u32;
+            for (i, v) in ch.iter().enumerate() {
+                n |= u32::from(*v) << (18 - 6 * i);
+            }
+            out.extend_from_slice(&n.to_be_bytes()[1..ch.len()]);
+        }
+        out
+    }
+}

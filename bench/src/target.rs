@@ -254,7 +254,7 @@ impl Target {
                     res?;
                 }
                 s.children.push(spawn_server(
-                    &me,
+                    me,
                     Path::new(&server.daemon.app_socket),
                     spin,
                 )?);
