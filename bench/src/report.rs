@@ -356,13 +356,18 @@ pub fn svg(title: &str, series: &[(String, &Histogram<u64>)]) -> String {
     while d <= y1 + 1e-9 {
         let ns = (10f64.powf(d) * 1e3).round() as u64;
         let y = py(ns);
+        let label = if d >= 0.0 {
+            format!("{}", 10f64.powf(d).round())
+        } else {
+            format!("{:.*}", (-d) as usize, 10f64.powf(d))
+        };
         let _ = writeln!(
             s,
             r##"<line x1="{l}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
             l + pw,
             l - 6.0,
             y + 4.0,
-            us(ns)
+            label
         );
         d += 1.0;
     }

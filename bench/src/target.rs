@@ -126,14 +126,29 @@ fn wait_for_socket(path: &Path, child: &mut Child, what: &str) -> anyhow::Result
     }
 }
 
-/// Starts the bench's own RDMATEST server (`serve`) at `socket`.
-fn spawn_server(me: &Path, socket: &Path, spin: Duration) -> anyhow::Result<Child> {
+/// Receive buffers for a server app whose arena is `arena` bytes: half the arena in four buffers (the rest
+/// holds replies), at most 8 × (4 MiB + 4 KiB).
+pub fn recv_buffers_for(arena: u64) -> (u32, u32) {
+    let max = u64::from(crate::case::MAX_SIZE) + 4096;
+    if arena >= 16 * max.next_power_of_two() {
+        return (8, max as u32);
+    }
+    (4, (arena / 8).clamp(4096, max) as u32)
+}
+
+/// Starts the bench's own RDMATEST server (`serve`) at `socket`, sized for an arena of `arena` bytes.
+fn spawn_server(me: &Path, socket: &Path, spin: Duration, arena: u64) -> anyhow::Result<Child> {
+    let (count, size) = recv_buffers_for(arena);
     spawn_ready(
         Command::new(me)
             .arg("serve")
             .arg(socket)
             .arg("--spin-us")
-            .arg(spin.as_micros().to_string()),
+            .arg(spin.as_micros().to_string())
+            .arg("--recv-buffers")
+            .arg(count.to_string())
+            .arg("--recv-size")
+            .arg(size.to_string()),
         "rpcrdma-bench serve",
     )
 }
@@ -181,7 +196,8 @@ impl Target {
                         .arg(harness_spin.as_micros().to_string()),
                     "the loopback harness",
                 )?);
-                s.children.push(spawn_server(me, &socket, spin)?);
+                s.children
+                    .push(spawn_server(me, &socket, spin, u64::from(LOOPBACK_ARENA))?);
                 Ok(s)
             }
             Target::Daemons {
@@ -257,9 +273,30 @@ impl Target {
                     me,
                     Path::new(&server.daemon.app_socket),
                     spin,
+                    server.apps.arena_size,
                 )?);
                 Ok(s)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_buffers_fit_in_half_the_arena_and_never_exceed_the_largest_case() {
+        assert_eq!(
+            recv_buffers_for(u64::from(LOOPBACK_ARENA)),
+            (8, (4 << 20) + 4096)
+        );
+        for arena in [64u64 << 10, 4 << 20, 16 << 20, 64 << 20, 1 << 30] {
+            let (n, size) = recv_buffers_for(arena);
+            let block = u64::from(size).next_power_of_two();
+            assert!(u64::from(n) * block <= arena / 2, "{arena}");
+            assert!(size <= (4 << 20) + 4096 && size >= 4096);
+        }
+        assert_eq!(recv_buffers_for(4 << 20), (4, 512 << 10));
     }
 }
