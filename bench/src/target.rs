@@ -295,7 +295,7 @@ mod tests {
             let (n, size) = recv_buffers_for(arena);
             let block = u64::from(size).next_power_of_two();
             assert!(u64::from(n) * block <= arena / 2, "{arena}");
-            assert!(size <= (4 << 20) + 4096 && size >= 4096);
+            assert!((4096..=(4 << 20) + 4096).contains(&size));
         }
         assert_eq!(recv_buffers_for(4 << 20), (4, 512 << 10));
     }
