@@ -62,14 +62,11 @@ pub fn ring_echo(socket: &Path, spin: Duration) -> anyhow::Result<()> {
     }
 }
 
-/// How long both sides of the raw-ring measurement busy-poll: the physical limit is measured spinning.
-pub const RING_SPIN: Duration = Duration::from_millis(1);
-
 /// Which implementation a row measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Impl {
-    /// App ↔ echoing poll thread over one region's rings, both spinning.
+    /// App ↔ echoing poll thread over one region's rings.
     RawRing,
     /// ONC RPC over TCP loopback, libtirpc.
     Libtirpc,
@@ -396,6 +393,10 @@ pub struct CompareOptions {
     pub build_dir: std::path::PathBuf,
     /// Progress bars.
     pub progress: bool,
+    /// How long the raw-ring client busy-polls before sleeping.
+    pub ring_spin: Duration,
+    /// How long the raw-ring echo side busy-polls before parking.
+    pub ring_echo_spin: Duration,
     /// The `rpcrdma-bench` binary (for its `ring-echo` subcommand).
     pub exe: std::path::PathBuf,
 }
@@ -429,12 +430,12 @@ pub fn compare(
                 .arg("ring-echo")
                 .arg(&sock)
                 .arg("--spin-us")
-                .arg(RING_SPIN.as_micros().to_string()),
+                .arg(opts.ring_echo_spin.as_micros().to_string()),
             "ring-echo",
         )?;
         let res = (|| -> anyhow::Result<CaseResult> {
             let mut c = Client::connect(&sock).map_err(|e| anyhow::anyhow!("ring-echo: {e}"))?;
-            c.set_spin(RING_SPIN);
+            c.set_spin(opts.ring_spin);
             run::run_case(&mut c, 0, wl[0].1, &ro, t0)
         })();
         let _ = child.kill();

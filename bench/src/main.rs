@@ -160,6 +160,12 @@ struct CompareArgs {
     /// Measured phase per row.
     #[arg(long, default_value = "5s", value_parser = case::parse_duration)]
     duration: Duration,
+    /// Raw ring: how long the client busy-polls before sleeping (µs).
+    #[arg(long, default_value_t = 50)]
+    ring_spin_us: u64,
+    /// Raw ring: how long the echo side busy-polls before parking (µs).
+    #[arg(long, default_value_t = 200)]
+    ring_echo_spin_us: u64,
     /// Print the JSON document (schema rpcrdma-bench/compare/1) instead of the table.
     #[arg(long)]
     json: bool,
@@ -247,6 +253,8 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         duration: a.duration,
         build_dir: a.out.join("tirpc-build"),
         progress: !a.no_progress && std::io::stderr().is_terminal(),
+        ring_spin: Duration::from_micros(a.ring_spin_us),
+        ring_echo_spin: Duration::from_micros(a.ring_echo_spin_us),
         exe: std::env::current_exe()?,
     };
     let (mut doc, hists) = compare::compare(&opts, env, (&mut client, peer))?;
