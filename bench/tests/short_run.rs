@@ -170,3 +170,67 @@ fn the_cli_table_names_round_trips_and_every_case() {
     }
     assert!(text.contains("plot: "));
 }
+
+#[test]
+fn spawn_daemons_starts_rpcrdmad_per_config_serves_behind_it_and_records_the_transport() {
+    // A stand-in for rpcrdmad with its documented CLI (`--version`, `--config FILE`) that plays the daemon
+    // with the loopback harness on the config's app socket.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("app.sock");
+    let cfg = dir.path().join("d.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\napp-socket = \"{}\"\nadmin-socket = \"{}\"\n\n[transport]\ncredits = 17\n",
+            sock.display(),
+            dir.path().join("admin.sock").display()
+        ),
+    )
+    .unwrap();
+    let fake = dir.path().join("rpcrdmad");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'rpcrdmad stand-in 0.0'; exit 0; }}\n\
+             sock=$(sed -n 's/^app-socket *= *\"\\(.*\\)\"/\\1/p' \"$2\")\nexec {EXE} loopback \"$sock\"\n"
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&fake).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&fake, perm).unwrap();
+    let t = Target::Daemons {
+        rpcrdmad: fake,
+        configs: vec![cfg],
+        peer: None,
+    };
+    let session = t
+        .open(Path::new(EXE), Duration::ZERO, Duration::ZERO)
+        .unwrap();
+    assert_eq!(session.socket, sock);
+    let i = &session.info;
+    assert_eq!(i.kind, "daemons");
+    assert_eq!(i.daemon_version.as_deref(), Some("rpcrdmad stand-in 0.0"));
+    assert_eq!(i.provider.as_deref(), Some("soft"));
+    assert_eq!(i.credits, Some(17));
+    assert_eq!(
+        (i.inline_send, i.inline_recv, i.ddp_threshold),
+        (Some(4096), Some(4096), Some(1024))
+    );
+    let (mut c, peer, _) = attach(&session.socket, &i.peer, Duration::ZERO).unwrap();
+    let r = run_case(
+        &mut c,
+        peer,
+        "echo/read-chunk/64KiB".parse().unwrap(),
+        &opts(10, 1),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!((r.count, r.errors), (10, 0));
+    drop(c);
+    drop(session);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_err(),
+        "the daemon was not stopped"
+    );
+}
