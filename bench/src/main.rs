@@ -37,6 +37,9 @@ enum Cmd {
         socket: PathBuf,
         #[arg(long, default_value_t = 200)]
         spin_us: u64,
+        /// Arena bytes per app.
+        #[arg(long, default_value_t = LOOPBACK_ARENA)]
+        arena: u32,
     },
     /// Completes every call at once: the raw-ring peer of `compare`.
     #[command(hide = true)]
@@ -142,12 +145,12 @@ struct ServeArgs {
     /// How long the app busy-polls before sleeping (µs).
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
-    /// Receive buffers posted.
-    #[arg(long, default_value_t = 8)]
-    recv_buffers: u32,
-    /// Bytes per receive buffer (the largest call served; the arena must hold them all).
-    #[arg(long, default_value_t = (4 << 20) + 4096)]
-    recv_size: u32,
+    /// Receive buffers posted (default: sized from the daemon's arena, with --recv-size).
+    #[arg(long, requires = "recv_size")]
+    recv_buffers: Option<u32>,
+    /// Bytes per receive buffer: the largest call served (the arena must hold them all and the replies).
+    #[arg(long, requires = "recv_buffers")]
+    recv_size: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -216,6 +219,13 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", report::table(&doc.cases));
+        for c in doc.cases.iter().filter(|c| c.errors > 0) {
+            println!(
+                "{}: first failure: {}",
+                c.name,
+                c.first_error.as_deref().unwrap_or("?")
+            );
+        }
         let e = &doc.environment;
         println!(
             "target {} ({}), peer {}, {} cores, app spin {} µs{}",
@@ -289,17 +299,20 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve(a) => serve::serve(
             &a.socket,
             &ServeOptions {
-                recv_buffers: a.recv_buffers,
-                recv_size: a.recv_size,
+                recv: a.recv_buffers.zip(a.recv_size),
                 spin: Duration::from_micros(a.spin_us),
             },
             ready,
         ),
-        Cmd::Loopback { socket, spin_us } => {
+        Cmd::Loopback {
+            socket,
+            spin_us,
+            arena,
+        } => {
             let mut lb = rpcrdma_shm::loopback::Loopback::bind(
                 &socket,
                 rpcrdma_shm::abi::Geometry {
-                    arena_size: LOOPBACK_ARENA,
+                    arena_size: arena,
                     ..Default::default()
                 },
             )?;

@@ -21,7 +21,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Stop {
     /// After this long.
     Duration(Duration),
-    /// After this many calls.
+    /// After this many calls have finished (intact or not).
     Count(u64),
 }
 
@@ -240,12 +240,12 @@ pub fn run_case(
     let mut intervals = Vec::new();
     let start = Instant::now();
     let mut istart = start;
-    let mut count = 0u64;
+    let (mut count, mut finished) = (0u64, 0u64);
     let mut last_draw = start;
     loop {
         let now = Instant::now();
         let done = match opts.stop {
-            Stop::Count(c) => count >= c,
+            Stop::Count(c) => finished >= c,
             Stop::Duration(d) => now - start >= d,
         };
         if now - istart >= INTERVAL || done {
@@ -262,11 +262,12 @@ pub fn run_case(
         }
         if now - last_draw >= Duration::from_millis(50) {
             pb.set_position(match opts.stop {
-                Stop::Count(_) => count,
+                Stop::Count(_) => finished,
                 Stop::Duration(_) => (now - start).as_millis() as u64,
             });
             last_draw = now;
         }
+        finished += 1;
         if let Some(ns) = l.complete()? {
             count += 1;
             if co {

@@ -17,24 +17,19 @@ pub const MAX_CALLBACKS: u32 = 64;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options of `serve`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
-    /// Receive buffers posted.
-    pub recv_buffers: u32,
-    /// Bytes per receive buffer (the largest call accepted).
-    pub recv_size: u32,
+    /// Receive buffers posted and bytes each (the largest call accepted); `None`: sized from the arena the
+    /// daemon hands out ([`crate::target::recv_buffers_for`]).
+    pub recv: Option<(u32, u32)>,
     /// How long the app busy-polls before sleeping.
     pub spin: Duration,
 }
 
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            recv_buffers: 8,
-            recv_size: MAX_SIZE + 4096,
-            spin: Duration::ZERO,
-        }
-    }
+/// The arena size the daemon at `socket` gives an app (learnt from a short attachment).
+pub fn arena_size(socket: &Path) -> std::io::Result<u64> {
+    let c = rpcrdma_shm::attach::connect(socket)?;
+    Ok(u64::from(c.region.layout().geometry.arena_size))
 }
 
 /// Makes `n` backward PINGs of `size` bytes of `pattern(n)` to `peer` and returns how many came back intact.
@@ -82,10 +77,17 @@ pub fn handle(call: &Call<'_>, reply: &mut ReplyBuilder, cb: Option<&mut Client>
 /// index only, so the backward PING goes to the peer the CALLBACK came from, and the daemon decides the
 /// connection (RFC 8167 wants the one the call arrived on).
 pub fn serve(socket: &Path, opts: &ServeOptions, on_ready: impl FnOnce()) -> anyhow::Result<()> {
+    let (count, size) = match opts.recv {
+        Some(r) => r,
+        None => crate::target::recv_buffers_for(
+            arena_size(socket)
+                .map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?,
+        ),
+    };
     let mut s = Server::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
     s.set_spin(opts.spin);
-    s.receive_buffers(opts.recv_buffers, opts.recv_size);
+    s.receive_buffers(count, size);
     let mut cb = Client::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach (callbacks) to {}: {e}", socket.display()))?;
     cb.set_spin(opts.spin);
@@ -105,10 +107,13 @@ pub fn serve_callbacks(
     spin: Duration,
     on_ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
+    let arena =
+        arena_size(socket).map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
     let mut s = Server::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
     s.set_spin(spin);
-    s.receive_buffers(8, (1 << 20) + 4096);
+    // PINGs carry at most 1 MiB (CALLBACK's limit); four buffers in at most half the arena.
+    s.receive_buffers(4, (arena / 8).clamp(4096, (1 << 20) + 4096) as u32);
     s.register(rdmatest::CB_PROG, 1, true)
         .map_err(|e| anyhow::anyhow!("register RDMATEST_CB: {e}"))?;
     s.start(rdmatest::CB_PROG, 1)

@@ -126,29 +126,27 @@ fn wait_for_socket(path: &Path, child: &mut Child, what: &str) -> anyhow::Result
     }
 }
 
-/// Receive buffers for a server app whose arena is `arena` bytes: half the arena in four buffers (the rest
-/// holds replies), at most 8 × (4 MiB + 4 KiB).
+/// Receive buffers (count, bytes each) for a server app whose arena is `arena` bytes: eight of
+/// 4 MiB + 4 KiB when they fit in half the arena, else two power-of-two blocks of a quarter of it each (the
+/// arena allocator rounds every buffer up to a power of two); the other half holds replies.
 pub fn recv_buffers_for(arena: u64) -> (u32, u32) {
     let max = u64::from(crate::case::MAX_SIZE) + 4096;
     if arena >= 16 * max.next_power_of_two() {
         return (8, max as u32);
     }
-    (4, (arena / 8).clamp(4096, max) as u32)
+    let quarter = (arena / 4).max(4096);
+    let block = 1u64 << (63 - quarter.leading_zeros());
+    (2, block.min(max) as u32)
 }
 
-/// Starts the bench's own RDMATEST server (`serve`) at `socket`, sized for an arena of `arena` bytes.
-fn spawn_server(me: &Path, socket: &Path, spin: Duration, arena: u64) -> anyhow::Result<Child> {
-    let (count, size) = recv_buffers_for(arena);
+/// Starts the bench's own RDMATEST server (`serve`) at `socket`.
+fn spawn_server(me: &Path, socket: &Path, spin: Duration) -> anyhow::Result<Child> {
     spawn_ready(
         Command::new(me)
             .arg("serve")
             .arg(socket)
             .arg("--spin-us")
-            .arg(spin.as_micros().to_string())
-            .arg("--recv-buffers")
-            .arg(count.to_string())
-            .arg("--recv-size")
-            .arg(size.to_string()),
+            .arg(spin.as_micros().to_string()),
         "rpcrdma-bench serve",
     )
 }
@@ -196,8 +194,7 @@ impl Target {
                         .arg(harness_spin.as_micros().to_string()),
                     "the loopback harness",
                 )?);
-                s.children
-                    .push(spawn_server(me, &socket, spin, u64::from(LOOPBACK_ARENA))?);
+                s.children.push(spawn_server(me, &socket, spin)?);
                 Ok(s)
             }
             Target::Daemons {
@@ -273,7 +270,6 @@ impl Target {
                     me,
                     Path::new(&server.daemon.app_socket),
                     spin,
-                    server.apps.arena_size,
                 )?);
                 Ok(s)
             }
@@ -291,12 +287,14 @@ mod tests {
             recv_buffers_for(u64::from(LOOPBACK_ARENA)),
             (8, (4 << 20) + 4096)
         );
-        for arena in [64u64 << 10, 4 << 20, 16 << 20, 64 << 20, 1 << 30] {
+        for arena in [64u64 << 10, 4 << 20, 8 << 20, 16 << 20, 64 << 20, 1 << 30] {
             let (n, size) = recv_buffers_for(arena);
             let block = u64::from(size).next_power_of_two();
             assert!(u64::from(n) * block <= arena / 2, "{arena}");
             assert!((4096..=(4 << 20) + 4096).contains(&size));
         }
-        assert_eq!(recv_buffers_for(4 << 20), (4, 512 << 10));
+        // shm-loopback's 8 MiB arena: a 1 MiB call (plus its XDR words) still fits one buffer.
+        assert_eq!(recv_buffers_for(8 << 20), (2, 2 << 20));
+        assert_eq!(recv_buffers_for(4 << 20), (2, 1 << 20));
     }
 }

@@ -234,3 +234,81 @@ fn spawn_daemons_starts_rpcrdmad_per_config_serves_behind_it_and_records_the_tra
         "the daemon was not stopped"
     );
 }
+
+#[test]
+fn run_attach_reaches_a_running_harness_with_serve_sized_for_its_small_arena() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("lb.sock");
+    // shm-loopback's default geometry: an 8 MiB arena per app.
+    let mut lb = spawn_ready(
+        Command::new(EXE)
+            .arg("loopback")
+            .arg(&sock)
+            .args(["--arena", "8388608"]),
+        "loopback",
+    )
+    .unwrap();
+    let mut srv = spawn_ready(Command::new(EXE).arg("serve").arg(&sock), "serve").unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "run",
+            "--json",
+            "--warmup",
+            "0s",
+            "--count",
+            "10",
+            "--no-progress",
+        ])
+        .args([
+            "--case",
+            "echo/read-chunk/1KiB",
+            "--case",
+            "read/write-chunk/512KiB",
+            "--attach",
+        ])
+        .arg(&sock)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let _ = (srv.kill(), lb.kill(), srv.wait(), lb.wait());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["environment"]["target"]["kind"], "attach");
+    assert_eq!(doc["environment"]["target"]["peer"], "loopback");
+    for c in doc["cases"].as_array().unwrap() {
+        assert_eq!(
+            (c["count"].as_u64(), c["errors"].as_u64()),
+            (Some(10), Some(0)),
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn a_count_bounded_case_ends_even_when_every_call_fails() {
+    // A harness with no RDMATEST server: every call completes with UNKNOWN_PROGRAM.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("empty.sock");
+    let mut lb = spawn_ready(Command::new(EXE).arg("loopback").arg(&sock), "loopback").unwrap();
+    let (mut c, peer, _) = attach(&sock, "", Duration::ZERO).unwrap();
+    let r = run_case(
+        &mut c,
+        peer,
+        "null".parse().unwrap(),
+        &opts(25, 2),
+        Instant::now(),
+    )
+    .unwrap();
+    let _ = (lb.kill(), lb.wait());
+    assert_eq!(r.count, 0);
+    assert!(r.errors >= 25);
+    assert!(
+        r.first_error.unwrap().contains("status 6"),
+        "UNKNOWN_PROGRAM"
+    );
+}
