@@ -62,6 +62,10 @@ pub fn ring_echo(socket: &Path, spin: Duration) -> anyhow::Result<()> {
     }
 }
 
+/// The raw ring is measured in this many slices of the row's duration, keeping the one with the lowest p50:
+/// on a shared 2-core host one slice can be all preemption.
+pub const RING_SLICES: u32 = 5;
+
 /// Which implementation a row measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -258,10 +262,16 @@ pub fn goals(rows: &[Row], ours_kind: &str, provider: Option<&str>) -> Vec<Goal>
     g.push(match (ring, ours_null) {
         (Some(r), Some(o)) => {
             let x = div(o.round_trip_ns.p50 as f64, r.round_trip_ns.p50 as f64);
+            // Our path includes a ring round trip, so a ratio below 1 means the limit was not measured.
+            let bogus = x < 1.0;
             Goal {
                 goal: "app<->app NULL p50 <= 3x the raw ring".into(),
-                measured: format!("{x:.2}x ({ours_kind})"),
-                met: Some(x <= 3.0),
+                measured: if bogus {
+                    format!("{x:.2}x ({ours_kind}): the raw ring measured slower than ours, the host is too busy; rerun")
+                } else {
+                    format!("{x:.2}x ({ours_kind})")
+                },
+                met: (!bogus).then_some(x <= 3.0),
             }
         }
         _ => Goal {
@@ -436,7 +446,21 @@ pub fn compare(
         let res = (|| -> anyhow::Result<CaseResult> {
             let mut c = Client::connect(&sock).map_err(|e| anyhow::anyhow!("ring-echo: {e}"))?;
             c.set_spin(opts.ring_spin);
-            run::run_case(&mut c, 0, wl[0].1, &ro, t0)
+            // The limit is the best the host allows: keep the slice with the lowest p50.
+            let mut best: Option<CaseResult> = None;
+            for i in 0..RING_SLICES {
+                let o = RunOptions {
+                    warmup: if i == 0 { opts.warmup } else { Duration::ZERO },
+                    stop: Stop::Duration(opts.duration / RING_SLICES),
+                    ..ro.clone()
+                };
+                let r = run::run_case(&mut c, 0, wl[0].1, &o, t0)?;
+                let p50 = |r: &CaseResult| r.hist.value_at_quantile(0.5);
+                if best.as_ref().is_none_or(|b| p50(&r) < p50(b)) {
+                    best = Some(r);
+                }
+            }
+            best.ok_or_else(|| anyhow::anyhow!("no raw-ring slice ran"))
         })();
         let _ = child.kill();
         let _ = child.wait();
@@ -566,6 +590,19 @@ mod tests {
         let l = goals(&rows, "loopback", None);
         assert_eq!(l[1].met, None, "the soft-iWARP goal needs a soft daemon");
         assert!(l[1].measured.contains("loopback"));
+        let inverted = goals(
+            &[
+                row("NULL", Impl::RawRing, 5_000, 0.0),
+                row("NULL", Impl::Ours, 3_000, 0.0),
+            ],
+            "loopback",
+            None,
+        );
+        assert_eq!(
+            inverted[0].met, None,
+            "a ring slower than our path is a failed measurement"
+        );
+        assert!(inverted[0].measured.contains("rerun"));
         let none = goals(&rows[2..3], "loopback", None);
         assert_eq!(none[0].met, None);
         assert_eq!(none[2].met, None);
