@@ -1,0 +1,326 @@
+//! `rpcrdma-bench`: RDMATEST latency/throughput runs, the RDMATEST server, and side-by-side comparisons.
+#![forbid(unsafe_code)]
+
+use clap::{Args, Parser, Subcommand};
+use rpcrdma_bench::case::{self, Case, Proc};
+use rpcrdma_bench::compare::{self, CompareOptions};
+use rpcrdma_bench::report::{self, Environment};
+use rpcrdma_bench::run::{RunOptions, Stop};
+use rpcrdma_bench::serve::{self, ServeOptions};
+use rpcrdma_bench::target::{Session, Target, LOOPBACK_ARENA};
+use rpcrdma_bench::{attach, run_cases, OutFiles};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "RDMATEST benchmarks through rpcrdmad's shared-memory API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Runs cases (closed loop) and prints a table; writes .json, .hlog and .svg to --out.
+    Run(RunArgs),
+    /// Attaches to a daemon socket and serves RDMATEST (every procedure) until stopped.
+    Serve(ServeArgs),
+    /// Raw ring vs libtirpc TCP vs ours: NULL, ECHO 64 B / 1 MiB, READ 1 MiB; ratios and goals.
+    Compare(CompareArgs),
+    /// Test harness standing in for the daemon (routes calls between local apps).
+    #[command(hide = true)]
+    Loopback {
+        socket: PathBuf,
+        #[arg(long, default_value_t = 200)]
+        spin_us: u64,
+        /// Arena bytes per app.
+        #[arg(long, default_value_t = LOOPBACK_ARENA)]
+        arena: u32,
+    },
+    /// Completes every call at once: the raw-ring peer of `compare`.
+    #[command(hide = true)]
+    RingEcho {
+        socket: PathBuf,
+        #[arg(long, default_value_t = 200)]
+        spin_us: u64,
+    },
+}
+
+#[derive(Args, Debug)]
+struct TargetArgs {
+    /// Attach to a running daemon (or shm-loopback) listening at this app socket.
+    #[arg(long, value_name = "SOCKET", conflicts_with = "spawn_daemons")]
+    attach: Option<PathBuf>,
+    /// Start `rpcrdmad --config FILE` for each file (comma-separated; the bench attaches to the first, the
+    /// RDMATEST server to the last).
+    #[arg(long, value_name = "CFG[,CFG]", value_delimiter = ',')]
+    spawn_daemons: Vec<PathBuf>,
+    /// The daemon binary for --spawn-daemons.
+    #[arg(long, default_value = "rpcrdmad")]
+    rpcrdmad: PathBuf,
+    /// Peer name to call (default: the daemon's first peer).
+    #[arg(long)]
+    peer: Option<String>,
+    /// How long apps busy-poll before sleeping (µs). 0 is fastest on 2 cores, where a spinning app takes
+    /// the core the harness or daemon needs.
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
+    /// How long the loopback harness busy-polls before parking (µs; loopback target only).
+    #[arg(long, default_value_t = 200)]
+    harness_spin_us: u64,
+}
+
+impl TargetArgs {
+    fn target(&self) -> Target {
+        if let Some(s) = &self.attach {
+            Target::Attach {
+                socket: s.clone(),
+                peer: self.peer.clone(),
+            }
+        } else if !self.spawn_daemons.is_empty() {
+            Target::Daemons {
+                rpcrdmad: self.rpcrdmad.clone(),
+                configs: self.spawn_daemons.clone(),
+                peer: self.peer.clone(),
+            }
+        } else {
+            Target::Loopback
+        }
+    }
+
+    fn open(&self) -> anyhow::Result<(Session, Environment)> {
+        let t = self.target();
+        let s = t.open(
+            &std::env::current_exe()?,
+            Duration::from_micros(self.spin_us),
+            Duration::from_micros(self.harness_spin_us),
+        )?;
+        let harness = matches!(t, Target::Loopback).then_some(self.harness_spin_us);
+        let env = Environment::here(s.info.clone(), self.spin_us, harness);
+        Ok((s, env))
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// A case PROC/MODE/SIZE (repeatable), e.g. echo/inline/64, read/write-chunk/1MiB.
+    #[arg(long = "case", value_name = "CASE")]
+    cases: Vec<Case>,
+    /// A named case list: quick, default, full (used when no --case is given).
+    #[arg(long, default_value = "default")]
+    matrix: String,
+    /// Warm-up per case.
+    #[arg(long, default_value = "1s", value_parser = case::parse_duration)]
+    warmup: Duration,
+    /// Measured phase per case.
+    #[arg(long, default_value = "5s", value_parser = case::parse_duration)]
+    duration: Duration,
+    /// Measured calls per case (instead of --duration).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Calls in flight (1 = latency; more = throughput, coordinated-omission corrected).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    in_flight: u32,
+    /// Print the JSON document (schema rpcrdma-bench/run/1) on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Directory for the .json, .hlog and .svg files.
+    #[arg(long, default_value = "rpcrdma-bench-results")]
+    out: PathBuf,
+    /// No progress bar (it is also off when stderr is not a terminal).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// The daemon's app socket.
+    socket: PathBuf,
+    /// How long the app busy-polls before sleeping (µs).
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
+    /// Receive buffers posted (default: sized from the daemon's arena, with --recv-size).
+    #[arg(long, requires = "recv_size")]
+    recv_buffers: Option<u32>,
+    /// Bytes per receive buffer: the largest call served (the arena must hold them all and the replies).
+    #[arg(long, requires = "recv_buffers")]
+    recv_size: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Warm-up per row.
+    #[arg(long, default_value = "1s", value_parser = case::parse_duration)]
+    warmup: Duration,
+    /// Measured phase per row.
+    #[arg(long, default_value = "5s", value_parser = case::parse_duration)]
+    duration: Duration,
+    /// Raw ring: how long the client busy-polls before sleeping (µs).
+    #[arg(long, default_value_t = 50)]
+    ring_spin_us: u64,
+    /// Raw ring: how long the echo side busy-polls before parking (µs).
+    #[arg(long, default_value_t = 200)]
+    ring_echo_spin_us: u64,
+    /// Print the JSON document (schema rpcrdma-bench/compare/1) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Directory for the .json and .svg files and the libtirpc build.
+    #[arg(long, default_value = "rpcrdma-bench-results")]
+    out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn ready() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+}
+
+fn run(a: RunArgs) -> anyhow::Result<()> {
+    let cases = if a.cases.is_empty() {
+        case::matrix(&a.matrix)?
+    } else {
+        a.cases.clone()
+    };
+    let (session, env) = a.target.open()?;
+    let spin = Duration::from_micros(a.target.spin_us);
+    let (mut client, peer, name) = attach(&session.socket, &env.target.peer, spin)?;
+    let mut env = env;
+    env.target.peer = name;
+    if cases.iter().any(|c| c.proc_ == Proc::Callback) {
+        serve::start_callbacks(session.socket.clone(), spin)?;
+    }
+    let opts = RunOptions {
+        warmup: a.warmup,
+        stop: a.count.map_or(Stop::Duration(a.duration), Stop::Count),
+        in_flight: a.in_flight as usize,
+        progress: !a.no_progress && std::io::stderr().is_terminal(),
+    };
+    let out = OutFiles::new(&a.out, "run", SystemTime::now())?;
+    let (doc, _) = run_cases(
+        &mut client,
+        peer,
+        &cases,
+        &opts,
+        env,
+        &out,
+        std::env::args().collect(),
+    )?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", report::table(&doc.cases));
+        for c in doc.cases.iter().filter(|c| c.errors > 0) {
+            println!(
+                "{}: first failure: {}",
+                c.name,
+                c.first_error.as_deref().unwrap_or("?")
+            );
+        }
+        let e = &doc.environment;
+        println!(
+            "target {} ({}), peer {}, {} cores, app spin {} µs{}",
+            e.target.kind,
+            e.target.socket,
+            e.target.peer,
+            e.cores,
+            e.app_spin_us,
+            e.harness_spin_us
+                .map_or(String::new(), |s| format!(", harness spin {s} µs"))
+        );
+        println!(
+            "plot: {}\nhlog: {}\njson: {}",
+            out.with("svg").display(),
+            out.with("hlog").display(),
+            out.with("json").display()
+        );
+    }
+    let bad: u64 = doc.cases.iter().map(|c| c.errors).sum();
+    if bad > 0 {
+        anyhow::bail!("{bad} calls failed or returned wrong data");
+    }
+    Ok(())
+}
+
+fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
+    let (session, env) = a.target.open()?;
+    let spin = Duration::from_micros(a.target.spin_us);
+    let (mut client, peer, name) = attach(&session.socket, &env.target.peer, spin)?;
+    let mut env = env;
+    env.target.peer = name;
+    let out = OutFiles::new(&a.out, "compare", SystemTime::now())?;
+    let opts = CompareOptions {
+        warmup: a.warmup,
+        duration: a.duration,
+        build_dir: a.out.join("tirpc-build"),
+        progress: !a.no_progress && std::io::stderr().is_terminal(),
+        ring_spin: Duration::from_micros(a.ring_spin_us),
+        ring_echo_spin: Duration::from_micros(a.ring_echo_spin_us),
+        exe: std::env::current_exe()?,
+    };
+    let (mut doc, hists) = compare::compare(&opts, env, (&mut client, peer))?;
+    let svg = out.with("svg");
+    let series: Vec<(String, &hdrhistogram::Histogram<u64>)> =
+        hists.iter().map(|(n, h)| (n.clone(), h)).collect();
+    std::fs::write(
+        &svg,
+        report::svg("rpcrdma-bench compare: round trips by percentile", &series),
+    )?;
+    doc.svg = Some(svg.display().to_string());
+    std::fs::write(out.with("json"), serde_json::to_string_pretty(&doc)?)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", compare::table(&doc));
+        println!(
+            "{} cores; app spin {} µs; plot: {}",
+            doc.environment.cores,
+            doc.environment.app_spin_us,
+            svg.display()
+        );
+    }
+    drop(session);
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Run(a) => run(a),
+        Cmd::Compare(a) => compare_cmd(a),
+        Cmd::Serve(a) => serve::serve(
+            &a.socket,
+            &ServeOptions {
+                recv: a.recv_buffers.zip(a.recv_size),
+                spin: Duration::from_micros(a.spin_us),
+            },
+            ready,
+        ),
+        Cmd::Loopback {
+            socket,
+            spin_us,
+            arena,
+        } => {
+            let mut lb = rpcrdma_shm::loopback::Loopback::bind(
+                &socket,
+                rpcrdma_shm::abi::Geometry {
+                    arena_size: arena,
+                    ..Default::default()
+                },
+            )?;
+            ready();
+            Ok(lb.run(Duration::from_micros(spin_us))?)
+        }
+        Cmd::RingEcho { socket, spin_us } => {
+            compare::ring_echo(&socket, Duration::from_micros(spin_us))
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The JSON documents match SCHEMA.md key by key, both ways, on real output of the binary.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::process::Command;
+
+const SCHEMA_MD: &str = include_str!("../SCHEMA.md");
+
+/// The `| key | type | meaning |` rows of the section whose heading names `schema`.
+fn documented(schema: &str) -> BTreeMap<String, String> {
+    let mut rows = BTreeMap::new();
+    let mut inside = false;
+    for line in SCHEMA_MD.lines() {
+        if line.starts_with("## ") {
+            inside = line.contains(schema);
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if let [_, key, ty, ..] = cells.as_slice() {
+            if let Some(k) = key.strip_prefix('`').and_then(|k| k.strip_suffix('`')) {
+                rows.insert(k.to_string(), ty.to_string());
+            }
+        }
+    }
+    rows
+}
+
+fn type_ok(v: &Value, ty: &str) -> bool {
+    let nullable = ty.ends_with(" or null");
+    let base = ty.trim_end_matches(" or null");
+    match v {
+        Value::Null => nullable,
+        Value::Bool(_) => base == "boolean",
+        Value::Number(n) => base == "number" || (base == "integer" && (n.is_u64() || n.is_i64())),
+        Value::String(_) => base == "string",
+        Value::Array(a) => {
+            base.starts_with("array")
+                && (base != "array of string" || a.iter().all(Value::is_string))
+        }
+        Value::Object(_) => base == "object",
+    }
+}
+
+/// Every key path in `v` (arrays of objects as `key[]`, their elements' keys as `key[].sub`), not looking
+/// inside the `opaque` keys documented as a whole object.
+fn paths(v: &Value, prefix: &str, opaque: &[String], out: &mut BTreeMap<String, Value>) {
+    let Value::Object(m) = v else { return };
+    for (k, x) in m {
+        let p = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match x {
+            Value::Array(a) if a.iter().any(Value::is_object) => {
+                let p = format!("{p}[]");
+                out.insert(p.clone(), x.clone());
+                for e in a {
+                    paths(e, &p, opaque, out);
+                }
+            }
+            _ => {
+                out.insert(p.clone(), x.clone());
+                if !opaque.contains(&p) {
+                    paths(x, &p, opaque, out);
+                }
+            }
+        }
+    }
+}
+
+fn check(doc: &Value, schema: &str) {
+    let doc_rows = documented(schema);
+    assert!(
+        doc_rows.len() > 10,
+        "SCHEMA.md section for {schema} not found"
+    );
+    let opaque: Vec<String> = doc_rows
+        .iter()
+        .filter(|(_, t)| t.as_str() == "object")
+        .map(|(k, _)| k.clone())
+        .collect();
+    let mut found = BTreeMap::new();
+    paths(doc, "", &opaque, &mut found);
+    assert_eq!(doc["schema"], schema);
+    for (k, v) in &found {
+        if v.is_object() && !doc_rows.contains_key(k) {
+            let inner = format!("{k}.");
+            assert!(
+                doc_rows.keys().any(|d| d.starts_with(&inner)),
+                "{k} is in the output but not in SCHEMA.md"
+            );
+            continue;
+        }
+        let ty = doc_rows
+            .get(k)
+            .unwrap_or_else(|| panic!("{k} is in the output but not in SCHEMA.md"));
+        assert!(type_ok(v, ty), "{k} = {v} is not {ty}");
+    }
+    for k in doc_rows.keys() {
+        assert!(
+            found.contains_key(k),
+            "{k} is in SCHEMA.md but not in the output"
+        );
+    }
+}
+
+#[test]
+fn run_json_matches_the_documented_schema_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
+        .args([
+            "run",
+            "--json",
+            "--warmup",
+            "0s",
+            "--count",
+            "20",
+            "--no-progress",
+        ])
+        .args(["--case", "null", "--case", "read/write-chunk/4KiB"])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check(&doc, "rpcrdma-bench/run/1");
+    assert_eq!(doc["cases"].as_array().unwrap().len(), 2);
+    for f in ["hlog", "svg"] {
+        let p = doc["files"][f].as_str().unwrap();
+        assert!(std::fs::metadata(p).unwrap().len() > 0, "{f} not written");
+    }
+    // The file copy is the same document.
+    let hlog = doc["files"]["hlog"].as_str().unwrap();
+    let json = std::path::Path::new(hlog).with_extension("json");
+    let copy: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    assert_eq!(copy, doc);
+}
+
+#[test]
+fn compare_json_matches_the_documented_schema_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
+        .args([
+            "compare",
+            "--json",
+            "--warmup",
+            "50ms",
+            "--duration",
+            "200ms",
+            "--no-progress",
+        ])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check(&doc, "rpcrdma-bench/compare/1");
+    // Raw ring NULL, four libtirpc rows, four of ours; libtirpc must have been built (CI installs it).
+    assert_eq!(
+        doc["rows"].as_array().unwrap().len(),
+        9,
+        "{}",
+        doc["skipped"]
+    );
+    assert_eq!(doc["skipped"].as_array().unwrap().len(), 0);
+    assert_eq!(doc["goals"].as_array().unwrap().len(), 3);
+    assert!(doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["count"].as_u64().unwrap() > 0));
+}

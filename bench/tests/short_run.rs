@@ -1,0 +1,314 @@
+//! A short real run: real processes (loopback harness, `serve`), real shared memory; every case of every
+//! transfer mode completes with intact data. Timings are not checked.
+
+use rpcrdma_bench::case::{self, Case, Mode, Proc};
+use rpcrdma_bench::run::{run_case, RunOptions, Stop};
+use rpcrdma_bench::target::{spawn_ready, temp_socket, Target};
+use rpcrdma_bench::{attach, serve};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_rpcrdma-bench");
+
+fn opts(count: u64, in_flight: usize) -> RunOptions {
+    RunOptions {
+        warmup: Duration::ZERO,
+        stop: Stop::Count(count),
+        in_flight,
+        progress: false,
+    }
+}
+
+#[test]
+fn every_mode_and_size_end_completes_with_intact_data_through_loopback_and_serve() {
+    let session = Target::Loopback
+        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
+        .unwrap();
+    let (mut c, peer, name) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    assert_eq!(name, "loopback");
+    serve::start_callbacks(session.socket.clone(), Duration::ZERO).unwrap();
+    let mut cases = case::matrix("quick").unwrap();
+    for s in [
+        "echo/inline/0",
+        "echo/read-chunk/4MiB",
+        "echo/write-chunk/4MiB",
+        "read/write-chunk/4MiB",
+        "write/read-chunk/4MiB",
+        "write/long-call/4MiB",
+        "read/long-reply/4MiB",
+        "echo/long-reply/1MiB",
+        "echo/long-call/1MiB",
+        "echo/inline/1000",
+        "callback/inline/0",
+    ] {
+        cases.push(s.parse().unwrap());
+    }
+    for m in Mode::ALL {
+        assert!(cases.iter().any(|c| c.mode == m));
+    }
+    for p in Proc::ALL {
+        assert!(cases.iter().any(|c| c.proc_ == p));
+    }
+    let t0 = Instant::now();
+    for case in cases {
+        let n = if case.size >= 1 << 20 { 3 } else { 20 };
+        let r = run_case(&mut c, peer, case, &opts(n, 1), t0).unwrap();
+        assert_eq!(r.errors, 0, "{case}: {:?}", r.first_error);
+        assert_eq!(r.count, n, "{case}");
+        assert_eq!(r.hist.len(), n, "{case}: one recorded round trip per call");
+        assert!(!r.co_corrected);
+    }
+}
+
+#[test]
+fn throughput_mode_keeps_calls_in_flight_and_records_corrected_latencies() {
+    let session = Target::Loopback
+        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
+        .unwrap();
+    let (mut c, peer, _) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    for s in ["null", "echo/read-chunk/64KiB", "read/write-chunk/1MiB"] {
+        let case: Case = s.parse().unwrap();
+        let r = run_case(&mut c, peer, case, &opts(50, 8), Instant::now()).unwrap();
+        assert_eq!(r.errors, 0, "{s}: {:?}", r.first_error);
+        assert_eq!(r.count, 50);
+        assert_eq!(r.in_flight, 8);
+        assert!(r.co_corrected && r.expected_interval_ns > 0);
+        // Corrected recording only ever adds samples.
+        assert!(r.hist.len() >= 50);
+        assert_eq!(c.in_flight(), 0, "{s}: calls left in flight after the case");
+    }
+}
+
+#[test]
+fn wrong_reply_data_is_counted_as_errors_not_as_round_trips() {
+    // ring-echo completes every call with an empty reply: right for NULL, wrong for ECHO.
+    let sock = temp_socket("wrong-data");
+    let mut child =
+        spawn_ready(Command::new(EXE).arg("ring-echo").arg(&sock), "ring-echo").unwrap();
+    let (mut c, peer, _) = attach(&sock, "", Duration::ZERO).unwrap();
+    let null = run_case(
+        &mut c,
+        peer,
+        "null".parse().unwrap(),
+        &opts(10, 1),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!((null.count, null.errors), (10, 0));
+    let echo: Case = "echo/inline/64".parse().unwrap();
+    let o = RunOptions {
+        stop: Stop::Duration(Duration::from_millis(100)),
+        ..opts(0, 1)
+    };
+    let r = run_case(&mut c, peer, echo, &o, Instant::now()).unwrap();
+    assert_eq!(r.count, 0);
+    assert!(r.errors > 0);
+    assert!(r.first_error.unwrap().contains("expected data"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(&sock);
+}
+
+#[test]
+fn spawn_daemons_without_the_binary_says_how_to_get_it() {
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/demo-client.toml");
+    let t = Target::Daemons {
+        rpcrdmad: "/nonexistent/rpcrdmad".into(),
+        configs: vec![cfg],
+        peer: None,
+    };
+    let e = t
+        .open(Path::new(EXE), Duration::ZERO, Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot run the daemon binary /nonexistent/rpcrdmad"),
+        "{e}"
+    );
+    assert!(e.contains("--rpcrdmad"), "{e}");
+}
+
+#[test]
+fn attach_to_a_socket_nobody_listens_on_fails_with_the_path() {
+    let e = attach(Path::new("/nonexistent/app.sock"), "", Duration::ZERO)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/app.sock"), "{e}");
+}
+
+#[test]
+fn the_cli_table_names_round_trips_and_every_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "run",
+            "--matrix",
+            "quick",
+            "--warmup",
+            "0s",
+            "--count",
+            "5",
+            "--no-progress",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Round-trip times in µs"));
+    for c in case::matrix("quick").unwrap() {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{c} "))),
+            "{c} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("plot: "));
+}
+
+#[test]
+fn spawn_daemons_starts_rpcrdmad_per_config_serves_behind_it_and_records_the_transport() {
+    // A stand-in for rpcrdmad with its documented CLI (`--version`, `--config FILE`) that plays the daemon
+    // with the loopback harness on the config's app socket.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("app.sock");
+    let cfg = dir.path().join("d.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\napp-socket = \"{}\"\nadmin-socket = \"{}\"\n\n[transport]\ncredits = 17\n",
+            sock.display(),
+            dir.path().join("admin.sock").display()
+        ),
+    )
+    .unwrap();
+    let fake = dir.path().join("rpcrdmad");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'rpcrdmad stand-in 0.0'; exit 0; }}\n\
+             sock=$(sed -n 's/^app-socket *= *\"\\(.*\\)\"/\\1/p' \"$2\")\nexec {EXE} loopback \"$sock\"\n"
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&fake).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&fake, perm).unwrap();
+    let t = Target::Daemons {
+        rpcrdmad: fake,
+        configs: vec![cfg],
+        peer: None,
+    };
+    let session = t
+        .open(Path::new(EXE), Duration::ZERO, Duration::ZERO)
+        .unwrap();
+    assert_eq!(session.socket, sock);
+    let i = &session.info;
+    assert_eq!(i.kind, "daemons");
+    assert_eq!(i.daemon_version.as_deref(), Some("rpcrdmad stand-in 0.0"));
+    assert_eq!(i.provider.as_deref(), Some("soft"));
+    assert_eq!(i.credits, Some(17));
+    assert_eq!(
+        (i.inline_send, i.inline_recv, i.ddp_threshold),
+        (Some(4096), Some(4096), Some(1024))
+    );
+    let (mut c, peer, _) = attach(&session.socket, &i.peer, Duration::ZERO).unwrap();
+    let r = run_case(
+        &mut c,
+        peer,
+        "echo/read-chunk/64KiB".parse().unwrap(),
+        &opts(10, 1),
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!((r.count, r.errors), (10, 0));
+    drop(c);
+    drop(session);
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_err(),
+        "the daemon was not stopped"
+    );
+}
+
+#[test]
+fn run_attach_reaches_a_running_harness_with_serve_sized_for_its_small_arena() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("lb.sock");
+    // shm-loopback's default geometry: an 8 MiB arena per app.
+    let mut lb = spawn_ready(
+        Command::new(EXE)
+            .arg("loopback")
+            .arg(&sock)
+            .args(["--arena", "8388608"]),
+        "loopback",
+    )
+    .unwrap();
+    let mut srv = spawn_ready(Command::new(EXE).arg("serve").arg(&sock), "serve").unwrap();
+    let out = Command::new(EXE)
+        .args([
+            "run",
+            "--json",
+            "--warmup",
+            "0s",
+            "--count",
+            "10",
+            "--no-progress",
+        ])
+        .args([
+            "--case",
+            "echo/read-chunk/1KiB",
+            "--case",
+            "read/write-chunk/512KiB",
+            "--attach",
+        ])
+        .arg(&sock)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let _ = (srv.kill(), lb.kill(), srv.wait(), lb.wait());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["environment"]["target"]["kind"], "attach");
+    assert_eq!(doc["environment"]["target"]["peer"], "loopback");
+    for c in doc["cases"].as_array().unwrap() {
+        assert_eq!(
+            (c["count"].as_u64(), c["errors"].as_u64()),
+            (Some(10), Some(0)),
+            "{c}"
+        );
+    }
+}
+
+#[test]
+fn a_count_bounded_case_ends_even_when_every_call_fails() {
+    // A harness with no RDMATEST server: every call completes with UNKNOWN_PROGRAM.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("empty.sock");
+    let mut lb = spawn_ready(Command::new(EXE).arg("loopback").arg(&sock), "loopback").unwrap();
+    let (mut c, peer, _) = attach(&sock, "", Duration::ZERO).unwrap();
+    let r = run_case(
+        &mut c,
+        peer,
+        "null".parse().unwrap(),
+        &opts(25, 2),
+        Instant::now(),
+    )
+    .unwrap();
+    let _ = (lb.kill(), lb.wait());
+    assert_eq!(r.count, 0);
+    assert!(r.errors >= 25);
+    assert!(
+        r.first_error.unwrap().contains("status 6"),
+        "UNKNOWN_PROGRAM"
+    );
+}
