@@ -1,0 +1,1116 @@
+//! The per-connection RPC-over-RDMA state machine (sans-IO, in the style of quinn-proto).
+//!
+//! A [`Connection`] is fed received messages and work completions
+//! ([`handle_completion`](Connection::handle_completion)), app submissions
+//! ([`submit_call`](Connection::submit_call), [`accept_call`](Connection::accept_call),
+//! [`submit_reply`](Connection::submit_reply)), control-plane commands and `now`; it answers
+//! with [`Work`] to post ([`poll_work`](Connection::poll_work)) and [`Event`]s
+//! ([`poll_event`](Connection::poll_event)). It has no sockets, threads or clocks: memory is
+//! reached through the [`Env`] passed to each input, so a test drives two connections with
+//! plain vectors and can inject any byte.
+//!
+//! One connection is requester and responder at once: a received message carrying an RPC
+//! CALL goes to the responder half, a REPLY (or RDMA_ERROR) to the requester half, each with
+//! its own XIDs and credits (RFC 8167, V2-3.2-a), so the backward direction needs nothing
+//! special beyond buffer sizing.
+
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use rpcrdma_proto::cm::PrivateData;
+use rpcrdma_proto::{self as proto, v1, v2, Limits, Message, MsgType, Received, Segment};
+use rpcrdma_verbs::WcStatus;
+
+use crate::mem::{Env, MemRef};
+
+pub use requester::{ArgPiece, CallSpec};
+pub use responder::{ReplySpec, ResultPiece};
+
+/// Most DDP pieces (arguments or result buffers) of one call or reply (as the app ABI).
+pub const MAX_PIECES: usize = 8;
+/// Most segments the engine accepts in one received chunk, and in its own read list.
+pub const MAX_SEGS: usize = 16;
+/// Most Write chunks in one call.
+pub const MAX_WCHUNKS: usize = 4;
+/// Most Read chunks (positions, the PZRC included) in one received call.
+pub const MAX_RCHUNKS: usize = 4;
+/// Most memory exposures of one call (PZRC pieces, Write chunks, Reply chunk).
+pub const MAX_EXPOSE: usize = 32;
+/// Bytes after each send buffer reserved for the engine (RPC header of a Long message,
+/// zero pad, the landing area of a Reply chunk's RPC header).
+pub const SLOT_TAIL: u32 = 128;
+const TAIL_RPC: u32 = 0;
+const TAIL_ZERO: u32 = 48;
+const TAIL_LAND: u32 = 64;
+/// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
+pub const DEFAULT_INLINE: u32 = 1024;
+
+/// Who opened the connection (fixed for its life; xcharext's client and server).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The initiator (RDMA-CM connect).
+    Client,
+    /// The listener's side.
+    Server,
+}
+
+/// Settings of one connection, fixed at creation.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnConfig {
+    /// Client or server.
+    pub role: Role,
+    /// Highest RPC-over-RDMA version to speak (1, or 2 for version two).
+    pub version: u32,
+    /// Credits requested in calls and granted in replies (clamped to 1..=recv_slots).
+    pub credits: u32,
+    /// Send buffers: `send_slots` buffers of `send_size + SLOT_TAIL` bytes; the region must
+    /// allow remote read and write (Long calls and Reply chunks expose parts of it).
+    pub send_pool: MemRef,
+    /// Number of send buffers (at least `max_calls + credits`).
+    pub send_slots: u32,
+    /// Largest Send this side transmits.
+    pub send_size: u32,
+    /// Receive buffers: `recv_slots` buffers of `recv_size` bytes.
+    pub recv_pool: MemRef,
+    /// Number of receive buffers kept posted (at least `credits`).
+    pub recv_slots: u32,
+    /// Receive buffer size (at least 1024, R8166-3.3.3-d).
+    pub recv_size: u32,
+    /// Calls this side may have outstanding or queued as requester.
+    pub max_calls: u32,
+    /// The peer's RFC 8797 private data (`None`: absent, 1024-byte inline both ways).
+    pub peer: Option<PrivateData>,
+    /// Eligible items and results shorter than this stay inline (TESTPROG.md: 1024).
+    pub ddp_threshold: u32,
+    /// RDMA Reads this side keeps outstanding (ORD, R8166-3.3.1-j).
+    pub max_reads: u32,
+    /// Largest call (arguments after reassembly) accepted as responder (R8166-8.1.4-a).
+    pub max_call_size: u32,
+}
+
+impl ConnConfig {
+    /// Bytes of send pool needed for `send_slots` buffers of `send_size`.
+    pub fn send_pool_len(send_slots: u32, send_size: u32) -> Option<u32> {
+        send_slots.checked_mul(send_size.checked_add(SLOT_TAIL)?)
+    }
+
+    /// Bytes of receive pool needed for `recv_slots` buffers of `recv_size`.
+    pub fn recv_pool_len(recv_slots: u32, recv_size: u32) -> Option<u32> {
+        recv_slots.checked_mul(recv_size)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        let bad = |what| Err(ConfigError(what));
+        if self.version == 0 || self.version > 2 {
+            return bad("version must be 1 or 2");
+        }
+        if self.recv_size < DEFAULT_INLINE || self.send_size < DEFAULT_INLINE {
+            return bad("send and receive buffers must hold at least 1024 bytes");
+        }
+        if self.credits == 0 || self.recv_slots < self.credits.min(self.recv_slots).max(1) {
+            return bad("credits must be at least 1");
+        }
+        if self.max_calls == 0
+            || self.send_slots < self.max_calls + self.credits.min(self.recv_slots)
+        {
+            return bad("send_slots must cover max_calls plus credits");
+        }
+        if self.max_reads == 0 {
+            return bad("max_reads must be at least 1");
+        }
+        if Self::send_pool_len(self.send_slots, self.send_size)
+            .is_none_or(|n| n > self.send_pool.len)
+        {
+            return bad("send pool too small");
+        }
+        if Self::recv_pool_len(self.recv_slots, self.recv_size)
+            .is_none_or(|n| n > self.recv_pool.len)
+        {
+            return bad("receive pool too small");
+        }
+        if self.recv_slots >= 1 << 24 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
+            return bad("too many slots");
+        }
+        Ok(())
+    }
+}
+
+/// A configuration the engine cannot run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub &'static str);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Identifies a work request of one connection in its completion (the driver carries it in
+/// the `wr_id`).
+pub type Tag = u32;
+
+const K_RECV: u32 = 0;
+const K_SEND: u32 = 1;
+const K_READ: u32 = 2;
+const K_WRITE: u32 = 3;
+const K_INV: u32 = 4;
+const KIND_SHIFT: u32 = 28;
+
+fn tag(kind: u32, idx: u32) -> Tag {
+    (kind << KIND_SHIFT) | (idx & ((1 << KIND_SHIFT) - 1))
+}
+
+/// A work request the connection wants posted, in order, on its queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Work {
+    /// Post `buf` as a receive buffer.
+    Recv {
+        /// Completion tag.
+        tag: Tag,
+        /// The buffer.
+        buf: MemRef,
+    },
+    /// Send `buf` (header and inline payload, already written).
+    Send {
+        /// Completion tag.
+        tag: Tag,
+        /// The bytes to send.
+        buf: MemRef,
+        /// Send With Invalidate of this peer key.
+        invalidate: Option<u32>,
+    },
+    /// RDMA Read `local.len` bytes from the peer's `addr` under `rkey` into `local`.
+    Read {
+        /// Completion tag.
+        tag: Tag,
+        /// Sink.
+        local: MemRef,
+        /// Peer key.
+        rkey: u32,
+        /// Peer address.
+        addr: u64,
+    },
+    /// RDMA Write `local` to the peer's `addr` under `rkey`.
+    Write {
+        /// Completion tag.
+        tag: Tag,
+        /// Source.
+        local: MemRef,
+        /// Peer key.
+        rkey: u32,
+        /// Peer address.
+        addr: u64,
+    },
+    /// Invalidate a key this side exposed.
+    Invalidate {
+        /// Completion tag.
+        tag: Tag,
+        /// The key.
+        rkey: u32,
+    },
+}
+
+/// A work completion, as the engine needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// The tag of the completed [`Work`].
+    pub tag: Tag,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Bytes received (receives).
+    pub byte_len: u32,
+    /// For a receive of a Send With Invalidate: the key the peer invalidated.
+    pub invalidated_rkey: Option<u32>,
+}
+
+/// Names a call being served (slot and generation; a stale id is refused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ServeId {
+    slot: u32,
+    gen: u32,
+}
+
+impl ServeId {
+    /// Packs the id into 48 bits (to carry it in an app tag with a connection index).
+    pub fn to_u64(self) -> u64 {
+        (u64::from(self.slot & 0xff_ffff) << 24) | u64::from(self.gen & 0xff_ffff)
+    }
+
+    /// Unpacks [`ServeId::to_u64`].
+    pub fn from_u64(v: u64) -> ServeId {
+        ServeId {
+            slot: ((v >> 24) & 0xff_ffff) as u32,
+            gen: (v & 0xff_ffff) as u32,
+        }
+    }
+}
+
+/// How a call ended at the requester.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallStatus {
+    /// A reply arrived; `rpc_stat` has its accept_stat.
+    Ok,
+    /// The RPC was denied (MSG_DENIED).
+    Denied,
+    /// The responder answered RDMA_ERROR / ERR_VERS (R8166-4.5-e: permanent).
+    ErrVers,
+    /// The responder answered ERR_CHUNK (version 1) or BAD_HEADER (version 2).
+    ErrChunk,
+    /// The reply was larger than the app's reply buffer.
+    ReplyTooLarge,
+    /// The reply broke the upper-layer binding or the chunk rules (R8166-6.1-c/d).
+    BadReply,
+    /// The call could not be built or posted (too large for any transfer, exposure refused).
+    Local,
+    /// The connection ended before a reply.
+    Closed,
+}
+
+/// A finished call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallDone {
+    /// The submitter's token.
+    pub user: u64,
+    /// XID.
+    pub xid: u32,
+    /// Outcome.
+    pub status: CallStatus,
+    /// accept_stat of the reply (when `status` is `Ok`).
+    pub rpc_stat: u32,
+    /// Bytes of reduced reply XDR placed at the start of the reply buffer.
+    pub reply_len: u32,
+    results: [(u32, u32); MAX_PIECES],
+    n_results: u8,
+}
+
+impl CallDone {
+    /// For each result buffer, in order: (position in the reduced reply, bytes placed).
+    pub fn results(&self) -> &[(u32, u32)] {
+        self.results
+            .get(..usize::from(self.n_results))
+            .unwrap_or(&[])
+    }
+
+    fn failed(user: u64, xid: u32, status: CallStatus) -> CallDone {
+        CallDone {
+            user,
+            xid,
+            status,
+            rpc_stat: 0,
+            reply_len: 0,
+            results: [(0, 0); MAX_PIECES],
+            n_results: 0,
+        }
+    }
+}
+
+/// A call that arrived for a local app; answer with [`Connection::accept_call`] (giving a
+/// buffer of at least `args_len` bytes) or [`Connection::reject_call`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IncomingCall {
+    /// Handle for the answers.
+    pub id: ServeId,
+    /// XID.
+    pub xid: u32,
+    /// Program.
+    pub prog: u32,
+    /// Version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// Bytes of argument XDR after reassembly.
+    pub args_len: u32,
+}
+
+/// How sending a reply ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyStatus {
+    /// Sent (all RDMA Writes and the Send completed).
+    Sent,
+    /// The requester's chunks could not hold the reply: ERR_CHUNK was sent instead.
+    ErrChunk,
+    /// The connection ended first.
+    Closed,
+}
+
+/// Why a connection ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The peer sent more calls than the granted credits.
+    CreditOverrun,
+    /// A work request failed (protection error, peer gone, ...).
+    WorkFailed(WcStatus),
+    /// Local memory could not be read or written, or a buffer ran out.
+    Local(&'static str),
+    /// The owner closed it (disconnect, shutdown).
+    Requested,
+}
+
+/// What the connection reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A call of this side finished.
+    CallDone(CallDone),
+    /// A call arrived for a local app.
+    IncomingCall(IncomingCall),
+    /// The accepted call's arguments are in place (`args_len` bytes at the buffer's start).
+    ArgsReady {
+        /// The call.
+        id: ServeId,
+        /// Bytes placed.
+        args_len: u32,
+    },
+    /// A reply given to [`Connection::submit_reply`] finished.
+    ReplyDone {
+        /// The call.
+        id: ServeId,
+        /// Outcome.
+        status: ReplyStatus,
+    },
+    /// A call being served can no longer be answered (connection lost).
+    ServeAborted {
+        /// The call.
+        id: ServeId,
+    },
+    /// A version-two RDMA2_OPTIONAL message arrived (for the control plane); the body is
+    /// copied out, `len` bytes of `optinfo`.
+    Optional(OptionalMsg),
+    /// The connection ended; every outstanding call has been reported.
+    Closed(CloseReason),
+}
+
+/// Bytes of an RDMA2_OPTIONAL body the engine hands to the control plane.
+pub const MAX_OPTINFO: usize = 256;
+
+/// A received RDMA2_OPTIONAL message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptionalMsg {
+    /// `rdma_xid`.
+    pub xid: u32,
+    /// `rdma_optdir`.
+    pub direction: MsgType,
+    /// `rdma_opttype`.
+    pub opttype: u32,
+    len: u16,
+    body: [u8; MAX_OPTINFO],
+}
+
+impl OptionalMsg {
+    /// The `rdma_optinfo` bytes.
+    pub fn optinfo(&self) -> &[u8] {
+        self.body.get(..usize::from(self.len)).unwrap_or(&[])
+    }
+}
+
+/// Why a submission was refused (the call or reply is not in the engine).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    /// Every call slot is in use: retry after a completion.
+    Busy,
+    /// The connection has ended.
+    Closed,
+    /// The request is malformed (too many pieces, ranges out of order).
+    Invalid(&'static str),
+    /// The id does not name a call in the state the operation needs.
+    BadId,
+}
+
+/// Counters of one connection (read by the control plane through the poll thread).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Calls sent as requester.
+    pub calls_sent: u64,
+    /// Replies received as requester.
+    pub replies_received: u64,
+    /// Calls received as responder.
+    pub calls_received: u64,
+    /// Replies sent as responder.
+    pub replies_sent: u64,
+    /// Short (inline) messages sent.
+    pub short_sent: u64,
+    /// Long calls (RDMA_NOMSG with a PZRC) sent.
+    pub long_calls: u64,
+    /// Long replies (Reply chunk) sent.
+    pub long_replies: u64,
+    /// Read chunks offered.
+    pub read_chunks: u64,
+    /// Write chunks offered.
+    pub write_chunks: u64,
+    /// Payload bytes moved by RDMA Read.
+    pub read_bytes: u64,
+    /// Payload bytes moved by RDMA Write.
+    pub write_bytes: u64,
+    /// Error messages sent (ERR_VERS, ERR_CHUNK, BAD_HEADER, INVAL_OPTION).
+    pub errors_sent: u64,
+    /// Error messages received.
+    pub errors_received: u64,
+    /// Messages dropped silently (too short, header errors in replies, unknown XIDs).
+    pub dropped: u64,
+    /// Times a call waited for a credit.
+    pub credit_stalls: u64,
+    /// Local invalidations posted.
+    pub invalidations: u64,
+    /// Local invalidations skipped because the peer used Send With Invalidate.
+    pub remote_invalidations: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SendOwner {
+    Free,
+    /// A call of the requester (held until the call ends).
+    Call,
+    /// A reply or error from the responder (freed when the Send completes).
+    Serve(u32),
+    /// An error or optional message owning nothing else.
+    Bare,
+}
+
+/// One connection's state machine.
+#[derive(Debug)]
+pub struct Connection {
+    cfg: ConnConfig,
+    limits: Limits,
+    /// Version used for this side's calls (falls back to 1 on ERR_VERS).
+    vers: u32,
+    /// Inline threshold for messages this side sends.
+    send_threshold: u32,
+    /// Inline threshold for messages the peer sends (decides the Reply chunk).
+    recv_threshold: u32,
+    /// The peer accepts Send With Invalidate (RFC 8797 flag).
+    peer_takes_inv: bool,
+    closed: Option<CloseReason>,
+    work: VecDeque<Work>,
+    events: VecDeque<Event>,
+    scratch: Vec<u8>,
+    send_owner: Vec<SendOwner>,
+    send_free: Vec<u32>,
+    recv_posted: u32,
+    // Requester.
+    calls: Vec<requester::Call>,
+    call_free: Vec<u32>,
+    queued: VecDeque<u32>,
+    granted: u32,
+    in_flight: u32,
+    // Responder.
+    serves: Vec<responder::Serve>,
+    serve_free: Vec<u32>,
+    grant: u32,
+    in_process: u32,
+    reads: VecDeque<responder::PendingRead>,
+    reads_out: u32,
+    stats: Stats,
+}
+
+impl Connection {
+    /// A new connection; its receive buffers are queued as [`Work::Recv`] at once, so post
+    /// them before the peer may send (before accepting or completing the connect).
+    pub fn new(cfg: ConnConfig) -> Result<Connection, ConfigError> {
+        cfg.check()?;
+        let (peer_send, peer_recv, peer_inv) = match cfg.peer {
+            Some(p) => (p.send_size, p.recv_size, p.remote_invalidate),
+            None => (DEFAULT_INLINE, DEFAULT_INLINE, false),
+        };
+        let grant = cfg.credits.clamp(1, cfg.recv_slots);
+        let mut c = Connection {
+            limits: Limits {
+                max_read_segments: MAX_SEGS,
+                max_read_chunks: MAX_RCHUNKS,
+                max_write_chunks: MAX_WCHUNKS,
+                max_segments_per_chunk: MAX_SEGS,
+                max_version: cfg.version,
+            },
+            vers: cfg.version,
+            // R8166-3.3.2-a: min(own largest Send, peer's receive buffers); version two
+            // starts at 1024 until the peer confirms (AMB-20).
+            send_threshold: cfg.send_size.min(peer_recv),
+            recv_threshold: peer_send.min(cfg.recv_size),
+            peer_takes_inv: peer_inv,
+            closed: None,
+            work: VecDeque::with_capacity(256),
+            events: VecDeque::with_capacity(64),
+            scratch: vec![0; cfg.recv_size as usize],
+            send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
+            send_free: (0..cfg.send_slots).rev().collect(),
+            recv_posted: 0,
+            calls: (0..cfg.max_calls)
+                .map(|_| requester::Call::default())
+                .collect(),
+            call_free: (0..cfg.max_calls).rev().collect(),
+            queued: VecDeque::with_capacity(cfg.max_calls as usize),
+            granted: 1,
+            in_flight: 0,
+            serves: (0..cfg.recv_slots)
+                .map(|_| responder::Serve::default())
+                .collect(),
+            serve_free: (0..cfg.recv_slots).rev().collect(),
+            grant,
+            in_process: 0,
+            reads: VecDeque::with_capacity(256),
+            reads_out: 0,
+            stats: Stats::default(),
+            cfg,
+        };
+        for slot in 0..cfg.recv_slots {
+            c.post_recv(slot);
+        }
+        Ok(c)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ConnConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Inline thresholds in force: (messages this side sends, messages the peer sends).
+    pub fn thresholds(&self) -> (u32, u32) {
+        (self.send_threshold, self.recv_threshold)
+    }
+
+    /// The credit limit this side's calls obey now (min of requested and granted).
+    pub fn credit_limit(&self) -> u32 {
+        self.cfg.credits.min(self.granted).max(1)
+    }
+
+    /// Calls of this side sent and not yet answered.
+    pub fn calls_in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Receive buffers currently posted.
+    pub fn recv_posted(&self) -> u32 {
+        self.recv_posted
+    }
+
+    /// The RPC-over-RDMA version this side's calls use.
+    pub fn version(&self) -> u32 {
+        self.vers
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn closed(&self) -> Option<CloseReason> {
+        self.closed
+    }
+
+    /// The next work request to post.
+    pub fn poll_work(&mut self) -> Option<Work> {
+        self.work.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) wants to run next (none in version 1).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Runs timers due at `now`.
+    pub fn handle_timeout(&mut self, _now: Instant) {}
+
+    /// Ends the connection (owner's decision, or the provider reported it lost): every
+    /// outstanding call completes with [`CallStatus::Closed`].
+    pub fn close(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.closed = Some(reason);
+        self.work.clear();
+        self.reads.clear();
+        for i in 0..self.calls.len() {
+            if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
+                self.events.push_back(Event::CallDone(done));
+            }
+        }
+        self.queued.clear();
+        for i in 0..self.serves.len() {
+            if let Some(ev) = self.serves.get_mut(i).and_then(|s| s.abort(i as u32)) {
+                self.events.push_back(ev);
+            }
+        }
+        self.events.push_back(Event::Closed(reason));
+    }
+
+    /// Feeds one work completion (of a [`Work`] this connection asked for).
+    pub fn handle_completion(&mut self, now: Instant, wc: &Completion, env: &mut impl Env) {
+        if self.closed.is_some() {
+            return;
+        }
+        let idx = wc.tag & ((1 << KIND_SHIFT) - 1);
+        let kind = wc.tag >> KIND_SHIFT;
+        if wc.status != WcStatus::Success {
+            self.close(CloseReason::WorkFailed(wc.status));
+            return;
+        }
+        match kind {
+            K_RECV => self.on_recv(now, idx, wc.byte_len, wc.invalidated_rkey, env),
+            K_SEND => self.on_send_done(idx),
+            K_READ => self.on_read_done(idx, env),
+            K_WRITE => self.on_write_done(idx),
+            K_INV => self.on_invalidate_done(idx),
+            _ => {}
+        }
+        self.pump(env);
+    }
+
+    fn recv_buf(&self, slot: u32) -> Option<MemRef> {
+        self.cfg
+            .recv_pool
+            .sub(slot.checked_mul(self.cfg.recv_size)?, self.cfg.recv_size)
+    }
+
+    fn send_buf(&self, slot: u32) -> Option<MemRef> {
+        let stride = self.cfg.send_size + SLOT_TAIL;
+        self.cfg.send_pool.sub(slot.checked_mul(stride)?, stride)
+    }
+
+    fn send_tail(&self, slot: u32, off: u32, len: u32) -> Option<MemRef> {
+        self.send_buf(slot)?.sub(self.cfg.send_size + off, len)
+    }
+
+    fn post_recv(&mut self, slot: u32) {
+        if let Some(buf) = self.recv_buf(slot) {
+            self.recv_posted += 1;
+            self.work.push_back(Work::Recv {
+                tag: tag(K_RECV, slot),
+                buf,
+            });
+        }
+    }
+
+    fn alloc_send(&mut self, owner: SendOwner) -> Option<u32> {
+        let s = self.send_free.pop()?;
+        if let Some(o) = self.send_owner.get_mut(s as usize) {
+            *o = owner;
+        }
+        Some(s)
+    }
+
+    fn free_send(&mut self, slot: u32) {
+        if let Some(o) = self.send_owner.get_mut(slot as usize) {
+            if *o != SendOwner::Free {
+                *o = SendOwner::Free;
+                self.send_free.push(slot);
+            }
+        }
+    }
+
+    fn on_send_done(&mut self, slot: u32) {
+        match self.send_owner.get(slot as usize).copied() {
+            Some(SendOwner::Serve(i)) => {
+                self.free_send(slot);
+                self.serve_step_done(i);
+            }
+            Some(SendOwner::Bare) => self.free_send(slot),
+            // A call's buffer stays until the call ends (its tail holds the Reply chunk's
+            // landing area and the Long call's RPC header).
+            _ => {}
+        }
+    }
+
+    /// Writes `hdr` (and nothing else) into a fresh send buffer and queues the Send.
+    fn send_bytes(&mut self, owner: SendOwner, hdr: &[u8], env: &mut impl Env) -> bool {
+        let Some(slot) = self.alloc_send(owner) else {
+            self.close(CloseReason::Local("no send buffer"));
+            return false;
+        };
+        let Some(buf) = self.send_buf(slot).and_then(|b| b.prefix(hdr.len() as u32)) else {
+            self.close(CloseReason::Local("send buffer"));
+            return false;
+        };
+        if !env.write(buf, hdr) {
+            self.close(CloseReason::Local("send buffer write"));
+            return false;
+        }
+        self.work.push_back(Work::Send {
+            tag: tag(K_SEND, slot),
+            buf,
+            invalidate: None,
+        });
+        true
+    }
+
+    fn send_error(&mut self, e: proto::ErrorReply, env: &mut impl Env) {
+        let mut b = [0u8; 28];
+        let Ok(n) = e.emit(&mut b) else { return };
+        self.stats.errors_sent += 1;
+        self.send_bytes(SendOwner::Bare, b.get(..n).unwrap_or(&[]), env);
+    }
+
+    /// Answers a call that failed header checks with the error its version calls for.
+    fn send_chunk_error(&mut self, xid: u32, vers: u32, env: &mut impl Env) {
+        let code = if vers == v2::VERSION {
+            proto::ErrorCode::BadHeader
+        } else {
+            proto::ErrorCode::Chunk
+        };
+        self.send_error(
+            proto::ErrorReply {
+                xid,
+                vers,
+                credit: self.grant,
+                code,
+            },
+            env,
+        );
+    }
+
+    fn on_recv(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        byte_len: u32,
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        self.recv_posted = self.recv_posted.saturating_sub(1);
+        let n = byte_len.min(self.cfg.recv_size);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let ok = match (
+            self.recv_buf(slot).and_then(|b| b.prefix(n)),
+            scratch.get_mut(..n as usize),
+        ) {
+            (Some(at), Some(dst)) => env.read(at, dst),
+            _ => false,
+        };
+        if ok {
+            let msg = scratch.get(..n as usize).unwrap_or(&[]);
+            if !self.dispatch(now, slot, msg, inv, env) {
+                self.post_recv(slot);
+            }
+        } else {
+            self.close(CloseReason::Local("receive buffer read"));
+        }
+        self.scratch = scratch;
+    }
+
+    /// Routes one received message; true if its receive buffer is kept (a call whose
+    /// inline payload is copied later), false if it may be reposted now.
+    fn dispatch(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        msg: &[u8],
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) -> bool {
+        let d = match proto::decode(msg, &self.limits) {
+            Ok(d) => d,
+            Err(rej) => {
+                // A header error in a reply is dropped; in a call it is answered. A message
+                // whose XID matches a call of ours is taken as a reply.
+                let received = match rej.fixed {
+                    Some(f) if self.find_call(f.xid).is_some() => Received::Reply,
+                    Some(_) => Received::Call,
+                    None => Received::Reply,
+                };
+                match rej.reply(received, self.grant, &self.limits) {
+                    Some(e) => self.send_error(e, env),
+                    None => self.stats.dropped += 1,
+                }
+                return false;
+            }
+        };
+        let payload = msg.get(d.header_len..).unwrap_or(&[]);
+        match d.message {
+            Message::V1(h) => {
+                let credit = h.credit;
+                match h.body {
+                    v1::Body::Msg(c) => self.on_msg(
+                        now,
+                        slot,
+                        1,
+                        h.xid,
+                        credit,
+                        c,
+                        d.header_len,
+                        payload,
+                        inv,
+                        env,
+                    ),
+                    v1::Body::Nomsg(c) => self.on_nomsg(now, slot, 1, h.xid, credit, c, inv, env),
+                    v1::Body::Error(e) => {
+                        let status = match e {
+                            v1::ErrorBody::Vers { .. } => CallStatus::ErrVers,
+                            v1::ErrorBody::Chunk => CallStatus::ErrChunk,
+                        };
+                        self.on_error_reply(h.xid, status, env);
+                        false
+                    }
+                }
+            }
+            Message::V2(h) => match h.body {
+                v2::Body::Msg { direction, chunks } => {
+                    if proto::rpc::msg_type(payload) != Some(direction) {
+                        self.reject_direction(h.xid, direction, env);
+                        return false;
+                    }
+                    self.on_msg(
+                        now,
+                        slot,
+                        2,
+                        h.xid,
+                        h.credit,
+                        chunks,
+                        d.header_len,
+                        payload,
+                        inv,
+                        env,
+                    )
+                }
+                v2::Body::Nomsg { direction, chunks } => {
+                    let call = chunks.reads.has_position_zero();
+                    if call != (direction == MsgType::Call) {
+                        self.reject_direction(h.xid, direction, env);
+                        return false;
+                    }
+                    self.on_nomsg(now, slot, 2, h.xid, h.credit, chunks, inv, env)
+                }
+                v2::Body::Error(e) => {
+                    let status = match e {
+                        v2::ErrorBody::Vers { .. } => CallStatus::ErrVers,
+                        _ => CallStatus::ErrChunk,
+                    };
+                    self.on_error_reply(h.xid, status, env);
+                    false
+                }
+                v2::Body::Optional(o) => {
+                    self.on_optional(h.xid, o);
+                    false
+                }
+            },
+            Message::ErrVers(e) => {
+                self.on_error_reply(e.xid, CallStatus::ErrVers, env);
+                false
+            }
+        }
+    }
+
+    fn reject_direction(&mut self, xid: u32, direction: MsgType, env: &mut impl Env) {
+        if direction == MsgType::Call {
+            self.send_chunk_error(xid, v2::VERSION, env);
+        } else {
+            self.stats.dropped += 1;
+        }
+    }
+
+    fn on_optional(&mut self, xid: u32, o: v2::Optional<'_>) {
+        let mut body = [0u8; MAX_OPTINFO];
+        let n = o.optinfo.len().min(MAX_OPTINFO);
+        if let (Some(d), Some(s)) = (body.get_mut(..n), o.optinfo.get(..n)) {
+            d.copy_from_slice(s);
+        }
+        self.events.push_back(Event::Optional(OptionalMsg {
+            xid,
+            direction: o.direction,
+            opttype: o.opttype,
+            len: n as u16,
+            body,
+        }));
+    }
+
+    /// Sends an RDMA2_OPTIONAL message the control plane built (`optinfo` is the XDR body);
+    /// the client sends it in the CALL direction, the server in REPLY (AMB-24).
+    pub fn send_optional(
+        &mut self,
+        xid: u32,
+        opttype: u32,
+        optinfo: &[u8],
+        env: &mut impl Env,
+    ) -> Result<(), SubmitError> {
+        if self.closed.is_some() {
+            return Err(SubmitError::Closed);
+        }
+        if self.vers != v2::VERSION {
+            return Err(SubmitError::Invalid("optional messages need version two"));
+        }
+        let direction = match self.cfg.role {
+            Role::Client => MsgType::Call,
+            Role::Server => MsgType::Reply,
+        };
+        let h = v2::Header {
+            xid,
+            credit: self.grant,
+            body: v2::Body::Optional(v2::Optional {
+                direction,
+                opttype,
+                optinfo,
+            }),
+        };
+        let mut b = [0u8; MAX_OPTINFO + 64];
+        let n = h
+            .emit(&mut b)
+            .map_err(|_| SubmitError::Invalid("optional body too large"))?;
+        if n as u32 > self.send_threshold {
+            return Err(SubmitError::Invalid(
+                "optional message above the inline threshold",
+            ));
+        }
+        if self.send_bytes(SendOwner::Bare, b.get(..n).unwrap_or(&[]), env) {
+            Ok(())
+        } else {
+            Err(SubmitError::Closed)
+        }
+    }
+
+    /// Answers a received RDMA2_OPTIONAL message whose type is not supported with
+    /// RDMA2_ERR_INVAL_OPTION (V2-3.1-b); the control plane calls it for unknown types.
+    pub fn reject_optional(&mut self, xid: u32, env: &mut impl Env) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.send_error(
+            proto::ErrorReply {
+                xid,
+                vers: v2::VERSION,
+                credit: self.grant,
+                code: proto::ErrorCode::InvalOption,
+            },
+            env,
+        );
+    }
+
+    /// Applies a peer receive size learned from XCHAR_RBSIZ (version two, AMB-32):
+    /// the threshold for messages this side sends becomes min(own send size, `rbsiz`).
+    pub fn set_peer_receive_size(&mut self, rbsiz: u32) {
+        self.send_threshold = self.cfg.send_size.min(rbsiz.max(DEFAULT_INLINE));
+    }
+
+    /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer
+    /// sends, which decides when calls offer a Reply chunk.
+    pub fn set_peer_send_size(&mut self, size: u32) {
+        self.recv_threshold = self.cfg.recv_size.min(size.max(DEFAULT_INLINE));
+    }
+
+    /// Applies the peer's XCHAR_REQREMINV (version two): whether replies may use Send With
+    /// Invalidate.
+    pub fn set_peer_takes_invalidate(&mut self, yes: bool) {
+        self.peer_takes_inv = yes;
+    }
+
+    /// Routes an RDMA_MSG by the RPC msg_type of its payload.
+    #[allow(clippy::too_many_arguments)]
+    fn on_msg(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        vers: u32,
+        xid: u32,
+        credit: u32,
+        c: proto::ChunkLists<'_>,
+        header_len: usize,
+        payload: &[u8],
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) -> bool {
+        match proto::rpc::msg_type(payload) {
+            Some(MsgType::Call) => {
+                self.on_call(slot, vers, xid, c, Some((header_len, payload)), env)
+            }
+            Some(MsgType::Reply) => {
+                self.on_reply(now, vers, xid, credit, c, Some(payload), inv, env);
+                false
+            }
+            None => {
+                // Not an RPC message at all: a header error for a call, dropped for a reply.
+                if self.find_call(xid).is_some() {
+                    self.stats.dropped += 1;
+                } else {
+                    self.send_chunk_error(xid, vers, env);
+                }
+                false
+            }
+        }
+    }
+
+    /// Routes an RDMA_NOMSG: a PZRC makes it a call, a Reply chunk alone a reply.
+    #[allow(clippy::too_many_arguments)]
+    fn on_nomsg(
+        &mut self,
+        now: Instant,
+        slot: u32,
+        vers: u32,
+        xid: u32,
+        credit: u32,
+        c: proto::ChunkLists<'_>,
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) -> bool {
+        if c.reads.has_position_zero() {
+            self.on_call(slot, vers, xid, c, None, env)
+        } else if c.reply.is_some() && c.reads.is_empty() {
+            self.on_reply(now, vers, xid, credit, c, None, inv, env);
+            false
+        } else {
+            // R8166-4.2.4-b: the payload must be in a PZRC (call) or the Reply chunk.
+            self.send_chunk_error(xid, vers, env);
+            false
+        }
+    }
+
+    /// Moves queued calls out while credits allow, and RDMA Reads while ORD allows.
+    fn pump(&mut self, env: &mut impl Env) {
+        while self.closed.is_none() && self.in_flight < self.credit_limit() {
+            let Some(i) = self.queued.pop_front() else {
+                break;
+            };
+            self.start_call(i, env);
+        }
+        self.pump_reads();
+    }
+}
+
+/// Pad of an XDR item of `len` bytes to a multiple of 4.
+fn pad4(len: u32) -> u32 {
+    len.wrapping_neg() & 3
+}
+
+/// `len` rounded up to a multiple of 4 (saturating).
+fn round4(len: u32) -> u32 {
+    len.saturating_add(pad4(len))
+}
+
+/// Splits the stream made of `sources` across the remote `segs`, calling
+/// `f(local, segment index, offset in segment)` for each contiguous piece; returns the
+/// bytes placed in each segment, or `None` if the stream does not fit.
+fn scatter(
+    sources: &[MemRef],
+    segs: &[Segment],
+    mut f: impl FnMut(MemRef, usize, u32),
+) -> Option<[u32; MAX_SEGS]> {
+    let mut used = [0u32; MAX_SEGS];
+    let mut si = 0usize;
+    for src in sources {
+        let mut done = 0u32;
+        while done < src.len {
+            let seg = segs.get(si)?;
+            let u = used.get_mut(si)?;
+            let room = seg.length - *u;
+            if room == 0 {
+                si += 1;
+                continue;
+            }
+            let n = room.min(src.len - done);
+            f(src.sub(done, n)?, si, *u);
+            *u += n;
+            done += n;
+        }
+    }
+    Some(used)
+}
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,698 @@
+//! The requester half: marshalling calls (short, chunked, long), credits, reply placement
+//! and per-RPC invalidation.
+
+use std::time::Instant;
+
+use rpcrdma_proto::chunk::SEGMENT_LEN;
+use rpcrdma_proto::ulb::binding;
+use rpcrdma_proto::{
+    v1, v2, Chunk, ChunkLists, MsgType, ReadList, ReadSegment, Segment, WriteList,
+};
+use rpcrdma_verbs::Access;
+
+use super::{
+    pad4, round4, tag, CallDone, CallStatus, Connection, Event, SendOwner, SubmitError, Work,
+    K_INV, K_SEND, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
+};
+use crate::mem::{Env, MemRef};
+use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
+
+/// A DDP-eligible argument: `mem` belongs at `xdr_pos` of the reduced argument XDR.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArgPiece {
+    /// The item's data (without XDR pad).
+    pub mem: MemRef,
+    /// Position in the reduced argument XDR (multiple of 4).
+    pub xdr_pos: u32,
+}
+
+/// A call to send: the shape of an app's CALL descriptor, with memory named by [`MemRef`].
+#[derive(Clone, Copy, Debug)]
+pub struct CallSpec<'a> {
+    /// Token returned in [`CallDone::user`].
+    pub user: u64,
+    /// XID (unique among this connection's outstanding calls).
+    pub xid: u32,
+    /// Program.
+    pub prog: u32,
+    /// Program version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// Reduced argument XDR (DDP-eligible items removed, their length words kept).
+    pub msg: MemRef,
+    /// DDP-eligible arguments, by ascending position.
+    pub args: &'a [ArgPiece],
+    /// Buffers for DDP-eligible results, in result order.
+    pub results: &'a [MemRef],
+    /// Buffer for the reduced reply XDR; its length is the largest reply expected.
+    pub reply: MemRef,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Free,
+    Queued,
+    Sent,
+    Invalidating,
+}
+
+/// One call slot of the requester.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Call {
+    state: State,
+    user: u64,
+    xid: u32,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    msg: MemRef,
+    args: [ArgPiece; MAX_PIECES],
+    n_args: u8,
+    results: [MemRef; MAX_PIECES],
+    n_results: u8,
+    reply: MemRef,
+    slot: Option<u32>,
+    rkeys: [u32; MAX_EXPOSE],
+    n_rkeys: u8,
+    inv_pending: u8,
+    wseg: [Segment; MAX_WCHUNKS],
+    n_w: u8,
+    reply_segs: [Segment; 2],
+    n_reply: u8,
+    done: Option<CallDone>,
+    /// Resend as version 1 once invalidation ends (ERR_VERS to a version-two call).
+    requeue: bool,
+    retried: bool,
+}
+
+impl Call {
+    /// Ends the call because the connection ended; `None` if the slot is free.
+    pub(super) fn abort(&mut self) -> Option<CallDone> {
+        if self.state == State::Free {
+            return None;
+        }
+        self.state = State::Free;
+        Some(CallDone::failed(self.user, self.xid, CallStatus::Closed))
+    }
+
+    fn args(&self) -> &[ArgPiece] {
+        self.args.get(..usize::from(self.n_args)).unwrap_or(&[])
+    }
+
+    fn expose(&mut self, env: &mut impl Env, at: MemRef, access: Access) -> Option<Segment> {
+        let slot = self.rkeys.get_mut(usize::from(self.n_rkeys))?;
+        let seg = env.expose(at, access)?;
+        *slot = seg.handle;
+        self.n_rkeys += 1;
+        Some(seg)
+    }
+}
+
+/// A piece of a Payload stream being sent: app or engine memory, or zero pad.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Mem(MemRef),
+    Zero(u32),
+}
+
+const MAX_SRC: usize = 2 + 3 * MAX_PIECES;
+const MAX_READ_OUT: usize = MAX_SRC;
+const HDR_BUF: usize = 1536;
+
+impl Connection {
+    /// Queues a call; it is sent as soon as the credit limit allows (R8166-3.3.1-b). Its
+    /// end is reported once as [`Event::CallDone`] with `spec.user`.
+    pub fn submit_call(
+        &mut self,
+        spec: &CallSpec<'_>,
+        env: &mut impl Env,
+    ) -> Result<(), SubmitError> {
+        if self.closed.is_some() {
+            return Err(SubmitError::Closed);
+        }
+        if spec.args.len() > MAX_PIECES || spec.results.len() > MAX_PIECES {
+            return Err(SubmitError::Invalid("too many pieces"));
+        }
+        let mut last = 0u32;
+        for a in spec.args {
+            if a.xdr_pos % 4 != 0 || a.xdr_pos < last || a.xdr_pos > spec.msg.len {
+                return Err(SubmitError::Invalid("argument positions"));
+            }
+            last = a.xdr_pos;
+        }
+        if self.find_call(spec.xid).is_some() || self.queued_xid(spec.xid) {
+            return Err(SubmitError::Invalid("xid already outstanding"));
+        }
+        let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
+        let mut c = Call {
+            state: State::Queued,
+            user: spec.user,
+            xid: spec.xid,
+            prog: spec.prog,
+            vers: spec.vers,
+            proc_: spec.proc_,
+            msg: spec.msg,
+            n_args: spec.args.len() as u8,
+            n_results: spec.results.len() as u8,
+            reply: spec.reply,
+            ..Call::default()
+        };
+        for (d, s) in c.args.iter_mut().zip(spec.args) {
+            *d = *s;
+        }
+        for (d, s) in c.results.iter_mut().zip(spec.results) {
+            *d = *s;
+        }
+        if let Some(slot) = self.calls.get_mut(i as usize) {
+            *slot = c;
+        }
+        if self.in_flight >= self.credit_limit() {
+            self.stats.credit_stalls += 1;
+        }
+        self.queued.push_back(i);
+        self.pump(env);
+        Ok(())
+    }
+
+    fn queued_xid(&self, xid: u32) -> bool {
+        self.queued
+            .iter()
+            .any(|&i| self.calls.get(i as usize).is_some_and(|c| c.xid == xid))
+    }
+
+    /// The slot of the sent call with `xid`.
+    pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
+        self.calls
+            .iter()
+            .position(|c| c.state == State::Sent && c.xid == xid)
+            .map(|i| i as u32)
+    }
+
+    pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) {
+        let Some(mut c) = self.calls.get(i as usize).copied() else {
+            return;
+        };
+        let ok = self.marshal(&mut c, env).is_some();
+        if let Some(slot) = self.calls.get_mut(i as usize) {
+            *slot = c;
+        }
+        if ok {
+            self.in_flight += 1;
+            self.stats.calls_sent += 1;
+        } else {
+            self.end_call(i, CallDone::failed(c.user, c.xid, CallStatus::Local), None);
+        }
+    }
+
+    /// Builds the header and payload of call `c` in a fresh send buffer and queues the
+    /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
+    fn marshal(&mut self, c: &mut Call, env: &mut impl Env) -> Option<()> {
+        c.state = State::Sent;
+        let slot = self.alloc_send(SendOwner::Call)?;
+        c.slot = Some(slot);
+        let b = binding(c.prog, c.vers, c.proc_);
+        let v2 = self.vers == v2::VERSION;
+        let fixed = if v2 { 20 } else { 16 };
+        // Which eligible arguments move to Read chunks (R8166-3.4.2-a, IMPL-6.2.1-a).
+        let mut reduce = [false; MAX_PIECES];
+        let mut n_red = 0u32;
+        for (k, a) in c.args().iter().enumerate() {
+            if b.arg_eligible
+                && a.mem.len >= self.cfg.ddp_threshold
+                && n_red < u32::from(b.max_read_chunks)
+            {
+                reduce[k] = true;
+                n_red += 1;
+            }
+        }
+        let hdr_rpc = CALL_HEADER_LEN as u32;
+        let mut inline_len = hdr_rpc.checked_add(c.msg.len)?;
+        for (k, a) in c.args().iter().enumerate() {
+            if !reduce[k] {
+                inline_len = inline_len.checked_add(round4(a.mem.len))?;
+            }
+        }
+        // Write chunks for eligible results, a prefix of the result buffers (R8166-4.3.2.1-a).
+        let mut n_w = 0usize;
+        if b.result_eligible {
+            for r in c.results.iter().take(usize::from(c.n_results)) {
+                if n_w >= usize::from(b.max_write_chunks)
+                    || n_w >= MAX_WCHUNKS
+                    || r.len < self.cfg.ddp_threshold
+                {
+                    break;
+                }
+                n_w += 1;
+            }
+        }
+        let wlist_len = 4 + n_w * (4 + 4 + SEGMENT_LEN);
+        // A Reply chunk whenever the largest reply may exceed the reply threshold (R8166-4.3.3-a).
+        let max_reply = (REPLY_HEADER_LEN as u32).saturating_add(c.reply.len);
+        let reply_hdr = (fixed + 4 + wlist_len + 4) as u32;
+        let want_reply_chunk = reply_hdr.saturating_add(max_reply) > self.recv_threshold;
+        let n_reply = match (want_reply_chunk, c.reply.len) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, _) => 2,
+        };
+        let reply_len = if n_reply > 0 {
+            4 + 4 + n_reply * SEGMENT_LEN
+        } else {
+            4
+        };
+        let msg_hdr = fixed + 4 + 24 * n_red as usize + wlist_len + reply_len;
+        let short = (msg_hdr as u32).checked_add(inline_len)? <= self.send_threshold;
+
+        // The Payload stream, in pieces, as it travels (reduced for a short message).
+        let mut src = [Src::Zero(0); MAX_SRC];
+        let mut n_src = 0usize;
+        let mut push = |s: Src, n: &mut usize| {
+            if let Some(d) = src.get_mut(*n) {
+                *d = s;
+                *n += 1;
+            }
+        };
+        let mut cur = 0u32;
+        let mut upos = [0u32; MAX_PIECES];
+        let mut shift = 0u32;
+        for (k, a) in c.args().iter().enumerate() {
+            upos[k] = hdr_rpc + a.xdr_pos + shift;
+            shift = shift.checked_add(round4(a.mem.len))?;
+            if short && reduce[k] {
+                continue;
+            }
+            if a.xdr_pos > cur {
+                push(Src::Mem(c.msg.sub(cur, a.xdr_pos - cur)?), &mut n_src);
+            }
+            cur = a.xdr_pos;
+            push(Src::Mem(a.mem), &mut n_src);
+            if pad4(a.mem.len) > 0 {
+                push(Src::Zero(pad4(a.mem.len)), &mut n_src);
+            }
+        }
+        if c.msg.len > cur {
+            push(Src::Mem(c.msg.sub(cur, c.msg.len - cur)?), &mut n_src);
+        }
+        let src = src.get(..n_src)?;
+
+        // Expose what the peer will touch, for this RPC only (R8166-8.1.3-a).
+        let mut reads = [ReadSegment::default(); MAX_READ_OUT];
+        let mut n_reads = 0usize;
+        let rpc_tail = self.send_tail(slot, TAIL_RPC, hdr_rpc)?;
+        let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
+        let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
+        if short {
+            let args = c.args;
+            for (k, a) in args.iter().take(usize::from(c.n_args)).enumerate() {
+                if reduce[k] {
+                    let seg = c.expose(env, a.mem, Access::REMOTE_READ)?;
+                    *reads.get_mut(n_reads)? = ReadSegment::new(upos[k], seg);
+                    n_reads += 1;
+                    self.stats.read_chunks += 1;
+                }
+            }
+        } else {
+            // Long call: the whole unreduced message in the PZRC (R8166-3.5.3-a/b).
+            if !env.write(rpc_tail, &rpc) || !env.write(zero_tail, &[0; 4]) {
+                return None;
+            }
+            let seg = c.expose(env, rpc_tail, Access::REMOTE_READ)?;
+            *reads.get_mut(n_reads)? = ReadSegment::new(0, seg);
+            n_reads += 1;
+            for s in src {
+                let at = match *s {
+                    Src::Mem(m) if m.len > 0 => m,
+                    Src::Zero(n) if n > 0 => zero_tail.prefix(n)?,
+                    _ => continue,
+                };
+                let seg = c.expose(env, at, Access::REMOTE_READ)?;
+                *reads.get_mut(n_reads)? = ReadSegment::new(0, seg);
+                n_reads += 1;
+            }
+            self.stats.long_calls += 1;
+        }
+        for k in 0..n_w {
+            let r = *c.results.get(k)?;
+            *c.wseg.get_mut(k)? = c.expose(env, r, Access::REMOTE_WRITE)?;
+            self.stats.write_chunks += 1;
+        }
+        c.n_w = n_w as u8;
+        if n_reply > 0 {
+            let land = self.send_tail(slot, TAIL_LAND, REPLY_HEADER_LEN as u32)?;
+            c.reply_segs[0] = c.expose(env, land, Access::REMOTE_WRITE)?;
+            if n_reply > 1 {
+                c.reply_segs[1] = c.expose(env, c.reply, Access::REMOTE_WRITE)?;
+            }
+        }
+        c.n_reply = n_reply as u8;
+
+        // The transport header.
+        let wchunks: [Chunk<'_>; MAX_WCHUNKS] =
+            core::array::from_fn(|k| Chunk::from_segments(c.wseg.get(k..k + 1).unwrap_or(&[])));
+        let chunks = ChunkLists {
+            reads: ReadList::from_segments(reads.get(..n_reads)?),
+            writes: WriteList::from_chunks(wchunks.get(..n_w)?),
+            reply: (n_reply > 0)
+                .then(|| Chunk::from_segments(c.reply_segs.get(..n_reply).unwrap_or(&[]))),
+        };
+        let mut hdr = [0u8; HDR_BUF];
+        let credit = self.cfg.credits;
+        let n = if v2 {
+            let body = if short {
+                v2::Body::Msg {
+                    direction: MsgType::Call,
+                    chunks,
+                }
+            } else {
+                v2::Body::Nomsg {
+                    direction: MsgType::Call,
+                    chunks,
+                }
+            };
+            v2::Header {
+                xid: c.xid,
+                credit,
+                body,
+            }
+            .emit(&mut hdr)
+            .ok()?
+        } else {
+            let body = if short {
+                v1::Body::Msg(chunks)
+            } else {
+                v1::Body::Nomsg(chunks)
+            };
+            v1::Header {
+                xid: c.xid,
+                credit,
+                body,
+            }
+            .emit(&mut hdr)
+            .ok()?
+        } as u32;
+        let total = if short { n.checked_add(inline_len)? } else { n };
+        if total > self.send_threshold {
+            return None;
+        }
+        let buf = self.send_buf(slot)?.prefix(total)?;
+        if !env.write(buf, hdr.get(..n as usize)?) {
+            return None;
+        }
+        if short {
+            if !env.write(buf.sub(n, hdr_rpc)?, &rpc) {
+                return None;
+            }
+            let mut off = n + hdr_rpc;
+            for s in src {
+                let len = match *s {
+                    Src::Mem(m) => {
+                        if m.len > 0 && !env.copy(m, buf.sub(off, m.len)?) {
+                            return None;
+                        }
+                        m.len
+                    }
+                    Src::Zero(z) => {
+                        if !env.write(buf.sub(off, z)?, &[0; 4][..z as usize % 4]) {
+                            return None;
+                        }
+                        z
+                    }
+                };
+                off += len;
+            }
+            self.stats.short_sent += 1;
+        }
+        self.work.push_back(Work::Send {
+            tag: tag(K_SEND, slot),
+            buf,
+            invalidate: None,
+        });
+        Some(())
+    }
+
+    /// Starts the end of call `i`: invalidate what it exposed (except the key the peer
+    /// already invalidated), then report `done` (R8166-4.4-b).
+    fn end_call(&mut self, i: u32, done: CallDone, remote_inv: Option<u32>) {
+        let Some(c) = self.calls.get_mut(i as usize) else {
+            return;
+        };
+        c.done = Some(done);
+        c.state = State::Invalidating;
+        c.inv_pending = 0;
+        let mut skipped = 0;
+        for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
+            if Some(rkey) == remote_inv {
+                skipped += 1;
+                continue;
+            }
+            c.inv_pending += 1;
+            self.work.push_back(Work::Invalidate {
+                tag: tag(K_INV, i),
+                rkey,
+            });
+        }
+        let pending = c.inv_pending;
+        self.stats.remote_invalidations += skipped;
+        self.stats.invalidations += u64::from(pending);
+        if pending == 0 {
+            self.finish_call(i);
+        }
+    }
+
+    pub(super) fn on_invalidate_done(&mut self, i: u32) {
+        let Some(c) = self.calls.get_mut(i as usize) else {
+            return;
+        };
+        if c.state != State::Invalidating {
+            return;
+        }
+        c.inv_pending = c.inv_pending.saturating_sub(1);
+        if c.inv_pending == 0 {
+            self.finish_call(i);
+        }
+    }
+
+    fn finish_call(&mut self, i: u32) {
+        let Some(c) = self.calls.get_mut(i as usize) else {
+            return;
+        };
+        let slot = c.slot.take();
+        c.n_rkeys = 0;
+        let done = c.done.take();
+        if c.requeue {
+            c.requeue = false;
+            c.state = State::Queued;
+            self.queued.push_front(i);
+        } else {
+            c.state = State::Free;
+            self.call_free.push(i);
+            if let Some(d) = done {
+                self.events.push_back(Event::CallDone(d));
+            }
+        }
+        if let Some(s) = slot {
+            self.free_send(s);
+        }
+    }
+
+    /// An RDMA_ERROR for one of our calls: a permanent error (R8166-4.5-e), except that a
+    /// version-two call answered ERR_VERS is resent as version 1 (V2-5.2-a).
+    pub(super) fn on_error_reply(&mut self, xid: u32, status: CallStatus, _env: &mut impl Env) {
+        self.stats.errors_received += 1;
+        let Some(i) = self.find_call(xid) else {
+            // R8166-4.2.4-c: nothing of ours; a responder discards errors.
+            self.stats.dropped += 1;
+            return;
+        };
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let Some(c) = self.calls.get_mut(i as usize) else {
+            return;
+        };
+        let (user, cxid) = (c.user, c.xid);
+        if status == CallStatus::ErrVers && self.vers == v2::VERSION && !c.retried {
+            c.retried = true;
+            c.requeue = true;
+            self.vers = v1::VERSION;
+            self.limits.max_version = v1::VERSION;
+        }
+        // AMB-5: an error never raises the credit limit.
+        self.end_call(i, CallDone::failed(user, cxid, status), None);
+    }
+
+    /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_reply(
+        &mut self,
+        _now: Instant,
+        vers: u32,
+        xid: u32,
+        credit: u32,
+        lists: ChunkLists<'_>,
+        payload: Option<&[u8]>,
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        let Some(i) = self.find_call(xid) else {
+            self.stats.dropped += 1;
+            return;
+        };
+        // R8166-4.3.1-b, AMB-9: header errors in a reply are dropped silently.
+        let bad_chunks = !lists.reads.is_empty()
+            || (payload.is_some() && lists.reply.is_some_and(|r| r.length() != 0));
+        if bad_chunks || vers != self.vers {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.stats.replies_received += 1;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        // R8166-3.3.1-f/AMB-4: the grant of every non-error reply, 0 read as 1.
+        self.granted = credit.max(1);
+        let Some(c) = self.calls.get(i as usize).copied() else {
+            return;
+        };
+        let done = self.place_reply(&c, &lists, payload, env);
+        self.end_call(i, done, inv);
+    }
+
+    /// Puts the reply's results where the app wants them and checks the echoed chunks.
+    fn place_reply(
+        &mut self,
+        c: &Call,
+        lists: &ChunkLists<'_>,
+        payload: Option<&[u8]>,
+        env: &mut impl Env,
+    ) -> CallDone {
+        let fail = |s| CallDone::failed(c.user, c.xid, s);
+        let (stat, reply_len) = match payload {
+            Some(p) => {
+                let Some(h) = rpcmsg::parse_reply(p) else {
+                    return fail(CallStatus::BadReply);
+                };
+                let body = p.get(h.len..).unwrap_or(&[]);
+                let Some(dst) = c.reply.prefix(body.len() as u32) else {
+                    return fail(CallStatus::ReplyTooLarge);
+                };
+                if !body.is_empty() && !env.write(dst, body) {
+                    return fail(CallStatus::Local);
+                }
+                (h.stat, body.len() as u32)
+            }
+            None => match self.take_reply_chunk(c, lists, env) {
+                Ok(x) => x,
+                Err(s) => return fail(s),
+            },
+        };
+        let rpc_stat = match stat {
+            ReplyStat::Accepted(s) => s,
+            ReplyStat::Denied => return fail(CallStatus::Denied),
+        };
+        let mut done = CallDone {
+            user: c.user,
+            xid: c.xid,
+            status: CallStatus::Ok,
+            rpc_stat,
+            reply_len,
+            results: [(reply_len, 0); MAX_PIECES],
+            n_results: c.n_results,
+        };
+        let mut echoed = lists.writes.iter();
+        for k in 0..usize::from(c.n_w) {
+            let e = echoed.next();
+            // IMPL-3.9.1-a: no result expected, the Write list is ignored (AMB-7).
+            if rpc_stat != rpcmsg::SUCCESS {
+                continue;
+            }
+            let used = match e {
+                None => 0,
+                Some(ch) if ch.is_empty() => 0,
+                Some(ch) => {
+                    // R8166-3.4.6-c: same segment, length rewritten to what was written.
+                    let mut segs = ch.segments();
+                    let (Some(s), None, Some(ours)) = (segs.next(), segs.next(), c.wseg.get(k))
+                    else {
+                        return fail(CallStatus::BadReply);
+                    };
+                    if s.handle != ours.handle || s.offset != ours.offset || s.length > ours.length
+                    {
+                        return fail(CallStatus::BadReply);
+                    }
+                    s.length
+                }
+            };
+            if used > 0 {
+                // R8166-3.4.6.2-c: the returned length equals the item's length word,
+                // the last word of the reduced reply (where every binding puts it).
+                let mut w = [0u8; 4];
+                let ok = reply_len >= 4
+                    && c.reply
+                        .sub(reply_len - 4, 4)
+                        .is_some_and(|at| env.read(at, &mut w));
+                if !ok || u32::from_be_bytes(w) != used {
+                    return fail(CallStatus::BadReply);
+                }
+            }
+            if let Some(r) = done.results.get_mut(k) {
+                *r = (reply_len, used);
+            }
+        }
+        done
+    }
+
+    /// Reads the RPC reply header of a Long reply from the landing area and moves the
+    /// results to the start of the app's buffer if the header was longer than expected.
+    fn take_reply_chunk(
+        &mut self,
+        c: &Call,
+        lists: &ChunkLists<'_>,
+        env: &mut impl Env,
+    ) -> Result<(ReplyStat, u32), CallStatus> {
+        let rc = lists.reply.ok_or(CallStatus::BadReply)?;
+        let n = usize::from(c.n_reply);
+        if n == 0 || rc.len() != n {
+            return Err(CallStatus::BadReply);
+        }
+        let mut used = [0u32; 2];
+        for (k, s) in rc.segments().enumerate() {
+            let ours = c.reply_segs.get(k).ok_or(CallStatus::BadReply)?;
+            if s.handle != ours.handle || s.offset != ours.offset || s.length > ours.length {
+                return Err(CallStatus::BadReply);
+            }
+            *used.get_mut(k).ok_or(CallStatus::BadReply)? = s.length;
+        }
+        // The responder fills segments in order (R8166-3.4.6-b).
+        if used[1] > 0 && used[0] != REPLY_HEADER_LEN as u32 {
+            return Err(CallStatus::BadReply);
+        }
+        let slot = c.slot.ok_or(CallStatus::Local)?;
+        let land = self
+            .send_tail(slot, TAIL_LAND, used[0])
+            .ok_or(CallStatus::Local)?;
+        let mut hb = [0u8; rpcmsg::MAX_REPLY_HEADER_LEN];
+        let (h0, h1) = hb.split_at_mut(REPLY_HEADER_LEN);
+        let n0 = used[0] as usize;
+        let n1 = (used[1] as usize).min(h1.len());
+        if !env.read(land, h0.get_mut(..n0).ok_or(CallStatus::BadReply)?) {
+            return Err(CallStatus::Local);
+        }
+        if n1 > 0 {
+            let at = c.reply.prefix(n1 as u32).ok_or(CallStatus::BadReply)?;
+            if !env.read(at, h1.get_mut(..n1).ok_or(CallStatus::BadReply)?) {
+                return Err(CallStatus::Local);
+            }
+        }
+        let h =
+            rpcmsg::parse_reply(hb.get(..n0 + n1).unwrap_or(&[])).ok_or(CallStatus::BadReply)?;
+        let total = used[0] + used[1];
+        let body = total.saturating_sub(h.len as u32);
+        if h.len > REPLY_HEADER_LEN && body > 0 {
+            let shift = (h.len - REPLY_HEADER_LEN) as u32;
+            let from = c.reply.sub(shift, body).ok_or(CallStatus::BadReply)?;
+            if !env.copy(from, c.reply) {
+                return Err(CallStatus::Local);
+            }
+        }
+        Ok((h.stat, body))
+    }
+}

@@ -1,0 +1,1048 @@
+//! The responder half: taking calls in (credit check, chunk validation, RDMA Read pulls and
+//! reassembly), and sending replies (Write chunks, Reply chunk, ERR_CHUNK, Send With
+//! Invalidate).
+
+use rpcrdma_proto::ulb::{binding, check_read_chunks};
+use rpcrdma_proto::{
+    rpc::CallHeader, v1, v2, Chunk, ChunkLists, MsgType, ReadList, Segment, WriteList,
+};
+
+use super::{
+    pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall, ReplyStatus,
+    SendOwner, ServeId, SubmitError, Work, K_READ, K_SEND, K_WRITE, MAX_PIECES, MAX_RCHUNKS,
+    MAX_SEGS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+};
+use crate::mem::{Env, MemRef};
+use crate::rpcmsg::{self, REPLY_HEADER_LEN};
+
+/// A DDP-eligible result: `mem` belongs at `xdr_pos` of the reduced result XDR.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResultPiece {
+    /// The item's data (without XDR pad).
+    pub mem: MemRef,
+    /// Position in the reduced result XDR (multiple of 4).
+    pub xdr_pos: u32,
+}
+
+/// A reply to a served call.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplySpec<'a> {
+    /// accept_stat (0 = SUCCESS).
+    pub accept_stat: u32,
+    /// Reduced result XDR.
+    pub msg: MemRef,
+    /// DDP-eligible results, by ascending position.
+    pub results: &'a [ResultPiece],
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Free,
+    PullingHead,
+    Waiting,
+    Pulling,
+    Ready,
+    Replying,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct DataChunk {
+    position: u32,
+    len: u32,
+    first: u8,
+    n: u8,
+}
+
+/// One call being served.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Serve {
+    state: State,
+    gen: u32,
+    xid: u32,
+    vers: u32,
+    prog: u32,
+    prog_vers: u32,
+    proc_: u32,
+    /// The receive buffer still holding the inline payload (or the PZRC head).
+    recv: Option<u32>,
+    s_off: u32,
+    s_len: u32,
+    s_local: u32,
+    pzrc: [Segment; MAX_SEGS],
+    n_pzrc: u8,
+    dseg: [Segment; MAX_SEGS],
+    n_dseg: u8,
+    dchunk: [DataChunk; MAX_RCHUNKS],
+    n_dchunk: u8,
+    wseg: [Segment; MAX_SEGS],
+    wchunk: [(u8, u8); MAX_WCHUNKS],
+    n_wchunk: u8,
+    rseg: [Segment; MAX_SEGS],
+    n_rseg: u8,
+    has_reply: bool,
+    inv_rkey: Option<u32>,
+    args_off: u32,
+    args_len: u32,
+    dest: MemRef,
+    reads_pending: u32,
+    pending: u32,
+    counted: bool,
+    silent: bool,
+    status: Option<ReplyStatus>,
+}
+
+impl Serve {
+    fn id(&self, slot: u32) -> ServeId {
+        ServeId {
+            slot,
+            gen: self.gen,
+        }
+    }
+
+    /// Ends the call because the connection ended.
+    pub(super) fn abort(&mut self, slot: u32) -> Option<Event> {
+        let ev = match self.state {
+            State::Free | State::PullingHead => None,
+            State::Replying if self.silent => None,
+            State::Replying => Some(Event::ReplyDone {
+                id: self.id(slot),
+                status: ReplyStatus::Closed,
+            }),
+            _ => Some(Event::ServeAborted { id: self.id(slot) }),
+        };
+        self.state = State::Free;
+        ev
+    }
+
+    fn wchunk_segs(&self, k: usize) -> &[Segment] {
+        let (f, n) = self.wchunk.get(k).copied().unwrap_or_default();
+        self.wseg
+            .get(usize::from(f)..usize::from(f) + usize::from(n))
+            .unwrap_or(&[])
+    }
+}
+
+/// An RDMA Read waiting for room under the ORD limit.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PendingRead {
+    serve: u32,
+    local: MemRef,
+    rkey: u32,
+    addr: u64,
+}
+
+/// A piece of the reassembled call: part of the stream S, a data chunk, or zero pad.
+#[derive(Clone, Copy, Debug)]
+enum Piece {
+    Stream { s: u32, u: u32, len: u32 },
+    Chunk { k: usize, u: u32, len: u32 },
+    Zero { u: u32, len: u32 },
+}
+
+const MAX_PLAN: usize = 3 * MAX_RCHUNKS + 1;
+
+fn push<T: Copy>(arr: &mut [T], n: &mut usize, v: T) -> Option<()> {
+    *arr.get_mut(*n)? = v;
+    *n += 1;
+    Some(())
+}
+
+/// How the call is put together (RFC 8166 §3.4.5, AMB-10): the stream S (inline payload,
+/// or PZRC content) with each data chunk inserted at its position, pad zeroed.
+fn plan(s: &Serve, out: &mut [Piece; MAX_PLAN]) -> Option<(usize, u32)> {
+    let mut order = [0usize; MAX_RCHUNKS];
+    let n = usize::from(s.n_dchunk);
+    for (k, o) in order.iter_mut().enumerate() {
+        *o = k;
+    }
+    let order = order.get_mut(..n)?;
+    order.sort_unstable_by_key(|&k| s.dchunk.get(k).map_or(0, |c| c.position));
+    let (mut u, mut sp, mut np) = (0u32, 0u32, 0usize);
+    for &k in order.iter() {
+        let c = s.dchunk.get(k)?;
+        if c.position < u || c.position < s.args_off {
+            return None;
+        }
+        let gap = c.position - u;
+        let s_to = sp.checked_add(gap)?;
+        if s_to > s.s_len {
+            return None;
+        }
+        if gap > 0 {
+            push(out, &mut np, Piece::Stream { s: sp, u, len: gap })?;
+        }
+        push(
+            out,
+            &mut np,
+            Piece::Chunk {
+                k,
+                u: c.position,
+                len: c.len,
+            },
+        )?;
+        if pad4(c.len) > 0 {
+            push(
+                out,
+                &mut np,
+                Piece::Zero {
+                    u: c.position.checked_add(c.len)?,
+                    len: pad4(c.len),
+                },
+            )?;
+        }
+        u = c.position.checked_add(round4(c.len))?;
+        sp = s_to;
+    }
+    let rest = s.s_len - sp;
+    if rest > 0 {
+        push(
+            out,
+            &mut np,
+            Piece::Stream {
+                s: sp,
+                u,
+                len: rest,
+            },
+        )?;
+    }
+    Some((np, u.checked_add(rest)?))
+}
+
+impl Connection {
+    /// A received call; true if its receive buffer is kept for the serve slot.
+    pub(super) fn on_call(
+        &mut self,
+        slot: u32,
+        vers: u32,
+        xid: u32,
+        lists: ChunkLists<'_>,
+        inline: Option<(usize, &[u8])>,
+        env: &mut impl Env,
+    ) -> bool {
+        self.stats.calls_received += 1;
+        // The peer may not have more calls outstanding than granted (R8166-3.3.1-b).
+        if self.in_process >= self.grant {
+            self.close(CloseReason::CreditOverrun);
+            return true;
+        }
+        let Some(i) = self.serve_free.pop() else {
+            self.close(CloseReason::CreditOverrun);
+            return true;
+        };
+        self.in_process += 1;
+        let gen = self
+            .serves
+            .get(i as usize)
+            .map_or(0, |s| s.gen.wrapping_add(1) & 0xff_ffff);
+        let mut s = Serve {
+            state: State::Waiting,
+            gen,
+            xid,
+            vers,
+            recv: Some(slot),
+            counted: true,
+            ..Serve::default()
+        };
+        let ok = copy_lists(&mut s, &lists).is_some();
+        if let Some(d) = self.serves.get_mut(i as usize) {
+            *d = s;
+        }
+        if !ok {
+            self.serve_fail_header(i, env);
+            return true;
+        }
+        match inline {
+            Some((header_len, payload)) => {
+                if let Some(d) = self.serves.get_mut(i as usize) {
+                    d.s_off = header_len as u32;
+                    d.s_len = payload.len() as u32;
+                    d.s_local = d.s_len;
+                }
+                self.prepare_call(i, payload, Some(&lists.reads), env);
+            }
+            None => self.pull_head(i, env),
+        }
+        true
+    }
+
+    /// Starts pulling the first bytes of a PZRC into the call's receive buffer, to learn
+    /// which program it is for.
+    fn pull_head(&mut self, i: u32, env: &mut impl Env) {
+        let Some(s) = self.serves.get(i as usize).copied() else {
+            return;
+        };
+        let total = s
+            .pzrc
+            .iter()
+            .take(usize::from(s.n_pzrc))
+            .try_fold(0u32, |a, g| a.checked_add(g.length));
+        let Some(total) = total.filter(|&t| t <= self.cfg.max_call_size.saturating_add(1024))
+        else {
+            // R8166-8.1.4-a: an unreasonably large chunk is refused without any Read.
+            return self.serve_fail_header(i, env);
+        };
+        let head = total.min(self.cfg.recv_size);
+        let dest = s
+            .recv
+            .and_then(|r| self.recv_buf(r))
+            .and_then(|b| b.prefix(head));
+        let Some(dest) = dest else {
+            return self.serve_fail_header(i, env);
+        };
+        if let Some(d) = self.serves.get_mut(i as usize) {
+            d.state = State::PullingHead;
+            d.s_off = 0;
+            d.s_len = total;
+            d.s_local = head;
+        }
+        let segs = s.pzrc;
+        if self
+            .queue_reads(
+                i,
+                segs.get(..usize::from(s.n_pzrc)).unwrap_or(&[]),
+                0,
+                head,
+                dest,
+            )
+            .is_none()
+        {
+            return self.serve_fail_header(i, env);
+        }
+        self.pump_reads();
+        if s.n_pzrc > 0 && head == 0 {
+            self.on_head_ready(i, env);
+        }
+    }
+
+    /// Queues RDMA Reads of bytes `from..from + len` of the chunk made of `segs` into `dest`.
+    fn queue_reads(
+        &mut self,
+        i: u32,
+        segs: &[Segment],
+        from: u32,
+        len: u32,
+        dest: MemRef,
+    ) -> Option<()> {
+        let end = from.checked_add(len)?;
+        let mut at = 0u32;
+        let mut done = 0u32;
+        for g in segs {
+            let g_end = at.checked_add(g.length)?;
+            let a = from.max(at);
+            let b = end.min(g_end);
+            if a < b {
+                let n = b - a;
+                self.reads.push_back(PendingRead {
+                    serve: i,
+                    local: dest.sub(done, n)?,
+                    rkey: g.handle,
+                    addr: g.offset.checked_add(u64::from(a - at))?,
+                });
+                done += n;
+                if let Some(s) = self.serves.get_mut(i as usize) {
+                    s.reads_pending += 1;
+                }
+            }
+            at = g_end;
+        }
+        (done == len).then_some(())
+    }
+
+    /// Posts queued RDMA Reads up to the ORD limit (R8166-3.3.1-j).
+    pub(super) fn pump_reads(&mut self) {
+        while self.reads_out < self.cfg.max_reads {
+            let Some(r) = self.reads.pop_front() else {
+                break;
+            };
+            self.reads_out += 1;
+            self.stats.read_bytes += u64::from(r.local.len);
+            self.work.push_back(Work::Read {
+                tag: tag(K_READ, r.serve),
+                local: r.local,
+                rkey: r.rkey,
+                addr: r.addr,
+            });
+        }
+    }
+
+    pub(super) fn on_read_done(&mut self, i: u32, env: &mut impl Env) {
+        self.reads_out = self.reads_out.saturating_sub(1);
+        let Some(s) = self.serves.get_mut(i as usize) else {
+            return;
+        };
+        s.reads_pending = s.reads_pending.saturating_sub(1);
+        if s.reads_pending > 0 {
+            return;
+        }
+        match s.state {
+            State::PullingHead => self.on_head_ready(i, env),
+            State::Pulling => {
+                // R8166-3.4.5.1-a: every Read of the call is done before it is delivered.
+                s.state = State::Ready;
+                let ev = Event::ArgsReady {
+                    id: s.id(i),
+                    args_len: s.args_len,
+                };
+                self.events.push_back(ev);
+            }
+            _ => {}
+        }
+    }
+
+    fn on_head_ready(&mut self, i: u32, env: &mut impl Env) {
+        let Some(s) = self.serves.get(i as usize).copied() else {
+            return;
+        };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let n = s.s_local as usize;
+        let src = s
+            .recv
+            .and_then(|r| self.recv_buf(r))
+            .and_then(|b| b.prefix(s.s_local));
+        let ok = match (src, scratch.get_mut(..n)) {
+            (Some(src), Some(dst)) => env.read(src, dst),
+            _ => false,
+        };
+        if ok {
+            self.prepare_call(i, scratch.get(..n).unwrap_or(&[]), None, env);
+        } else {
+            self.close(CloseReason::Local("receive buffer read"));
+        }
+        self.scratch = scratch;
+    }
+
+    /// Checks the call against its binding, computes its reassembled size and tells the
+    /// owner (`head`: the first bytes of the stream; `reads`: the Read list of an
+    /// RDMA_MSG call, for the ULB check).
+    fn prepare_call(
+        &mut self,
+        i: u32,
+        head: &[u8],
+        reads: Option<&ReadList<'_>>,
+        env: &mut impl Env,
+    ) {
+        let Some(mut s) = self.serves.get(i as usize).copied() else {
+            return;
+        };
+        let Ok(call) = CallHeader::parse(head) else {
+            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+        };
+        if call.xid != s.xid {
+            // R8166-4.2.1-a.
+            return self.serve_fail_header(i, env);
+        }
+        if s.n_dchunk > 0 {
+            // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
+            let b = binding(call.prog, call.vers, call.proc);
+            let ok = match reads {
+                Some(r) => check_read_chunks(head, r).is_ok(),
+                None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+            };
+            if !ok {
+                return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+            }
+        }
+        s.args_off = call.args_offset as u32;
+        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+        let Some((_, u_len)) = plan(&s, &mut pieces) else {
+            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+        };
+        let Some(args_len) = u_len.checked_sub(s.args_off) else {
+            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+        };
+        if args_len > self.cfg.max_call_size {
+            return self.serve_fail_header(i, env);
+        }
+        s.args_len = args_len;
+        s.prog = call.prog;
+        s.prog_vers = call.vers;
+        s.proc_ = call.proc;
+        s.state = State::Waiting;
+        if let Some(d) = self.serves.get_mut(i as usize) {
+            *d = s;
+        }
+        self.events.push_back(Event::IncomingCall(IncomingCall {
+            id: s.id(i),
+            xid: s.xid,
+            prog: call.prog,
+            vers: call.vers,
+            proc_: call.proc,
+            args_len,
+        }));
+    }
+
+    fn serve_index(&self, id: ServeId, want: State) -> Result<u32, SubmitError> {
+        if self.closed.is_some() {
+            return Err(SubmitError::Closed);
+        }
+        match self.serves.get(id.slot as usize) {
+            Some(s) if s.gen == id.gen && s.state == want => Ok(id.slot),
+            _ => Err(SubmitError::BadId),
+        }
+    }
+
+    /// Places the arguments of an [`IncomingCall`] in `dest` (at least `args_len` bytes):
+    /// inline parts are copied, chunks pulled with RDMA Read; [`Event::ArgsReady`] follows.
+    pub fn accept_call(
+        &mut self,
+        id: ServeId,
+        dest: MemRef,
+        env: &mut impl Env,
+    ) -> Result<(), SubmitError> {
+        let i = self.serve_index(id, State::Waiting)?;
+        let Some(s) = self.serves.get(i as usize).copied() else {
+            return Err(SubmitError::BadId);
+        };
+        if dest.len < s.args_len {
+            return Err(SubmitError::Invalid("buffer smaller than the arguments"));
+        }
+        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+        let Some((np, _)) = plan(&s, &mut pieces) else {
+            return Err(SubmitError::BadId);
+        };
+        let recv = s.recv.and_then(|r| self.recv_buf(r));
+        let mut ok = true;
+        for p in pieces.iter().take(np) {
+            ok &= self.place_piece(i, &s, *p, recv, dest, env).is_some();
+        }
+        if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
+            self.post_recv(r);
+        }
+        if !ok {
+            self.close(CloseReason::Local("argument placement"));
+            return Err(SubmitError::Closed);
+        }
+        let Some(d) = self.serves.get_mut(i as usize) else {
+            return Err(SubmitError::BadId);
+        };
+        d.dest = dest;
+        if d.reads_pending == 0 {
+            d.state = State::Ready;
+            let ev = Event::ArgsReady {
+                id,
+                args_len: d.args_len,
+            };
+            self.events.push_back(ev);
+        } else {
+            d.state = State::Pulling;
+            self.pump_reads();
+        }
+        Ok(())
+    }
+
+    fn place_piece(
+        &mut self,
+        i: u32,
+        s: &Serve,
+        p: Piece,
+        recv: Option<MemRef>,
+        dest: MemRef,
+        env: &mut impl Env,
+    ) -> Option<()> {
+        match p {
+            Piece::Stream { s: a, u, len } => {
+                // Only the arguments go to the app, not the RPC header.
+                let end = u.checked_add(len)?;
+                if end <= s.args_off {
+                    return Some(());
+                }
+                let skip = s.args_off.saturating_sub(u);
+                let (a, u, len) = (a + skip, u + skip, len - skip);
+                let d = dest.sub(u - s.args_off, len)?;
+                let local = s.s_local.saturating_sub(a).min(len);
+                if local > 0 && !env.copy(recv?.sub(s.s_off.checked_add(a)?, local)?, d) {
+                    return None;
+                }
+                if local < len {
+                    let segs = s.pzrc;
+                    self.queue_reads(
+                        i,
+                        segs.get(..usize::from(s.n_pzrc))?,
+                        a + local,
+                        len - local,
+                        d.sub(local, len - local)?,
+                    )?;
+                }
+            }
+            Piece::Chunk { k, u, len } => {
+                let c = s.dchunk.get(k)?;
+                let segs = s.dseg;
+                let segs =
+                    segs.get(usize::from(c.first)..usize::from(c.first) + usize::from(c.n))?;
+                self.queue_reads(i, segs, 0, len, dest.sub(u.checked_sub(s.args_off)?, len)?)?;
+            }
+            Piece::Zero { u, len } => {
+                let d = dest.sub(u.checked_sub(s.args_off)?, len)?;
+                if !env.write(d, &[0u8; 4][..len as usize % 4]) {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Answers an [`IncomingCall`] without running it, with an RPC reply carrying
+    /// `accept_stat` (PROG_UNAVAIL when no app serves the program, SYSTEM_ERR when no
+    /// buffer is free); [`Event::ReplyDone`] follows.
+    pub fn reject_call(
+        &mut self,
+        id: ServeId,
+        accept_stat: u32,
+        env: &mut impl Env,
+    ) -> Result<(), SubmitError> {
+        let i = self.serve_index(id, State::Waiting)?;
+        self.serve_status_reply(i, accept_stat, env);
+        if let Some(s) = self.serves.get_mut(i as usize) {
+            s.silent = false;
+        }
+        Ok(())
+    }
+
+    /// Sends reply `spec` to a call whose arguments were delivered ([`Event::ArgsReady`]);
+    /// [`Event::ReplyDone`] follows once the RDMA Writes and the Send completed.
+    pub fn submit_reply(
+        &mut self,
+        id: ServeId,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Result<(), SubmitError> {
+        let i = self.serve_index(id, State::Ready)?;
+        if spec.results.len() > MAX_PIECES {
+            return Err(SubmitError::Invalid("too many results"));
+        }
+        let mut last = 0u32;
+        for r in spec.results {
+            if r.xdr_pos % 4 != 0 || r.xdr_pos < last || r.xdr_pos > spec.msg.len {
+                return Err(SubmitError::Invalid("result positions"));
+            }
+            last = r.xdr_pos;
+        }
+        match self.build_reply(i, spec, env) {
+            Some(true) => {}
+            // The requester's chunks cannot take this reply (R8166-4.5.3-b, R8166-8.1.4-b).
+            Some(false) => self.serve_fail_header(i, env),
+            None => self.close(CloseReason::Local("reply marshalling")),
+        }
+        Ok(())
+    }
+
+    /// Builds and queues the reply; `Some(false)` if it does not fit the chunks offered.
+    fn build_reply(&mut self, i: u32, spec: &ReplySpec<'_>, env: &mut impl Env) -> Option<bool> {
+        let s = self.serves.get(i as usize).copied()?;
+        let v2 = s.vers == v2::VERSION;
+        let fixed = if v2 { 20u32 } else { 16 };
+        // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order.
+        let mut to_chunk = [false; MAX_PIECES];
+        for (k, r) in spec.results.iter().enumerate() {
+            if k < usize::from(s.n_wchunk) {
+                let cap = s
+                    .wchunk_segs(k)
+                    .iter()
+                    .map(|g| u64::from(g.length))
+                    .sum::<u64>();
+                if u64::from(r.mem.len) > cap {
+                    return Some(false);
+                }
+                to_chunk[k] = true;
+            }
+        }
+        let slot = self.alloc_send(SendOwner::Serve(i))?;
+        let rpc_tail = self.send_tail(slot, TAIL_RPC, REPLY_HEADER_LEN as u32)?;
+        let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
+        let hdr24 = rpcmsg::reply_header(s.xid, spec.accept_stat);
+        if !env.write(rpc_tail, &hdr24) || !env.write(zero_tail, &[0; 4]) {
+            return None;
+        }
+        // The reduced reply stream R.
+        let mut src = [MemRef::default(); 2 + 3 * MAX_PIECES];
+        let mut n_src = 0usize;
+        push(&mut src, &mut n_src, rpc_tail)?;
+        let mut cur = 0u32;
+        for (k, r) in spec.results.iter().enumerate() {
+            if to_chunk[k] {
+                continue;
+            }
+            if r.xdr_pos > cur {
+                push(&mut src, &mut n_src, spec.msg.sub(cur, r.xdr_pos - cur)?)?;
+            }
+            cur = r.xdr_pos;
+            if r.mem.len > 0 {
+                push(&mut src, &mut n_src, r.mem)?;
+            }
+            if pad4(r.mem.len) > 0 {
+                push(&mut src, &mut n_src, zero_tail.prefix(pad4(r.mem.len))?)?;
+            }
+        }
+        if spec.msg.len > cur {
+            push(&mut src, &mut n_src, spec.msg.sub(cur, spec.msg.len - cur)?)?;
+        }
+        let src = src.get(..n_src)?;
+        let r_len = src.iter().try_fold(0u32, |a, m| a.checked_add(m.len))?;
+        let wlist_len: u32 = 4
+            + (0..usize::from(s.n_wchunk))
+                .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
+                .sum::<u32>();
+        let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.send_threshold;
+        let reply_cap = s
+            .rseg
+            .iter()
+            .take(usize::from(s.n_rseg))
+            .map(|g| u64::from(g.length))
+            .sum::<u64>();
+        let fits_reply_chunk = s.has_reply && u64::from(r_len) <= reply_cap;
+        if !short && !fits_reply_chunk {
+            return Some(false);
+        }
+
+        // RDMA Writes first: they precede the reply's Send on the queue pair (R8166-2.3.2-c).
+        let mut writes = 0u32;
+        let mut echo = s.wseg;
+        for (k, r) in spec.results.iter().enumerate() {
+            if !to_chunk[k] {
+                continue;
+            }
+            let (first, n) = s.wchunk.get(k).copied()?;
+            let segs = s
+                .wseg
+                .get(usize::from(first)..usize::from(first) + usize::from(n))?;
+            let work = &mut self.work;
+            let used = scatter(&[r.mem], segs, |local, si, off| {
+                if let Some(g) = segs.get(si) {
+                    work.push_back(Work::Write {
+                        tag: tag(K_WRITE, i),
+                        local,
+                        rkey: g.handle,
+                        addr: g.offset.wrapping_add(u64::from(off)),
+                    });
+                    writes += 1;
+                }
+            })?;
+            // R8166-3.4.6-c: the echo keeps every segment, lengths rewritten.
+            for (j, e) in echo
+                .iter_mut()
+                .skip(usize::from(first))
+                .take(usize::from(n))
+                .enumerate()
+            {
+                e.length = used.get(j).copied().unwrap_or(0);
+            }
+            self.stats.write_bytes += u64::from(r.mem.len);
+        }
+        // R8166-4.3.2.2-a, AMB-7: unused chunks go back with every length 0.
+        for k in spec.results.len()..usize::from(s.n_wchunk) {
+            let (first, n) = s.wchunk.get(k).copied()?;
+            for e in echo
+                .iter_mut()
+                .skip(usize::from(first))
+                .take(usize::from(n))
+            {
+                e.length = 0;
+            }
+        }
+        let mut recho = s.rseg;
+        if !short {
+            let segs = s.rseg.get(..usize::from(s.n_rseg))?;
+            let work = &mut self.work;
+            let used = scatter(src, segs, |local, si, off| {
+                if let Some(g) = segs.get(si) {
+                    work.push_back(Work::Write {
+                        tag: tag(K_WRITE, i),
+                        local,
+                        rkey: g.handle,
+                        addr: g.offset.wrapping_add(u64::from(off)),
+                    });
+                    writes += 1;
+                }
+            })?;
+            for (j, e) in recho.iter_mut().take(usize::from(s.n_rseg)).enumerate() {
+                e.length = used.get(j).copied().unwrap_or(0);
+            }
+            self.stats.long_replies += 1;
+        }
+        let wchunks: [Chunk<'_>; MAX_WCHUNKS] = core::array::from_fn(|k| {
+            let (f, n) = s.wchunk.get(k).copied().unwrap_or_default();
+            Chunk::from_segments(
+                echo.get(usize::from(f)..usize::from(f) + usize::from(n))
+                    .unwrap_or(&[]),
+            )
+        });
+        let chunks = ChunkLists {
+            reads: ReadList::EMPTY,
+            writes: WriteList::from_chunks(wchunks.get(..usize::from(s.n_wchunk))?),
+            // AMB-8: an inline reply marks the Reply chunk absent.
+            reply: (!short)
+                .then(|| Chunk::from_segments(recho.get(..usize::from(s.n_rseg)).unwrap_or(&[]))),
+        };
+        let mut hdr = [0u8; 1024];
+        let credit = self.grant;
+        let n = if v2 {
+            let body = if short {
+                v2::Body::Msg {
+                    direction: MsgType::Reply,
+                    chunks,
+                }
+            } else {
+                v2::Body::Nomsg {
+                    direction: MsgType::Reply,
+                    chunks,
+                }
+            };
+            v2::Header {
+                xid: s.xid,
+                credit,
+                body,
+            }
+            .emit(&mut hdr)
+            .ok()?
+        } else {
+            let body = if short {
+                v1::Body::Msg(chunks)
+            } else {
+                v1::Body::Nomsg(chunks)
+            };
+            v1::Header {
+                xid: s.xid,
+                credit,
+                body,
+            }
+            .emit(&mut hdr)
+            .ok()?
+        } as u32;
+        let total = if short { n.checked_add(r_len)? } else { n };
+        let buf = self.send_buf(slot)?.prefix(total)?;
+        if !env.write(buf, hdr.get(..n as usize)?) {
+            return None;
+        }
+        if short {
+            let mut off = n;
+            for m in src {
+                if !env.copy(*m, buf.sub(off, m.len)?) {
+                    return None;
+                }
+                off += m.len;
+            }
+            self.stats.short_sent += 1;
+        }
+        // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
+        let invalidate = if self.peer_takes_inv {
+            s.inv_rkey
+        } else {
+            None
+        };
+        self.work.push_back(Work::Send {
+            tag: tag(K_SEND, slot),
+            buf,
+            invalidate,
+        });
+        self.stats.replies_sent += 1;
+        let d = self.serves.get_mut(i as usize)?;
+        d.pending = writes + 1;
+        d.state = State::Replying;
+        d.status = Some(ReplyStatus::Sent);
+        self.uncount(i);
+        Some(true)
+    }
+
+    fn uncount(&mut self, i: u32) {
+        if let Some(s) = self.serves.get_mut(i as usize) {
+            if s.counted {
+                s.counted = false;
+                self.in_process = self.in_process.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Answers the call with ERR_CHUNK (version 1) or BAD_HEADER (version 2).
+    fn serve_fail_header(&mut self, i: u32, env: &mut impl Env) {
+        let Some(s) = self.serves.get(i as usize).copied() else {
+            return;
+        };
+        let code = if s.vers == v2::VERSION {
+            rpcrdma_proto::ErrorCode::BadHeader
+        } else {
+            rpcrdma_proto::ErrorCode::Chunk
+        };
+        let e = rpcrdma_proto::ErrorReply {
+            xid: s.xid,
+            vers: s.vers,
+            credit: self.grant,
+            code,
+        };
+        let mut b = [0u8; 28];
+        let Ok(n) = e.emit(&mut b) else { return };
+        self.stats.errors_sent += 1;
+        let silent = !matches!(s.state, State::Ready);
+        self.serve_send(
+            i,
+            b.get(..n).unwrap_or(&[]),
+            ReplyStatus::ErrChunk,
+            silent,
+            env,
+        );
+    }
+
+    /// Answers the call with an inline RPC reply carrying only `accept_stat`.
+    fn serve_status_reply(&mut self, i: u32, accept_stat: u32, env: &mut impl Env) {
+        let Some(s) = self.serves.get(i as usize).copied() else {
+            return;
+        };
+        let mut echo = s.wseg;
+        for e in echo.iter_mut() {
+            e.length = 0;
+        }
+        let wchunks: [Chunk<'_>; MAX_WCHUNKS] = core::array::from_fn(|k| {
+            let (f, n) = s.wchunk.get(k).copied().unwrap_or_default();
+            Chunk::from_segments(
+                echo.get(usize::from(f)..usize::from(f) + usize::from(n))
+                    .unwrap_or(&[]),
+            )
+        });
+        let chunks = ChunkLists {
+            reads: ReadList::EMPTY,
+            writes: WriteList::from_chunks(wchunks.get(..usize::from(s.n_wchunk)).unwrap_or(&[])),
+            reply: None,
+        };
+        let mut b = [0u8; 1024];
+        let n = if s.vers == v2::VERSION {
+            v2::Header {
+                xid: s.xid,
+                credit: self.grant,
+                body: v2::Body::Msg {
+                    direction: MsgType::Reply,
+                    chunks,
+                },
+            }
+            .emit(&mut b)
+        } else {
+            v1::Header {
+                xid: s.xid,
+                credit: self.grant,
+                body: v1::Body::Msg(chunks),
+            }
+            .emit(&mut b)
+        };
+        let Ok(n) = n else { return };
+        let hdr = rpcmsg::reply_header(s.xid, accept_stat);
+        let Some(dst) = b.get_mut(n..n + REPLY_HEADER_LEN) else {
+            return;
+        };
+        dst.copy_from_slice(&hdr);
+        self.stats.replies_sent += 1;
+        self.serve_send(
+            i,
+            b.get(..n + REPLY_HEADER_LEN).unwrap_or(&[]),
+            ReplyStatus::Sent,
+            true,
+            env,
+        );
+    }
+
+    /// Sends `bytes` as the call's answer and releases its receive buffer.
+    fn serve_send(
+        &mut self,
+        i: u32,
+        bytes: &[u8],
+        status: ReplyStatus,
+        silent: bool,
+        env: &mut impl Env,
+    ) {
+        if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
+            self.post_recv(r);
+        }
+        self.uncount(i);
+        if let Some(d) = self.serves.get_mut(i as usize) {
+            d.state = State::Replying;
+            d.pending = 1;
+            d.silent = silent;
+            d.status = Some(status);
+        }
+        self.send_bytes(SendOwner::Serve(i), bytes, env);
+    }
+
+    /// One of the reply's Writes or its Send completed.
+    pub(super) fn serve_step_done(&mut self, i: u32) {
+        let Some(s) = self.serves.get_mut(i as usize) else {
+            return;
+        };
+        if s.state != State::Replying {
+            return;
+        }
+        s.pending = s.pending.saturating_sub(1);
+        if s.pending > 0 {
+            return;
+        }
+        s.state = State::Free;
+        let id = s.id(i);
+        let (silent, status) = (s.silent, s.status.unwrap_or(ReplyStatus::Sent));
+        self.serve_free.push(i);
+        if !silent {
+            self.events.push_back(Event::ReplyDone { id, status });
+        }
+    }
+
+    pub(super) fn on_write_done(&mut self, i: u32) {
+        self.serve_step_done(i);
+    }
+}
+
+/// Copies a received call's chunk lists into its serve slot; `None` if they exceed the
+/// slot's room (answered ERR_CHUNK).
+fn copy_lists(s: &mut Serve, l: &ChunkLists<'_>) -> Option<()> {
+    let mut np = 0usize;
+    for g in l.reads.iter().filter(|g| g.position == 0) {
+        push(&mut s.pzrc, &mut np, g.target)?;
+    }
+    s.n_pzrc = np as u8;
+    let (mut nd, mut nc) = (0usize, 0usize);
+    for c in l.reads.chunks().filter(|c| c.position != 0) {
+        let first = nd;
+        for g in c.segments() {
+            push(&mut s.dseg, &mut nd, g)?;
+        }
+        let chunk = DataChunk {
+            position: c.position,
+            len: c.length()?,
+            first: first as u8,
+            n: (nd - first) as u8,
+        };
+        push(&mut s.dchunk, &mut nc, chunk)?;
+    }
+    s.n_dseg = nd as u8;
+    s.n_dchunk = nc as u8;
+    let (mut nw, mut nwc) = (0usize, 0usize);
+    for c in l.writes.iter() {
+        let first = nw;
+        for g in c.segments() {
+            push(&mut s.wseg, &mut nw, g)?;
+        }
+        push(&mut s.wchunk, &mut nwc, (first as u8, (nw - first) as u8))?;
+    }
+    s.n_wchunk = nwc as u8;
+    let mut nr = 0usize;
+    if let Some(r) = l.reply {
+        s.has_reply = true;
+        for g in r.segments() {
+            push(&mut s.rseg, &mut nr, g)?;
+        }
+    }
+    s.n_rseg = nr as u8;
+    // AMB-28: the one distinct key of the call, if it offered exactly one.
+    let mut key: Option<u32> = None;
+    let mut many = false;
+    let keys = l
+        .reads
+        .iter()
+        .map(|g| g.target.handle)
+        .chain(s.wseg.iter().take(nw).map(|g| g.handle))
+        .chain(s.rseg.iter().take(nr).map(|g| g.handle));
+    for h in keys {
+        match key {
+            None => key = Some(h),
+            Some(k) if k != h => many = true,
+            _ => {}
+        }
+    }
+    s.inv_rkey = if many { None } else { key };
+    Some(())
+}

@@ -1,0 +1,1168 @@
+//! Conformance tests driving two engines through the simulator; each is named after the
+//! REQUIREMENTS.md ID it proves.
+
+use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
+use rpcrdma_proto::{self as proto, v1, Message};
+
+use super::sim::{self, call, done, pattern, serve, Pair, BULK_PROG};
+use super::*;
+use crate::mem::Memory;
+use crate::rpcmsg;
+
+fn be(words: &[u32]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+/// An ECHO of `data`, with the data as a DDP-eligible piece and a result buffer.
+fn echo(p: &mut Pair, xid: u32, data: &[u8]) -> (MemRef, MemRef) {
+    let msg = p.a.put(&(data.len() as u32).to_be_bytes());
+    let piece = p.a.put(data);
+    let result = p.a.alloc(data.len() as u32);
+    // Room for the result inline too, for when it is too small for a Write chunk.
+    let reply = p.a.alloc(data.len() as u32 + 8);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::ECHO,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 4,
+        }],
+        results: &[result],
+        reply,
+    };
+    p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+    (result, reply)
+}
+
+/// A call to the bulk program (nothing eligible) echoing `data` inline in its arguments.
+fn bulk(p: &mut Pair, xid: u32, data: &[u8], reply_max: u32) -> MemRef {
+    let msg = p.a.put(data);
+    let reply = p.a.alloc(reply_max);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+    reply
+}
+
+fn decode_sent(bytes: &[u8]) -> (Vec<u8>, usize) {
+    let bytes = bytes.to_vec();
+    let d = proto::decode(&bytes, &proto::Limits::DEFAULT).expect("our own header decodes");
+    (bytes.clone(), d.header_len)
+}
+
+fn header(bytes: &[u8]) -> v1::Header<'_> {
+    match proto::decode(bytes, &proto::Limits::DEFAULT)
+        .unwrap()
+        .message
+    {
+        Message::V1(h) => h,
+        m => panic!("not v1: {m:?}"),
+    }
+}
+
+#[test]
+fn r8166_3_5_1_a_null_call_is_one_68_byte_send() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.alloc(0);
+    let reply = p.a.alloc(16);
+    let spec = CallSpec {
+        user: 9,
+        xid: 0x1234,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::NULL,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let sends = p.a.sent.clone();
+    assert_eq!(sends.len(), 1);
+    assert_eq!(sends[0].len(), 68);
+    let (bytes, hl) = decode_sent(&sends[0]);
+    assert_eq!(hl, 28);
+    // R8166-3.2-a/b: the payload starts with the RPC XID, no record marker.
+    assert_eq!(&bytes[28..32], &0x1234u32.to_be_bytes());
+    assert!(!p
+        .a
+        .log
+        .iter()
+        .any(|w| matches!(w, Work::Read { .. } | Work::Write { .. })));
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d.len(), 1);
+    assert_eq!(
+        (d[0].user, d[0].status, d[0].rpc_stat, d[0].reply_len),
+        (9, CallStatus::Ok, 0, 0)
+    );
+}
+
+#[test]
+fn r8166_3_2_a_echo_64_bytes_short_both_ways() {
+    let mut p = Pair::default_pair();
+    let data = pattern(7, 64);
+    let (result, reply) = echo(&mut p, 1, &data);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok);
+    // 64 bytes is below the DDP threshold: everything inline, no RDMA operations.
+    assert!(!p
+        .b
+        .log
+        .iter()
+        .any(|w| matches!(w, Work::Read { .. } | Work::Write { .. })));
+    assert_eq!(d[0].reply_len, 68);
+    let r = p.a.get(reply.prefix(68).unwrap());
+    assert_eq!(&r[..4], &64u32.to_be_bytes());
+    assert_eq!(&r[4..], &data[..]);
+    // The result buffer got nothing: the result travelled inline.
+    assert_eq!(d[0].results(), &[(68, 0)]);
+    assert_eq!(p.a.get(result), vec![0; 64]);
+}
+
+#[test]
+fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
+    let mut p = Pair::default_pair();
+    let count = 1u32 << 20;
+    let msg = p.a.put(&be(&[count, 77]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 5,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    let (bytes, _) = decode_sent(&p.a.sent[0]);
+    assert_eq!(header(&bytes).body.proc(), v1::RDMA_MSG);
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
+    assert_eq!(d[0].results(), &[(4, count)]);
+    assert_eq!(p.a.get(result), pattern(77, count as usize));
+    // The reply echoed the Write chunk with the length written (R8166-3.4.6-c).
+    let reply_bytes = p.b.sent.last().unwrap().clone();
+    let h = header(&reply_bytes);
+    let v1::Body::Msg(c) = h.body else { panic!() };
+    let w: Vec<_> = c.writes.iter().collect();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].length(), u64::from(count));
+    // R8166-2.3.2-c: every Write precedes the reply's Send.
+    let last_write =
+        p.b.log
+            .iter()
+            .rposition(|w| matches!(w, Work::Write { .. }))
+            .unwrap();
+    let last_send =
+        p.b.log
+            .iter()
+            .rposition(|w| matches!(w, Work::Send { .. }))
+            .unwrap();
+    assert!(last_write < last_send);
+    // R8166-4.4-b: everything exposed was invalidated before the completion.
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn r8166_3_4_5_a_write_1mib_via_read_chunk_reassembled() {
+    let mut p = Pair::default_pair();
+    let n = 1u32 << 20;
+    let data = pattern(3, n as usize);
+    let msg = p.a.put(&be(&[3, n]));
+    let piece = p.a.put(&data);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 6,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::WRITE,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 8,
+        }],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let (bytes, hl) = decode_sent(&p.a.sent[0]);
+    let h = header(&bytes);
+    let v1::Body::Msg(c) = h.body else { panic!() };
+    let rs: Vec<_> = c.reads.iter().collect();
+    assert_eq!(rs.len(), 1);
+    // R8166-3.4.5-a: position in the unreduced stream = 40-byte RPC header + seed + length.
+    assert_eq!(rs[0].position, 48);
+    // R8166-3.4.5.2-a: no pad in the chunk; R8166-3.4.4.4-b: inline = header + 2 words.
+    assert_eq!(rs[0].target.length, n);
+    assert_eq!(bytes.len() - hl, 48);
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok);
+    assert_eq!(p.a.get(reply.prefix(4).unwrap()), n.to_be_bytes());
+    assert!(p.b.max_reads_in_flight <= 4);
+}
+
+#[test]
+fn r8166_3_4_6_2_b_odd_sized_write_chunk_no_pad_written() {
+    let mut p = Pair::default_pair();
+    let data = pattern(1, 5001);
+    let (result, reply) = echo(&mut p, 2, &data);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
+    assert_eq!(d[0].results(), &[(4, 5001)]);
+    assert_eq!(p.a.get(result), data);
+    assert_eq!(p.a.get(reply.prefix(4).unwrap()), 5001u32.to_be_bytes());
+    let written: u32 =
+        p.b.log
+            .iter()
+            .filter_map(|w| match w {
+                Work::Write { local, .. } => Some(local.len),
+                _ => None,
+            })
+            .sum();
+    assert_eq!(written, 5001);
+    // The call side: 5001-byte read chunk, the responder padded the reassembled arguments.
+    let (bytes, _) = decode_sent(&p.a.sent[0]);
+    let v1::Body::Msg(c) = header(&bytes).body else {
+        panic!()
+    };
+    assert_eq!(c.reads.iter().next().unwrap().target.length, 5001);
+}
+
+#[test]
+fn r8166_3_5_3_b_long_call_pzrc_all_position_zero() {
+    let mut p = Pair::default_pair();
+    let data = pattern(9, 3000);
+    let reply = bulk(&mut p, 11, &data, 4096);
+    p.run();
+    let (bytes, hl) = decode_sent(&p.a.sent[0]);
+    let h = header(&bytes);
+    let v1::Body::Nomsg(c) = h.body else {
+        panic!("{h:?}")
+    };
+    assert!(c.reads.iter().all(|r| r.position == 0));
+    let total: u32 = c.reads.iter().map(|r| r.target.length).sum();
+    assert_eq!(total, 40 + 3000);
+    assert_eq!(bytes.len(), hl, "nothing after the header");
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
+    // The 3040-byte reply does not fit 1024: it came back through the Reply chunk.
+    assert_eq!(d[0].reply_len, 3000);
+    assert_eq!(p.a.get(reply.prefix(3000).unwrap()), data);
+    let rb = p.b.sent.last().unwrap().clone();
+    let rh = header(&rb);
+    let v1::Body::Nomsg(rc) = rh.body else {
+        panic!("{rh:?}")
+    };
+    // R8166-4.3.3-c: the used Reply chunk is echoed with the bytes written.
+    assert_eq!(rc.reply.unwrap().length(), 24 + 3000);
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn r8166_4_3_3_a_reply_chunk_only_when_reply_may_exceed_threshold() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 8], 200);
+    bulk(&mut p, 2, &[0; 8], 8192);
+    p.run();
+    let sends = p.a.sent.clone();
+    let first = sends[0].clone();
+    let v1::Body::Msg(c) = header(&first).body else {
+        panic!()
+    };
+    assert!(c.reply.is_none());
+    // Second call is sent after the first reply (one credit at first); serve both.
+    serve(&mut p);
+    let sends = p.a.sent.clone();
+    let second = sends[1].clone();
+    let v1::Body::Msg(c) = header(&second).body else {
+        panic!()
+    };
+    let rc = c.reply.unwrap();
+    assert!(rc.length() >= 8192 + 24);
+    assert_eq!(done(&mut p).len(), 2);
+}
+
+#[test]
+fn amb_8_inline_reply_marks_reply_chunk_absent() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[1; 8], 8192);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!((d[0].status, d[0].reply_len), (CallStatus::Ok, 8));
+    let rb = p.b.sent.last().unwrap().clone();
+    let v1::Body::Msg(c) = header(&rb).body else {
+        panic!()
+    };
+    assert!(c.reply.is_none());
+}
+
+#[test]
+fn r8166_4_5_3_b_reply_too_large_without_reply_chunk_is_err_chunk() {
+    let mut p = Pair::default_pair();
+    // The app says at most 100 bytes of reply (no Reply chunk), the server answers 3000.
+    bulk(&mut p, 1, &pattern(1, 3000), 100);
+    p.run();
+    serve(&mut p);
+    let rb = p.b.sent.last().unwrap().clone();
+    assert_eq!(rb, be(&[1, 1, 8, 4, 2]));
+    assert!(p.b.events.iter().any(|e| matches!(
+        e,
+        Event::ReplyDone {
+            status: ReplyStatus::ErrChunk,
+            ..
+        }
+    )));
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::ErrChunk);
+    // No RDMA Write overran anything (R8166-8.1.4-b).
+    assert!(!p.b.log.iter().any(|w| matches!(w, Work::Write { .. })));
+}
+
+#[test]
+fn r8166_3_3_3_a_first_call_alone_until_real_reply() {
+    let mut p = Pair::default_pair();
+    for x in 0..5 {
+        bulk(&mut p, 100 + x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.sent.len(), 1);
+    assert_eq!(p.a.conn.calls_in_flight(), 1);
+    // R8166-3.3.3-b: after the first reply (grant 8) the other four go.
+    let first = p.b.events.clone();
+    assert_eq!(first.len(), 1);
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    assert_eq!(done(&mut p).len(), 5);
+    assert_eq!(p.a.sent.len(), 5);
+}
+
+#[test]
+fn r8166_3_3_1_b_never_more_outstanding_than_granted() {
+    let mut p = Pair::new(sim::config(Role::Client, 8), sim::config(Role::Server, 2));
+    for x in 0..6 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 2);
+    for x in 6..12 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert!(p.a.conn.calls_in_flight() <= 2);
+    let seen =
+        p.b.events
+            .iter()
+            .filter(|e| matches!(e, Event::IncomingCall(_)))
+            .count();
+    assert_eq!(seen, 2, "the server sees only granted calls");
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 12);
+    assert!(p.a.conn.stats().credit_stalls > 0);
+}
+
+#[test]
+fn r8166_3_3_1_d_in_flight_is_min_of_requested_and_granted() {
+    let mut p = Pair::new(sim::config(Role::Client, 4), sim::config(Role::Server, 8));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    for x in 1..10 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.conn.calls_in_flight(), 4);
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 10);
+}
+
+#[test]
+fn r8166_3_3_1_a_calls_carry_requested_replies_carry_granted() {
+    let mut p = Pair::new(sim::config(Role::Client, 5), sim::config(Role::Server, 3));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    let c = p.a.sent[0].clone();
+    let r = p.b.sent[0].clone();
+    assert_eq!(proto::Fixed::peek(&c).unwrap().credit, 5);
+    assert_eq!(proto::Fixed::peek(&r).unwrap().credit, 3);
+}
+
+#[test]
+fn r8166_3_3_1_c_never_grant_zero_and_amb_4_zero_read_as_one() {
+    // A grant of 0 cannot be configured; 1 is the floor.
+    let mut cfg = sim::config(Role::Server, 1);
+    cfg.credits = 0;
+    assert!(Connection::new(cfg).is_err());
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    // Inject a reply with credit 0 for xid 1.
+    let mut r = be(&[1, 1, 0, 0, 0, 0, 0]);
+    r.extend(rpcmsg::reply_header(1, 0));
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok);
+    assert_eq!(p.a.conn.credit_limit(), 1);
+}
+
+#[test]
+fn r8166_3_3_1_b_peer_credit_overrun_closes_connection() {
+    let mut p = Pair::new(sim::config(Role::Client, 8), sim::config(Role::Server, 2));
+    for x in 0..3 {
+        let mut m = be(&[x, 1, 8, 0, 0, 0, 0]);
+        m.extend(rpcmsg::call_header(x, BULK_PROG, 1, 1));
+        p.inject(true, &m);
+    }
+    assert!(p
+        .b
+        .events
+        .iter()
+        .any(|e| *e == Event::Closed(CloseReason::CreditOverrun)));
+    assert_eq!(p.b.conn.closed(), Some(CloseReason::CreditOverrun));
+    // The two accepted calls are reported as aborted, each once.
+    let aborted =
+        p.b.events
+            .iter()
+            .filter(|e| matches!(e, Event::ServeAborted { .. }))
+            .count();
+    assert_eq!(aborted, 2);
+}
+
+#[test]
+fn r8166_3_3_1_h_receive_posted_for_every_reply() {
+    let mut p = Pair::default_pair();
+    for x in 0..20 {
+        bulk(&mut p, x, &[0; 4], 64);
+        p.run();
+        serve(&mut p);
+    }
+    assert_eq!(done(&mut p).len(), 20);
+    assert_eq!(p.rnr, 0, "no Send found an empty receive queue");
+    assert_eq!(p.a.conn.recv_posted(), p.a.conn.config().recv_slots);
+    assert_eq!(p.b.conn.recv_posted(), p.b.conn.config().recv_slots);
+}
+
+#[test]
+fn r8166_4_5_1_a_err_vers_on_bad_version() {
+    let mut p = Pair::default_pair();
+    let mut cfg = sim::config(Role::Server, 8);
+    cfg.version = 1;
+    p.b = sim::Side::new(cfg);
+    p.run();
+    let mut m = be(&[0xabc, 3, 8, 0, 0, 0, 0]);
+    m.extend(rpcmsg::call_header(0xabc, BULK_PROG, 1, 1));
+    p.inject(true, &m);
+    // WIRE.md Example 3 shape: xid, vers copied (AMB-2), grant, RDMA_ERROR, ERR_VERS, 1, 1.
+    assert_eq!(p.b.sent[0].clone(), be(&[0xabc, 3, 8, 4, 1, 1, 1]));
+}
+
+#[test]
+fn r8166_4_5_a_short_message_dropped_silently() {
+    let mut p = Pair::default_pair();
+    p.inject(true, &[0; 12]);
+    p.inject(true, &be(&[1, 1, 1, 0, 0]));
+    assert!(p.b.sent.is_empty());
+    assert_eq!(p.b.conn.closed(), None);
+    assert_eq!(p.b.conn.stats().dropped, 2);
+}
+
+#[test]
+fn r8166_4_5_2_a_header_errors_get_err_chunk() {
+    let mut p = Pair::default_pair();
+    let rpc = rpcmsg::call_header(7, BULK_PROG, 1, 1);
+    let cases: Vec<Vec<u8>> = vec![
+        // Unknown rdma_proc (IMPL-7.2.1.1-a).
+        [be(&[7, 1, 1, 9, 0, 0, 0]), rpc.to_vec()].concat(),
+        // RDMA_NOMSG without chunks (R8166-4.2.4-b).
+        be(&[7, 1, 1, 1, 0, 0, 0]),
+        // rdma_xid differs from the RPC XID (R8166-4.2.1-a).
+        [be(&[8, 1, 1, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+        // Misaligned read position (R8166-3.4.5-c).
+        [be(&[7, 1, 1, 0, 1, 6, 1, 8, 0, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+        // RDMA_MSGP (R8166-4.6.1-b, AMB-6).
+        [be(&[7, 1, 1, 2, 0, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+        // RDMA_MSG with a PZRC (AMB-9).
+        [be(&[7, 1, 1, 0, 1, 0, 1, 8, 0, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+        // Truncated list.
+        be(&[7, 1, 1, 0, 1, 0, 1]),
+    ];
+    for (k, m) in cases.iter().enumerate() {
+        let before = p.b.sent.len();
+        p.inject(true, m);
+        let sends = p.b.sent.clone();
+        assert_eq!(sends.len(), before + 1, "case {k}");
+        let xid = proto::Fixed::peek(m).unwrap().xid;
+        assert_eq!(sends[before].clone(), be(&[xid, 1, 8, 4, 2]), "case {k}");
+    }
+    assert_eq!(p.b.conn.closed(), None);
+}
+
+#[test]
+fn r8166_4_6_2_a_rdma_done_discarded_and_requester_drops_msgp() {
+    let mut p = Pair::default_pair();
+    p.inject(true, &be(&[7, 1, 1, 3, 0, 0, 0]));
+    assert!(p.b.sent.is_empty());
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    let before = p.a.sent.len();
+    // A requester receiving RDMA_MSGP for its call discards it (AMB-6).
+    let mut r = be(&[1, 1, 8, 2, 0, 0, 0, 0, 0]);
+    r.extend(rpcmsg::reply_header(1, 0));
+    p.inject(false, &r);
+    assert_eq!(p.a.sent.len(), before);
+    assert!(done(&mut p).is_empty());
+}
+
+#[test]
+fn r8166_4_2_4_c_responder_discards_rdma_error() {
+    let mut p = Pair::default_pair();
+    p.inject(true, &be(&[5, 1, 1, 4, 2]));
+    assert!(p.b.sent.is_empty());
+    assert_eq!(p.b.conn.closed(), None);
+}
+
+#[test]
+fn r8166_4_5_e_err_chunk_completes_call_permanently_amb_5_no_credit_raise() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    bulk(&mut p, 2, &[0; 4], 64);
+    p.run();
+    p.inject(false, &be(&[1, 1, 50, 4, 2]));
+    let d = done(&mut p);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].status, CallStatus::ErrChunk);
+    // AMB-5: still one credit; the second call went out alone.
+    assert_eq!(p.a.conn.credit_limit(), 1);
+    assert_eq!(p.a.conn.calls_in_flight(), 1);
+    assert_eq!(p.a.sent.len(), 2);
+}
+
+#[test]
+fn r8166_4_5_c_malformed_reply_dropped_silently() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    // A reply with a non-empty Read list (R8166-4.3.1-b).
+    let mut r = be(&[1, 1, 8, 0, 1, 4, 1, 8, 0, 0, 0, 0, 0]);
+    r.extend(rpcmsg::reply_header(1, 0));
+    p.inject(false, &r);
+    // Unknown proc in a reply.
+    p.inject(false, &be(&[1, 1, 8, 9, 0, 0, 0]));
+    assert!(p.a.sent.len() == 1 && done(&mut p).is_empty());
+    assert_eq!(p.a.conn.stats().dropped, 2);
+}
+
+#[test]
+fn xch_3_2_b_send_with_invalidate_only_when_allowed_and_one_key() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut server = sim::config(Role::Server, 8);
+    server.peer = Some(PrivateData {
+        remote_invalidate: true,
+        send_size: 4096,
+        recv_size: 4096,
+    });
+    let mut p = Pair::new(sim::config(Role::Client, 8), server);
+    // One key (the Write chunk): Send With Invalidate of it; the requester skips it.
+    let count = 8192u32;
+    let msg = p.a.put(&be(&[count, 1]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    serve(&mut p);
+    let inv = p.b.log.iter().find_map(|w| match w {
+        Work::Send { invalidate, .. } => Some(*invalidate),
+        _ => None,
+    });
+    assert!(matches!(inv, Some(Some(_))));
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+    assert_eq!(p.a.conn.stats().remote_invalidations, 1);
+    assert!(!p.a.log.iter().any(|w| matches!(w, Work::Invalidate { .. })));
+    assert_eq!(p.a.env.live_windows(), 0);
+    // Two keys (read chunk + write chunk): plain Send, both invalidated locally.
+    echo(&mut p, 2, &pattern(2, 4000));
+    p.run();
+    serve(&mut p);
+    let last = p.b.log.iter().rev().find_map(|w| match w {
+        Work::Send { invalidate, .. } => Some(*invalidate),
+        _ => None,
+    });
+    assert_eq!(last, Some(None));
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn xch_3_2_a_no_send_with_invalidate_without_permission() {
+    let mut p = Pair::default_pair();
+    let count = 8192u32;
+    let msg = p.a.put(&be(&[count, 1]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    serve(&mut p);
+    assert!(p.b.log.iter().all(|w| !matches!(
+        w,
+        Work::Send {
+            invalidate: Some(_),
+            ..
+        }
+    )));
+    assert_eq!(p.a.conn.stats().invalidations, 1);
+}
+
+#[test]
+fn amb_7_unused_write_chunk_returned_with_zero_lengths() {
+    let mut p = Pair::default_pair();
+    // READ of an unknown procedure variant: the server rejects it, no result expected.
+    let msg = p.a.put(&be(&[4096, 1]));
+    let result = p.a.alloc(4096);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    // Answer with no results at all.
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!()
+    };
+    let buf = p.b.alloc(c.args_len);
+    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    p.run();
+    p.b.events.clear();
+    let m = p.b.put(&[]);
+    p.b.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 5,
+                msg: m,
+                results: &[],
+            },
+            &mut p.b.env,
+        )
+        .unwrap();
+    p.run();
+    let rb = p.b.sent.last().unwrap().clone();
+    let v1::Body::Msg(lists) = header(&rb).body else {
+        panic!()
+    };
+    let w: Vec<_> = lists.writes.iter().collect();
+    assert_eq!(w.len(), 1);
+    assert!(w[0].is_unused());
+    let d = done(&mut p);
+    assert_eq!((d[0].status, d[0].rpc_stat), (CallStatus::Ok, 5));
+}
+
+#[test]
+fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[4096, 1]));
+    let result = p.a.alloc(4096);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    let mut r = be(&[1, 1, 8, 0, 0, 1, 1, 0xdead, 4096, 0, 0, 0, 0]);
+    r.extend(rpcmsg::reply_header(1, 0));
+    r.extend(be(&[4096]));
+    p.inject(false, &r);
+    assert_eq!(done(&mut p)[0].status, CallStatus::BadReply);
+    // libevpl bug list: a returned length above the chunk is refused too.
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn amb_10_pzrc_plus_data_chunk_reassembled_and_amb_12_ineligible_chunk_garbage_args() {
+    let mut p = Pair::default_pair();
+    // Expose, as the peer, a PZRC holding an unreduced-except-data WRITE call and a data chunk.
+    let data = pattern(5, 2000);
+    let mut stream = rpcmsg::call_header(21, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+    stream.extend(be(&[5, 2000]));
+    let pz = p.a.put(&stream);
+    let dc = p.a.put(&data);
+    let pz_seg =
+        p.a.env
+            .expose(pz, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    let dc_seg =
+        p.a.env
+            .expose(dc, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    let mut m = be(&[21, 1, 8, 1]);
+    m.extend(be(&[1, 0, pz_seg.handle, pz_seg.length]));
+    m.extend(pz_seg.offset.to_be_bytes());
+    m.extend(be(&[1, 48, dc_seg.handle, dc_seg.length]));
+    m.extend(dc_seg.offset.to_be_bytes());
+    m.extend(be(&[0, 0, 0]));
+    p.inject(true, &m);
+    serve(&mut p);
+    let rb = p.b.sent.last().unwrap().clone();
+    // WRITE returns the number of matching bytes: all 2000.
+    assert_eq!(
+        &rb[28..],
+        &[rpcmsg::reply_header(21, 0).to_vec(), be(&[2000])].concat()[..]
+    );
+
+    // A data chunk at a position that is not the eligible item: GARBAGE_ARGS (AMB-12).
+    let mut call = rpcmsg::call_header(22, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+    call.extend(be(&[5, 2000]));
+    let mut m = be(&[22, 1, 8, 0]);
+    m.extend(be(&[1, 44, dc_seg.handle, dc_seg.length]));
+    m.extend(dc_seg.offset.to_be_bytes());
+    m.extend(be(&[0, 0, 0]));
+    m.extend(&call);
+    p.inject(true, &m);
+    let rb = p.b.sent.last().unwrap().clone();
+    assert_eq!(
+        &rb[28..],
+        &rpcmsg::reply_header(22, rpcmsg::GARBAGE_ARGS)[..]
+    );
+    assert!(!p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::IncomingCall(c) if c.xid == 22)));
+}
+
+#[test]
+fn r8166_3_4_5_2_c_short_read_chunk_is_garbage_args() {
+    let mut p = Pair::default_pair();
+    let dc = p.a.put(&[0; 4]);
+    let seg =
+        p.a.env
+            .expose(dc, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    let mut call = rpcmsg::call_header(3, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+    call.extend(be(&[5, 5]));
+    let mut m = be(&[3, 1, 8, 0, 1, 48, seg.handle, 4]);
+    m.extend(seg.offset.to_be_bytes());
+    m.extend(be(&[0, 0, 0]));
+    m.extend(&call);
+    p.inject(true, &m);
+    let rb = p.b.sent.last().unwrap().clone();
+    assert_eq!(
+        &rb[28..],
+        &rpcmsg::reply_header(3, rpcmsg::GARBAGE_ARGS)[..]
+    );
+}
+
+#[test]
+fn r8166_3_3_1_j_reads_never_exceed_ord() {
+    let mut client = sim::config(Role::Client, 8);
+    client.send_size = 1024;
+    let mut server = sim::config(Role::Server, 8);
+    server.max_reads = 2;
+    let mut p = Pair::new(client, server);
+    // A long call with several argument pieces gives a PZRC of many segments.
+    let msg = p.a.put(&[0; 64]);
+    let pieces: Vec<ArgPiece> = (0..4)
+        .map(|k| ArgPiece {
+            mem: p.a.put(&pattern(k, 999)),
+            xdr_pos: 16 * k,
+        })
+        .collect();
+    let reply = p.a.alloc(8192);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &pieces,
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok);
+    assert!(p.b.max_reads_in_flight <= 2, "{}", p.b.max_reads_in_flight);
+    let reads =
+        p.b.log
+            .iter()
+            .filter(|w| matches!(w, Work::Read { .. }))
+            .count();
+    assert!(reads > 2);
+    // The echoed bytes are the unreduced stream: pieces inline with pad.
+    let mut want = Vec::new();
+    let mut cur = 0;
+    for (k, pc) in pieces.iter().enumerate() {
+        want.extend(&[0u8; 64][cur..pc.xdr_pos as usize]);
+        cur = pc.xdr_pos as usize;
+        want.extend(pattern(k as u32, 999));
+        want.push(0);
+    }
+    want.extend(&[0u8; 64][cur..]);
+    assert_eq!(p.a.get(reply.prefix(d[0].reply_len).unwrap()), want);
+}
+
+#[test]
+fn r8166_4_5_4_a_exposure_failure_fails_call_at_once() {
+    let mut p = Pair::default_pair();
+    p.a.env.refuse_expose = true;
+    echo(&mut p, 1, &pattern(1, 4000));
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Local);
+    assert!(p.a.sent.is_empty());
+    // The connection stays usable.
+    p.a.env.refuse_expose = false;
+    bulk(&mut p, 2, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+}
+
+#[test]
+fn r8166_4_5_5_a_connection_loss_completes_every_call_once() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    bulk(&mut p, 2, &[0; 4], 64);
+    bulk(&mut p, 3, &[0; 4], 64);
+    p.run();
+    p.a.conn.close(CloseReason::Requested);
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(d.len(), 3);
+    assert!(d.iter().all(|d| d.status == CallStatus::Closed));
+    let mut xids: Vec<u32> = d.iter().map(|d| d.xid).collect();
+    xids.sort();
+    assert_eq!(xids, [1, 2, 3]);
+    assert_eq!(
+        p.a.events.back(),
+        Some(&Event::Closed(CloseReason::Requested))
+    );
+    assert!(
+        p.a.conn.submit_call(
+            &CallSpec {
+                user: 0,
+                xid: 9,
+                prog: 1,
+                vers: 1,
+                proc_: 0,
+                msg: MemRef::default(),
+                args: &[],
+                results: &[],
+                reply: MemRef::default(),
+            },
+            &mut p.a.env
+        ) == Err(SubmitError::Closed)
+    );
+}
+
+#[test]
+fn r8166_4_5_3_a_failed_rdma_operation_ends_connection() {
+    let mut p = Pair::default_pair();
+    // A read chunk whose key the peer never exposed: the Read fails, the connection ends.
+    let mut call = rpcmsg::call_header(3, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+    call.extend(be(&[5, 1500]));
+    let mut m = be(&[3, 1, 8, 0, 1, 48, 0xbad, 1500, 0, 0, 0, 0, 0]);
+    m.extend(&call);
+    p.inject(true, &m);
+    serve(&mut p);
+    assert!(matches!(
+        p.b.conn.closed(),
+        Some(CloseReason::WorkFailed(_))
+    ));
+    assert!(p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::ServeAborted { .. })));
+}
+
+#[test]
+fn r8166_7_1_b_backward_call_routed_by_msg_type() {
+    let mut p = Pair::default_pair();
+    // The server (b) calls the client (a) on the same connection.
+    let msg = p.b.put(&be(&[4, 0x0102_0304]));
+    let reply = p.b.alloc(64);
+    let spec = CallSpec {
+        user: 77,
+        xid: 1,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    // At the same time the client has forward call xid 1 outstanding.
+    bulk(&mut p, 1, &[9; 4], 64);
+    p.run();
+    let inc = p.a.events.iter().find_map(|e| match e {
+        Event::IncomingCall(c) => Some(*c),
+        _ => None,
+    });
+    let c = inc.expect("backward call delivered at the client");
+    assert_eq!((c.prog, c.xid, c.args_len), (0x2052_4455, 1, 8));
+    let buf = p.a.alloc(8);
+    p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    p.run();
+    let m = p.a.put(&be(&[4, 0x0506_0708]));
+    p.a.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 0,
+                msg: m,
+                results: &[],
+            },
+            &mut p.a.env,
+        )
+        .unwrap();
+    p.run();
+    serve(&mut p);
+    let bd: Vec<CallDone> =
+        p.b.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::CallDone(d) => Some(*d),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(bd.len(), 1);
+    assert_eq!((bd[0].user, bd[0].status), (77, CallStatus::Ok));
+    assert_eq!(p.b.get(reply.prefix(8).unwrap()), be(&[4, 0x0506_0708]));
+    let d = done(&mut p);
+    assert_eq!((d[0].xid, d[0].status), (1, CallStatus::Ok));
+}
+
+#[test]
+fn v2_5_2_a_err_vers_falls_back_to_version_1() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut p = Pair::new(client, sim::config(Role::Server, 8));
+    bulk(&mut p, 1, &[3; 8], 64);
+    p.run();
+    // The v1-only responder answered ERR_VERS; the call went again as version 1.
+    let sends = p.a.sent.clone();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(proto::Fixed::peek(&sends[0].clone()).unwrap().vers, 2);
+    assert_eq!(proto::Fixed::peek(&sends[1].clone()).unwrap().vers, 1);
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(
+        (d.len(), d[0].status, d[0].reply_len),
+        (1, CallStatus::Ok, 8)
+    );
+    assert_eq!(p.a.conn.version(), 1);
+}
+
+#[test]
+fn v2_5_3_a_version_two_call_and_reply() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    let data = pattern(4, 20000);
+    let (result, _) = echo(&mut p, 1, &data);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
+    assert_eq!(p.a.get(result), data);
+    let r = p.b.sent.last().unwrap().clone();
+    let f = proto::Fixed::peek(&r).unwrap();
+    assert_eq!((f.vers, f.proc), (2, 0));
+    // V2-4.2.2-b: the direction word says REPLY.
+    assert_eq!(&r[16..20], &1u32.to_be_bytes());
+}
+
+#[test]
+fn v2_3_1_b_optional_messages_surface_and_unknown_get_inval_option() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    p.a.conn
+        .send_optional(55, 0x1234, &[0, 0, 0, 1], &mut p.a.env)
+        .unwrap();
+    p.run();
+    let Some(Event::Optional(o)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    assert_eq!((o.xid, o.opttype, o.direction), (55, 0x1234, MsgType::Call));
+    assert_eq!(o.optinfo(), &[0, 0, 0, 1]);
+    p.b.conn.reject_optional(55, &mut p.b.env);
+    p.run();
+    assert_eq!(p.b.sent[0].clone(), be(&[55, 2, 8, 4, 3]));
+}
+
+#[test]
+fn amb_11_reply_for_unknown_xid_dropped() {
+    let mut p = Pair::default_pair();
+    let mut r = be(&[99, 1, 8, 0, 0, 0, 0]);
+    r.extend(rpcmsg::reply_header(99, 0));
+    p.inject(false, &r);
+    assert_eq!(p.a.conn.stats().dropped, 1);
+    assert!(p.a.sent.is_empty());
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Random mixes of RDMATEST calls under random credits and thresholds: every call
+        /// gets exactly its reply with its bytes intact.
+        #[test]
+        fn prop_every_call_gets_its_reply(
+            sizes in proptest::collection::vec(0usize..70_000, 1..12),
+            credits in 1u32..6,
+            grant in 1u32..6,
+            send_kib in 1u32..5,
+        ) {
+            let mut client = sim::config(Role::Client, credits);
+            client.send_size = send_kib * 1024;
+            let server = sim::config(Role::Server, grant);
+            let mut p = Pair::new(client, server);
+            let mut want = Vec::new();
+            for (k, &n) in sizes.iter().enumerate() {
+                let data = pattern(k as u32, n);
+                if k % 2 == 0 {
+                    let (result, reply) = echo(&mut p, k as u32, &data);
+                    want.push((k as u32, data, Some(result), reply));
+                } else {
+                    let r = bulk(&mut p, k as u32, &data[..n.min(20_000)], 20_100);
+                    want.push((k as u32, data[..n.min(20_000)].to_vec(), None, r));
+                }
+                p.run();
+                serve(&mut p);
+            }
+            serve(&mut p);
+            let d = done(&mut p);
+            prop_assert_eq!(d.len(), sizes.len());
+            for (xid, data, result, reply) in want {
+                let c = d.iter().find(|c| c.xid == xid).unwrap();
+                prop_assert_eq!(c.status, CallStatus::Ok);
+                match result {
+                    Some(res) => {
+                        let (pos, used) = c.results()[0];
+                        if used > 0 {
+                            prop_assert_eq!(pos, 4);
+                            prop_assert_eq!(p.a.get(res.prefix(used).unwrap()), data);
+                        } else {
+                            let r = p.a.get(reply.prefix(c.reply_len).unwrap());
+                            prop_assert_eq!(&r[4..4 + data.len()], &data[..]);
+                        }
+                    }
+                    None => {
+                        prop_assert_eq!(p.a.get(reply.prefix(c.reply_len).unwrap()), data);
+                    }
+                }
+            }
+            prop_assert_eq!(p.rnr, 0);
+            prop_assert_eq!(p.a.env.live_windows(), 0);
+        }
+
+        /// Hostile bytes never panic the engine; a bad message costs at most its connection.
+        #[test]
+        fn prop_hostile_messages_never_panic(msgs in proptest::collection::vec(
+            proptest::collection::vec(any::<u8>(), 0..200), 1..20),
+            words in proptest::collection::vec(0u32..8, 0..60)) {
+            let mut p = Pair::default_pair();
+            for m in &msgs {
+                if p.b.conn.closed().is_some() || p.b.conn.recv_posted() == 0 {
+                    break;
+                }
+                p.inject(true, m);
+            }
+            // Structured garbage: small words make plausible headers.
+            let mut m = be(&[1, 1, 1]);
+            m.extend(be(&words));
+            if p.b.conn.closed().is_none() && p.b.conn.recv_posted() > 0 {
+                p.inject(true, &m);
+            }
+            serve(&mut p);
+            prop_assert_eq!(p.rnr, 0);
+        }
+    }
+}
+
+#[test]
+fn memory_copy_overlapping_moves_like_memmove() {
+    let mut m = crate::mem::VecMemory::new();
+    m.add(sim::APP, 16);
+    assert!(m.write(MemRef::new(sim::APP, 0, 8), &[1, 2, 3, 4, 5, 6, 7, 8]));
+    assert!(m.copy(MemRef::new(sim::APP, 2, 6), MemRef::new(sim::APP, 0, 6)));
+    assert_eq!(
+        m.slice(MemRef::new(sim::APP, 0, 8)).unwrap(),
+        &[3, 4, 5, 6, 7, 8, 7, 8]
+    );
+    assert!(!m.copy(MemRef::new(sim::APP, 12, 8), MemRef::new(sim::APP, 0, 8)));
+}

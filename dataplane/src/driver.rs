@@ -1,0 +1,679 @@
+//! Binds [`Connection`]s to a [`Provider`]: one completion queue, pre-registered send and
+//! receive buffers carved per connection from one pool region, engine work turned into
+//! posts and completions fed back. A poll thread calls [`Driver::poll`] and reads
+//! [`Driver::poll_event`]; the provider's connection manager stays with its owner.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use rpcrdma_proto::cm::PrivateData;
+use rpcrdma_proto::Segment;
+use rpcrdma_verbs::{
+    Access, CqId, Mr, MrId, PdId, Provider, QpId, QpInit, SendOp, SendWr, Sge, SrqId,
+    WorkCompletion,
+};
+
+use crate::conn::{
+    CloseReason, Completion, ConfigError, ConnConfig, Connection, Event, Role, ServeId,
+    SubmitError, Work, SLOT_TAIL,
+};
+use crate::mem::{Env, MemRef, Memory};
+use crate::{CallSpec, ReplySpec};
+
+/// Per-connection settings the driver applies to every connection it creates.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnTemplate {
+    /// Highest RPC-over-RDMA version (1 or 2).
+    pub version: u32,
+    /// Credits requested and granted.
+    pub credits: u32,
+    /// Calls outstanding or queued per connection as requester.
+    pub max_calls: u32,
+    /// Largest Send (and inline threshold this side offers).
+    pub send_size: u32,
+    /// Receive buffer size (advertised in RFC 8797 private data).
+    pub recv_size: u32,
+    /// Receive buffers per connection (credits plus room for backward calls).
+    pub recv_slots: u32,
+    /// Items shorter than this stay inline.
+    pub ddp_threshold: u32,
+    /// RDMA Reads outstanding per connection (ORD).
+    pub max_reads: u32,
+    /// Largest call accepted as responder.
+    pub max_call_size: u32,
+}
+
+impl Default for ConnTemplate {
+    fn default() -> Self {
+        ConnTemplate {
+            version: 1,
+            credits: 32,
+            max_calls: 64,
+            send_size: 4096,
+            recv_size: 4096,
+            recv_slots: 34,
+            ddp_threshold: 1024,
+            max_reads: 16,
+            max_call_size: 1 << 20,
+        }
+    }
+}
+
+impl ConnTemplate {
+    /// Send buffers per connection: the requester's calls plus one per granted credit.
+    pub fn send_slots(&self) -> u32 {
+        self.max_calls + self.credits.min(self.recv_slots)
+    }
+
+    /// Bytes of pool one connection uses (send buffers, then receive buffers).
+    pub fn block_len(&self) -> Option<u32> {
+        ConnConfig::send_pool_len(self.send_slots(), self.send_size)?
+            .checked_add(ConnConfig::recv_pool_len(self.recv_slots, self.recv_size)?)
+    }
+
+    /// Queue-pair attributes fitting this template (`srq`: none; receives are per queue pair).
+    pub fn qp_init(&self, pd: PdId, cq: CqId) -> QpInit {
+        QpInit {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None::<SrqId>,
+            // Calls, replies, Writes, Reads and invalidations share the send queue.
+            max_send_wr: (self.send_slots() * 4 + self.max_reads + 64).max(256),
+            max_recv_wr: self.recv_slots,
+            max_sge: 1,
+        }
+    }
+
+    /// The RFC 8797 private data describing this side.
+    pub fn private_data(&self) -> PrivateData {
+        PrivateData {
+            remote_invalidate: true,
+            send_size: self.send_size,
+            recv_size: self.recv_size,
+        }
+        .normalized()
+    }
+}
+
+/// A connection of a driver (slot and generation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    idx: u32,
+    gen: u32,
+}
+
+impl ConnId {
+    /// Packs the id into 32 bits (16-bit index, 16-bit generation).
+    pub fn to_u32(self) -> u32 {
+        (self.idx << 16) | (self.gen & 0xffff)
+    }
+
+    /// Unpacks [`ConnId::to_u32`].
+    pub fn from_u32(v: u32) -> ConnId {
+        ConnId {
+            idx: v >> 16,
+            gen: v & 0xffff,
+        }
+    }
+}
+
+/// Packs a connection and a served call into one `u64` (e.g. the tag an app returns with
+/// its reply).
+pub fn serve_tag(conn: ConnId, id: ServeId) -> u64 {
+    (u64::from(conn.to_u32()) << 48) ^ id.to_u64()
+}
+
+/// Unpacks [`serve_tag`].
+pub fn from_serve_tag(tag: u64) -> (ConnId, ServeId) {
+    (
+        ConnId::from_u32((tag >> 48) as u32),
+        ServeId::from_u64(tag & 0xffff_ffff_ffff),
+    )
+}
+
+/// Errors of driver set-up calls.
+#[derive(Debug)]
+pub enum DriverError {
+    /// The provider refused.
+    Provider(rpcrdma_verbs::Error),
+    /// The connection settings are unusable.
+    Config(ConfigError),
+    /// Every pool block is in use.
+    NoBuffers,
+    /// The id does not name a live connection.
+    BadId,
+}
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DriverError::Provider(e) => write!(f, "provider: {e}"),
+            DriverError::Config(e) => write!(f, "configuration: {e}"),
+            DriverError::NoBuffers => f.write_str("no buffer block free for another connection"),
+            DriverError::BadId => f.write_str("no such connection"),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+impl From<rpcrdma_verbs::Error> for DriverError {
+    fn from(e: rpcrdma_verbs::Error) -> Self {
+        DriverError::Provider(e)
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    conn: Connection,
+    qp: QpId,
+    block: u32,
+    dead: bool,
+}
+
+/// A provider, its completion queue, a buffer pool and the connections using them.
+#[derive(Debug)]
+pub struct Driver<P: Provider> {
+    p: P,
+    cq: CqId,
+    regions: Vec<Mr>,
+    pool: MemRef,
+    tmpl: ConnTemplate,
+    block_len: u32,
+    free_blocks: Vec<u32>,
+    conns: Vec<Option<Entry>>,
+    gens: Vec<u32>,
+    wcs: Vec<WorkCompletion>,
+    events: VecDeque<(ConnId, Event)>,
+}
+
+/// The [`Env`] of one connection: memory through the owner's [`Memory`], exposure through
+/// the provider on the connection's queue pair.
+struct DrvEnv<'a, P, M> {
+    p: &'a mut P,
+    mem: &'a mut M,
+    regions: &'a [Mr],
+    qp: QpId,
+}
+
+impl<P: Provider, M: Memory> Memory for DrvEnv<'_, P, M> {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        self.mem.read(at, dst)
+    }
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        self.mem.write(at, src)
+    }
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        self.mem.copy(from, to)
+    }
+}
+
+impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
+    fn expose(&mut self, at: MemRef, access: Access) -> Option<Segment> {
+        let mr = self.regions.iter().find(|r| r.id == at.mr)?;
+        let end = at.offset.checked_add(u64::from(at.len))?;
+        if end > mr.len {
+            return None;
+        }
+        let rkey = self
+            .p
+            .expose(self.qp, at.mr, at.offset, u64::from(at.len), access)
+            .ok()?;
+        Some(Segment::new(rkey, at.len, mr.addr_at(at.offset)))
+    }
+}
+
+fn sge(regions: &[Mr], at: MemRef) -> Option<Sge> {
+    let mr = regions.iter().find(|r| r.id == at.mr)?;
+    let end = at.offset.checked_add(u64::from(at.len))?;
+    (end <= mr.len).then(|| Sge {
+        addr: mr.addr_at(at.offset),
+        len: at.len,
+        lkey: mr.lkey,
+    })
+}
+
+fn wr_id(c: ConnId, tag: u32) -> u64 {
+    (u64::from(c.idx & 0xffff) << 48) | (u64::from(c.gen & 0xffff) << 32) | u64::from(tag)
+}
+
+impl<P: Provider> Driver<P> {
+    /// A driver over `provider` polling `cq`; `pool` (registered with local write, remote
+    /// read and remote write rights, and added with [`add_region`](Self::add_region) by
+    /// this call) is cut into one block per connection.
+    pub fn new(provider: P, cq: CqId, pool: Mr, tmpl: ConnTemplate) -> Result<Self, DriverError> {
+        let block_len = tmpl
+            .block_len()
+            .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
+        let len = u32::try_from(pool.len).unwrap_or(u32::MAX);
+        let blocks = len / block_len.max(1);
+        if blocks == 0 {
+            return Err(DriverError::Config(ConfigError(
+                "pool smaller than one connection",
+            )));
+        }
+        Ok(Driver {
+            p: provider,
+            cq,
+            regions: vec![pool],
+            pool: MemRef::new(pool.id, 0, len),
+            tmpl,
+            block_len,
+            free_blocks: (0..blocks).rev().collect(),
+            conns: Vec::new(),
+            gens: Vec::new(),
+            wcs: vec![WorkCompletion::default(); 64],
+            events: VecDeque::with_capacity(256),
+        })
+    }
+
+    /// Makes a registered region (an app arena) usable in [`MemRef`]s.
+    pub fn add_region(&mut self, mr: Mr) {
+        self.regions.retain(|r| r.id != mr.id);
+        self.regions.push(mr);
+    }
+
+    /// Forgets a region (after the connections that used it have finished with it).
+    pub fn remove_region(&mut self, mr: MrId) {
+        self.regions.retain(|r| r.id != mr);
+    }
+
+    /// The connection template.
+    pub fn template(&self) -> &ConnTemplate {
+        &self.tmpl
+    }
+
+    /// The completion queue new queue pairs must use.
+    pub fn cq(&self) -> CqId {
+        self.cq
+    }
+
+    /// Connections the pool can still take.
+    pub fn free_blocks(&self) -> usize {
+        self.free_blocks.len()
+    }
+
+    /// The provider (for connection management: listen, connect, accept, poll_cm).
+    pub fn provider(&self) -> &P {
+        &self.p
+    }
+
+    /// The provider, mutable.
+    pub fn provider_mut(&mut self) -> &mut P {
+        &mut self.p
+    }
+
+    /// Adds a connection on `qp` (created with [`ConnTemplate::qp_init`], not yet
+    /// connected) and posts its receives: call before accept / before the connect ends.
+    /// `peer` is the peer's RFC 8797 private data, if any (it may be set later with
+    /// [`set_peer`](Self::set_peer) before the first message).
+    pub fn add_connection(
+        &mut self,
+        qp: QpId,
+        role: Role,
+        peer: Option<PrivateData>,
+        mem: &mut impl Memory,
+    ) -> Result<ConnId, DriverError> {
+        let block = self.free_blocks.pop().ok_or(DriverError::NoBuffers)?;
+        let t = self.tmpl;
+        let base = block * self.block_len;
+        let send_len = ConnConfig::send_pool_len(t.send_slots(), t.send_size).unwrap_or(0);
+        let cfg = ConnConfig {
+            role,
+            version: t.version,
+            credits: t.credits,
+            send_pool: self
+                .pool
+                .sub(base, send_len)
+                .ok_or(DriverError::NoBuffers)?,
+            send_slots: t.send_slots(),
+            send_size: t.send_size,
+            recv_pool: self
+                .pool
+                .sub(base + send_len, self.block_len - send_len)
+                .ok_or(DriverError::NoBuffers)?,
+            recv_slots: t.recv_slots,
+            recv_size: t.recv_size,
+            max_calls: t.max_calls,
+            peer,
+            ddp_threshold: t.ddp_threshold,
+            max_reads: t.max_reads,
+            max_call_size: t.max_call_size,
+        };
+        let conn = match Connection::new(cfg) {
+            Ok(c) => c,
+            Err(e) => {
+                self.free_blocks.push(block);
+                return Err(DriverError::Config(e));
+            }
+        };
+        let idx = match self.conns.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.gens.push(0);
+                self.conns.len() - 1
+            }
+        };
+        let gen = self.gens.get(idx).copied().unwrap_or(0).wrapping_add(1) & 0xffff;
+        if let Some(g) = self.gens.get_mut(idx) {
+            *g = gen;
+        }
+        if let Some(s) = self.conns.get_mut(idx) {
+            *s = Some(Entry {
+                conn,
+                qp,
+                block,
+                dead: false,
+            });
+        }
+        let id = ConnId {
+            idx: idx as u32,
+            gen,
+        };
+        self.flush(id, mem);
+        Ok(id)
+    }
+
+    /// Replaces the peer's RFC 8797 data of a connection that has not exchanged messages
+    /// (the connect's reply arrives after the receives were posted).
+    pub fn set_peer(&mut self, id: ConnId, peer: Option<PrivateData>) -> Result<(), DriverError> {
+        let e = self.entry_mut(id).ok_or(DriverError::BadId)?;
+        let (send, recv, inv) = match peer {
+            Some(p) => (p.send_size, p.recv_size, p.remote_invalidate),
+            None => (1024, 1024, false),
+        };
+        e.conn.set_peer_receive_size(recv);
+        e.conn.set_peer_send_size(send);
+        e.conn.set_peer_takes_invalidate(inv);
+        Ok(())
+    }
+
+    fn entry_mut(&mut self, id: ConnId) -> Option<&mut Entry> {
+        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+            return None;
+        }
+        self.conns.get_mut(id.idx as usize)?.as_mut()
+    }
+
+    /// The connection `id`.
+    pub fn connection(&self, id: ConnId) -> Option<&Connection> {
+        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+            return None;
+        }
+        self.conns.get(id.idx as usize)?.as_ref().map(|e| &e.conn)
+    }
+
+    /// The connection using queue pair `qp` (to route connection-manager events).
+    pub fn by_qp(&self, qp: QpId) -> Option<ConnId> {
+        self.conns.iter().enumerate().find_map(|(i, e)| {
+            let e = e.as_ref()?;
+            (e.qp == qp).then(|| ConnId {
+                idx: i as u32,
+                gen: self.gens.get(i).copied().unwrap_or(0),
+            })
+        })
+    }
+
+    /// Runs `f` on connection `id` with its environment, then posts its work and collects
+    /// its events.
+    fn with<M: Memory, R>(
+        &mut self,
+        id: ConnId,
+        mem: &mut M,
+        f: impl FnOnce(&mut Connection, &mut DrvEnv<'_, P, M>) -> R,
+    ) -> Option<R> {
+        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+            return None;
+        }
+        let e = self.conns.get_mut(id.idx as usize)?.as_mut()?;
+        let mut env = DrvEnv {
+            p: &mut self.p,
+            mem,
+            regions: &self.regions,
+            qp: e.qp,
+        };
+        let r = f(&mut e.conn, &mut env);
+        self.flush(id, mem);
+        Some(r)
+    }
+
+    /// Queues a call on connection `id` (see [`Connection::submit_call`]).
+    pub fn submit_call(
+        &mut self,
+        id: ConnId,
+        spec: &CallSpec<'_>,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, env| c.submit_call(spec, env))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Places an incoming call's arguments (see [`Connection::accept_call`]).
+    pub fn accept_call(
+        &mut self,
+        id: ConnId,
+        call: ServeId,
+        dest: MemRef,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, env| c.accept_call(call, dest, env))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Answers an incoming call with `accept_stat` only (see [`Connection::reject_call`]).
+    pub fn reject_call(
+        &mut self,
+        id: ConnId,
+        call: ServeId,
+        accept_stat: u32,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, env| c.reject_call(call, accept_stat, env))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Sends a reply (see [`Connection::submit_reply`]).
+    pub fn submit_reply(
+        &mut self,
+        id: ConnId,
+        call: ServeId,
+        spec: &ReplySpec<'_>,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, env| c.submit_reply(call, spec, env))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Sends an RDMA2_OPTIONAL message (see [`Connection::send_optional`]).
+    pub fn send_optional(
+        &mut self,
+        id: ConnId,
+        xid: u32,
+        opttype: u32,
+        optinfo: &[u8],
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, env| {
+            c.send_optional(xid, opttype, optinfo, env)
+        })
+        .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Answers an optional message with RDMA2_ERR_INVAL_OPTION.
+    pub fn reject_optional(&mut self, id: ConnId, xid: u32, mem: &mut impl Memory) {
+        self.with(id, mem, |c, env| c.reject_optional(xid, env));
+    }
+
+    /// Applies a control-plane decision to connection `id` (thresholds, invalidation).
+    pub fn configure(
+        &mut self,
+        id: ConnId,
+        f: impl FnOnce(&mut Connection),
+    ) -> Result<(), DriverError> {
+        let e = self.entry_mut(id).ok_or(DriverError::BadId)?;
+        f(&mut e.conn);
+        Ok(())
+    }
+
+    /// Ends connection `id`: its calls complete with [`crate::CallStatus::Closed`] and its
+    /// queue pair is disconnected.
+    pub fn close(&mut self, id: ConnId, reason: CloseReason, mem: &mut impl Memory) {
+        self.with(id, mem, |c, _| c.close(reason));
+    }
+
+    /// Frees a closed connection's buffers and destroys its queue pair.
+    pub fn remove(&mut self, id: ConnId) -> Result<(), DriverError> {
+        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+            return Err(DriverError::BadId);
+        }
+        let e = self
+            .conns
+            .get_mut(id.idx as usize)
+            .and_then(Option::take)
+            .ok_or(DriverError::BadId)?;
+        self.free_blocks.push(e.block);
+        self.p.destroy_qp(e.qp)?;
+        Ok(())
+    }
+
+    /// Polls the completion queue once and runs timers: completions go to their
+    /// connections, which post follow-up work; returns the completions handled.
+    pub fn poll(&mut self, now: Instant, mem: &mut impl Memory) -> usize {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let n = self.p.poll_cq(self.cq, &mut wcs).unwrap_or(0);
+        for wc in wcs.iter().take(n) {
+            let id = ConnId {
+                idx: (wc.wr_id >> 48) as u32,
+                gen: ((wc.wr_id >> 32) & 0xffff) as u32,
+            };
+            let c = Completion {
+                tag: wc.wr_id as u32,
+                status: wc.status,
+                byte_len: wc.byte_len,
+                invalidated_rkey: wc.invalidated_rkey,
+            };
+            self.with(id, mem, |conn, env| conn.handle_completion(now, &c, env));
+        }
+        self.wcs = wcs;
+        for i in 0..self.conns.len() {
+            let due = self
+                .conns
+                .get(i)
+                .and_then(Option::as_ref)
+                .and_then(|e| e.conn.poll_timeout())
+                .is_some_and(|t| t <= now);
+            if due {
+                let id = ConnId {
+                    idx: i as u32,
+                    gen: self.gens.get(i).copied().unwrap_or(0),
+                };
+                self.with(id, mem, |conn, _| conn.handle_timeout(now));
+            }
+        }
+        n
+    }
+
+    /// The next event of any connection.
+    pub fn poll_event(&mut self) -> Option<(ConnId, Event)> {
+        self.events.pop_front()
+    }
+
+    /// Posts connection `id`'s work and collects its events.
+    fn flush(&mut self, id: ConnId, _mem: &mut impl Memory) {
+        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        while let Some(w) = e.conn.poll_work() {
+            if e.dead {
+                continue;
+            }
+            if post(&mut self.p, &self.regions, e.qp, id, &w).is_err() {
+                // R8166-4.5.4-c: what cannot be posted ends the connection.
+                e.conn.close(CloseReason::Local("post failed"));
+            }
+        }
+        while let Some(ev) = e.conn.poll_event() {
+            if matches!(ev, Event::Closed(_)) && !e.dead {
+                e.dead = true;
+                let _ = self.p.disconnect(e.qp);
+            }
+            self.events.push_back((id, ev));
+        }
+    }
+}
+
+fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) -> Result<(), ()> {
+    let send = |p: &mut P, tag: u32, op: SendOp, at: Option<MemRef>| {
+        let one;
+        let sg: &[Sge] = match at {
+            Some(at) => {
+                one = [sge(regions, at).ok_or(())?];
+                &one
+            }
+            None => &[],
+        };
+        p.post_send(
+            qp,
+            &SendWr {
+                wr_id: wr_id(id, tag),
+                op,
+                sg,
+                signaled: true,
+            },
+        )
+        .map_err(|_| ())
+    };
+    match *w {
+        Work::Recv { tag, buf } => {
+            let s = sge(regions, buf).ok_or(())?;
+            p.post_recv(qp, wr_id(id, tag), &[s]).map_err(|_| ())
+        }
+        Work::Send {
+            tag,
+            buf,
+            invalidate,
+        } => {
+            let op = match invalidate {
+                Some(rkey) => SendOp::SendWithInvalidate { rkey },
+                None => SendOp::Send,
+            };
+            send(p, tag, op, Some(buf))
+        }
+        Work::Read {
+            tag,
+            local,
+            rkey,
+            addr,
+        } => send(
+            p,
+            tag,
+            SendOp::RdmaRead {
+                remote_addr: addr,
+                rkey,
+            },
+            Some(local),
+        ),
+        Work::Write {
+            tag,
+            local,
+            rkey,
+            addr,
+        } => send(
+            p,
+            tag,
+            SendOp::RdmaWrite {
+                remote_addr: addr,
+                rkey,
+            },
+            Some(local),
+        ),
+        Work::Invalidate { tag, rkey } => send(p, tag, SendOp::LocalInvalidate { rkey }, None),
+    }
+}
+
+/// Bytes each send buffer occupies in the pool (the buffer plus the engine's tail).
+pub const fn send_stride(send_size: u32) -> u32 {
+    send_size + SLOT_TAIL
+}

@@ -1,0 +1,166 @@
+//! How the engine names memory and reaches it: [`MemRef`] ranges of registered regions,
+//! read and written through a [`Memory`] the poll thread provides, and exposed to the peer
+//! through an [`Env`] (the [`Driver`](crate::Driver) implements it over a provider).
+
+use rpcrdma_proto::Segment;
+use rpcrdma_verbs::{Access, MrId};
+
+/// A byte range of a registered region: `len` bytes at `offset` from the region's start.
+///
+/// App memory is named this way (the app's arena registered once, `offset` = arena offset
+/// plus the arena's offset in the region), as are the engine's own send and receive buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemRef {
+    /// The registered region.
+    pub mr: MrId,
+    /// Offset of the first byte from the start of the region.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+impl MemRef {
+    /// A range of `len` bytes at `offset` in `mr`.
+    pub const fn new(mr: MrId, offset: u64, len: u32) -> MemRef {
+        MemRef { mr, offset, len }
+    }
+
+    /// The sub-range `off..off + len`, or `None` if it does not lie inside this range.
+    #[inline]
+    pub fn sub(&self, off: u32, len: u32) -> Option<MemRef> {
+        let end = off.checked_add(len)?;
+        if end > self.len {
+            return None;
+        }
+        Some(MemRef {
+            mr: self.mr,
+            offset: self.offset.checked_add(u64::from(off))?,
+            len,
+        })
+    }
+
+    /// The first `len` bytes, or `None` if the range is shorter.
+    #[inline]
+    pub fn prefix(&self, len: u32) -> Option<MemRef> {
+        self.sub(0, len)
+    }
+}
+
+/// Byte access to registered memory; every method is bounds-checked by the implementor and
+/// returns false (never panics) for a range it does not hold.
+pub trait Memory {
+    /// Copies `dst.len()` bytes from the start of `at` into `dst` (`dst.len() <= at.len`).
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool;
+    /// Copies `src` to the start of `at` (`src.len() <= at.len`).
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool;
+    /// Copies `from.len` bytes from `from` to the start of `to` (`from.len <= to.len`); the
+    /// ranges may overlap.
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool;
+}
+
+/// What a connection needs from its surroundings besides work queues: memory, and
+/// per-RPC exposure of memory to the peer (a memory window bound on the connection).
+pub trait Env: Memory {
+    /// Exposes `at` to the peer with `access` for one RPC; returns the segment the peer
+    /// uses (key, length, address), or `None` if the provider refused.
+    fn expose(&mut self, at: MemRef, access: Access) -> Option<Segment>;
+}
+
+/// Memory held in plain vectors, one per region: for tests and for the sans-IO examples.
+#[derive(Debug, Default, Clone)]
+pub struct VecMemory {
+    regions: Vec<(MrId, Vec<u8>)>,
+}
+
+impl VecMemory {
+    /// No regions.
+    pub fn new() -> VecMemory {
+        VecMemory::default()
+    }
+
+    /// Adds (or replaces) region `mr` with `len` zero bytes.
+    pub fn add(&mut self, mr: MrId, len: usize) {
+        self.regions.retain(|(id, _)| *id != mr);
+        self.regions.push((mr, vec![0; len]));
+    }
+
+    /// The bytes of region `mr`.
+    pub fn region(&self, mr: MrId) -> Option<&[u8]> {
+        self.regions
+            .iter()
+            .find(|(id, _)| *id == mr)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The bytes of region `mr`, writable.
+    pub fn region_mut(&mut self, mr: MrId) -> Option<&mut [u8]> {
+        self.regions
+            .iter_mut()
+            .find(|(id, _)| *id == mr)
+            .map(|(_, v)| v.as_mut_slice())
+    }
+
+    /// The bytes of `at`.
+    pub fn slice(&self, at: MemRef) -> Option<&[u8]> {
+        let (s, e) = range(at)?;
+        self.region(at.mr)?.get(s..e)
+    }
+
+    /// The bytes of `at`, writable.
+    pub fn slice_mut(&mut self, at: MemRef) -> Option<&mut [u8]> {
+        let (s, e) = range(at)?;
+        self.region_mut(at.mr)?.get_mut(s..e)
+    }
+}
+
+fn range(at: MemRef) -> Option<(usize, usize)> {
+    let s = usize::try_from(at.offset).ok()?;
+    Some((s, s.checked_add(at.len as usize)?))
+}
+
+impl Memory for VecMemory {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        match self.slice(at).and_then(|s| s.get(..dst.len())) {
+            Some(s) => {
+                dst.copy_from_slice(s);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        match self.slice_mut(at).and_then(|s| s.get_mut(..src.len())) {
+            Some(d) => {
+                d.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        if from.len > to.len {
+            return false;
+        }
+        let (Some((fs, fe)), Some((ts, _))) =
+            (range(from), range(to.prefix(from.len).unwrap_or(to)))
+        else {
+            return false;
+        };
+        if from.mr == to.mr {
+            let Some(r) = self.region_mut(from.mr) else {
+                return false;
+            };
+            if fe > r.len() || ts.checked_add(fe - fs).is_none_or(|e| e > r.len()) {
+                return false;
+            }
+            r.copy_within(fs..fe, ts);
+            return true;
+        }
+        let Some(src) = self.slice(from).map(<[u8]>::to_vec) else {
+            return false;
+        };
+        self.write(to, &src)
+    }
+}

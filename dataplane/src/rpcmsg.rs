@@ -1,0 +1,135 @@
+//! The ONC RPC (RFC 5531) headers the daemon writes and reads on behalf of apps: apps hand
+//! over argument and result XDR only, so the engine builds call and reply headers
+//! (AUTH_NONE) and strips the peer's.
+
+/// Bytes of a call header with AUTH_NONE credential and verifier.
+pub const CALL_HEADER_LEN: usize = 40;
+/// Bytes of an accepted reply header with an AUTH_NONE verifier.
+pub const REPLY_HEADER_LEN: usize = 24;
+/// Largest reply header accepted (verifier body of at most 400 bytes, RFC 5531).
+pub const MAX_REPLY_HEADER_LEN: usize = 24 + 400 + 8;
+
+/// accept_stat SUCCESS.
+pub const SUCCESS: u32 = 0;
+/// accept_stat PROG_UNAVAIL.
+pub const PROG_UNAVAIL: u32 = 1;
+/// accept_stat GARBAGE_ARGS.
+pub const GARBAGE_ARGS: u32 = 4;
+/// accept_stat SYSTEM_ERR.
+pub const SYSTEM_ERR: u32 = 5;
+
+/// An RPC call header for `xid`, `prog`, `vers`, `proc_` with AUTH_NONE credentials.
+pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEADER_LEN] {
+    let words = [xid, 0, 2, prog, vers, proc_, 0, 0, 0, 0];
+    let mut b = [0u8; CALL_HEADER_LEN];
+    for (d, w) in b.chunks_exact_mut(4).zip(words) {
+        d.copy_from_slice(&w.to_be_bytes());
+    }
+    b
+}
+
+/// An accepted RPC reply header for `xid` with an AUTH_NONE verifier and `accept_stat`.
+pub fn reply_header(xid: u32, accept_stat: u32) -> [u8; REPLY_HEADER_LEN] {
+    let words = [xid, 1, 0, 0, 0, accept_stat];
+    let mut b = [0u8; REPLY_HEADER_LEN];
+    for (d, w) in b.chunks_exact_mut(4).zip(words) {
+        d.copy_from_slice(&w.to_be_bytes());
+    }
+    b
+}
+
+/// The outcome an RPC reply header carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyStat {
+    /// MSG_ACCEPTED with this accept_stat (results follow only for SUCCESS).
+    Accepted(u32),
+    /// MSG_DENIED (RPC version mismatch or authentication error).
+    Denied,
+}
+
+/// A parsed reply header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyHeader {
+    /// XID.
+    pub xid: u32,
+    /// Outcome.
+    pub stat: ReplyStat,
+    /// Bytes of the header (where the results start).
+    pub len: usize,
+}
+
+fn word(b: &[u8], at: usize) -> Option<u32> {
+    let w: &[u8; 4] = b.get(at..)?.first_chunk()?;
+    Some(u32::from_be_bytes(*w))
+}
+
+/// Parses an RPC reply header; `None` if `b` is not one (wrong type, truncated, bad arms).
+pub fn parse_reply(b: &[u8]) -> Option<ReplyHeader> {
+    let xid = word(b, 0)?;
+    if word(b, 4)? != 1 {
+        return None;
+    }
+    match word(b, 8)? {
+        0 => {
+            let vlen = word(b, 16)? as usize;
+            if vlen > 400 {
+                return None;
+            }
+            let at = 20 + vlen.checked_add(3)? / 4 * 4;
+            let stat = word(b, at)?;
+            let len = match stat {
+                // PROG_MISMATCH carries the supported range.
+                2 => at + 12,
+                0..=5 => at + 4,
+                _ => return None,
+            };
+            (len <= b.len()).then_some(ReplyHeader {
+                xid,
+                stat: ReplyStat::Accepted(stat),
+                len,
+            })
+        }
+        1 => {
+            let len = match word(b, 12)? {
+                0 => 24,
+                1 => 20,
+                _ => return None,
+            };
+            (len <= b.len()).then_some(ReplyHeader {
+                xid,
+                stat: ReplyStat::Denied,
+                len,
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reply_header_round_trip_and_long_verifier() {
+        let h = reply_header(7, SUCCESS);
+        assert_eq!(
+            parse_reply(&h),
+            Some(ReplyHeader {
+                xid: 7,
+                stat: ReplyStat::Accepted(0),
+                len: 24
+            })
+        );
+        // A 5-byte verifier body is padded to 8.
+        let mut b = vec![];
+        for w in [9u32, 1, 0, 6, 5] {
+            b.extend_from_slice(&w.to_be_bytes());
+        }
+        b.extend_from_slice(&[1, 2, 3, 4, 5, 0, 0, 0]);
+        b.extend_from_slice(&GARBAGE_ARGS.to_be_bytes());
+        let r = parse_reply(&b).unwrap();
+        assert_eq!((r.len, r.stat), (32, ReplyStat::Accepted(GARBAGE_ARGS)));
+        assert_eq!(parse_reply(&b[..31]), None);
+        assert_eq!(parse_reply(&call_header(1, 2, 3, 4)), None);
+    }
+}
