@@ -173,7 +173,9 @@ impl Daemon {
             );
         }
         if cfg.provider.kind != ProviderKind::Soft {
-            return Err(StartError::NoDevice("only the soft provider is built".into()));
+            return Err(StartError::NoDevice(
+                "only the soft provider is built".into(),
+            ));
         }
         let t = &cfg.transport;
         let s = &cfg.provider.soft;
@@ -212,9 +214,13 @@ impl Daemon {
             ..rpcrdma_verbs::soft::SoftConfig::default()
         };
         let w = waker.clone();
-        let handle = poll::spawn_soft(spec, soft, Box::new(move || {
-            let _ = w.wake();
-        }))
+        let handle = poll::spawn_soft(
+            spec,
+            soft,
+            Box::new(move || {
+                let _ = w.wake();
+            }),
+        )
         .map_err(io_err("spawn poll thread"))?;
         let peers = cfg
             .peers
@@ -287,7 +293,9 @@ impl Daemon {
             .collect();
         for (text, addr) in addrs {
             let Some(addr) = addr else {
-                return Err(StartError::PollThread(format!("bad listener address {text}")));
+                return Err(StartError::PollThread(format!(
+                    "bad listener address {text}"
+                )));
             };
             self.send(Command::Listen { addr });
             loop {
@@ -303,7 +311,9 @@ impl Daemon {
                     Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
                     Some(other) => self.on_event(0, other),
                     None if Instant::now() > deadline => {
-                        return Err(StartError::PollThread(format!("listener {addr}: no answer")))
+                        return Err(StartError::PollThread(format!(
+                            "listener {addr}: no answer"
+                        )))
                     }
                     None => std::thread::sleep(Duration::from_millis(1)),
                 }
@@ -529,7 +539,10 @@ impl Daemon {
 
     fn begin_drain(&mut self) {
         let deadline = Instant::now() + self.opts.drain_timeout;
-        info!(timeout_ms = self.opts.drain_timeout.as_millis() as u64, "draining");
+        info!(
+            timeout_ms = self.opts.drain_timeout.as_millis() as u64,
+            "draining"
+        );
         self.draining = Some(deadline);
         for p in &mut self.peers {
             if !matches!(p.phase, PeerPhase::Up(_)) {
@@ -831,7 +844,13 @@ impl Daemon {
         let h = &c.latency.0;
         let us = |ns: u64| ns as f64 / 1000.0;
         let empty = h.is_empty();
-        let q = |p: f64| if empty { 0.0 } else { us(h.value_at_quantile(p)) };
+        let q = |p: f64| {
+            if empty {
+                0.0
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
         LatencyRow {
             id: c.info.id,
             peer: self.name_of(t, c.info.id),

@@ -45,18 +45,29 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
     let totals: [(&str, &str, Pick); 10] = [
         ("calls_out", "RPC calls sent as requester", |t| t.calls_out),
         ("replies_in", "RPC replies received", |t| t.replies_in),
-        ("calls_in", "RPC calls received as responder", |t| t.calls_in),
+        ("calls_in", "RPC calls received as responder", |t| {
+            t.calls_in
+        }),
         ("replies_out", "RPC replies sent", |t| t.replies_out),
         ("call_errors", "RPC calls that failed", |t| t.call_errors),
-        ("protocol_errors", "RPC-over-RDMA protocol errors", |t| t.protocol_errors),
+        ("protocol_errors", "RPC-over-RDMA protocol errors", |t| {
+            t.protocol_errors
+        }),
         ("bytes_out", "payload bytes sent", |t| t.bytes_out),
         ("bytes_in", "payload bytes received", |t| t.bytes_in),
-        ("conns_opened", "connections established", |t| t.conns_opened),
+        ("conns_opened", "connections established", |t| {
+            t.conns_opened
+        }),
         ("conns_closed", "connections ended", |t| t.conns_closed),
     ];
     for (name, help, pick) in totals {
         let metric = format!("rpcrdmad_{name}_total");
-        header(&mut out, &metric, "counter", &format!("{help}, all connections"));
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help}, all connections"),
+        );
         let sum: u64 = snaps.iter().map(|s| pick(&s.thread.totals)).sum();
         let _ = writeln!(out, "{metric} {sum}");
     }
@@ -111,7 +122,12 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
     ];
     for (name, help, pick) in per_conn {
         let metric = format!("rpcrdmad_conn_{name}_total");
-        header(&mut out, &metric, "counter", &format!("{help} on this connection"));
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help} on this connection"),
+        );
         for s in snaps {
             for c in s.conns() {
                 let peer = esc(&peer_of(s.thread.index, c.info.id));
@@ -202,6 +218,8 @@ mod tests {
             .iter()
             .find(|m| m.metric == "rpcrdmad_thread_busy_seconds_total")
             .expect("busy");
-        assert!(matches!(busy.value, prometheus_parse::Value::Counter(v) if (v - 1.5).abs() < 1e-9));
+        assert!(
+            matches!(busy.value, prometheus_parse::Value::Counter(v) if (v - 1.5).abs() < 1e-9)
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! What a reload may change live: compares two configurations key by key.
 
-use crate::admin::{ReloadOutcome, Refused};
+use crate::admin::{Refused, ReloadOutcome};
 use rpcrdma_config::Config;
 use serde_json::Value;
 

@@ -152,7 +152,9 @@ mod tests {
     #[test]
     fn missing_rdma_class_dir_is_reported_with_soft_hint() {
         let dir = std::env::temp_dir().join(format!("rpcrdmad-nodev-{}", std::process::id()));
-        let e = rdma_devices(&dir).map_err(StartError::NoDevice).unwrap_err();
+        let e = rdma_devices(&dir)
+            .map_err(StartError::NoDevice)
+            .unwrap_err();
         let text = e.to_string();
         assert!(text.contains("no RDMA device"), "{text}");
         assert!(text.contains("kind = \"soft\""), "{text}");

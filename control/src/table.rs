@@ -17,7 +17,10 @@ pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
                 l.push_str("  ");
             }
             l.push_str(c);
-            l.extend(std::iter::repeat_n(' ', w.saturating_sub(c.chars().count())));
+            l.extend(std::iter::repeat_n(
+                ' ',
+                w.saturating_sub(c.chars().count()),
+            ));
         }
         out.push_str(l.trim_end());
         out.push('\n');
@@ -37,7 +40,10 @@ mod tests {
     fn columns_are_padded_to_the_widest_cell() {
         let t = render(
             &["ID", "PEER"],
-            &[vec!["1".into(), "server".into()], vec!["12".into(), "x".into()]],
+            &[
+                vec!["1".into(), "server".into()],
+                vec!["12".into(), "x".into()],
+            ],
         );
         assert_eq!(t, "ID  PEER\n1   server\n12  x\n");
     }

@@ -14,7 +14,12 @@ use std::time::Duration;
 #[command(version, about)]
 struct Cli {
     /// The daemon's admin socket (daemon.admin-socket).
-    #[arg(short, long, env = "RPCRDMAD_ADMIN", default_value = "/run/rpcrdmad/admin.sock")]
+    #[arg(
+        short,
+        long,
+        env = "RPCRDMAD_ADMIN",
+        default_value = "/run/rpcrdmad/admin.sock"
+    )]
     socket: PathBuf,
     /// Print the daemon's JSON answer instead of a table.
     #[arg(long, global = true)]
@@ -129,13 +134,29 @@ fn human(req: &Request, r: &Value) -> String {
                 &["PEER", "ADDRESS", "STATE", "CONN", "FAILURES", "RETRY-MS"],
                 &rows(
                     &r["peers"],
-                    &["name", "address", "state", "conn", "failures", "retry-in-ms"],
+                    &[
+                        "name",
+                        "address",
+                        "state",
+                        "conn",
+                        "failures",
+                        "retry-in-ms",
+                    ],
                 ),
             );
             out.push('\n');
             let mut threads = rows(
                 &r["threads"],
-                &["index", "core", "busy-ratio", "busy-polls", "idle-polls", "parks", "apps", "app-ops"],
+                &[
+                    "index",
+                    "core",
+                    "busy-ratio",
+                    "busy-polls",
+                    "idle-polls",
+                    "parks",
+                    "apps",
+                    "app-ops",
+                ],
             );
             for t in &mut threads {
                 if let Ok(f) = t[2].parse::<f64>() {
@@ -143,13 +164,33 @@ fn human(req: &Request, r: &Value) -> String {
                 }
             }
             out += &table::render(
-                &["THREAD", "CORE", "BUSY", "BUSY-POLLS", "IDLE-POLLS", "PARKS", "APPS", "APP-OPS"],
+                &[
+                    "THREAD",
+                    "CORE",
+                    "BUSY",
+                    "BUSY-POLLS",
+                    "IDLE-POLLS",
+                    "PARKS",
+                    "APPS",
+                    "APP-OPS",
+                ],
                 &threads,
             );
             out
         }
         Request::Conns => table::render(
-            &["ID", "PEER", "REMOTE", "ROLE", "STATE", "VERS", "CREDITS", "INLINE(S/R)", "PEER-INLINE(S/R)", "REMINV"],
+            &[
+                "ID",
+                "PEER",
+                "REMOTE",
+                "ROLE",
+                "STATE",
+                "VERS",
+                "CREDITS",
+                "INLINE(S/R)",
+                "PEER-INLINE(S/R)",
+                "REMINV",
+            ],
             &r.as_array()
                 .map(|a| {
                     a.iter()
@@ -161,9 +202,17 @@ fn human(req: &Request, r: &Value) -> String {
                                 s(&c["role"]),
                                 s(&c["state"]),
                                 s(&c["version"]),
-                                format!("{}/{}", s(&c["credits-granted"]), s(&c["credits-offered"])),
+                                format!(
+                                    "{}/{}",
+                                    s(&c["credits-granted"]),
+                                    s(&c["credits-offered"])
+                                ),
                                 format!("{}/{}", s(&c["inline-send"]), s(&c["inline-recv"])),
-                                format!("{}/{}", s(&c["peer-inline-send"]), s(&c["peer-inline-recv"])),
+                                format!(
+                                    "{}/{}",
+                                    s(&c["peer-inline-send"]),
+                                    s(&c["peer-inline-recv"])
+                                ),
                                 s(&c["peer-remote-invalidate"]),
                             ]
                         })
@@ -173,27 +222,71 @@ fn human(req: &Request, r: &Value) -> String {
         ),
         Request::Stats => {
             let mut out = table::render(
-                &["CONN", "PEER", "CALLS-OUT", "REPLIES-IN", "CALLS-IN", "REPLIES-OUT", "ERRORS", "PROTO-ERR", "BYTES-OUT", "BYTES-IN"],
+                &[
+                    "CONN",
+                    "PEER",
+                    "CALLS-OUT",
+                    "REPLIES-IN",
+                    "CALLS-IN",
+                    "REPLIES-OUT",
+                    "ERRORS",
+                    "PROTO-ERR",
+                    "BYTES-OUT",
+                    "BYTES-IN",
+                ],
                 &rows(
                     &r["conns"],
-                    &["id", "peer", "calls-out", "replies-in", "calls-in", "replies-out", "call-errors", "protocol-errors", "bytes-out", "bytes-in"],
+                    &[
+                        "id",
+                        "peer",
+                        "calls-out",
+                        "replies-in",
+                        "calls-in",
+                        "replies-out",
+                        "call-errors",
+                        "protocol-errors",
+                        "bytes-out",
+                        "bytes-in",
+                    ],
                 ),
             );
             out.push('\n');
             out += &table::render(
-                &["THREAD", "BUSY-POLLS", "IDLE-POLLS", "PARKS", "APPS", "BAD-SUBMISSIONS", "APPS-DETACHED"],
+                &[
+                    "THREAD",
+                    "BUSY-POLLS",
+                    "IDLE-POLLS",
+                    "PARKS",
+                    "APPS",
+                    "BAD-SUBMISSIONS",
+                    "APPS-DETACHED",
+                ],
                 &rows(
                     &r["threads"],
-                    &["index", "busy-polls", "idle-polls", "parks", "apps", "bad-submissions", "apps-detached"],
+                    &[
+                        "index",
+                        "busy-polls",
+                        "idle-polls",
+                        "parks",
+                        "apps",
+                        "bad-submissions",
+                        "apps-detached",
+                    ],
                 ),
             );
             out
         }
         Request::Latency => table::render(
-            &["CONN", "PEER", "COUNT", "MEAN-US", "P50-US", "P90-US", "P99-US", "P99.9-US", "MAX-US"],
+            &[
+                "CONN", "PEER", "COUNT", "MEAN-US", "P50-US", "P90-US", "P99-US", "P99.9-US",
+                "MAX-US",
+            ],
             &rows(
                 r,
-                &["id", "peer", "count", "mean-us", "p50-us", "p90-us", "p99-us", "p999-us", "max-us"],
+                &[
+                    "id", "peer", "count", "mean-us", "p50-us", "p90-us", "p99-us", "p999-us",
+                    "max-us",
+                ],
             ),
         ),
         Request::Reload => {
@@ -234,15 +327,24 @@ fn main() -> ExitCode {
     let req = match cli.cmd {
         Cmd::Status => Request::Status,
         Cmd::Conns => Request::Conns,
-        Cmd::Conn { cmd: ConnCmd::Show { conn } } => Request::ConnShow { conn },
-        Cmd::Conn { cmd: ConnCmd::Close { conn } } => Request::ConnClose { conn },
+        Cmd::Conn {
+            cmd: ConnCmd::Show { conn },
+        } => Request::ConnShow { conn },
+        Cmd::Conn {
+            cmd: ConnCmd::Close { conn },
+        } => Request::ConnClose { conn },
         Cmd::Stats => Request::Stats,
         Cmd::Latency => Request::Latency,
         Cmd::Reload => Request::Reload,
-        Cmd::Xchar { cmd: XcharCmd::Request { conn, set } } => Request::XcharRequest { conn, set },
-        Cmd::Xchar { cmd: XcharCmd::Set { conn, set } } => Request::XcharSet { conn, set },
+        Cmd::Xchar {
+            cmd: XcharCmd::Request { conn, set },
+        } => Request::XcharRequest { conn, set },
+        Cmd::Xchar {
+            cmd: XcharCmd::Set { conn, set },
+        } => Request::XcharSet { conn, set },
     };
-    let resp: Response = match admin::call(&cli.socket, &req, Duration::from_millis(cli.timeout_ms)) {
+    let resp: Response = match admin::call(&cli.socket, &req, Duration::from_millis(cli.timeout_ms))
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!(
@@ -254,14 +356,20 @@ fn main() -> ExitCode {
     };
     if !resp.ok {
         if cli.json {
-            println!("{}", serde_json::to_string_pretty(&resp).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&resp).unwrap_or_default()
+            );
         }
         eprintln!("rpcrdmactl: {}", resp.error.unwrap_or_default());
         return ExitCode::FAILURE;
     }
     let result = resp.result.unwrap_or(Value::Null);
     if cli.json {
-        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
     } else {
         print!("{}", human(&req, &result));
     }

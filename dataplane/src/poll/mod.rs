@@ -10,7 +10,9 @@
 mod stats;
 mod thread;
 
-pub use stats::{ConnInfo, ConnStats, ConnState, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS};
+pub use stats::{
+    ConnInfo, ConnState, ConnStats, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS,
+};
 pub use thread::PollThread;
 
 use crossbeam_queue::ArrayQueue;
@@ -248,7 +250,9 @@ pub fn spawn_soft(
     let thread = std::thread::Builder::new().name(name).spawn(move || {
         if let Some(core) = spec.core {
             if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                let _ = e.push(Event::Failed(format!("cannot pin the poll thread to core {core}")));
+                let _ = e.push(Event::Failed(format!(
+                    "cannot pin the poll thread to core {core}"
+                )));
                 notify();
                 return;
             }

@@ -2,14 +2,21 @@
 
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, Reason};
+use crate::conn::{CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId};
+use crate::driver::{from_serve_tag, serve_tag, ConnId, ConnTemplate, Driver};
+use crate::mem::{MemRef, Memory};
+use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
 use rpcrdma_proto::cm::PrivateData as CmData;
-use rpcrdma_shm::abi::status;
+use rpcrdma_shm::abi::{status, ArenaRange, MAX_PIECES};
 use rpcrdma_shm::attach::Listener as AppListener;
-use rpcrdma_shm::daemon::{AppId, AppTable, CallOutcome, Detached, OpId, Submission, TableConfig};
-use rpcrdma_verbs::{
-    CmEvent, ConnParams, CqId, ListenerId, PdId, Provider, QpId, QpInit, WorkCompletion,
+use rpcrdma_shm::daemon::{
+    AppId, AppTable, CallOutcome, CallRequest, Detached, IncomingCall, OpId, RecvBuf, Submission,
+    TableConfig,
 };
+use rpcrdma_verbs::mapped::{Mapped, Registered};
+use rpcrdma_verbs::{Access, CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -17,38 +24,115 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Completions taken from the CQ per poll.
-const WC_BATCH: usize = 32;
 /// App submissions taken per poll.
 const SUB_BATCH: usize = 32;
-/// Loop iterations between housekeeping rounds (app attach and reap, commands).
-const HOUSEKEEPING_EVERY: u32 = 1024;
+/// Loop iterations between housekeeping rounds while busy (app attach and reap, commands).
+const HOUSEKEEPING_EVERY: u32 = 256;
 /// Longest park: the provider's sockets cannot wake a parked thread, so it looks again this often.
 const PARK_MAX: Duration = Duration::from_millis(2);
 /// Apps that leave completions undrained this long are detached.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
+/// Calls held while their connection has no free call slot.
+const MAX_WAITING: usize = 4096;
+/// accept_stat PROG_UNAVAIL.
+const PROG_UNAVAIL: u32 = 1;
+/// accept_stat SYSTEM_ERR.
+const SYSTEM_ERR: u32 = 5;
+/// How long a detached app's memory stays registered (RPCs still using it finish or fail).
+const RETIRE_AFTER: Duration = Duration::from_secs(5);
 
-/// One connection slot.
+/// Registered memory reached by [`MemRef`]: the buffer pool and the apps' regions.
+#[derive(Debug, Default)]
+struct Mem {
+    regs: Vec<Registered>,
+}
+
+impl Mem {
+    fn find(&self, mr: MrId) -> Option<&Registered> {
+        self.regs.iter().find(|r| r.mr().id == mr)
+    }
+}
+
+impl Memory for Mem {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        dst.len() <= at.len as usize
+            && self
+                .find(at.mr)
+                .is_some_and(|r| r.mem().read(at.offset, dst))
+    }
+
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        src.len() <= at.len as usize
+            && self
+                .find(at.mr)
+                .is_some_and(|r| r.mem().write(at.offset, src))
+    }
+
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        if from.len > to.len {
+            return false;
+        }
+        let (Some(a), Some(b)) = (self.find(from.mr), self.find(to.mr)) else {
+            return false;
+        };
+        a.mem()
+            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
+    }
+}
+
+/// One connection slot (its index is the connection id the control thread sees).
 #[derive(Debug, Default)]
 struct Slot {
     qp: Option<QpId>,
+    conn: Option<ConnId>,
     stats: ConnStats,
+}
+
+/// A call being served: where its arguments go, then which app op answers it.
+#[derive(Debug)]
+enum Serving {
+    Receiving {
+        app: AppId,
+        rb: RecvBuf,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        xid: u32,
+    },
+    Delivered(OpId),
+    Replying(OpId),
+}
+
+/// An app's registered region.
+#[derive(Debug)]
+struct AppMem {
+    app: AppId,
+    mr: MrId,
+    arena: u64,
 }
 
 /// A poll thread's state; [`PollThread::run`] is its loop.
 pub struct PollThread<P: Provider> {
     spec: PollSpec,
-    provider: P,
+    drv: Driver<P>,
+    mem: Mem,
+    pd: PdId,
+    tmpl: ConnTemplate,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
     bell: UnixStream,
     notify: Box<dyn Fn() + Send>,
     table: AppTable,
     apps: AppListener,
+    app_mem: Vec<AppMem>,
+    retired: Vec<(Instant, MrId)>,
     subs: Vec<(AppId, Submission)>,
-    pd: PdId,
-    cq: CqId,
-    wcs: [WorkCompletion; WC_BATCH],
+    waiting: VecDeque<(u32, CallRequest)>,
+    started: HashMap<u64, (Instant, u32)>,
+    serving: HashMap<u64, Serving>,
+    args: [ArgPiece; MAX_PIECES],
+    results: [MemRef; MAX_PIECES],
+    rpieces: [ResultPiece; MAX_PIECES],
     listeners: Vec<ListenerId>,
     slots: Vec<Slot>,
     by_peer: Vec<Option<u32>>,
@@ -76,8 +160,12 @@ struct IdleState {
 
 type StartError = (String, Box<dyn Fn() + Send>);
 
+fn rw() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+}
+
 impl<P: Provider> PollThread<P> {
-    /// Opens the attach socket and the provider's protection domain and completion queue.
+    /// Opens the attach socket, registers the buffer pool and starts the engine's driver.
     pub fn new(
         spec: PollSpec,
         mut provider: P,
@@ -86,6 +174,44 @@ impl<P: Provider> PollThread<P> {
         bell: UnixStream,
         notify: Box<dyn Fn() + Send>,
     ) -> Result<PollThread<P>, StartError> {
+        let t = spec.transport;
+        let tmpl = ConnTemplate {
+            version: t.version,
+            credits: t.credits,
+            max_calls: t.credits.saturating_mul(2),
+            send_size: t.inline_send,
+            recv_size: t.inline_recv,
+            recv_slots: t.credits + t.backchannel_credits,
+            ddp_threshold: t.ddp_threshold,
+            max_reads: u32::from(t.ord).max(1),
+            max_call_size: 1 << 20,
+        };
+        let Some(block) = tmpl.block_len() else {
+            return Err(("connection buffers too large".into(), notify));
+        };
+        let pool_len = u64::from(block) * u64::from(spec.max_conns.max(1));
+        let Ok(pool_len) = usize::try_from(pool_len) else {
+            return Err(("buffer pool too large".into(), notify));
+        };
+        let setup = (|| -> Result<_, String> {
+            let pd = provider.alloc_pd().map_err(|e| e.to_string())?;
+            let depth = spec
+                .max_conns
+                .saturating_mul(tmpl.qp_init(pd, Default::default()).max_send_wr + tmpl.recv_slots);
+            let cq = provider.create_cq(depth).map_err(|e| e.to_string())?;
+            let pool = Mapped::anonymous(pool_len).map_err(|e| format!("buffer pool: {e}"))?;
+            let pool = Registered::new(&mut provider, pd, pool, rw()).map_err(|e| e.to_string())?;
+            Ok((pd, cq, pool))
+        })();
+        let (pd, cq, pool) = match setup {
+            Ok(x) => x,
+            Err(e) => return Err((format!("provider: {e}"), notify)),
+        };
+        let mr = pool.mr();
+        let drv = match Driver::new(provider, cq, mr, tmpl) {
+            Ok(d) => d,
+            Err(e) => return Err((format!("engine: {e}"), notify)),
+        };
         let peers = u32::try_from(spec.peers.len()).unwrap_or(u32::MAX);
         let apps = match AppListener::bind(&spec.app_socket, spec.geometry, spec.peers.clone()) {
             Ok(l) => l,
@@ -104,17 +230,8 @@ impl<P: Provider> PollThread<P> {
             Ok(t) => t,
             Err(e) => return Err((format!("app table: {e}"), notify)),
         };
-        let depth = spec.max_conns.saturating_mul(4 * (spec.transport.credits + 8)).max(64);
-        let (pd, cq) = match provider
-            .alloc_pd()
-            .and_then(|pd| Ok((pd, provider.create_cq(depth)?)))
-        {
-            Ok(x) => x,
-            Err(e) => return Err((format!("provider: {e}"), notify)),
-        };
         let slots = (0..spec.max_conns)
             .map(|id| Slot {
-                qp: None,
                 stats: ConnStats {
                     info: ConnInfo {
                         id,
@@ -122,6 +239,7 @@ impl<P: Provider> PollThread<P> {
                     },
                     ..ConnStats::default()
                 },
+                ..Slot::default()
             })
             .collect();
         let stats = ThreadStats {
@@ -132,17 +250,25 @@ impl<P: Provider> PollThread<P> {
         Ok(PollThread {
             by_peer: vec![None; spec.peers.len()],
             spec,
-            provider,
+            drv,
+            mem: Mem { regs: vec![pool] },
+            pd,
+            tmpl,
             commands,
             events,
             bell,
             notify,
             table,
             apps,
+            app_mem: Vec::new(),
+            retired: Vec::new(),
             subs: Vec::with_capacity(SUB_BATCH),
-            pd,
-            cq,
-            wcs: [WorkCompletion::default(); WC_BATCH],
+            waiting: VecDeque::with_capacity(MAX_WAITING),
+            started: HashMap::with_capacity(8192),
+            serving: HashMap::with_capacity(8192),
+            args: [ArgPiece::default(); MAX_PIECES],
+            results: [MemRef::default(); MAX_PIECES],
+            rpieces: [ResultPiece::default(); MAX_PIECES],
             listeners: Vec::new(),
             slots,
             stats,
@@ -158,12 +284,12 @@ impl<P: Provider> PollThread<P> {
         let mut loops = 0u32;
         let mut last = Instant::now();
         while !self.stop {
-            let mut work = self.poll_once();
+            let now = Instant::now();
+            let mut work = self.poll_once(now);
             loops = loops.wrapping_add(1);
             if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
                 work |= self.housekeeping();
             }
-            let now = Instant::now();
             let spent = u64::try_from(now.duration_since(last).as_nanos()).unwrap_or(u64::MAX);
             last = now;
             if work {
@@ -177,60 +303,192 @@ impl<P: Provider> PollThread<P> {
             }
         }
         for i in 0..self.slots.len() {
-            if let Some(qp) = self.slots[i].qp.take() {
-                let _ = self.provider.disconnect(qp);
-                let _ = self.provider.destroy_qp(qp);
+            if let Some(qp) = self.slots[i].qp {
+                let _ = self.drv.provider_mut().disconnect(qp);
             }
         }
     }
 
-    /// One pass over the provider and the apps; true if anything happened.
-    fn poll_once(&mut self) -> bool {
-        let mut work = false;
-        let n = self.provider.poll_cq(self.cq, &mut self.wcs).unwrap_or(0);
-        for i in 0..n.min(WC_BATCH) {
-            let wc = self.wcs[i];
-            self.on_completion(wc);
-            work = true;
-        }
-        while let Some(ev) = self.provider.poll_cm() {
+    /// One pass over the provider, the engine and the apps; true if anything happened.
+    fn poll_once(&mut self, now: Instant) -> bool {
+        let mut work = self.drv.poll(now, &mut self.mem) > 0;
+        while let Some(ev) = self.drv.provider_mut().poll_cm() {
             self.on_cm(ev);
             work = true;
         }
+        while let Some((conn, ev)) = self.drv.poll_event() {
+            self.on_engine(conn, ev, now);
+            work = true;
+        }
+        let held = self.waiting.len();
+        for _ in 0..held {
+            let Some((slot, c)) = self.waiting.pop_front() else {
+                break;
+            };
+            if self.table.call_request(c.id).is_some() {
+                self.send_call(slot, c, now);
+            }
+        }
+        work |= self.waiting.len() < held;
         let mut subs = std::mem::take(&mut self.subs);
         subs.clear();
         self.table.poll_submissions(&mut subs, SUB_BATCH);
         work |= !subs.is_empty();
         for (app, s) in subs.drain(..) {
-            self.on_submission(app, s);
+            self.on_submission(app, s, now);
         }
         self.subs = subs;
         work
     }
 
-    fn on_completion(&mut self, _wc: WorkCompletion) {}
+    fn app_ref(&self, app: AppId, r: ArenaRange) -> Option<MemRef> {
+        let m = self.app_mem.iter().find(|m| m.app == app)?;
+        Some(MemRef::new(
+            m.mr,
+            m.arena.checked_add(u64::from(r.off()))?,
+            r.len(),
+        ))
+    }
 
-    fn on_submission(&mut self, _app: AppId, s: Submission) {
+    fn app_piece(&self, app: AppId, off: u32, len: u32) -> Option<MemRef> {
+        let m = self.app_mem.iter().find(|m| m.app == app)?;
+        Some(MemRef::new(m.mr, m.arena.checked_add(u64::from(off))?, len))
+    }
+
+    fn slot_of_conn(&self, conn: ConnId) -> Option<usize> {
+        self.slots.iter().position(|s| s.conn == Some(conn))
+    }
+
+    fn on_submission(&mut self, app: AppId, s: Submission, now: Instant) {
         match s {
             Submission::Call(c) => {
-                let up = self
+                let slot = self
                     .by_peer
                     .get(c.peer as usize)
                     .copied()
                     .flatten()
-                    .and_then(|id| self.slots.get(id as usize))
-                    .is_some_and(|s| s.stats.info.state == ConnState::Up);
-                let _ = up;
-                self.fail_call(c.id, status::TRANSPORT);
+                    .filter(|&i| {
+                        self.slots
+                            .get(i as usize)
+                            .is_some_and(|s| s.stats.info.state == ConnState::Up)
+                    });
+                match slot {
+                    Some(i) if self.draining.is_none() => self.send_call(i, c, now),
+                    _ => self.fail_call(c.id, status::TRANSPORT, None),
+                }
+                let _ = app;
             }
             Submission::Reply(r) => {
-                self.table.complete_reply(r.id, status::TRANSPORT);
+                let Some(Serving::Delivered(op)) = self.serving.remove(&r.tag) else {
+                    self.table.complete_reply(r.id, status::BAD_HANDLE);
+                    return;
+                };
+                let _ = op;
+                let (conn, sid) = from_serve_tag(r.tag);
+                let rapp = r.id.app();
+                let Some(msg) = self.app_ref(rapp, r.msg) else {
+                    self.table.complete_reply(r.id, status::BAD_RANGE);
+                    return;
+                };
+                let mut n = 0;
+                for p in r.results.as_slice() {
+                    let (Some(mem), Some(dst)) =
+                        (self.app_piece(rapp, p.off, p.len), self.rpieces.get_mut(n))
+                    else {
+                        break;
+                    };
+                    *dst = ResultPiece {
+                        mem,
+                        xdr_pos: p.xdr_pos,
+                    };
+                    n += 1;
+                }
+                let spec = ReplySpec {
+                    accept_stat: r.accept_stat,
+                    msg,
+                    results: &self.rpieces[..n],
+                };
+                match self.drv.submit_reply(conn, sid, &spec, &mut self.mem) {
+                    Ok(()) => {
+                        self.serving.insert(r.tag, Serving::Replying(r.id));
+                    }
+                    Err(_) => {
+                        self.table.complete_reply(r.id, status::TRANSPORT);
+                    }
+                }
             }
             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
         }
     }
 
-    fn fail_call(&mut self, id: OpId, code: u32) {
+    /// Hands an app's call to the engine of connection slot `i` (held if every call slot is busy).
+    fn send_call(&mut self, i: u32, c: CallRequest, now: Instant) {
+        let Some(conn) = self.slots.get(i as usize).and_then(|s| s.conn) else {
+            return self.fail_call(c.id, status::TRANSPORT, None);
+        };
+        let app = c.id.app();
+        let (Some(msg), Some(reply)) = (self.app_ref(app, c.msg), self.app_ref(app, c.reply))
+        else {
+            return self.fail_call(c.id, status::BAD_RANGE, Some(i));
+        };
+        let mut na = 0;
+        for p in c.args.as_slice() {
+            let (Some(mem), Some(dst)) = (self.app_piece(app, p.off, p.len), self.args.get_mut(na))
+            else {
+                break;
+            };
+            *dst = ArgPiece {
+                mem,
+                xdr_pos: p.xdr_pos,
+            };
+            na += 1;
+        }
+        let mut nr = 0;
+        for p in c.results.as_slice() {
+            let (Some(mem), Some(dst)) =
+                (self.app_piece(app, p.off, p.len), self.results.get_mut(nr))
+            else {
+                break;
+            };
+            *dst = mem;
+            nr += 1;
+        }
+        let spec = CallSpec {
+            user: c.id.to_u64(),
+            xid: c.xid,
+            prog: c.prog,
+            vers: c.vers,
+            proc_: c.proc_,
+            msg,
+            args: &self.args[..na],
+            results: &self.results[..nr],
+            reply,
+        };
+        match self.drv.submit_call(conn, &spec, &mut self.mem) {
+            Ok(()) => {
+                self.started.insert(c.id.to_u64(), (now, i));
+                let s = &mut self.slots[i as usize].stats.info;
+                s.calls_out += 1;
+                s.bytes_out = s.bytes_out.saturating_add(u64::from(c.msg.len()));
+                self.stats.totals.calls_out += 1;
+                self.stats.totals.bytes_out = self
+                    .stats
+                    .totals
+                    .bytes_out
+                    .saturating_add(u64::from(c.msg.len()));
+            }
+            Err(crate::SubmitError::Busy) if self.waiting.len() < MAX_WAITING => {
+                self.waiting.push_back((i, c));
+            }
+            Err(_) => self.fail_call(c.id, status::TRANSPORT, Some(i)),
+        }
+    }
+
+    fn fail_call(&mut self, id: OpId, code: u32, slot: Option<u32>) {
+        if let Some(s) = slot.and_then(|i| self.slots.get_mut(i as usize)) {
+            s.stats.info.call_errors += 1;
+        }
+        self.stats.totals.call_errors += 1;
         self.table.complete_call(
             id,
             CallOutcome {
@@ -238,6 +496,189 @@ impl<P: Provider> PollThread<P> {
                 ..CallOutcome::default()
             },
         );
+    }
+
+    fn on_engine(&mut self, conn: ConnId, ev: ConnEvent, now: Instant) {
+        let slot = self.slot_of_conn(conn);
+        match ev {
+            ConnEvent::CallDone(d) => {
+                let id = OpId::from_u64(d.user);
+                let started = self.started.remove(&d.user);
+                let code = match d.status {
+                    CallStatus::Ok => status::OK,
+                    CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
+                    CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
+                    _ => status::TRANSPORT,
+                };
+                if let Some(i) = slot {
+                    let s = &mut self.slots[i].stats;
+                    if code == status::OK {
+                        s.info.replies_in += 1;
+                        s.info.bytes_in = s.info.bytes_in.saturating_add(u64::from(d.reply_len));
+                        if let Some((t0, _)) = started {
+                            let ns = u64::try_from(now.saturating_duration_since(t0).as_nanos())
+                                .unwrap_or(u64::MAX);
+                            s.latency.record(ns);
+                        }
+                    } else {
+                        s.info.call_errors += 1;
+                    }
+                }
+                if code == status::OK {
+                    self.stats.totals.replies_in += 1;
+                    self.stats.totals.bytes_in = self
+                        .stats
+                        .totals
+                        .bytes_in
+                        .saturating_add(u64::from(d.reply_len));
+                } else {
+                    self.stats.totals.call_errors += 1;
+                }
+                self.table.complete_call(
+                    id,
+                    CallOutcome {
+                        status: code,
+                        rpc_stat: d.rpc_stat,
+                        reply_len: if code == status::OK { d.reply_len } else { 0 },
+                        results: if code == status::OK { d.results() } else { &[] },
+                    },
+                );
+            }
+            ConnEvent::IncomingCall(ic) => {
+                if let Some(i) = slot {
+                    self.slots[i].stats.info.calls_in += 1;
+                    self.slots[i].stats.info.bytes_in = self.slots[i]
+                        .stats
+                        .info
+                        .bytes_in
+                        .saturating_add(u64::from(ic.args_len));
+                }
+                self.stats.totals.calls_in += 1;
+                self.stats.totals.bytes_in = self
+                    .stats
+                    .totals
+                    .bytes_in
+                    .saturating_add(u64::from(ic.args_len));
+                let server = self.table.lookup(ic.prog, ic.vers).or_else(|| {
+                    // A call arriving on a connection we opened is a backward-direction call.
+                    slot.filter(|&i| self.slots[i].stats.info.client)
+                        .and_then(|_| self.table.lookup_backchannel(ic.prog, ic.vers))
+                });
+                let Some(app) = server else {
+                    let _ = self
+                        .drv
+                        .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
+                    return;
+                };
+                let rb = match self.table.take_recv(app, ic.args_len) {
+                    Ok(rb) => rb,
+                    Err(_) => {
+                        let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+                        return;
+                    }
+                };
+                let Some(dest) = self.app_ref(app, rb.buf) else {
+                    self.table.put_back_recv(rb);
+                    let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+                    return;
+                };
+                let tag = serve_tag(conn, ic.id);
+                self.serving.insert(
+                    tag,
+                    Serving::Receiving {
+                        app,
+                        rb,
+                        prog: ic.prog,
+                        vers: ic.vers,
+                        proc_: ic.proc_,
+                        xid: ic.xid,
+                    },
+                );
+                if self
+                    .drv
+                    .accept_call(conn, ic.id, dest, &mut self.mem)
+                    .is_err()
+                {
+                    if let Some(Serving::Receiving { rb, .. }) = self.serving.remove(&tag) {
+                        self.table.put_back_recv(rb);
+                    }
+                    let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+                }
+            }
+            ConnEvent::ArgsReady { id, args_len } => {
+                let tag = serve_tag(conn, id);
+                let Some(Serving::Receiving {
+                    app,
+                    rb,
+                    prog,
+                    vers,
+                    proc_,
+                    xid,
+                }) = self.serving.remove(&tag)
+                else {
+                    return;
+                };
+                let _ = app;
+                let call = IncomingCall {
+                    peer: slot.map_or(0, |i| i as u32),
+                    prog,
+                    vers,
+                    proc_,
+                    xid,
+                    args_len,
+                    tag,
+                };
+                match self.table.deliver_call(rb, call) {
+                    Ok(op) => {
+                        self.serving.insert(tag, Serving::Delivered(op));
+                    }
+                    Err(_) => {
+                        let _ = self.drv.reject_call(conn, id, SYSTEM_ERR, &mut self.mem);
+                    }
+                }
+            }
+            ConnEvent::ReplyDone { id, status: st } => {
+                let tag = serve_tag(conn, id);
+                if let Some(Serving::Replying(op)) = self.serving.remove(&tag) {
+                    let code = match st {
+                        ReplyStatus::Sent => status::OK,
+                        ReplyStatus::ErrChunk | ReplyStatus::Closed => status::TRANSPORT,
+                    };
+                    self.table.complete_reply(op, code);
+                }
+                if st == ReplyStatus::Sent {
+                    if let Some(i) = slot {
+                        self.slots[i].stats.info.replies_out += 1;
+                    }
+                    self.stats.totals.replies_out += 1;
+                }
+            }
+            ConnEvent::ServeAborted { id } => {
+                let tag = serve_tag(conn, id);
+                match self.serving.remove(&tag) {
+                    Some(Serving::Delivered(op)) => self.table.cancel_serving(op),
+                    Some(Serving::Receiving { rb, .. }) => self.table.put_back_recv(rb),
+                    Some(Serving::Replying(op)) => {
+                        self.table.complete_reply(op, status::TRANSPORT);
+                    }
+                    None => {}
+                }
+            }
+            ConnEvent::Optional(m) => {
+                // Transport characteristics are not negotiated yet: refuse the option.
+                let _ = self.drv.reject_optional(conn, m.xid, &mut self.mem);
+            }
+            ConnEvent::Closed(reason) => {
+                if let Some(i) = slot {
+                    let s = &mut self.slots[i].stats.info;
+                    if matches!(reason, CloseReason::CreditOverrun) {
+                        s.protocol_errors += 1;
+                        self.stats.totals.protocol_errors += 1;
+                    }
+                    s.state = ConnState::Closing;
+                }
+            }
+        }
     }
 
     fn emit(&mut self, ev: Event) {
@@ -260,55 +701,80 @@ impl<P: Provider> PollThread<P> {
             send_size: t.inline_send,
             recv_size: t.inline_recv,
         }
+        .normalized()
         .emit()
     }
 
-    fn new_qp(&mut self) -> Result<QpId, String> {
-        let t = self.spec.transport;
-        let depth = (t.credits + t.backchannel_credits) * 4 + 16;
-        self.provider
-            .create_qp(&QpInit {
-                pd: self.pd,
-                send_cq: self.cq,
-                recv_cq: self.cq,
-                srq: None,
-                max_send_wr: depth,
-                max_recv_wr: t.credits + t.backchannel_credits + 4,
-                max_sge: rpcrdma_verbs::MAX_SGE as u32,
-            })
-            .map_err(|e| format!("create queue pair: {e}"))
-    }
-
-    fn open_slot(&mut self, qp: QpId, peer: Option<u32>, remote: Option<SocketAddr>) -> usize {
-        let i = self.free_slot().unwrap_or(0);
+    /// A queue pair with its engine connection (receives posted) in a free slot.
+    fn open(
+        &mut self,
+        role: Role,
+        peer: Option<u32>,
+        remote: Option<SocketAddr>,
+        pd: Option<CmData>,
+    ) -> Result<usize, String> {
+        let i = self.free_slot().ok_or("no free connection slot")?;
+        let init = self.tmpl.qp_init(self.pd, self.drv.cq());
+        let qp = self
+            .drv
+            .provider_mut()
+            .create_qp(&init)
+            .map_err(|e| format!("create queue pair: {e}"))?;
+        let conn = match self.drv.add_connection(qp, role, pd, &mut self.mem) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.drv.provider_mut().destroy_qp(qp);
+                return Err(format!("engine: {e}"));
+            }
+        };
         let t = self.spec.transport;
         let s = &mut self.slots[i];
         s.qp = Some(qp);
+        s.conn = Some(conn);
         let id = s.stats.info.id;
         s.stats.info = ConnInfo {
             id,
             state: ConnState::Connecting,
             peer,
             remote,
-            client: peer.is_some(),
+            client: role == Role::Client,
             inline_send: t.inline_send,
             inline_recv: t.inline_recv,
             credits_offered: t.credits,
+            peer_private: pd.map(|p| (p.send_size, p.recv_size, p.remote_invalidate)),
             ..ConnInfo::default()
         };
         s.stats.latency.0.reset();
-        i
+        Ok(i)
     }
 
+    /// Ends slot `i`: its engine connection closes (calls fail) and is removed.
     fn close_slot(&mut self, i: usize) -> Option<u32> {
         let s = self.slots.get_mut(i)?;
-        let qp = s.qp.take()?;
+        s.qp.take()?;
+        let conn = s.conn.take();
         let peer = s.stats.info.peer;
+        let id = s.stats.info.id;
         s.stats.info.state = ConnState::Free;
-        let _ = self.provider.destroy_qp(qp);
+        if let Some(c) = conn {
+            self.drv.close(c, CloseReason::Requested, &mut self.mem);
+            let now = Instant::now();
+            while let Some((cid, ev)) = self.drv.poll_event() {
+                self.on_engine(cid, ev, now);
+            }
+            let _ = self.drv.remove(c);
+        }
+        let held = std::mem::take(&mut self.waiting);
+        for (slot, c) in held {
+            if slot == id {
+                self.fail_call(c.id, status::TRANSPORT, None);
+            } else {
+                self.waiting.push_back((slot, c));
+            }
+        }
         if let Some(p) = peer {
             if let Some(b) = self.by_peer.get_mut(p as usize) {
-                if *b == Some(s.stats.info.id) {
+                if *b == Some(id) {
                     *b = None;
                 }
             }
@@ -321,19 +787,18 @@ impl<P: Provider> PollThread<P> {
             CmEvent::ConnectRequest {
                 req, private_data, ..
             } => {
-                if self.draining.is_some() || self.free_slot().is_none() {
-                    let _ = self.provider.reject(req, &[]);
+                let peer_pd = CmData::parse(private_data.as_slice());
+                if self.draining.is_some() {
+                    let _ = self.drv.provider_mut().reject(req, &[]);
                     return;
                 }
-                let qp = match self.new_qp() {
-                    Ok(qp) => qp,
+                let i = match self.open(Role::Server, None, None, peer_pd) {
+                    Ok(i) => i,
                     Err(_) => {
-                        let _ = self.provider.reject(req, &[]);
+                        let _ = self.drv.provider_mut().reject(req, &[]);
                         return;
                     }
                 };
-                let i = self.open_slot(qp, None, None);
-                self.slots[i].stats.info.peer_private = parse_private(private_data.as_slice());
                 let pd = self.local_private();
                 let t = self.spec.transport;
                 let params = ConnParams {
@@ -341,7 +806,10 @@ impl<P: Provider> PollThread<P> {
                     responder_resources: t.ird,
                     initiator_depth: t.ord,
                 };
-                if self.provider.accept(req, qp, &params).is_err() {
+                let Some(qp) = self.slots[i].qp else {
+                    return;
+                };
+                if self.drv.provider_mut().accept(req, qp, &params).is_err() {
                     self.close_slot(i);
                 }
             }
@@ -349,13 +817,18 @@ impl<P: Provider> PollThread<P> {
                 let Some(i) = self.slot_of_qp(qp) else {
                     return;
                 };
-                let s = &mut self.slots[i];
-                if s.stats.info.client {
-                    s.stats.info.peer_private = parse_private(private_data.as_slice());
+                if self.slots[i].stats.info.client {
+                    let peer_pd = CmData::parse(private_data.as_slice());
+                    if let Some(c) = self.slots[i].conn {
+                        let _ = self.drv.set_peer(c, peer_pd);
+                    }
+                    self.slots[i].stats.info.peer_private =
+                        peer_pd.map(|p| (p.send_size, p.recv_size, p.remote_invalidate));
                 }
-                s.stats.info.state = ConnState::Up;
-                s.stats.info.version = self.spec.transport.version.min(1).max(1);
-                let (conn, peer, remote) = (s.stats.info.id, s.stats.info.peer, s.stats.info.remote);
+                let s = &mut self.slots[i].stats.info;
+                s.state = ConnState::Up;
+                let (conn, peer, remote) = (s.id, s.peer, s.remote);
+                self.stats.totals.conns_opened += 1;
                 if let Some(p) = peer {
                     if let Some(b) = self.by_peer.get_mut(p as usize) {
                         *b = Some(conn);
@@ -381,16 +854,19 @@ impl<P: Provider> PollThread<P> {
                     return;
                 };
                 let conn = self.slots[i].stats.info.id;
-                let was_up = self.slots[i].stats.info.state == ConnState::Up;
+                let was = self.slots[i].stats.info.state;
                 let peer = self.close_slot(i);
-                if was_up {
+                if was == ConnState::Connecting {
+                    if let Some(peer) = peer {
+                        self.emit(Event::ConnectFailed {
+                            peer,
+                            reason: Reason::Disconnected,
+                        });
+                    }
+                } else {
+                    self.stats.totals.conns_closed += 1;
                     self.emit(Event::Down {
                         conn,
-                        peer,
-                        reason: Reason::Disconnected,
-                    });
-                } else if let Some(peer) = peer {
-                    self.emit(Event::ConnectFailed {
                         peer,
                         reason: Reason::Disconnected,
                     });
@@ -411,8 +887,33 @@ impl<P: Provider> PollThread<P> {
         while let Ok(Some(att)) = self.apps.accept() {
             work = true;
             let pid = att.pid();
-            if self.draining.is_none() && self.table.attach(att).is_ok() {
-                self.emit(Event::AppAttached { pid });
+            if self.draining.is_some() {
+                continue;
+            }
+            let mapped = Mapped::shared(att.region().fd(), att.region().len());
+            let arena = u64::from(att.region().layout().arena_offset);
+            let reg = mapped.map_err(|e| e.to_string()).and_then(|m| {
+                Registered::new(self.drv.provider_mut(), self.pd, m, rw())
+                    .map_err(|e| e.to_string())
+            });
+            let Ok(reg) = reg else {
+                continue;
+            };
+            let mr = reg.mr();
+            match self.table.attach(att) {
+                Ok(app) => {
+                    self.drv.add_region(mr);
+                    self.mem.regs.push(reg);
+                    self.app_mem.push(AppMem {
+                        app,
+                        mr: mr.id,
+                        arena,
+                    });
+                    self.emit(Event::AppAttached { pid });
+                }
+                Err(_) => {
+                    let _ = reg.deregister(self.drv.provider_mut());
+                }
             }
         }
         let mut gone = self.table.reap();
@@ -421,13 +922,25 @@ impl<P: Provider> PollThread<P> {
             work = true;
             self.on_detached(d);
         }
+        let now = Instant::now();
+        while let Some(&(at, mr)) = self.retired.first() {
+            if now.duration_since(at) < RETIRE_AFTER {
+                break;
+            }
+            self.retired.remove(0);
+            self.drv.remove_region(mr);
+            if let Some(k) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
+                let reg = self.mem.regs.swap_remove(k);
+                let _ = reg.deregister(self.drv.provider_mut());
+            }
+        }
         if let Some(deadline) = self.draining {
-            let in_flight = self.table.stats().ops;
-            if in_flight == 0 || Instant::now() >= deadline {
+            let in_flight = self.started.len() + self.serving.len();
+            if in_flight == 0 || now >= deadline {
                 self.draining = None;
                 for i in 0..self.slots.len() {
                     if let Some(qp) = self.slots[i].qp {
-                        let _ = self.provider.disconnect(qp);
+                        let _ = self.drv.provider_mut().disconnect(qp);
                         self.slots[i].stats.info.state = ConnState::Closing;
                     }
                 }
@@ -439,8 +952,19 @@ impl<P: Provider> PollThread<P> {
 
     fn on_detached(&mut self, d: Detached) {
         self.stats.apps_detached += 1;
+        for call in &d.calls {
+            self.started.remove(&call.to_u64());
+        }
+        // Calls it was serving: their requesters get SYSTEM_ERR.
         for tag in d.serving_tags {
-            let _ = tag;
+            if self.serving.remove(&tag).is_some() {
+                let (conn, sid): (ConnId, ServeId) = from_serve_tag(tag);
+                let _ = self.drv.reject_call(conn, sid, SYSTEM_ERR, &mut self.mem);
+            }
+        }
+        if let Some(k) = self.app_mem.iter().position(|m| m.app == d.app) {
+            let m = self.app_mem.swap_remove(k);
+            self.retired.push((Instant::now(), m.mr));
         }
         self.emit(Event::AppDetached {
             pid: d.pid,
@@ -451,15 +975,18 @@ impl<P: Provider> PollThread<P> {
     fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::Listen { addr } => {
-                let result = self
-                    .provider
+                let p = self.drv.provider_mut();
+                let result = p
                     .listen(addr)
                     .and_then(|l| {
+                        let a = p.listen_addr(l);
                         self.listeners.push(l);
-                        self.provider.listen_addr(l)
+                        a
                     })
                     .map_err(|e| match e {
-                        rpcrdma_verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse => {
+                        rpcrdma_verbs::Error::Io(io)
+                            if io.kind() == std::io::ErrorKind::AddrInUse =>
+                        {
                             format!("address {addr} already in use (another rpcrdmad, or the kernel's NFS/RDMA server?)")
                         }
                         e => e.to_string(),
@@ -467,20 +994,16 @@ impl<P: Provider> PollThread<P> {
                 self.emit(Event::Listening { addr, result });
             }
             Command::CloseListeners => {
-                for l in self.listeners.drain(..) {
-                    let _ = self.provider.close_listener(l);
+                for l in std::mem::take(&mut self.listeners) {
+                    let _ = self.drv.provider_mut().close_listener(l);
                 }
             }
             Command::Connect { peer, addr } => {
-                if self.free_slot().is_none() || self.draining.is_some() {
-                    self.emit(Event::ConnectFailed {
-                        peer,
-                        reason: Reason::Local("no free connection slot".into()),
-                    });
+                if self.draining.is_some() {
                     return;
                 }
-                let qp = match self.new_qp() {
-                    Ok(qp) => qp,
+                let i = match self.open(Role::Client, Some(peer), Some(addr), None) {
+                    Ok(i) => i,
                     Err(e) => {
                         self.emit(Event::ConnectFailed {
                             peer,
@@ -489,7 +1012,6 @@ impl<P: Provider> PollThread<P> {
                         return;
                     }
                 };
-                let i = self.open_slot(qp, Some(peer), Some(addr));
                 let pd = self.local_private();
                 let t = self.spec.transport;
                 let params = ConnParams {
@@ -497,7 +1019,10 @@ impl<P: Provider> PollThread<P> {
                     responder_resources: t.ird,
                     initiator_depth: t.ord,
                 };
-                if let Err(e) = self.provider.connect(qp, addr, &params) {
+                let Some(qp) = self.slots[i].qp else {
+                    return;
+                };
+                if let Err(e) = self.drv.provider_mut().connect(qp, addr, &params) {
                     self.close_slot(i);
                     self.emit(Event::ConnectFailed {
                         peer,
@@ -508,7 +1033,7 @@ impl<P: Provider> PollThread<P> {
             Command::Close { conn } => {
                 if let Some(qp) = self.slots.get(conn as usize).and_then(|s| s.qp) {
                     self.slots[conn as usize].stats.info.state = ConnState::Closing;
-                    let _ = self.provider.disconnect(qp);
+                    let _ = self.drv.provider_mut().disconnect(qp);
                 }
             }
             Command::Snapshot(mut snap) => {
@@ -519,8 +1044,8 @@ impl<P: Provider> PollThread<P> {
                 self.spec.idle = idle;
             }
             Command::Drain { deadline } => {
-                for l in self.listeners.drain(..) {
-                    let _ = self.provider.close_listener(l);
+                for l in std::mem::take(&mut self.listeners) {
+                    let _ = self.drv.provider_mut().close_listener(l);
                 }
                 self.draining = Some(deadline);
             }
@@ -535,15 +1060,24 @@ impl<P: Provider> PollThread<P> {
         self.stats.bad_submissions = t.bad_submissions;
         snap.thread = self.stats;
         snap.n = 0;
-        for s in &self.slots {
-            if s.qp.is_none() {
+        for i in 0..self.slots.len() {
+            if self.slots[i].qp.is_none() {
                 continue;
             }
+            if let Some(c) = self.slots[i].conn.and_then(|c| self.drv.connection(c)) {
+                let info = &mut self.slots[i].stats.info;
+                info.version = c.version();
+                info.credits_granted = c.credit_limit();
+                let (send, recv) = c.thresholds();
+                info.inline_send = send;
+                info.inline_recv = recv;
+            }
+            let s = &self.slots[i].stats;
             let Some(dst) = snap.conns.get_mut(snap.n) else {
                 break;
             };
-            dst.info = s.stats.info;
-            dst.latency.copy_from(&s.stats.latency);
+            dst.info = s.info;
+            dst.latency.copy_from(&s.latency);
             snap.n += 1;
         }
     }
@@ -568,14 +1102,9 @@ impl<P: Provider> PollThread<P> {
                 } else {
                     self.stats.parks += 1;
                     let fds = [self.apps.as_fd(), self.bell.as_fd()];
-                    self.table.park(PARK_MAX.min(park_after.max(Duration::from_micros(100))), &fds);
+                    self.table.park(PARK_MAX, &fds);
                 }
             }
         }
     }
 }
-
-fn parse_private(b: &[u8]) -> Option<(u32, u32, bool)> {
-    CmData::parse(b).map(|p| (p.send_size, p.recv_size, p.remote_invalidate))
-}
-
