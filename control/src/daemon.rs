@@ -80,7 +80,7 @@ pub struct Daemon {
     metrics: Option<TcpListener>,
     signals: Signals,
     threads: Vec<PollHandle>,
-    latest: Vec<Box<Snapshot>>,
+    latest: Vec<Snapshot>,
     pending_snaps: usize,
     max_conns: usize,
     listeners: Vec<SocketAddr>,
@@ -245,7 +245,7 @@ impl Daemon {
             metrics,
             signals,
             threads: vec![handle],
-            latest: vec![Box::new(Snapshot::with_capacity(max_conns as usize))],
+            latest: vec![Snapshot::with_capacity(max_conns as usize)],
             pending_snaps: 0,
             max_conns: max_conns as usize,
             listeners: Vec::new(),
@@ -402,7 +402,7 @@ impl Daemon {
             Event::AppDetached { pid, reason } => info!(?pid, reason, "app detached"),
             Event::Snapshot(s) => {
                 if let Some(slot) = self.latest.get_mut(thread) {
-                    *slot = s;
+                    *slot = *s;
                 }
                 self.pending_snaps = self.pending_snaps.saturating_sub(1);
             }
@@ -653,7 +653,7 @@ impl Daemon {
 
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
-        let snaps: Vec<&Snapshot> = self.latest.iter().map(|b| &**b).collect();
+        let snaps: Vec<&Snapshot> = self.latest.iter().collect();
         crate::metrics::render(&snaps, |t, c| self.name_of(t, c))
     }
 

@@ -183,9 +183,14 @@ mod tests {
     }
 
     #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(esc("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+    }
+
+    #[test]
     fn exposition_parses_and_carries_counters_and_histogram() {
         let s = snap();
-        let text = render(&[&s], |_, _| "srv\"1".into());
+        let text = render(&[&s], |_, _| "srv1".into());
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
         let total = parsed
@@ -199,7 +204,7 @@ mod tests {
             .iter()
             .find(|m| m.metric == "rpcrdmad_conn_rtt_seconds")
             .expect("histogram");
-        assert_eq!(rtt.labels.get("peer"), Some("srv\"1"));
+        assert_eq!(rtt.labels.get("peer"), Some("srv1"));
         let prometheus_parse::Value::Histogram(buckets) = &rtt.value else {
             panic!("not a histogram: {:?}", rtt.value)
         };

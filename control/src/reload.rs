@@ -69,8 +69,21 @@ pub fn diff(old: &Config, new: &Config) -> ReloadOutcome {
     flatten("", "", &b, &mut fb);
     let mut out = ReloadOutcome::default();
     let mut seen = std::collections::BTreeSet::new();
+    // A table list of another length (a peer or listener added or removed) is one change.
+    let mut resized = Vec::new();
+    for list in ["peers", "listeners"] {
+        if a.get(list).and_then(Value::as_array).map(Vec::len)
+            != b.get(list).and_then(Value::as_array).map(Vec::len)
+        {
+            resized.push(list);
+            out.refused.push(Refused {
+                key: list.to_string(),
+                reason: why(list),
+            });
+        }
+    }
     for (key, generic, v) in fa.iter().chain(fb.iter()) {
-        if !seen.insert(key.clone()) {
+        if resized.iter().any(|l| key.starts_with(l)) || !seen.insert(key.clone()) {
             continue;
         }
         let before = fa.iter().find(|(k, ..)| k == key).map(|x| &x.2);

@@ -38,6 +38,8 @@ const MAX_WAITING: usize = 4096;
 const PROG_UNAVAIL: u32 = 1;
 /// accept_stat SYSTEM_ERR.
 const SYSTEM_ERR: u32 = 5;
+/// How long a drained thread keeps its apps attached so they can read their last completions.
+const DRAIN_LINGER: Duration = Duration::from_millis(200);
 /// How long a detached app's memory stays registered (RPCs still using it finish or fail).
 const RETIRE_AFTER: Duration = Duration::from_secs(5);
 
@@ -139,6 +141,7 @@ pub struct PollThread<P: Provider> {
     stats: ThreadStats,
     idle: IdleState,
     draining: Option<Instant>,
+    quiet_since: Option<Instant>,
     stop: bool,
 }
 
@@ -274,6 +277,7 @@ impl<P: Provider> PollThread<P> {
             stats,
             idle: IdleState::default(),
             draining: None,
+            quiet_since: None,
             stop: false,
         })
     }
@@ -666,7 +670,7 @@ impl<P: Provider> PollThread<P> {
             }
             ConnEvent::Optional(m) => {
                 // Transport characteristics are not negotiated yet: refuse the option.
-                let _ = self.drv.reject_optional(conn, m.xid, &mut self.mem);
+                self.drv.reject_optional(conn, m.xid, &mut self.mem);
             }
             ConnEvent::Closed(reason) => {
                 if let Some(i) = slot {
@@ -936,7 +940,13 @@ impl<P: Provider> PollThread<P> {
         }
         if let Some(deadline) = self.draining {
             let in_flight = self.started.len() + self.serving.len();
-            if in_flight == 0 || now >= deadline {
+            if in_flight > 0 {
+                self.quiet_since = None;
+            }
+            let quiet = *self.quiet_since.get_or_insert(now);
+            // Once nothing is in flight, apps get a moment to read their last completions.
+            let lingered = in_flight == 0 && now.duration_since(quiet) >= DRAIN_LINGER;
+            if lingered || now >= deadline {
                 self.draining = None;
                 for i in 0..self.slots.len() {
                     if let Some(qp) = self.slots[i].qp {
@@ -1048,6 +1058,7 @@ impl<P: Provider> PollThread<P> {
                     let _ = self.drv.provider_mut().close_listener(l);
                 }
                 self.draining = Some(deadline);
+                self.quiet_since = None;
             }
             Command::Stop => self.stop = true,
         }
