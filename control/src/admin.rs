@@ -217,6 +217,20 @@ pub struct ConnCounters {
     pub bytes_out: u64,
     /// Bytes received.
     pub bytes_in: u64,
+    /// Bytes moved by RDMA Read (chunks pulled).
+    pub rdma_read_bytes: u64,
+    /// Bytes moved by RDMA Write (results pushed).
+    pub rdma_write_bytes: u64,
+    /// Long calls sent (Position-zero Read chunk).
+    pub long_calls: u64,
+    /// Long replies sent (Reply chunk).
+    pub long_replies: u64,
+    /// RDMA_ERROR messages sent.
+    pub errors_sent: u64,
+    /// RDMA_ERROR messages received.
+    pub errors_received: u64,
+    /// Times a call waited for a credit.
+    pub credit_stalls: u64,
 }
 
 /// `stats`.

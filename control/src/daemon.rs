@@ -837,6 +837,13 @@ impl Daemon {
             protocol_errors: c.protocol_errors,
             bytes_out: c.bytes_out,
             bytes_in: c.bytes_in,
+            rdma_read_bytes: c.engine.read_bytes,
+            rdma_write_bytes: c.engine.write_bytes,
+            long_calls: c.engine.long_calls,
+            long_replies: c.engine.long_replies,
+            errors_sent: c.engine.errors_sent,
+            errors_received: c.engine.errors_received,
+            credit_stalls: c.engine.credit_stalls,
         }
     }
 

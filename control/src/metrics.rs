@@ -110,7 +110,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 8] = [
+    let per_conn: [(&str, &str, Conn); 11] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -119,6 +119,15 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         ("protocol_errors", "protocol errors", |c| c.protocol_errors),
         ("bytes_out", "payload bytes sent", |c| c.bytes_out),
         ("bytes_in", "payload bytes received", |c| c.bytes_in),
+        ("rdma_read_bytes", "bytes pulled with RDMA Read", |c| {
+            c.engine.read_bytes
+        }),
+        ("rdma_write_bytes", "bytes pushed with RDMA Write", |c| {
+            c.engine.write_bytes
+        }),
+        ("credit_stalls", "calls that waited for a credit", |c| {
+            c.engine.credit_stalls
+        }),
     ];
     for (name, help, pick) in per_conn {
         let metric = format!("rpcrdmad_conn_{name}_total");

@@ -74,6 +74,11 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
         .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
     assert_eq!(r.body, xdr_opaque(&data));
     assert_eq!(r.ddp_bytes, 9001);
+    let s = a.ctl_json(&["stats"]);
+    assert!(
+        s["conns"][0]["rdma-write-bytes"].as_u64() >= Some(9001),
+        "{s}"
+    );
 
     // READ into a result buffer (Write chunk).
     let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);

@@ -113,6 +113,8 @@ pub struct ConnInfo {
     pub bytes_in: u64,
     /// RPC-over-RDMA errors sent or received (RDMA_ERROR, protocol violations).
     pub protocol_errors: u64,
+    /// The engine's own counters for this connection (chunks, RDMA bytes, errors, stalls).
+    pub engine: crate::conn::Stats,
 }
 
 /// Per-thread loop accounting.

@@ -1082,6 +1082,7 @@ impl<P: Provider> PollThread<P> {
                 let (send, recv) = c.thresholds();
                 info.inline_send = send;
                 info.inline_recv = recv;
+                info.engine = c.stats();
             }
             let s = &self.slots[i].stats;
             let Some(dst) = snap.conns.get_mut(snap.n) else {
