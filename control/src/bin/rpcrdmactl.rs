@@ -233,6 +233,9 @@ fn human(req: &Request, r: &Value) -> String {
                     "PROTO-ERR",
                     "BYTES-OUT",
                     "BYTES-IN",
+                    "RDMA-RD",
+                    "RDMA-WR",
+                    "STALLS",
                 ],
                 &rows(
                     &r["conns"],
@@ -247,6 +250,9 @@ fn human(req: &Request, r: &Value) -> String {
                         "protocol-errors",
                         "bytes-out",
                         "bytes-in",
+                        "rdma-read-bytes",
+                        "rdma-write-bytes",
+                        "credit-stalls",
                     ],
                 ),
             );
