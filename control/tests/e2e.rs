@@ -74,7 +74,12 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
         .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
     assert_eq!(r.body, xdr_opaque(&data));
     assert_eq!(r.ddp_bytes, 9001);
-    let s = a.ctl_json(&["stats"]);
+    // The responder pulled the argument (RDMA Read) and pushed the result (RDMA Write).
+    let s = b.ctl_json(&["stats"]);
+    assert!(
+        s["conns"][0]["rdma-read-bytes"].as_u64() >= Some(9001),
+        "{s}"
+    );
     assert!(
         s["conns"][0]["rdma-write-bytes"].as_u64() >= Some(9001),
         "{s}"
