@@ -8,3 +8,4 @@ pub mod metrics;
 pub mod reload;
 pub mod startup;
 pub mod table;
+pub mod xchar;
