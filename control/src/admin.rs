@@ -191,6 +191,8 @@ pub struct ConnView {
     pub peer_inline_recv: Option<u32>,
     /// The peer accepts Send With Invalidate.
     pub peer_remote_invalidate: Option<bool>,
+    /// Transport characteristics both ways (version-two connections).
+    pub xchar: Option<crate::xchar::XcharView>,
 }
 
 /// Counters of one connection (`stats`).

@@ -4,6 +4,7 @@
 use crate::admin::{self, ConnCounters, ConnView, LatencyRow, PeerStatus, Request, Response};
 use crate::reload;
 use crate::startup::{self, StartError};
+use crate::xchar::{Action, ConnXchar, Policy, Value};
 use mio::net::{TcpListener, UnixListener};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
@@ -91,6 +92,7 @@ pub struct Daemon {
     drained: usize,
     failed: Option<String>,
     apps_attached: u64,
+    xchar: HashMap<u32, ConnXchar>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -192,6 +194,7 @@ impl Daemon {
                 backchannel_credits: t.backchannel_credits,
                 ddp_threshold: t.ddp_threshold,
                 remote_invalidation: t.remote_invalidation,
+                recv_buffer_size: cfg.pools.recv_buffer_size,
                 ird: u16::try_from(s.ird).unwrap_or(u16::MAX),
                 ord: u16::try_from(s.ord).unwrap_or(u16::MAX),
             },
@@ -256,6 +259,7 @@ impl Daemon {
             drained: 0,
             failed: None,
             apps_attached: 0,
+            xchar: HashMap::new(),
         };
         d.await_start()?;
         Ok(d)
@@ -384,12 +388,26 @@ impl Daemon {
                 };
                 info!(conn, peer = %name, "connection up");
                 self.remote_of.insert((thread, conn), name);
+                if self.cfg.transport.version == 2 {
+                    let t = &self.cfg.transport;
+                    let policy = Policy {
+                        rbsiz: t.inline_recv,
+                        buffer_size: t.inline_recv.max(self.cfg.pools.recv_buffer_size),
+                        min_rbsiz: t.xcharext.min_rbsiz,
+                        max_rbsiz: t.xcharext.max_rbsiz,
+                        reqreminv: false,
+                        reqreminv_may_change: t.xcharext.reqreminv_may_change,
+                    };
+                    self.xchar
+                        .insert(conn, ConnXchar::new(policy, peer.is_some()));
+                }
             }
             Event::ConnectFailed { peer, reason } => {
                 self.peer_failed(peer as usize, &format!("connect failed: {reason:?}"));
             }
             Event::Down { conn, peer, reason } => {
                 let name = self.remote_of.remove(&(thread, conn)).unwrap_or_default();
+                self.xchar.remove(&conn);
                 info!(conn, peer = %name, ?reason, "connection down");
                 if let Some(p) = peer {
                     self.peer_failed(p as usize, "connection lost");
@@ -414,10 +432,126 @@ impl Daemon {
                 }
                 self.drained += 1;
             }
+            Event::V2Confirmed { conn } => {
+                if let Some(x) = self.xchar.get_mut(&conn) {
+                    if !x.view().initxch_sent {
+                        let a = x.initxch();
+                        debug!(conn, "version two confirmed: sending INITXCH");
+                        self.act(conn, 0, vec![a]);
+                    }
+                }
+            }
+            Event::Optional {
+                conn,
+                xid,
+                opttype,
+                len,
+                body,
+                busy,
+            } => {
+                let b = body.get(..usize::from(len)).unwrap_or(&[]);
+                let acts = match self.xchar.get_mut(&conn) {
+                    Some(x) => x.on_message(xid, opttype, b, busy),
+                    None => vec![Action::Reject],
+                };
+                debug!(
+                    conn,
+                    xid,
+                    opttype = rpcrdma_proto::xchar::opttype_name(opttype),
+                    ?acts,
+                    "xcharext message"
+                );
+                self.act(conn, xid, acts);
+            }
+            Event::Idle { conn } => {
+                let acts = self
+                    .xchar
+                    .get_mut(&conn)
+                    .map(ConnXchar::on_idle)
+                    .unwrap_or_default();
+                self.act(conn, 0, acts);
+            }
             Event::Failed(e) => {
                 error!(error = %e, "poll thread failed");
                 self.failed = Some(e);
             }
+        }
+    }
+
+    /// Carries out xcharext actions on connection `conn` (`xid`: the message they answer).
+    fn act(&mut self, conn: u32, xid: u32, acts: Vec<Action>) {
+        for a in acts {
+            let cmd = match a {
+                Action::Send { xid, opttype, body } => {
+                    let mut b = [0u8; poll::MAX_OPTINFO];
+                    let Some(dst) = b.get_mut(..body.len()) else {
+                        warn!(conn, "xcharext message too large; not sent");
+                        continue;
+                    };
+                    dst.copy_from_slice(&body);
+                    Command::SendOptional {
+                        conn,
+                        xid,
+                        opttype,
+                        len: body.len() as u16,
+                        body: b,
+                    }
+                }
+                Action::PeerRbsiz(r) => Command::ApplyPeer {
+                    conn,
+                    rbsiz: Some(r),
+                    reqreminv: None,
+                },
+                Action::PeerReqRemInv(v) => Command::ApplyPeer {
+                    conn,
+                    rbsiz: None,
+                    reqreminv: Some(v),
+                },
+                Action::Reject => Command::RejectOptional { conn, xid },
+                Action::NotifyWhenIdle => Command::NotifyIdle { conn },
+            };
+            self.send(cmd);
+        }
+    }
+
+    fn xchar_request(&mut self, conn: u32, set: &[String], request: bool) -> Response {
+        let vals: Result<Vec<Value>, String> = set.iter().map(|s| Value::parse(s)).collect();
+        let vals = match vals {
+            Ok(v) if !v.is_empty() => v,
+            Ok(_) => return Response::err("nothing to change"),
+            Err(e) => return Response::err(e),
+        };
+        let Some(x) = self.xchar.get_mut(&conn) else {
+            return Response::err(format!(
+                "connection {conn} does not speak version two (transport.version = 2 on both sides)"
+            ));
+        };
+        if !request {
+            let mut acts = Vec::new();
+            for v in vals {
+                match x.set(v) {
+                    Ok(a) => acts.push(a),
+                    Err(e) => return Response::err(e),
+                }
+            }
+            let view = x.view().clone();
+            self.act(conn, 0, acts);
+            return Response::ok(view);
+        }
+        let (xid, a) = x.request(vals);
+        self.act(conn, 0, vec![a]);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            self.drain_events();
+            if let Some(o) = self.xchar.get_mut(&conn).and_then(|x| x.take_answer(xid)) {
+                return Response::ok(o);
+            }
+            if Instant::now() > deadline {
+                return Response::err(
+                    "no RESPXCH within 3 s (the peer may not support REQXCH: it keeps its values)",
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -683,6 +817,7 @@ impl Daemon {
             peer_inline_send: c.peer_private.map(|p| p.0),
             peer_inline_recv: c.peer_private.map(|p| p.1),
             peer_remote_invalidate: c.peer_private.map(|p| p.2),
+            xchar: self.xchar.get(&c.id).map(|x| x.view().clone()),
         }
     }
 
@@ -731,11 +866,8 @@ impl Daemon {
                 self.send(Command::Close { conn });
                 return Response::ok(serde_json::json!({ "closing": conn }));
             }
-            Request::XcharRequest { .. } | Request::XcharSet { .. } => {
-                return Response::err(
-                    "transport characteristics are not negotiated by this build: the engine has no xcharext hooks yet",
-                )
-            }
+            Request::XcharRequest { conn, set } => return self.xchar_request(conn, &set, true),
+            Request::XcharSet { conn, set } => return self.xchar_request(conn, &set, false),
             _ => {}
         }
         self.refresh();

@@ -4,7 +4,7 @@
 
 use rpcrdma_proto::xchar::{
     subset_insert, BkReqSup, Operation, Xchar, XcharSpec, XcharSubset, ROPT_INITXCH, ROPT_REQXCH,
-    ROPT_RESPXCH, ROPT_UPDXCH, XCHAR_BRS, XCHAR_REQREMINV,
+    ROPT_RESPXCH, ROPT_UPDXCH,
 };
 use rpcrdma_proto::xdr::Writer;
 use serde::{Deserialize, Serialize};
@@ -509,6 +509,7 @@ enum Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpcrdma_proto::xchar::{XCHAR_BRS, XCHAR_REQREMINV};
 
     fn policy() -> Policy {
         Policy {

@@ -114,3 +114,104 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
     let r = c.wait(t, T).expect("long ECHO");
     assert_eq!(r.body, xdr_opaque(&data));
 }
+
+fn start_v2(name: &str, peer: Option<(&str, u16)>) -> Daemon {
+    let dir = common::tmpdir(name);
+    let port = common::free_port();
+    let extra = "[transport]\nversion = 2\n[transport.xcharext]\nreqreminv-may-change = true\n";
+    let text = common::config(&dir, port, peer, extra);
+    Daemon::start_with(dir, port, &text)
+}
+
+fn xchar_of(d: &Daemon) -> serde_json::Value {
+    d.ctl_json(&["conns"])[0]["xchar"].clone()
+}
+
+#[test]
+fn xch_four_operations_end_to_end_between_two_daemons() {
+    let b = start_v2("xch-b", None);
+    let a = start_v2("xch-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL");
+
+    // INITXCH both ways once version two is confirmed by a reply.
+    let exchanged = common::eventually(10, || {
+        let (xa, xb) = (xchar_of(&a), xchar_of(&b));
+        (xa["initxch-received"] == true && xb["initxch-received"] == true).then_some((xa, xb))
+    });
+    let (xa, xb) =
+        exchanged.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(xa["initxch-sent"], true);
+    assert_eq!(xb["initxch-sent"], true);
+    assert_eq!(xa["peer"]["rbsiz"], 4096);
+    assert_eq!(xb["peer"]["brs"], "inline");
+    // BRS never changes: marked in nochg.
+    assert!(xa["peer-nochg"]
+        .as_array()
+        .expect("nochg")
+        .contains(&3.into()));
+
+    // REQXCH done: B lowers its RBSIZ, A uses it.
+    let a_id = a.ctl_json(&["conns"])[0]["id"].to_string();
+    let o = a.ctl_json(&["xchar", "request", &a_id, "rbsiz=2048"]);
+    assert_eq!(o["done"], serde_json::json!(["rbsiz=2048"]));
+    assert_eq!(xchar_of(&b)["local"]["rbsiz"], 2048);
+    assert_eq!(xchar_of(&a)["peer"]["rbsiz"], 2048);
+    // Calls still work with the smaller threshold (larger ones go as long messages).
+    for len in [100, 3000] {
+        let data = pattern(1, len);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        let t = call.submit().expect("submit");
+        assert_eq!(c.wait(t, T).expect("ECHO").body, xdr_opaque(&data));
+    }
+
+    // REQXCH rejected: beyond B's buffers, and a fixed characteristic.
+    let o = a.ctl_json(&["xchar", "request", &a_id, "rbsiz=1048576", "brs=genl"]);
+    assert_eq!(
+        o["rejected"],
+        serde_json::json!(["rbsiz=1048576", "brs=genl"])
+    );
+    assert_eq!(xchar_of(&b)["local"]["rbsiz"], 2048);
+
+    // Pending then UPDXCH with pendclr: B asks A to change REQREMINV while A has a call in
+    // flight; A answers pend and completes the change once the call is done.
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
+    call.args().put_u32(300_000);
+    let slow = call.submit().expect("submit");
+    let counted = common::eventually(10, || {
+        (a.ctl_json(&["stats"])["conns"][0]["calls-out"] == 4).then_some(())
+    });
+    assert!(counted.is_some());
+    let b_id = b.ctl_json(&["conns"])[0]["id"].to_string();
+    let o = b.ctl_json(&["xchar", "request", &b_id, "reqreminv=true"]);
+    assert_eq!(o["pending"], serde_json::json!(["reqreminv=true"]), "{o}");
+    assert_eq!(
+        xchar_of(&b)["pending-peer"],
+        serde_json::json!(["reqreminv=true"])
+    );
+    c.wait(slow, T).expect("SLEEP");
+    let cleared = common::eventually(10, || {
+        let x = xchar_of(&b);
+        (x["pending-peer"].as_array()?.is_empty() && x["peer"]["reqreminv"] == true).then_some(())
+    });
+    assert!(cleared.is_some(), "{}", xchar_of(&b));
+    assert_eq!(xchar_of(&a)["local"]["reqreminv"], true);
+
+    // Unknown characteristic in an unsolicited UPDXCH: ignored, the connection carries on.
+    a.ctl_json(&["xchar", "set", &a_id, "id:4294967056=00000001"]);
+    let ignored = common::eventually(10, || (xchar_of(&b)["unknown-ignored"] == 1).then_some(()));
+    assert!(ignored.is_some());
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL after the unknown characteristic");
+}

@@ -56,6 +56,8 @@ pub struct TransportSpec {
     pub ddp_threshold: u32,
     /// Whether we accept Send With Invalidate.
     pub remote_invalidation: bool,
+    /// Bytes per posted receive buffer (at least `inline_recv`; room for a larger RBSIZ).
+    pub recv_buffer_size: u32,
     /// RDMA Reads this side accepts in flight (IRD).
     pub ird: u16,
     /// RDMA Reads this side issues in flight (ORD).
@@ -119,9 +121,46 @@ pub enum Command {
         /// When to give up waiting.
         deadline: Instant,
     },
+    /// Send an RDMA2_OPTIONAL message (xcharext) built by the control plane.
+    SendOptional {
+        /// Connection id.
+        conn: u32,
+        /// `rdma_xid`.
+        xid: u32,
+        /// `rdma_opttype`.
+        opttype: u32,
+        /// Bytes of `body` used.
+        len: u16,
+        /// `rdma_optinfo`.
+        body: [u8; MAX_OPTINFO],
+    },
+    /// Answer an RDMA2_OPTIONAL message with RDMA2_ERR_INVAL_OPTION.
+    RejectOptional {
+        /// Connection id.
+        conn: u32,
+        /// Its `rdma_xid`.
+        xid: u32,
+    },
+    /// Apply characteristics the peer announced.
+    ApplyPeer {
+        /// Connection id.
+        conn: u32,
+        /// The peer's receive buffer size (our inline threshold follows).
+        rbsiz: Option<u32>,
+        /// Whether the peer takes Send With Invalidate on our replies.
+        reqreminv: Option<bool>,
+    },
+    /// Send [`Event::Idle`] once no call of `conn` is in flight.
+    NotifyIdle {
+        /// Connection id.
+        conn: u32,
+    },
     /// Exit the loop (after [`Command::Drain`], or at once).
     Stop,
 }
+
+/// Largest `rdma_optinfo` carried between the threads.
+pub const MAX_OPTINFO: usize = crate::conn::MAX_OPTINFO;
 
 /// Why a connection attempt or a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +228,31 @@ pub enum Event {
     },
     /// A filled snapshot.
     Snapshot(Box<Snapshot>),
+    /// Version two is confirmed on `conn` (a version-two reply arrived for one of our calls).
+    V2Confirmed {
+        /// Connection id.
+        conn: u32,
+    },
+    /// An RDMA2_OPTIONAL message arrived.
+    Optional {
+        /// Connection id.
+        conn: u32,
+        /// `rdma_xid`.
+        xid: u32,
+        /// `rdma_opttype`.
+        opttype: u32,
+        /// Bytes of `body` used.
+        len: u16,
+        /// `rdma_optinfo` (truncated to [`MAX_OPTINFO`]).
+        body: [u8; MAX_OPTINFO],
+        /// Calls of this connection were in flight.
+        busy: bool,
+    },
+    /// No call of `conn` is in flight (after [`Command::NotifyIdle`]).
+    Idle {
+        /// Connection id.
+        conn: u32,
+    },
     /// Draining finished (`in_flight` RPCs were still open at the deadline).
     Drained {
         /// RPCs abandoned at the deadline.

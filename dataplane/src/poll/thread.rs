@@ -88,6 +88,9 @@ struct Slot {
     qp: Option<QpId>,
     conn: Option<ConnId>,
     stats: ConnStats,
+    in_flight: u32,
+    notify_idle: bool,
+    v2_confirmed: bool,
 }
 
 /// A call being served: where its arguments go, then which app op answers it.
@@ -183,7 +186,7 @@ impl<P: Provider> PollThread<P> {
             credits: t.credits,
             max_calls: t.credits.saturating_mul(2),
             send_size: t.inline_send,
-            recv_size: t.inline_recv,
+            recv_size: t.inline_recv.max(t.recv_buffer_size),
             recv_slots: t.credits + t.backchannel_credits,
             ddp_threshold: t.ddp_threshold,
             max_reads: u32::from(t.ord).max(1),
@@ -471,6 +474,7 @@ impl<P: Provider> PollThread<P> {
         match self.drv.submit_call(conn, &spec, &mut self.mem) {
             Ok(()) => {
                 self.started.insert(c.id.to_u64(), (now, i));
+                self.slots[i as usize].in_flight += 1;
                 let s = &mut self.slots[i as usize].stats.info;
                 s.calls_out += 1;
                 s.bytes_out = s.bytes_out.saturating_add(u64::from(c.msg.len()));
@@ -514,7 +518,23 @@ impl<P: Provider> PollThread<P> {
                     CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
                     _ => status::TRANSPORT,
                 };
+                if let Some(i) = slot.filter(|_| started.is_some()) {
+                    let sl = &mut self.slots[i];
+                    sl.in_flight = sl.in_flight.saturating_sub(1);
+                    if sl.in_flight == 0 && sl.notify_idle {
+                        sl.notify_idle = false;
+                        let id = sl.stats.info.id;
+                        self.emit(Event::Idle { conn: id });
+                    }
+                }
                 if let Some(i) = slot {
+                    let v2 = self.drv.connection(conn).is_some_and(|c| c.version() == 2);
+                    let sl = &mut self.slots[i];
+                    if code == status::OK && v2 && sl.stats.info.client && !sl.v2_confirmed {
+                        sl.v2_confirmed = true;
+                        let id = sl.stats.info.id;
+                        self.emit(Event::V2Confirmed { conn: id });
+                    }
                     let s = &mut self.slots[i].stats;
                     if code == status::OK {
                         s.info.replies_in += 1;
@@ -668,10 +688,27 @@ impl<P: Provider> PollThread<P> {
                     None => {}
                 }
             }
-            ConnEvent::Optional(m) => {
-                // Transport characteristics are not negotiated yet: refuse the option.
-                self.drv.reject_optional(conn, m.xid, &mut self.mem);
-            }
+            ConnEvent::Optional(m) => match slot {
+                Some(i) => {
+                    let mut body = [0u8; super::MAX_OPTINFO];
+                    let src = m.optinfo();
+                    let n = src.len().min(body.len());
+                    if let (Some(d), Some(s)) = (body.get_mut(..n), src.get(..n)) {
+                        d.copy_from_slice(s);
+                    }
+                    let sl = &self.slots[i];
+                    let ev = Event::Optional {
+                        conn: sl.stats.info.id,
+                        xid: m.xid,
+                        opttype: m.opttype,
+                        len: n as u16,
+                        body,
+                        busy: sl.in_flight > 0,
+                    };
+                    self.emit(ev);
+                }
+                None => self.drv.reject_optional(conn, m.xid, &mut self.mem),
+            },
             ConnEvent::Closed(reason) => {
                 if let Some(i) = slot {
                     let s = &mut self.slots[i].stats.info;
@@ -735,6 +772,9 @@ impl<P: Provider> PollThread<P> {
         let s = &mut self.slots[i];
         s.qp = Some(qp);
         s.conn = Some(conn);
+        s.in_flight = 0;
+        s.notify_idle = false;
+        s.v2_confirmed = false;
         let id = s.stats.info.id;
         s.stats.info = ConnInfo {
             id,
@@ -1059,6 +1099,49 @@ impl<P: Provider> PollThread<P> {
                 }
                 self.draining = Some(deadline);
                 self.quiet_since = None;
+            }
+            Command::SendOptional {
+                conn,
+                xid,
+                opttype,
+                len,
+                body,
+            } => {
+                let c = self.slots.get(conn as usize).and_then(|s| s.conn);
+                let b = body.get(..usize::from(len)).unwrap_or(&[]);
+                if let Some(c) = c {
+                    let _ = self.drv.send_optional(c, xid, opttype, b, &mut self.mem);
+                }
+            }
+            Command::RejectOptional { conn, xid } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    self.drv.reject_optional(c, xid, &mut self.mem);
+                }
+            }
+            Command::ApplyPeer {
+                conn,
+                rbsiz,
+                reqreminv,
+            } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    let _ = self.drv.configure(c, |c| {
+                        if let Some(r) = rbsiz {
+                            c.set_peer_receive_size(r);
+                        }
+                        if let Some(b) = reqreminv {
+                            c.set_peer_takes_invalidate(b);
+                        }
+                    });
+                }
+            }
+            Command::NotifyIdle { conn } => {
+                if let Some(s) = self.slots.get_mut(conn as usize) {
+                    if s.in_flight == 0 {
+                        self.emit(Event::Idle { conn });
+                    } else {
+                        s.notify_idle = true;
+                    }
+                }
             }
             Command::Stop => self.stop = true,
         }
