@@ -483,7 +483,7 @@ impl Daemon {
         for a in acts {
             let cmd = match a {
                 Action::Send { xid, opttype, body } => {
-                    let mut b = [0u8; poll::MAX_OPTINFO];
+                    let mut b = Box::new([0u8; poll::MAX_OPTINFO]);
                     let Some(dst) = b.get_mut(..body.len()) else {
                         warn!(conn, "xcharext message too large; not sent");
                         continue;

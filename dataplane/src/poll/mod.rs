@@ -132,7 +132,7 @@ pub enum Command {
         /// Bytes of `body` used.
         len: u16,
         /// `rdma_optinfo`.
-        body: [u8; MAX_OPTINFO],
+        body: Box<[u8; MAX_OPTINFO]>,
     },
     /// Answer an RDMA2_OPTIONAL message with RDMA2_ERR_INVAL_OPTION.
     RejectOptional {
@@ -243,8 +243,8 @@ pub enum Event {
         opttype: u32,
         /// Bytes of `body` used.
         len: u16,
-        /// `rdma_optinfo` (truncated to [`MAX_OPTINFO`]).
-        body: [u8; MAX_OPTINFO],
+        /// `rdma_optinfo` (truncated to [`MAX_OPTINFO`]; boxed: a rare control-plane message).
+        body: Box<[u8; MAX_OPTINFO]>,
         /// Calls of this connection were in flight.
         busy: bool,
     },

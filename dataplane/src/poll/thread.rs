@@ -690,7 +690,7 @@ impl<P: Provider> PollThread<P> {
             }
             ConnEvent::Optional(m) => match slot {
                 Some(i) => {
-                    let mut body = [0u8; super::MAX_OPTINFO];
+                    let mut body = Box::new([0u8; super::MAX_OPTINFO]);
                     let src = m.optinfo();
                     let n = src.len().min(body.len());
                     if let (Some(d), Some(s)) = (body.get_mut(..n), src.get(..n)) {
