@@ -126,6 +126,13 @@ impl Daemon {
     /// starts connecting to peers.
     pub fn start(cfg: Config, opts: Options) -> Result<Daemon, StartError> {
         startup::check_provider(&cfg)?;
+        if let Some(core) = cfg.cpu.control_core {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: core as usize }) {
+                return Err(StartError::PollThread(format!(
+                    "cannot pin the control thread to core {core} (not in this process's CPU set?)"
+                )));
+            }
+        }
         let app_path = PathBuf::from(&cfg.daemon.app_socket);
         startup::free_socket_path(&app_path, "app")?;
         let admin_path = PathBuf::from(&cfg.daemon.admin_socket);

@@ -378,3 +378,20 @@ fn call_to_an_unserved_program_gets_prog_unavail() {
     let r = c.wait(t, T).expect("a reply, not a transport error");
     assert_eq!(r.accept_stat, 1, "PROG_UNAVAIL");
 }
+
+#[test]
+fn json_log_format_writes_one_object_per_line() {
+    let dir = tmpdir("jsonlog");
+    let port = free_port();
+    let text =
+        config(&dir, port, None, "").replace("log-level", "log-format = \"json\"\nlog-level");
+    let d = Daemon::start_with(dir, port, &text);
+    let log = d.log();
+    let first = log.lines().next().expect("a log line");
+    let v: serde_json::Value = serde_json::from_str(first).expect("JSON log line");
+    assert!(v["level"].is_string(), "{first}");
+    assert!(log
+        .lines()
+        .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+    assert!(log.contains("rpcrdmad started"));
+}

@@ -98,7 +98,9 @@ fn main() -> ExitCode {
         Some(Format::Human) => false,
         None => cfg.daemon.log_format == LogFormat::Json,
     };
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let fmt = if json {
         fmt.json().flatten_event(true).boxed()
     } else {
