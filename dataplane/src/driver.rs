@@ -3,7 +3,7 @@
 //! posts and completions fed back. A poll thread calls [`Driver::poll`] and reads
 //! [`Driver::poll_event`]; the provider's connection manager stays with its owner.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use rpcrdma_proto::cm::PrivateData;
@@ -48,7 +48,7 @@ impl Default for ConnTemplate {
         ConnTemplate {
             version: 1,
             credits: 32,
-            max_calls: 64,
+            max_calls: 32,
             send_size: 4096,
             recv_size: 4096,
             recv_slots: 34,
@@ -60,9 +60,10 @@ impl Default for ConnTemplate {
 }
 
 impl ConnTemplate {
-    /// Send buffers per connection: the requester's calls plus one per granted credit.
+    /// Send buffers per connection: calls in flight (credits) plus answers to calls in
+    /// progress (receive slots) plus one; queued calls hold none.
     pub fn send_slots(&self) -> u32 {
-        self.max_calls + self.credits.min(self.recv_slots)
+        self.credits.min(self.recv_slots) + self.recv_slots.max(1) + 1
     }
 
     /// Bytes of pool one connection uses (send buffers, then receive buffers).
@@ -121,14 +122,14 @@ impl ConnId {
 /// Packs a connection and a served call into one `u64` (e.g. the tag an app returns with
 /// its reply).
 pub fn serve_tag(conn: ConnId, id: ServeId) -> u64 {
-    (u64::from(conn.to_u32()) << 48) ^ id.to_u64()
+    (u64::from(conn.to_u32()) << 32) | u64::from(id.to_u32())
 }
 
 /// Unpacks [`serve_tag`].
 pub fn from_serve_tag(tag: u64) -> (ConnId, ServeId) {
     (
-        ConnId::from_u32((tag >> 48) as u32),
-        ServeId::from_u64(tag & 0xffff_ffff_ffff),
+        ConnId::from_u32((tag >> 32) as u32),
+        ServeId::from_u32(tag as u32),
     )
 }
 
@@ -172,11 +173,37 @@ struct Entry {
     dead: bool,
 }
 
+/// A shared receive queue and the buffers posted to it.
+#[derive(Debug, Clone, Copy)]
+struct Shared {
+    srq: SrqId,
+    pool: MemRef,
+    size: u32,
+    count: u32,
+}
+
+/// Send buffers shared by all connections.
+#[derive(Debug)]
+struct SendShared {
+    pool: MemRef,
+    stride: u32,
+    free: Vec<u32>,
+}
+
+/// Pool block of a connection whose buffers are all shared.
+const NO_BLOCK: u32 = u32::MAX;
+
+/// `wr_id` connection field marking a shared-receive-queue buffer.
+const SRQ_CONN: u64 = 0xffff;
+
 /// A provider, its completion queue, a buffer pool and the connections using them.
 #[derive(Debug)]
 pub struct Driver<P: Provider> {
     p: P,
     cq: CqId,
+    shared: Option<Shared>,
+    send_shared: Option<SendShared>,
+    by_qp: HashMap<QpId, ConnId>,
     regions: Vec<Mr>,
     pool: MemRef,
     tmpl: ConnTemplate,
@@ -195,6 +222,7 @@ struct DrvEnv<'a, P, M> {
     mem: &'a mut M,
     regions: &'a [Mr],
     qp: QpId,
+    sends: Option<&'a mut SendShared>,
 }
 
 impl<P: Provider, M: Memory> Memory for DrvEnv<'_, P, M> {
@@ -222,6 +250,12 @@ impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
             .ok()?;
         Some(Segment::new(rkey, at.len, mr.addr_at(at.offset)))
     }
+
+    fn take_send(&mut self) -> Option<MemRef> {
+        let s = self.sends.as_mut()?;
+        let i = s.free.pop()?;
+        s.pool.sub(i * s.stride, s.stride)
+    }
 }
 
 fn sge(regions: &[Mr], at: MemRef) -> Option<Sge> {
@@ -239,15 +273,39 @@ fn wr_id(c: ConnId, tag: u32) -> u64 {
 }
 
 impl<P: Provider> Driver<P> {
-    /// A driver over `provider` polling `cq`; `pool` (registered with local write, remote
-    /// read and remote write rights, and added with [`add_region`](Self::add_region) by
-    /// this call) is cut into one block per connection.
-    pub fn new(provider: P, cq: CqId, pool: Mr, tmpl: ConnTemplate) -> Result<Self, DriverError> {
+    /// A driver over `provider` polling `cq`; `pool`, a range of `region` (registered with
+    /// local write, remote read and remote write rights; added as with
+    /// [`add_region`](Self::add_region)), is cut into one block per connection.
+    pub fn new(
+        provider: P,
+        cq: CqId,
+        region: Mr,
+        pool: MemRef,
+        tmpl: ConnTemplate,
+    ) -> Result<Self, DriverError> {
         let block_len = tmpl
             .block_len()
             .ok_or(DriverError::Config(ConfigError("pool block too large")))?;
-        let len = u32::try_from(pool.len).unwrap_or(u32::MAX);
-        let blocks = len / block_len.max(1);
+        Self::build(provider, cq, region, pool, tmpl, block_len)
+    }
+
+    fn build(
+        provider: P,
+        cq: CqId,
+        region: Mr,
+        pool: MemRef,
+        tmpl: ConnTemplate,
+        block_len: u32,
+    ) -> Result<Self, DriverError> {
+        let inside = pool.mr == region.id
+            && pool
+                .offset
+                .checked_add(u64::from(pool.len))
+                .is_some_and(|e| e <= region.len);
+        if !inside {
+            return Err(DriverError::Config(ConfigError("pool outside its region")));
+        }
+        let blocks = pool.len / block_len.max(1);
         if blocks == 0 {
             return Err(DriverError::Config(ConfigError(
                 "pool smaller than one connection",
@@ -256,8 +314,11 @@ impl<P: Provider> Driver<P> {
         Ok(Driver {
             p: provider,
             cq,
-            regions: vec![pool],
-            pool: MemRef::new(pool.id, 0, len),
+            shared: None,
+            send_shared: None,
+            by_qp: HashMap::new(),
+            regions: vec![region],
+            pool,
             tmpl,
             block_len,
             free_blocks: (0..blocks).rev().collect(),
@@ -266,6 +327,90 @@ impl<P: Provider> Driver<P> {
             wcs: vec![WorkCompletion::default(); 64],
             events: VecDeque::with_capacity(256),
         })
+    }
+
+    /// A driver whose connections take their receives from one shared receive queue of
+    /// `count` buffers of the template's `recv_size`, cut from `srq_pool` (a range of
+    /// `region` too): receive memory then does not grow with connections × credits.
+    /// With `shared_send`, `pool` is likewise one pool of send buffers
+    /// (`send_size + SLOT_TAIL` bytes each) for all connections; otherwise it is cut into
+    /// per-connection blocks of send buffers. Each connection's grant stays the template's
+    /// credits: size the pools for the calls expected in flight across connections (a reply
+    /// finding no send buffer is refused with `SubmitError::Busy`, to be retried).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_shared(
+        provider: P,
+        cq: CqId,
+        pd: PdId,
+        region: Mr,
+        pool: MemRef,
+        shared_send: bool,
+        srq_pool: MemRef,
+        count: u32,
+        tmpl: ConnTemplate,
+    ) -> Result<Self, DriverError> {
+        let send_len = if shared_send {
+            crate::conn::SLOT_TAIL + tmpl.send_size
+        } else {
+            ConnConfig::send_pool_len(tmpl.send_slots(), tmpl.send_size)
+                .ok_or(DriverError::Config(ConfigError("pool block too large")))?
+        };
+        let need = count
+            .checked_mul(tmpl.recv_size)
+            .ok_or(DriverError::Config(ConfigError(
+                "shared receive pool too large",
+            )))?;
+        let inside = srq_pool
+            .offset
+            .checked_add(u64::from(srq_pool.len))
+            .is_some_and(|e| e <= region.len);
+        if srq_pool.mr != region.id || need > srq_pool.len || !inside {
+            return Err(DriverError::Config(ConfigError(
+                "shared receive pool outside its region",
+            )));
+        }
+        let mut d = Self::build(provider, cq, region, pool, tmpl, send_len)?;
+        if shared_send {
+            let n = pool.len / send_len;
+            d.send_shared = Some(SendShared {
+                pool,
+                stride: send_len,
+                free: (0..n).rev().collect(),
+            });
+            d.free_blocks.clear();
+        }
+        let srq = d.p.create_srq(pd, count, 1)?;
+        let sh = Shared {
+            srq,
+            pool: srq_pool,
+            size: tmpl.recv_size,
+            count,
+        };
+        d.shared = Some(sh);
+        for i in 0..count {
+            d.repost_shared(i)?;
+        }
+        Ok(d)
+    }
+
+    fn repost_shared(&mut self, i: u32) -> Result<(), DriverError> {
+        let sh = self.shared.ok_or(DriverError::BadId)?;
+        let buf = sh
+            .pool
+            .sub(i * sh.size, sh.size)
+            .ok_or(DriverError::BadId)?;
+        let sge = sge(&self.regions, buf).ok_or(DriverError::BadId)?;
+        self.p
+            .post_srq_recv(sh.srq, (SRQ_CONN << 48) | u64::from(i), &[sge])?;
+        Ok(())
+    }
+
+    /// Queue-pair attributes for a new connection of this driver (with its shared receive
+    /// queue, if it has one).
+    pub fn qp_init(&self, pd: PdId) -> QpInit {
+        let mut q = self.tmpl.qp_init(pd, self.cq);
+        q.srq = self.shared.map(|s| s.srq);
+        q
     }
 
     /// Makes a registered region (an app arena) usable in [`MemRef`]s.
@@ -289,9 +434,18 @@ impl<P: Provider> Driver<P> {
         self.cq
     }
 
-    /// Connections the pool can still take.
+    /// Connections the pool can still take (with a shared send pool: as many as ids allow).
     pub fn free_blocks(&self) -> usize {
-        self.free_blocks.len()
+        if self.send_shared.is_some() {
+            0xffff - self.by_qp.len()
+        } else {
+            self.free_blocks.len()
+        }
+    }
+
+    /// Shared send buffers free now (none without a shared send pool).
+    pub fn free_send_buffers(&self) -> usize {
+        self.send_shared.as_ref().map_or(0, |s| s.free.len())
     }
 
     /// The provider (for connection management: listen, connect, accept, poll_cm).
@@ -315,26 +469,45 @@ impl<P: Provider> Driver<P> {
         peer: Option<PrivateData>,
         mem: &mut impl Memory,
     ) -> Result<ConnId, DriverError> {
-        let block = self.free_blocks.pop().ok_or(DriverError::NoBuffers)?;
+        let shared_send = self.send_shared.is_some();
+        let block = if shared_send {
+            NO_BLOCK
+        } else {
+            self.free_blocks.pop().ok_or(DriverError::NoBuffers)?
+        };
         let t = self.tmpl;
-        let base = block * self.block_len;
+        let base = if shared_send {
+            0
+        } else {
+            block * self.block_len
+        };
         let send_len = ConnConfig::send_pool_len(t.send_slots(), t.send_size).unwrap_or(0);
+        let shared = self.shared.is_some();
+        let recv_pool = if shared {
+            MemRef::new(self.pool.mr, self.pool.offset, 0)
+        } else {
+            self.pool
+                .sub(base + send_len, self.block_len - send_len)
+                .ok_or(DriverError::NoBuffers)?
+        };
         let cfg = ConnConfig {
             role,
             version: t.version,
             credits: t.credits,
-            send_pool: self
-                .pool
-                .sub(base, send_len)
-                .ok_or(DriverError::NoBuffers)?,
+            send_pool: if shared_send {
+                MemRef::new(self.pool.mr, self.pool.offset, 0)
+            } else {
+                self.pool
+                    .sub(base, send_len)
+                    .ok_or(DriverError::NoBuffers)?
+            },
             send_slots: t.send_slots(),
             send_size: t.send_size,
-            recv_pool: self
-                .pool
-                .sub(base + send_len, self.block_len - send_len)
-                .ok_or(DriverError::NoBuffers)?,
+            recv_pool,
             recv_slots: t.recv_slots,
             recv_size: t.recv_size,
+            shared_recv: shared,
+            shared_send,
             max_calls: t.max_calls,
             peer,
             ddp_threshold: t.ddp_threshold,
@@ -344,12 +517,20 @@ impl<P: Provider> Driver<P> {
         let conn = match Connection::new(cfg) {
             Ok(c) => c,
             Err(e) => {
-                self.free_blocks.push(block);
+                if block != NO_BLOCK {
+                    self.free_blocks.push(block);
+                }
                 return Err(DriverError::Config(e));
             }
         };
         let idx = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
+            None if self.conns.len() >= 0xffff => {
+                if block != NO_BLOCK {
+                    self.free_blocks.push(block);
+                }
+                return Err(DriverError::NoBuffers);
+            }
             None => {
                 self.conns.push(None);
                 self.gens.push(0);
@@ -372,6 +553,7 @@ impl<P: Provider> Driver<P> {
             idx: idx as u32,
             gen,
         };
+        self.by_qp.insert(qp, id);
         self.flush(id, mem);
         Ok(id)
     }
@@ -407,13 +589,7 @@ impl<P: Provider> Driver<P> {
 
     /// The connection using queue pair `qp` (to route connection-manager events).
     pub fn by_qp(&self, qp: QpId) -> Option<ConnId> {
-        self.conns.iter().enumerate().find_map(|(i, e)| {
-            let e = e.as_ref()?;
-            (e.qp == qp).then(|| ConnId {
-                idx: i as u32,
-                gen: self.gens.get(i).copied().unwrap_or(0),
-            })
-        })
+        self.by_qp.get(&qp).copied()
     }
 
     /// Runs `f` on connection `id` with its environment, then posts its work and collects
@@ -433,6 +609,7 @@ impl<P: Provider> Driver<P> {
             mem,
             regions: &self.regions,
             qp: e.qp,
+            sends: self.send_shared.as_mut(),
         };
         let r = f(&mut e.conn, &mut env);
         self.flush(id, mem);
@@ -471,6 +648,17 @@ impl<P: Provider> Driver<P> {
         mem: &mut impl Memory,
     ) -> Result<(), SubmitError> {
         self.with(id, mem, |c, env| c.reject_call(call, accept_stat, env))
+            .unwrap_or(Err(SubmitError::Closed))
+    }
+
+    /// Cancels a call (see [`Connection::cancel_call`]).
+    pub fn cancel_call(
+        &mut self,
+        id: ConnId,
+        xid: u32,
+        mem: &mut impl Memory,
+    ) -> Result<(), SubmitError> {
+        self.with(id, mem, |c, _| c.cancel_call(xid))
             .unwrap_or(Err(SubmitError::Closed))
     }
 
@@ -533,7 +721,10 @@ impl<P: Provider> Driver<P> {
             .get_mut(id.idx as usize)
             .and_then(Option::take)
             .ok_or(DriverError::BadId)?;
-        self.free_blocks.push(e.block);
+        if e.block != NO_BLOCK {
+            self.free_blocks.push(e.block);
+        }
+        self.by_qp.remove(&e.qp);
         self.p.destroy_qp(e.qp)?;
         Ok(())
     }
@@ -544,6 +735,10 @@ impl<P: Provider> Driver<P> {
         let mut wcs = std::mem::take(&mut self.wcs);
         let n = self.p.poll_cq(self.cq, &mut wcs).unwrap_or(0);
         for wc in wcs.iter().take(n) {
+            if wc.wr_id >> 48 == SRQ_CONN {
+                self.on_shared_recv(now, wc, mem);
+                continue;
+            }
             let id = ConnId {
                 idx: (wc.wr_id >> 48) as u32,
                 gen: ((wc.wr_id >> 32) & 0xffff) as u32,
@@ -562,8 +757,7 @@ impl<P: Provider> Driver<P> {
                 .conns
                 .get(i)
                 .and_then(Option::as_ref)
-                .and_then(|e| e.conn.poll_timeout())
-                .is_some_and(|t| t <= now);
+                .is_some_and(|e| e.conn.wants_timer());
             if due {
                 let id = ConnId {
                     idx: i as u32,
@@ -573,6 +767,35 @@ impl<P: Provider> Driver<P> {
             }
         }
         n
+    }
+
+    /// A receive completion of the shared receive queue: routed by queue pair.
+    fn on_shared_recv(&mut self, now: Instant, wc: &WorkCompletion, mem: &mut impl Memory) {
+        let i = wc.wr_id as u32;
+        let Some(sh) = self.shared else { return };
+        let buf = sh.pool.sub(i.saturating_mul(sh.size), sh.size);
+        let conn = self.by_qp.get(&wc.qp).copied();
+        match (buf, conn) {
+            (Some(buf), Some(id)) if i < sh.count => {
+                if wc.status == rpcrdma_verbs::WcStatus::Success {
+                    let (len, inv) = (wc.byte_len, wc.invalidated_rkey);
+                    if self
+                        .with(id, mem, |c, env| c.handle_recv(now, buf, len, inv, env))
+                        .is_none()
+                    {
+                        let _ = self.repost_shared(i);
+                    }
+                } else {
+                    let st = wc.status;
+                    self.with(id, mem, |c, _| c.close(CloseReason::WorkFailed(st)));
+                    let _ = self.repost_shared(i);
+                }
+            }
+            _ if i < sh.count => {
+                let _ = self.repost_shared(i);
+            }
+            _ => {}
+        }
     }
 
     /// The next event of any connection.
@@ -586,6 +809,31 @@ impl<P: Provider> Driver<P> {
             return;
         };
         while let Some(w) = e.conn.poll_work() {
+            if let Work::Release { buf } = w {
+                // A shared send buffer goes back to its pool.
+                if let Some(ss) = self.send_shared.as_mut() {
+                    let inside = buf.mr == ss.pool.mr
+                        && buf.offset >= ss.pool.offset
+                        && buf.offset < ss.pool.offset + u64::from(ss.pool.len);
+                    if inside {
+                        let i = (buf.offset - ss.pool.offset) / u64::from(ss.stride.max(1));
+                        ss.free.push(i as u32);
+                        continue;
+                    }
+                }
+                // A shared receive buffer goes back to the queue, dead connection or not.
+                if let Some(sh) = self.shared {
+                    let i = buf.offset.saturating_sub(sh.pool.offset) / u64::from(sh.size.max(1));
+                    let wr = (SRQ_CONN << 48) | i;
+                    let ok = sge(&self.regions, buf)
+                        .is_some_and(|s| self.p.post_srq_recv(sh.srq, wr, &[s]).is_ok());
+                    if !ok {
+                        e.conn
+                            .close(CloseReason::Local("shared receive repost failed"));
+                    }
+                }
+                continue;
+            }
             if e.dead {
                 continue;
             }
@@ -670,10 +918,27 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
             Some(local),
         ),
         Work::Invalidate { tag, rkey } => send(p, tag, SendOp::LocalInvalidate { rkey }, None),
+        Work::Release { .. } => Ok(()),
     }
 }
 
 /// Bytes each send buffer occupies in the pool (the buffer plus the engine's tail).
 pub const fn send_stride(send_size: u32) -> u32 {
     send_size + SLOT_TAIL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_tag_round_trips_connection_and_call() {
+        let conn = ConnId {
+            idx: 0x1234,
+            gen: 0xbeef,
+        };
+        let id = ServeId::from_u32(0x00ab_cdef);
+        assert_eq!(from_serve_tag(serve_tag(conn, id)), (conn, id));
+        assert_eq!(ConnId::from_u32(conn.to_u32()), conn);
+    }
 }

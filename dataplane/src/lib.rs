@@ -17,6 +17,26 @@
 //!
 //! Memory is named by [`MemRef`] (a registered region's `MrId`, an offset and a length) and
 //! reached through the owner's [`Memory`]; the engine never holds a pointer.
+//!
+//! How a poll loop that owns an `rpcrdma_shm::daemon::AppTable` maps onto this API (each app
+//! arena registered once; `MemRef { mr: arena_mr, offset: arena_base + range.off(), len }`):
+//!
+//! | app side (`AppTable`)                      | engine side                                         |
+//! |--------------------------------------------|-----------------------------------------------------|
+//! | `Submission::Call(c)`                      | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
+//! | app gone (`Detached::calls`)               | `cancel_call(conn, xid)` (fences its memory first)   |
+//! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
+//! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |
+//! | `deliver_call(rb, IncomingCall { tag: serve_tag(conn, id), .. })` | on `Event::ArgsReady { id, args_len }`   |
+//! | `Submission::Reply(r)`                     | `let (conn, id) = from_serve_tag(r.tag); submit_reply(conn, id, &ReplySpec { accept_stat: r.accept_stat, msg, results })` |
+//! | `complete_reply(r.id, status)`             | on `Event::ReplyDone { id, status }`                 |
+//! | `cancel_serving(id)`                       | on `Event::ServeAborted { id }`                      |
+//!
+//! `Event::Optional` goes to the control plane (xcharext); its answers come back through
+//! `Driver::send_optional` / `reject_optional`; learned characteristics are applied with
+//! `Driver::configure` (`set_peer_receive_size`, `set_peer_takes_invalidate`, `set_credits`).
+//! `Event::Closed` means the queue pair was disconnected: call `Driver::remove` after the
+//! provider reports it, and reconnect (with version 1 after `CloseReason::NoAnswer`).
 #![forbid(unsafe_code)]
 
 pub mod conn;

@@ -64,6 +64,13 @@ pub trait Env: Memory {
     /// Exposes `at` to the peer with `access` for one RPC; returns the segment the peer
     /// uses (key, length, address), or `None` if the provider refused.
     fn expose(&mut self, at: MemRef, access: Access) -> Option<Segment>;
+
+    /// A send buffer from a pool shared by connections (`send_size + SLOT_TAIL` bytes),
+    /// for connections with [`ConnConfig::shared_send`](crate::ConnConfig::shared_send);
+    /// it comes back as [`Work::Release`](crate::Work::Release). `None`: none free now.
+    fn take_send(&mut self) -> Option<MemRef> {
+        None
+    }
 }
 
 /// Memory held in plain vectors, one per region: for tests and for the sans-IO examples.

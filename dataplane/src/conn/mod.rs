@@ -18,7 +18,7 @@ mod requester;
 mod responder;
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::{self as proto, v1, v2, Limits, Message, MsgType, Received, Segment};
@@ -47,6 +47,10 @@ const TAIL_ZERO: u32 = 48;
 const TAIL_LAND: u32 = 64;
 /// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
 pub const DEFAULT_INLINE: u32 = 1024;
+/// Version-two inline size once both ends speak it (V2-2.3-b, AMB-20).
+pub const V2_DEFAULT_INLINE: u32 = 4096;
+/// How long a version-two requester waits for the first answer before giving up (AMB-33).
+pub const V2_FIRST_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who opened the connection (fixed for its life; xcharext's client and server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +73,12 @@ pub struct ConnConfig {
     /// Send buffers: `send_slots` buffers of `send_size + SLOT_TAIL` bytes; the region must
     /// allow remote read and write (Long calls and Reply chunks expose parts of it).
     pub send_pool: MemRef,
-    /// Number of send buffers (at least `max_calls + credits`).
+    /// Send buffers come from a pool shared by connections ([`Env::take_send`]) and go back
+    /// as [`Work::Release`]; `send_pool` is unused and `send_slots` caps this connection's
+    /// share.
+    pub shared_send: bool,
+    /// Number of send buffers (at least `credits + recv_slots + 1`: calls in flight plus
+    /// answers to calls in progress; queued calls hold none).
     pub send_slots: u32,
     /// Largest Send this side transmits.
     pub send_size: u32,
@@ -79,6 +88,11 @@ pub struct ConnConfig {
     pub recv_slots: u32,
     /// Receive buffer size (at least 1024, R8166-3.3.3-d).
     pub recv_size: u32,
+    /// Receives come from a shared receive queue the owner feeds (`recv_pool` unused,
+    /// `recv_slots` is then this connection's share: its grant and its calls in progress);
+    /// messages arrive through [`Connection::handle_recv`] and buffers go back with
+    /// [`Work::Release`].
+    pub shared_recv: bool,
     /// Calls this side may have outstanding or queued as requester.
     pub max_calls: u32,
     /// The peer's RFC 8797 private data (`None`: absent, 1024-byte inline both ways).
@@ -114,24 +128,26 @@ impl ConnConfig {
             return bad("credits must be at least 1");
         }
         if self.max_calls == 0
-            || self.send_slots < self.max_calls + self.credits.min(self.recv_slots)
+            || self.send_slots < self.credits.min(self.recv_slots) + self.recv_slots.max(1) + 1
         {
-            return bad("send_slots must cover max_calls plus credits");
+            return bad("send_slots must cover credits plus receive slots plus one");
         }
         if self.max_reads == 0 {
             return bad("max_reads must be at least 1");
         }
-        if Self::send_pool_len(self.send_slots, self.send_size)
-            .is_none_or(|n| n > self.send_pool.len)
+        if !self.shared_send
+            && Self::send_pool_len(self.send_slots, self.send_size)
+                .is_none_or(|n| n > self.send_pool.len)
         {
             return bad("send pool too small");
         }
-        if Self::recv_pool_len(self.recv_slots, self.recv_size)
-            .is_none_or(|n| n > self.recv_pool.len)
+        if !self.shared_recv
+            && Self::recv_pool_len(self.recv_slots, self.recv_size)
+                .is_none_or(|n| n > self.recv_pool.len)
         {
             return bad("receive pool too small");
         }
-        if self.recv_slots >= 1 << 24 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
+        if self.recv_slots >= 1 << 16 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
             return bad("too many slots");
         }
         Ok(())
@@ -213,6 +229,13 @@ pub enum Work {
         /// The key.
         rkey: u32,
     },
+    /// Give a shared buffer back: a receive buffer to the shared receive queue (post it
+    /// again; [`ConnConfig::shared_recv`]) or a send buffer to the shared send pool
+    /// ([`ConnConfig::shared_send`]).
+    Release {
+        /// The buffer handed in by [`Connection::handle_recv`] or [`Env::take_send`].
+        buf: MemRef,
+    },
 }
 
 /// A work completion, as the engine needs it.
@@ -236,16 +259,16 @@ pub struct ServeId {
 }
 
 impl ServeId {
-    /// Packs the id into 48 bits (to carry it in an app tag with a connection index).
-    pub fn to_u64(self) -> u64 {
-        (u64::from(self.slot & 0xff_ffff) << 24) | u64::from(self.gen & 0xff_ffff)
+    /// Packs the id into 32 bits (16-bit slot, 16-bit generation).
+    pub fn to_u32(self) -> u32 {
+        ((self.slot & 0xffff) << 16) | (self.gen & 0xffff)
     }
 
-    /// Unpacks [`ServeId::to_u64`].
-    pub fn from_u64(v: u64) -> ServeId {
+    /// Unpacks [`ServeId::to_u32`].
+    pub fn from_u32(v: u32) -> ServeId {
         ServeId {
-            slot: ((v >> 24) & 0xff_ffff) as u32,
-            gen: (v & 0xff_ffff) as u32,
+            slot: v >> 16,
+            gen: v & 0xffff,
         }
     }
 }
@@ -269,6 +292,8 @@ pub enum CallStatus {
     Local,
     /// The connection ended before a reply.
     Closed,
+    /// The owner cancelled the call (its memory was fenced first).
+    Cancelled,
 }
 
 /// A finished call.
@@ -349,6 +374,8 @@ pub enum CloseReason {
     Local(&'static str),
     /// The owner closed it (disconnect, shutdown).
     Requested,
+    /// A version-two peer never answered the first call (AMB-33): reconnect with version 1.
+    NoAnswer,
 }
 
 /// What the connection reports.
@@ -462,6 +489,8 @@ pub struct Stats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SendOwner {
     Free,
+    /// Released by its owner while its Send is still in flight: freed on completion.
+    Orphan,
     /// A call of the requester (held until the call ends).
     Call,
     /// A reply or error from the responder (freed when the Send completes).
@@ -483,12 +512,26 @@ pub struct Connection {
     recv_threshold: u32,
     /// The peer accepts Send With Invalidate (RFC 8797 flag).
     peer_takes_inv: bool,
+    /// A version-two message from the peer has been seen (V2-5.1-a).
+    v2_confirmed: bool,
+    /// The peer's XCHAR_RBSIZ, once learned.
+    peer_rbsiz: Option<u32>,
+    /// When the first version-two call was seen going out (set at the next timer run).
+    first_sent: Option<Instant>,
+    first_pending: bool,
+    first_timeout: Duration,
     closed: Option<CloseReason>,
     work: VecDeque<Work>,
     events: VecDeque<Event>,
     scratch: Vec<u8>,
     send_owner: Vec<SendOwner>,
+    /// The buffer of each send slot (fixed, or taken from the shared pool while in use).
+    send_bufs: Vec<MemRef>,
+    /// Per send buffer: a Send from it has not completed yet.
+    send_busy: Vec<bool>,
     send_free: Vec<u32>,
+    /// Send buffers held by calls of the requester.
+    call_sends: u32,
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
@@ -515,7 +558,7 @@ impl Connection {
             Some(p) => (p.send_size, p.recv_size, p.remote_invalidate),
             None => (DEFAULT_INLINE, DEFAULT_INLINE, false),
         };
-        let grant = cfg.credits.clamp(1, cfg.recv_slots);
+        let grant = Self::grant_for(&cfg);
         let mut c = Connection {
             limits: Limits {
                 max_read_segments: MAX_SEGS,
@@ -530,12 +573,27 @@ impl Connection {
             send_threshold: cfg.send_size.min(peer_recv),
             recv_threshold: peer_send.min(cfg.recv_size),
             peer_takes_inv: peer_inv,
+            v2_confirmed: false,
+            peer_rbsiz: None,
+            first_sent: None,
+            first_pending: false,
+            first_timeout: V2_FIRST_REPLY_TIMEOUT,
             closed: None,
-            work: VecDeque::with_capacity(256),
-            events: VecDeque::with_capacity(64),
+            work: VecDeque::with_capacity(64),
+            events: VecDeque::with_capacity(16),
             scratch: vec![0; cfg.recv_size as usize],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
+            send_busy: vec![false; cfg.send_slots as usize],
+            send_bufs: (0..cfg.send_slots)
+                .map(|i| {
+                    let stride = cfg.send_size + SLOT_TAIL;
+                    i.checked_mul(stride)
+                        .and_then(|o| cfg.send_pool.sub(o, stride))
+                        .unwrap_or_default()
+                })
+                .collect(),
             send_free: (0..cfg.send_slots).rev().collect(),
+            call_sends: 0,
             recv_posted: 0,
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
@@ -550,15 +608,75 @@ impl Connection {
             serve_free: (0..cfg.recv_slots).rev().collect(),
             grant,
             in_process: 0,
-            reads: VecDeque::with_capacity(256),
+            reads: VecDeque::with_capacity(32),
             reads_out: 0,
             stats: Stats::default(),
             cfg,
         };
-        for slot in 0..cfg.recv_slots {
-            c.post_recv(slot);
+        if !cfg.shared_recv {
+            for slot in 0..cfg.recv_slots {
+                c.post_recv(slot);
+            }
         }
         Ok(c)
+    }
+
+    /// The grant this side gives as responder: its credits on a server; on a client, the
+    /// receive buffers left after the forward replies, for backward calls (RFC 8167).
+    fn grant_for(cfg: &ConnConfig) -> u32 {
+        match cfg.role {
+            Role::Server => cfg.credits.clamp(1, cfg.recv_slots),
+            Role::Client => cfg.recv_slots.saturating_sub(cfg.credits).max(1),
+        }
+    }
+
+    /// Changes the credits requested (and, on a server, granted) from the next message on
+    /// (R8166-3.3.1-f). Every receive buffer stays posted, so a raised grant is always
+    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them.
+    pub fn set_credits(&mut self, credits: u32) {
+        self.cfg.credits = credits.clamp(1, self.cfg.recv_slots);
+        self.grant = Self::grant_for(&self.cfg);
+    }
+
+    /// The grant this side sends as responder.
+    pub fn grant(&self) -> u32 {
+        self.grant
+    }
+
+    /// Sets how long a version-two call waits for the first answer (AMB-33).
+    pub fn set_first_reply_timeout(&mut self, t: Duration) {
+        self.first_timeout = t;
+    }
+
+    /// Inline threshold for what this side sends now: 1024 until version two is confirmed
+    /// (V2-5-b), then as learned.
+    fn threshold(&self) -> u32 {
+        if self.vers == v2::VERSION && !self.v2_confirmed {
+            self.send_threshold.min(DEFAULT_INLINE)
+        } else {
+            self.send_threshold
+        }
+    }
+
+    /// The peer answered in version two: both sides now use its defaults (V2-5.1-a,
+    /// AMB-20), or the receive size it announced.
+    fn confirm_v2(&mut self) {
+        if self.v2_confirmed {
+            return;
+        }
+        self.v2_confirmed = true;
+        self.first_pending = false;
+        self.first_sent = None;
+        self.send_threshold = self
+            .cfg
+            .send_size
+            .min(self.peer_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
+        self.recv_threshold = self.cfg.recv_size.min(V2_DEFAULT_INLINE);
+    }
+
+    /// Whether [`handle_timeout`](Self::handle_timeout) has anything to do.
+    pub fn wants_timer(&self) -> bool {
+        self.first_pending && self.closed.is_none()
     }
 
     /// The configuration.
@@ -573,7 +691,7 @@ impl Connection {
 
     /// Inline thresholds in force: (messages this side sends, messages the peer sends).
     pub fn thresholds(&self) -> (u32, u32) {
-        (self.send_threshold, self.recv_threshold)
+        (self.threshold(), self.recv_threshold)
     }
 
     /// The credit limit this side's calls obey now (min of requested and granted).
@@ -611,13 +729,27 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) wants to run next (none in version 1).
+    /// When [`handle_timeout`](Self::handle_timeout) wants to run next: the deadline of the
+    /// first version-two call (AMB-33); none in version 1.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        None
+        self.first_sent
+            .filter(|_| self.first_pending)
+            .map(|t| t + self.first_timeout)
     }
 
-    /// Runs timers due at `now`.
-    pub fn handle_timeout(&mut self, _now: Instant) {}
+    /// Runs timers at `now`: a version-two connection whose first call got no answer in
+    /// time ends with [`CloseReason::NoAnswer`], and the owner reconnects speaking
+    /// version 1 (V2-5.2-b).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if !self.wants_timer() {
+            return;
+        }
+        match self.first_sent {
+            None => self.first_sent = Some(now),
+            Some(t) if now >= t + self.first_timeout => self.close(CloseReason::NoAnswer),
+            Some(_) => {}
+        }
+    }
 
     /// Ends the connection (owner's decision, or the provider reported it lost): every
     /// outstanding call completes with [`CallStatus::Closed`].
@@ -628,6 +760,24 @@ impl Connection {
         self.closed = Some(reason);
         self.work.clear();
         self.reads.clear();
+        if self.cfg.shared_recv {
+            for s in &mut self.serves {
+                if let Some(buf) = s.take_recv() {
+                    self.work.push_back(Work::Release { buf });
+                }
+            }
+        }
+        if self.cfg.shared_send {
+            // The queue pair is going down: its Sends will not touch these buffers again.
+            for (o, b) in self.send_owner.iter_mut().zip(self.send_bufs.iter_mut()) {
+                if *o != SendOwner::Free {
+                    *o = SendOwner::Free;
+                    self.work.push_back(Work::Release {
+                        buf: std::mem::take(b),
+                    });
+                }
+            }
+        }
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
                 self.events.push_back(Event::CallDone(done));
@@ -671,8 +821,10 @@ impl Connection {
     }
 
     fn send_buf(&self, slot: u32) -> Option<MemRef> {
-        let stride = self.cfg.send_size + SLOT_TAIL;
-        self.cfg.send_pool.sub(slot.checked_mul(stride)?, stride)
+        self.send_bufs
+            .get(slot as usize)
+            .copied()
+            .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)
     }
 
     fn send_tail(&self, slot: u32, off: u32, len: u32) -> Option<MemRef> {
@@ -689,25 +841,60 @@ impl Connection {
         }
     }
 
-    fn alloc_send(&mut self, owner: SendOwner) -> Option<u32> {
-        let s = self.send_free.pop()?;
+    fn alloc_send(&mut self, owner: SendOwner, env: &mut impl Env) -> Option<u32> {
+        let s = *self.send_free.last()?;
+        if self.cfg.shared_send {
+            let buf = env
+                .take_send()
+                .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)?;
+            *self.send_bufs.get_mut(s as usize)? = buf;
+        }
+        self.send_free.pop();
         if let Some(o) = self.send_owner.get_mut(s as usize) {
             *o = owner;
         }
         Some(s)
     }
 
+    /// Releases a send buffer; one whose Send has not completed is reused only after it has
+    /// (a stale completion must never be taken for a later owner's).
     fn free_send(&mut self, slot: u32) {
+        let busy = self.send_busy.get(slot as usize).copied().unwrap_or(false);
         if let Some(o) = self.send_owner.get_mut(slot as usize) {
-            if *o != SendOwner::Free {
-                *o = SendOwner::Free;
-                self.send_free.push(slot);
+            match (*o, busy) {
+                (SendOwner::Free, _) => {}
+                (_, true) => *o = SendOwner::Orphan,
+                (_, false) => {
+                    *o = SendOwner::Free;
+                    self.send_free.push(slot);
+                    if self.cfg.shared_send {
+                        if let Some(b) = self.send_bufs.get_mut(slot as usize) {
+                            let buf = std::mem::take(b);
+                            self.work.push_back(Work::Release { buf });
+                        }
+                    }
+                }
             }
         }
     }
 
+    fn queue_send(&mut self, slot: u32, buf: MemRef, invalidate: Option<u32>) {
+        if let Some(b) = self.send_busy.get_mut(slot as usize) {
+            *b = true;
+        }
+        self.work.push_back(Work::Send {
+            tag: tag(K_SEND, slot),
+            buf,
+            invalidate,
+        });
+    }
+
     fn on_send_done(&mut self, slot: u32) {
+        if let Some(b) = self.send_busy.get_mut(slot as usize) {
+            *b = false;
+        }
         match self.send_owner.get(slot as usize).copied() {
+            Some(SendOwner::Orphan) => self.free_send(slot),
             Some(SendOwner::Serve(i)) => {
                 self.free_send(slot);
                 self.serve_step_done(i);
@@ -721,7 +908,7 @@ impl Connection {
 
     /// Writes `hdr` (and nothing else) into a fresh send buffer and queues the Send.
     fn send_bytes(&mut self, owner: SendOwner, hdr: &[u8], env: &mut impl Env) -> bool {
-        let Some(slot) = self.alloc_send(owner) else {
+        let Some(slot) = self.alloc_send(owner, env) else {
             self.close(CloseReason::Local("no send buffer"));
             return false;
         };
@@ -733,11 +920,7 @@ impl Connection {
             self.close(CloseReason::Local("send buffer write"));
             return false;
         }
-        self.work.push_back(Work::Send {
-            tag: tag(K_SEND, slot),
-            buf,
-            invalidate: None,
-        });
+        self.queue_send(slot, buf, None);
         true
     }
 
@@ -775,19 +958,60 @@ impl Connection {
         env: &mut impl Env,
     ) {
         self.recv_posted = self.recv_posted.saturating_sub(1);
-        let n = byte_len.min(self.cfg.recv_size);
+        match self.recv_buf(slot) {
+            Some(buf) => self.receive(now, buf, byte_len, inv, env),
+            None => self.close(CloseReason::Local("receive buffer")),
+        }
+    }
+
+    /// A message arrived in `buf`, a buffer of the shared receive queue
+    /// ([`ConnConfig::shared_recv`]); the buffer comes back as [`Work::Release`], at once or
+    /// once the call it holds has been placed.
+    pub fn handle_recv(
+        &mut self,
+        now: Instant,
+        buf: MemRef,
+        byte_len: u32,
+        invalidated_rkey: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        if self.closed.is_some() {
+            self.work.push_back(Work::Release { buf });
+            return;
+        }
+        self.receive(now, buf, byte_len, invalidated_rkey, env);
+        self.pump(env);
+    }
+
+    /// Returns a receive buffer: reposted if it is one of ours, released if shared.
+    pub(super) fn release_recv(&mut self, buf: MemRef) {
+        if self.cfg.shared_recv {
+            self.work.push_back(Work::Release { buf });
+            return;
+        }
+        let off = buf.offset.saturating_sub(self.cfg.recv_pool.offset);
+        let slot = off / u64::from(self.cfg.recv_size.max(1));
+        self.post_recv(slot as u32);
+    }
+
+    fn receive(
+        &mut self,
+        now: Instant,
+        buf: MemRef,
+        byte_len: u32,
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) {
+        let n = byte_len.min(self.cfg.recv_size).min(buf.len);
         let mut scratch = std::mem::take(&mut self.scratch);
-        let ok = match (
-            self.recv_buf(slot).and_then(|b| b.prefix(n)),
-            scratch.get_mut(..n as usize),
-        ) {
+        let ok = match (buf.prefix(n), scratch.get_mut(..n as usize)) {
             (Some(at), Some(dst)) => env.read(at, dst),
             _ => false,
         };
         if ok {
             let msg = scratch.get(..n as usize).unwrap_or(&[]);
-            if !self.dispatch(now, slot, msg, inv, env) {
-                self.post_recv(slot);
+            if !self.dispatch(now, buf, msg, inv, env) {
+                self.release_recv(buf);
             }
         } else {
             self.close(CloseReason::Local("receive buffer read"));
@@ -800,7 +1024,7 @@ impl Connection {
     fn dispatch(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         msg: &[u8],
         inv: Option<u32>,
         env: &mut impl Env,
@@ -852,6 +1076,7 @@ impl Connection {
             }
             Message::V2(h) => match h.body {
                 v2::Body::Msg { direction, chunks } => {
+                    self.confirm_v2();
                     if proto::rpc::msg_type(payload) != Some(direction) {
                         self.reject_direction(h.xid, direction, env);
                         return false;
@@ -870,6 +1095,7 @@ impl Connection {
                     )
                 }
                 v2::Body::Nomsg { direction, chunks } => {
+                    self.confirm_v2();
                     let call = chunks.reads.has_position_zero();
                     if call != (direction == MsgType::Call) {
                         self.reject_direction(h.xid, direction, env);
@@ -952,7 +1178,7 @@ impl Connection {
         let n = h
             .emit(&mut b)
             .map_err(|_| SubmitError::Invalid("optional body too large"))?;
-        if n as u32 > self.send_threshold {
+        if n as u32 > self.threshold() {
             return Err(SubmitError::Invalid(
                 "optional message above the inline threshold",
             ));
@@ -985,6 +1211,15 @@ impl Connection {
     /// the threshold for messages this side sends becomes min(own send size, `rbsiz`).
     pub fn set_peer_receive_size(&mut self, rbsiz: u32) {
         self.send_threshold = self.cfg.send_size.min(rbsiz.max(DEFAULT_INLINE));
+        if self.vers == v2::VERSION {
+            self.peer_rbsiz = Some(rbsiz.max(DEFAULT_INLINE));
+        }
+    }
+
+    /// Sets the receive size this side announced in XCHAR_RBSIZ (version two): the
+    /// threshold for what the peer sends, which decides when calls offer a Reply chunk.
+    pub fn set_own_receive_size(&mut self, rbsiz: u32) {
+        self.recv_threshold = self.cfg.recv_size.min(rbsiz.max(DEFAULT_INLINE));
     }
 
     /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer
@@ -1004,7 +1239,7 @@ impl Connection {
     fn on_msg(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         credit: u32,
@@ -1039,7 +1274,7 @@ impl Connection {
     fn on_nomsg(
         &mut self,
         now: Instant,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         credit: u32,
@@ -1061,11 +1296,18 @@ impl Connection {
 
     /// Moves queued calls out while credits allow, and RDMA Reads while ORD allows.
     fn pump(&mut self, env: &mut impl Env) {
-        while self.closed.is_none() && self.in_flight < self.credit_limit() {
+        // Calls may hold send buffers up to what the responder side's grant leaves free.
+        let call_room = self.cfg.send_slots.saturating_sub(self.grant + 1);
+        while self.closed.is_none()
+            && self.in_flight < self.credit_limit()
+            && self.call_sends < call_room
+        {
             let Some(i) = self.queued.pop_front() else {
                 break;
             };
-            self.start_call(i, env);
+            if !self.start_call(i, env) {
+                break;
+            }
         }
         self.pump_reads();
     }

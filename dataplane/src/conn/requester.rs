@@ -12,7 +12,7 @@ use rpcrdma_verbs::Access;
 
 use super::{
     pad4, round4, tag, CallDone, CallStatus, Connection, Event, SendOwner, SubmitError, Work,
-    K_INV, K_SEND, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
+    K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -56,6 +56,8 @@ enum State {
     Queued,
     Sent,
     Invalidating,
+    /// Cancelled, fenced and reported; kept only to match its late reply (credits).
+    Ghost,
 }
 
 /// One call slot of the requester.
@@ -85,11 +87,17 @@ pub(super) struct Call {
     /// Resend as version 1 once invalidation ends (ERR_VERS to a version-two call).
     requeue: bool,
     retried: bool,
+    /// Cancelled while sent: after invalidation the slot waits for the reply as a ghost.
+    ghost: bool,
 }
 
 impl Call {
     /// Ends the call because the connection ended; `None` if the slot is free.
     pub(super) fn abort(&mut self) -> Option<CallDone> {
+        if self.state == State::Ghost {
+            self.state = State::Free;
+            return None;
+        }
         if self.state == State::Free {
             return None;
         }
@@ -190,28 +198,88 @@ impl Connection {
             .map(|i| i as u32)
     }
 
-    pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) {
-        let Some(mut c) = self.calls.get(i as usize).copied() else {
-            return;
+    /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
+    fn take_ghost(&mut self, xid: u32, credit: Option<u32>) -> bool {
+        let Some(i) = self.calls.iter().position(|c| {
+            c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
+        }) else {
+            return false;
         };
-        let ok = self.marshal(&mut c, env).is_some();
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(cr) = credit {
+            self.granted = cr.max(1);
+        }
+        if let Some(c) = self.calls.get_mut(i) {
+            c.ghost = false;
+            if c.state == State::Ghost {
+                c.state = State::Free;
+                self.call_free.push(i as u32);
+            }
+        }
+        self.stats.dropped += 1;
+        true
+    }
+
+    /// Cancels the call with `xid` (its app went away): a queued call ends at once; a sent
+    /// one has its memory invalidated first (R8166-4.4-c, R8166-8.1.4-c), then ends with
+    /// [`CallStatus::Cancelled`]; its late reply still returns its credit.
+    pub fn cancel_call(&mut self, xid: u32) -> Result<(), SubmitError> {
+        if self.closed.is_some() {
+            return Err(SubmitError::Closed);
+        }
+        if let Some(q) = self
+            .queued
+            .iter()
+            .position(|&i| self.calls.get(i as usize).is_some_and(|c| c.xid == xid))
+        {
+            let i = self.queued.remove(q).ok_or(SubmitError::BadId)?;
+            let c = self.calls.get_mut(i as usize).ok_or(SubmitError::BadId)?;
+            c.state = State::Free;
+            let done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
+            self.call_free.push(i);
+            self.events.push_back(Event::CallDone(done));
+            return Ok(());
+        }
+        let i = self.find_call(xid).ok_or(SubmitError::BadId)?;
+        let c = self.calls.get_mut(i as usize).ok_or(SubmitError::BadId)?;
+        c.ghost = true;
+        let done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
+        self.end_call(i, done, None);
+        Ok(())
+    }
+
+    /// Sends queued call `i`; false (and the call stays first in the queue) if no send
+    /// buffer is free.
+    pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) -> bool {
+        let Some(mut c) = self.calls.get(i as usize).copied() else {
+            return true;
+        };
+        let Some(slot) = self.alloc_send(SendOwner::Call, env) else {
+            self.queued.push_front(i);
+            return false;
+        };
+        self.call_sends += 1;
+        c.slot = Some(slot);
+        let ok = self.marshal(&mut c, slot, env).is_some();
         if let Some(slot) = self.calls.get_mut(i as usize) {
             *slot = c;
         }
         if ok {
             self.in_flight += 1;
             self.stats.calls_sent += 1;
+            if self.vers == v2::VERSION && !self.v2_confirmed && self.first_sent.is_none() {
+                self.first_pending = true;
+            }
         } else {
             self.end_call(i, CallDone::failed(c.user, c.xid, CallStatus::Local), None);
         }
+        true
     }
 
     /// Builds the header and payload of call `c` in a fresh send buffer and queues the
     /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
-    fn marshal(&mut self, c: &mut Call, env: &mut impl Env) -> Option<()> {
+    fn marshal(&mut self, c: &mut Call, slot: u32, env: &mut impl Env) -> Option<()> {
         c.state = State::Sent;
-        let slot = self.alloc_send(SendOwner::Call)?;
-        c.slot = Some(slot);
         let b = binding(c.prog, c.vers, c.proc_);
         let v2 = self.vers == v2::VERSION;
         let fixed = if v2 { 20 } else { 16 };
@@ -263,7 +331,7 @@ impl Connection {
             4
         };
         let msg_hdr = fixed + 4 + 24 * n_red as usize + wlist_len + reply_len;
-        let short = (msg_hdr as u32).checked_add(inline_len)? <= self.send_threshold;
+        let short = (msg_hdr as u32).checked_add(inline_len)? <= self.threshold();
 
         // The Payload stream, in pieces, as it travels (reduced for a short message).
         let mut src = [Src::Zero(0); MAX_SRC];
@@ -278,7 +346,7 @@ impl Connection {
         let mut upos = [0u32; MAX_PIECES];
         let mut shift = 0u32;
         for (k, a) in c.args().iter().enumerate() {
-            upos[k] = hdr_rpc + a.xdr_pos + shift;
+            upos[k] = hdr_rpc.checked_add(a.xdr_pos)?.checked_add(shift)?;
             shift = shift.checked_add(round4(a.mem.len))?;
             if short && reduce[k] {
                 continue;
@@ -393,7 +461,7 @@ impl Connection {
             .ok()?
         } as u32;
         let total = if short { n.checked_add(inline_len)? } else { n };
-        if total > self.send_threshold {
+        if total > self.threshold() {
             return None;
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
@@ -424,11 +492,7 @@ impl Connection {
             }
             self.stats.short_sent += 1;
         }
-        self.work.push_back(Work::Send {
-            tag: tag(K_SEND, slot),
-            buf,
-            invalidate: None,
-        });
+        self.queue_send(slot, buf, None);
         Some(())
     }
 
@@ -485,6 +549,11 @@ impl Connection {
             c.requeue = false;
             c.state = State::Queued;
             self.queued.push_front(i);
+        } else if c.ghost {
+            c.state = State::Ghost;
+            if let Some(d) = done {
+                self.events.push_back(Event::CallDone(d));
+            }
         } else {
             c.state = State::Free;
             self.call_free.push(i);
@@ -493,6 +562,7 @@ impl Connection {
             }
         }
         if let Some(s) = slot {
+            self.call_sends = self.call_sends.saturating_sub(1);
             self.free_send(s);
         }
     }
@@ -501,6 +571,9 @@ impl Connection {
     /// version-two call answered ERR_VERS is resent as version 1 (V2-5.2-a).
     pub(super) fn on_error_reply(&mut self, xid: u32, status: CallStatus, _env: &mut impl Env) {
         self.stats.errors_received += 1;
+        if self.take_ghost(xid, None) {
+            return;
+        }
         let Some(i) = self.find_call(xid) else {
             // R8166-4.2.4-c: nothing of ours; a responder discards errors.
             self.stats.dropped += 1;
@@ -534,6 +607,9 @@ impl Connection {
         inv: Option<u32>,
         env: &mut impl Env,
     ) {
+        if self.take_ghost(xid, Some(credit)) {
+            return;
+        }
         let Some(i) = self.find_call(xid) else {
             self.stats.dropped += 1;
             return;
@@ -684,7 +760,7 @@ impl Connection {
         }
         let h =
             rpcmsg::parse_reply(hb.get(..n0 + n1).unwrap_or(&[])).ok_or(CallStatus::BadReply)?;
-        let total = used[0] + used[1];
+        let total = used[0].saturating_add(used[1]);
         let body = total.saturating_sub(h.len as u32);
         if h.len > REPLY_HEADER_LEN && body > 0 {
             let shift = (h.len - REPLY_HEADER_LEN) as u32;

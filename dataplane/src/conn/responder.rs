@@ -9,8 +9,8 @@ use rpcrdma_proto::{
 
 use super::{
     pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall, ReplyStatus,
-    SendOwner, ServeId, SubmitError, Work, K_READ, K_SEND, K_WRITE, MAX_PIECES, MAX_RCHUNKS,
-    MAX_SEGS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_SEGS,
+    MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -65,7 +65,7 @@ pub(super) struct Serve {
     prog_vers: u32,
     proc_: u32,
     /// The receive buffer still holding the inline payload (or the PZRC head).
-    recv: Option<u32>,
+    recv: Option<MemRef>,
     s_off: u32,
     s_len: u32,
     s_local: u32,
@@ -113,6 +113,11 @@ impl Serve {
         };
         self.state = State::Free;
         ev
+    }
+
+    /// Takes the held receive buffer (to release it).
+    pub(super) fn take_recv(&mut self) -> Option<MemRef> {
+        self.recv.take()
     }
 
     fn wchunk_segs(&self, k: usize) -> &[Segment] {
@@ -213,7 +218,7 @@ impl Connection {
     /// A received call; true if its receive buffer is kept for the serve slot.
     pub(super) fn on_call(
         &mut self,
-        slot: u32,
+        slot: MemRef,
         vers: u32,
         xid: u32,
         lists: ChunkLists<'_>,
@@ -234,7 +239,7 @@ impl Connection {
         let gen = self
             .serves
             .get(i as usize)
-            .map_or(0, |s| s.gen.wrapping_add(1) & 0xff_ffff);
+            .map_or(0, |s| s.gen.wrapping_add(1) & 0xffff);
         let mut s = Serve {
             state: State::Waiting,
             gen,
@@ -283,10 +288,7 @@ impl Connection {
             return self.serve_fail_header(i, env);
         };
         let head = total.min(self.cfg.recv_size);
-        let dest = s
-            .recv
-            .and_then(|r| self.recv_buf(r))
-            .and_then(|b| b.prefix(head));
+        let dest = s.recv.and_then(|b| b.prefix(head));
         let Some(dest) = dest else {
             return self.serve_fail_header(i, env);
         };
@@ -396,10 +398,7 @@ impl Connection {
         };
         let mut scratch = std::mem::take(&mut self.scratch);
         let n = s.s_local as usize;
-        let src = s
-            .recv
-            .and_then(|r| self.recv_buf(r))
-            .and_then(|b| b.prefix(s.s_local));
+        let src = s.recv.and_then(|b| b.prefix(s.s_local));
         let ok = match (src, scratch.get_mut(..n)) {
             (Some(src), Some(dst)) => env.read(src, dst),
             _ => false,
@@ -501,13 +500,13 @@ impl Connection {
         let Some((np, _)) = plan(&s, &mut pieces) else {
             return Err(SubmitError::BadId);
         };
-        let recv = s.recv.and_then(|r| self.recv_buf(r));
+        let recv = s.recv;
         let mut ok = true;
         for p in pieces.iter().take(np) {
             ok &= self.place_piece(i, &s, *p, recv, dest, env).is_some();
         }
         if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
-            self.post_recv(r);
+            self.release_recv(r);
         }
         if !ok {
             self.close(CloseReason::Local("argument placement"));
@@ -618,17 +617,30 @@ impl Connection {
             }
             last = r.xdr_pos;
         }
-        match self.build_reply(i, spec, env) {
+        // No send buffer free (shared pool exhausted): the owner retries later.
+        let slot = self
+            .alloc_send(SendOwner::Serve(i), env)
+            .ok_or(SubmitError::Busy)?;
+        match self.build_reply(i, slot, spec, env) {
             Some(true) => {}
             // The requester's chunks cannot take this reply (R8166-4.5.3-b, R8166-8.1.4-b).
-            Some(false) => self.serve_fail_header(i, env),
+            Some(false) => {
+                self.free_send(slot);
+                self.serve_fail_header(i, env);
+            }
             None => self.close(CloseReason::Local("reply marshalling")),
         }
         Ok(())
     }
 
     /// Builds and queues the reply; `Some(false)` if it does not fit the chunks offered.
-    fn build_reply(&mut self, i: u32, spec: &ReplySpec<'_>, env: &mut impl Env) -> Option<bool> {
+    fn build_reply(
+        &mut self,
+        i: u32,
+        slot: u32,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Option<bool> {
         let s = self.serves.get(i as usize).copied()?;
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
@@ -647,7 +659,6 @@ impl Connection {
                 to_chunk[k] = true;
             }
         }
-        let slot = self.alloc_send(SendOwner::Serve(i))?;
         let rpc_tail = self.send_tail(slot, TAIL_RPC, REPLY_HEADER_LEN as u32)?;
         let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
         let hdr24 = rpcmsg::reply_header(s.xid, spec.accept_stat);
@@ -683,7 +694,7 @@ impl Connection {
             + (0..usize::from(s.n_wchunk))
                 .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
                 .sum::<u32>();
-        let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.send_threshold;
+        let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.threshold();
         let reply_cap = s
             .rseg
             .iter()
@@ -830,11 +841,7 @@ impl Connection {
         } else {
             None
         };
-        self.work.push_back(Work::Send {
-            tag: tag(K_SEND, slot),
-            buf,
-            invalidate,
-        });
+        self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
         let d = self.serves.get_mut(i as usize)?;
         d.pending = writes + 1;
@@ -948,7 +955,7 @@ impl Connection {
         env: &mut impl Env,
     ) {
         if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
-            self.post_recv(r);
+            self.release_recv(r);
         }
         self.uncount(i);
         if let Some(d) = self.serves.get_mut(i as usize) {

@@ -17,6 +17,23 @@ use crate::mem::{Env, MemRef, Memory, VecMemory};
 use crate::rpcmsg;
 
 pub const POOL: MrId = MrId(1);
+/// Region of a side's shared receive buffers (when its config says `shared_recv`).
+pub const SRQ: MrId = MrId(3);
+const SHARED: u32 = u32::MAX;
+/// Region of a side's shared send buffers (when its config says `shared_send`).
+pub const SENDS: MrId = MrId(4);
+/// Shared send buffers of a side.
+pub const SEND_COUNT: usize = 24;
+
+#[derive(Debug)]
+enum Cqe {
+    Wc(Completion),
+    Shared {
+        buf: MemRef,
+        len: u32,
+        inv: Option<u32>,
+    },
+}
 pub const APP: MrId = MrId(2);
 pub const APP_LEN: usize = 8 << 20;
 
@@ -36,6 +53,8 @@ pub struct SimMem {
     next_key: u32,
     /// When set, `expose` fails (provider refusal).
     pub refuse_expose: bool,
+    /// Free shared send buffers.
+    pub sends: Vec<MemRef>,
 }
 
 fn addr(at: MemRef) -> u64 {
@@ -72,6 +91,10 @@ impl Env for SimMem {
         });
         Some(Segment::new(key, at.len, addr(at)))
     }
+
+    fn take_send(&mut self) -> Option<MemRef> {
+        self.sends.pop()
+    }
 }
 
 impl SimMem {
@@ -105,6 +128,11 @@ impl SimMem {
         }
     }
 
+    /// Keys ever exposed.
+    pub fn exposed_total(&self) -> usize {
+        self.windows.len()
+    }
+
     /// Keys still valid (exposed and not invalidated).
     pub fn live_windows(&self) -> usize {
         self.windows.iter().filter(|w| w.valid).count()
@@ -117,7 +145,7 @@ pub struct Side {
     pub conn: Connection,
     pub env: SimMem,
     posted: VecDeque<(u32, MemRef)>,
-    cq: VecDeque<Completion>,
+    cq: VecDeque<Cqe>,
     /// Every work request posted, in order.
     pub log: Vec<Work>,
     /// The bytes of every Send, in order.
@@ -138,13 +166,16 @@ impl Side {
             cfg.send_pool.len as usize + cfg.recv_pool.len as usize + 64,
         );
         mem.add(APP, APP_LEN);
-        Side {
+        let shared = cfg.shared_recv;
+        mem.add(SRQ, 16 * cfg.recv_size as usize);
+        let mut side = Side {
             conn: Connection::new(cfg).expect("config"),
             env: SimMem {
                 mem,
                 windows: Vec::new(),
                 next_key: 0x1234,
                 refuse_expose: false,
+                sends: Vec::new(),
             },
             posted: VecDeque::new(),
             cq: VecDeque::new(),
@@ -154,7 +185,28 @@ impl Side {
             bump: 0,
             max_reads_in_flight: 0,
             reads_in_flight: 0,
+        };
+        if cfg.shared_send {
+            let stride = cfg.send_size + super::SLOT_TAIL;
+            side.env.mem.add(SENDS, SEND_COUNT * stride as usize);
+            for k in 0..SEND_COUNT as u64 {
+                side.env
+                    .sends
+                    .push(MemRef::new(SENDS, k * u64::from(stride), stride));
+            }
         }
+        if shared {
+            for k in 0..16u64 {
+                let buf = MemRef::new(SRQ, k * u64::from(cfg.recv_size), cfg.recv_size);
+                side.posted.push_back((SHARED, buf));
+            }
+        }
+        side
+    }
+
+    /// Receive buffers posted now (own or shared).
+    pub fn posted_len(&self) -> usize {
+        self.posted.len()
     }
 
     /// Allocates `len` bytes of app memory (zeroed).
@@ -184,7 +236,7 @@ impl Side {
 }
 
 pub fn config(role: Role, credits: u32) -> ConnConfig {
-    let send_slots = 2 * credits + 8;
+    let send_slots = 2 * credits + 3;
     let send_size = 4096;
     let recv_slots = credits + 2;
     let recv_size = 4096;
@@ -205,7 +257,18 @@ pub fn config(role: Role, credits: u32) -> ConnConfig {
         ddp_threshold: 1024,
         max_reads: 4,
         max_call_size: 4 << 20,
+        shared_recv: false,
+        shared_send: false,
     }
+}
+
+/// `cfg` with its pools laid out again for its current sizes.
+pub fn sized(mut cfg: ConnConfig) -> ConnConfig {
+    let send_len = ConnConfig::send_pool_len(cfg.send_slots, cfg.send_size).unwrap();
+    let recv_len = ConnConfig::recv_pool_len(cfg.recv_slots, cfg.recv_size).unwrap();
+    cfg.send_pool = MemRef::new(POOL, 0, send_len);
+    cfg.recv_pool = MemRef::new(POOL, u64::from(send_len), recv_len);
+    cfg
 }
 
 /// Two connected engines: `a` (client) and `b` (server).
@@ -260,10 +323,15 @@ impl Pair {
         let mut moved = false;
         while let Some(c) = s.cq.pop_front() {
             moved = true;
-            if c.tag >> 28 == 2 {
-                s.reads_in_flight -= 1;
+            match c {
+                Cqe::Wc(c) => {
+                    if c.tag >> 28 == 2 {
+                        s.reads_in_flight -= 1;
+                    }
+                    s.conn.handle_completion(now, &c, &mut s.env);
+                }
+                Cqe::Shared { buf, len, inv } => s.conn.handle_recv(now, buf, len, inv, &mut s.env),
             }
-            s.conn.handle_completion(now, &c, &mut s.env);
         }
         moved
     }
@@ -296,23 +364,34 @@ impl Pair {
                     me.sent.push(bytes.clone());
                     let Some((rtag, rbuf)) = peer.posted.pop_front() else {
                         *rnr += 1;
-                        me.cq.push_back(err(tag, WcStatus::RemoteOperationError));
+                        me.cq
+                            .push_back(Cqe::Wc(err(tag, WcStatus::RemoteOperationError)));
                         continue;
                     };
                     if bytes.len() > rbuf.len as usize {
-                        me.cq.push_back(err(tag, WcStatus::RemoteInvalidRequest));
-                        peer.cq.push_back(err(rtag, WcStatus::LocalLengthError));
+                        me.cq
+                            .push_back(Cqe::Wc(err(tag, WcStatus::RemoteInvalidRequest)));
+                        peer.cq
+                            .push_back(Cqe::Wc(err(rtag, WcStatus::LocalLengthError)));
                         continue;
                     }
                     assert!(peer.env.write(rbuf, &bytes));
                     let inv = invalidate.filter(|k| peer.env.invalidate(*k));
-                    me.cq.push_back(ok(tag));
-                    peer.cq.push_back(Completion {
-                        tag: rtag,
-                        status: WcStatus::Success,
-                        byte_len: bytes.len() as u32,
-                        invalidated_rkey: inv,
-                    });
+                    me.cq.push_back(Cqe::Wc(ok(tag)));
+                    if rtag == SHARED {
+                        peer.cq.push_back(Cqe::Shared {
+                            buf: rbuf,
+                            len: bytes.len() as u32,
+                            inv,
+                        });
+                    } else {
+                        peer.cq.push_back(Cqe::Wc(Completion {
+                            tag: rtag,
+                            status: WcStatus::Success,
+                            byte_len: bytes.len() as u32,
+                            invalidated_rkey: inv,
+                        }));
+                    }
                 }
                 Work::Read {
                     tag,
@@ -326,9 +405,11 @@ impl Pair {
                         Some(src) => {
                             let data = peer.get(src);
                             assert!(me.env.write(local, &data));
-                            me.cq.push_back(ok(tag));
+                            me.cq.push_back(Cqe::Wc(ok(tag)));
                         }
-                        None => me.cq.push_back(err(tag, WcStatus::RemoteAccessError)),
+                        None => me
+                            .cq
+                            .push_back(Cqe::Wc(err(tag, WcStatus::RemoteAccessError))),
                     }
                 }
                 Work::Write {
@@ -343,13 +424,17 @@ impl Pair {
                     Some(dst) => {
                         let data = me.get(local);
                         assert!(peer.env.write(dst, &data));
-                        me.cq.push_back(ok(tag));
+                        me.cq.push_back(Cqe::Wc(ok(tag)));
                     }
-                    None => me.cq.push_back(err(tag, WcStatus::RemoteAccessError)),
+                    None => me
+                        .cq
+                        .push_back(Cqe::Wc(err(tag, WcStatus::RemoteAccessError))),
                 },
+                Work::Release { buf } if buf.mr == SENDS => me.env.sends.push(buf),
+                Work::Release { buf } => me.posted.push_back((SHARED, buf)),
                 Work::Invalidate { tag, rkey } => {
                     me.env.invalidate(rkey);
-                    me.cq.push_back(ok(tag));
+                    me.cq.push_back(Cqe::Wc(ok(tag)));
                 }
             }
         }
@@ -361,12 +446,20 @@ impl Pair {
         let s = if to_b { &mut self.b } else { &mut self.a };
         let (rtag, rbuf) = s.posted.pop_front().expect("a posted receive");
         assert!(s.env.write(rbuf, bytes));
-        s.cq.push_back(Completion {
-            tag: rtag,
-            status: WcStatus::Success,
-            byte_len: bytes.len() as u32,
-            invalidated_rkey: None,
-        });
+        if rtag == SHARED {
+            s.cq.push_back(Cqe::Shared {
+                buf: rbuf,
+                len: bytes.len() as u32,
+                inv: None,
+            });
+        } else {
+            s.cq.push_back(Cqe::Wc(Completion {
+                tag: rtag,
+                status: WcStatus::Success,
+                byte_len: bytes.len() as u32,
+                invalidated_rkey: None,
+            }));
+        }
         self.run();
     }
 }

@@ -1086,10 +1086,14 @@ mod props {
             credits in 1u32..6,
             grant in 1u32..6,
             send_kib in 1u32..5,
+            shared in any::<bool>(),
         ) {
             let mut client = sim::config(Role::Client, credits);
             client.send_size = send_kib * 1024;
-            let server = sim::config(Role::Server, grant);
+            let mut server = sim::config(Role::Server, grant);
+            server.shared_recv = shared;
+            server.shared_send = shared;
+            client.shared_send = shared;
             let mut p = Pair::new(client, server);
             let mut want = Vec::new();
             for (k, &n) in sizes.iter().enumerate() {
@@ -1128,6 +1132,37 @@ mod props {
             }
             prop_assert_eq!(p.rnr, 0);
             prop_assert_eq!(p.a.env.live_windows(), 0);
+            if shared {
+                // Every shared receive and send buffer went back to its pool.
+                prop_assert_eq!(p.b.posted_len(), 16);
+                prop_assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+                prop_assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
+            }
+        }
+
+        /// Hostile replies (random bytes after a plausible header for an outstanding XID)
+        /// never panic the requester; it still completes or keeps each call.
+        #[test]
+        fn prop_hostile_replies_never_panic(
+            tail in proptest::collection::vec(any::<u32>(), 0..40),
+            small in proptest::collection::vec(0u32..6, 0..40),
+            proc_ in 0u32..6,
+        ) {
+            let mut p = Pair::default_pair();
+            echo(&mut p, 1, &pattern(1, 3000));
+            p.run();
+            let mut m = be(&[1, 1, 3, proc_]);
+            m.extend(be(&small));
+            m.extend(be(&tail));
+            p.inject(false, &m);
+            let d = done(&mut p);
+            prop_assert!(d.len() <= 1);
+            if p.a.conn.closed().is_none() && d.is_empty() {
+                // The call is still outstanding: a real reply still completes it.
+                serve(&mut p);
+                prop_assert_eq!(done(&mut p).len(), 1);
+            }
+            prop_assert_eq!(p.rnr, 0);
         }
 
         /// Hostile bytes never panic the engine; a bad message costs at most its connection.
@@ -1165,4 +1200,419 @@ fn memory_copy_overlapping_moves_like_memmove() {
         &[3, 4, 5, 6, 7, 8, 7, 8]
     );
     assert!(!m.copy(MemRef::new(sim::APP, 12, 8), MemRef::new(sim::APP, 0, 8)));
+}
+
+#[test]
+fn r8166_3_3_1_f_lowered_grant_obeyed_from_next_reply() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    p.b.conn.set_credits(3);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.a.conn.credit_limit(), 3);
+    for x in 2..10 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.conn.calls_in_flight(), 3);
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 10);
+}
+
+#[test]
+fn r8166_7_1_d_client_grants_backward_credits_from_spare_receives() {
+    let p = Pair::default_pair();
+    // Client: 10 receives, 8 for forward replies, 2 left for backward calls.
+    assert_eq!(p.a.conn.grant(), 2);
+    assert_eq!(p.b.conn.grant(), 8);
+}
+
+#[test]
+fn amb_33_v2_first_call_unanswered_closes_for_v1_reconnect() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    assert!(p.a.conn.wants_timer());
+    let t0 = p.now;
+    p.a.conn.handle_timeout(t0);
+    assert_eq!(p.a.conn.poll_timeout(), Some(t0 + V2_FIRST_REPLY_TIMEOUT));
+    p.a.conn.handle_timeout(t0 + V2_FIRST_REPLY_TIMEOUT / 2);
+    assert_eq!(p.a.conn.closed(), None);
+    p.a.conn.handle_timeout(t0 + V2_FIRST_REPLY_TIMEOUT);
+    assert_eq!(p.a.conn.closed(), Some(CloseReason::NoAnswer));
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::Closed));
+}
+
+#[test]
+fn v2_5_b_first_message_within_1024_then_v2_2_3_b_4096() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    bulk(&mut p, 1, &pattern(1, 2000), 2100);
+    p.run();
+    assert!(p.a.sent[0].len() <= 1024);
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[0]).unwrap().proc,
+        v2::RDMA2_NOMSG
+    );
+    serve(&mut p);
+    assert!(!p.a.conn.wants_timer());
+    assert_eq!(p.a.conn.thresholds(), (4096, 4096));
+    // After the first answer a 2000-byte call goes inline.
+    bulk(&mut p, 2, &pattern(2, 2000), 2100);
+    p.run();
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[1]).unwrap().proc,
+        v2::RDMA2_MSG
+    );
+    serve(&mut p);
+    let d = done(&mut p);
+    assert!(d
+        .iter()
+        .all(|d| d.status == CallStatus::Ok && d.reply_len == 2000));
+}
+
+#[test]
+fn r8166_4_4_c_cancelled_call_fenced_then_reported_and_late_reply_returns_credit() {
+    let mut p = Pair::default_pair();
+    // A queued call is cancelled at once.
+    bulk(&mut p, 1, &[0; 4], 64);
+    bulk(&mut p, 2, &[0; 4], 64);
+    p.run();
+    p.a.conn.cancel_call(2).unwrap();
+    p.run();
+    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+    // A sent call: its exposures are invalidated, then it is reported.
+    p.a.conn.cancel_call(1).unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d[0].xid, d[0].status), (1, CallStatus::Cancelled));
+    assert_eq!(p.a.conn.calls_in_flight(), 1, "still owed a reply");
+    serve(&mut p);
+    // The late reply returned the credit and is not reported again.
+    assert!(done(&mut p).is_empty());
+    assert_eq!(p.a.conn.calls_in_flight(), 0);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    let msg = p.a.put(&be(&[8192, 1]));
+    let result = p.a.alloc(8192);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 3,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    assert_eq!(p.a.env.live_windows(), 1);
+    p.a.conn.cancel_call(3).unwrap();
+    // Run only the requester: the server still holds the call.
+    p.step();
+    // R8166-8.1.4-c: the Write chunk is fenced before the call is reported.
+    assert_eq!(p.a.env.live_windows(), 0);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+}
+
+/// A WRITE call whose data (len `n`) is pulled from segments `segs` of the peer.
+fn write_call_with_chunk(p: &mut Pair, xid: u32, n: u32, segs: &[(u32, u32, u64)]) -> Vec<u8> {
+    let mut m = be(&[xid, 1, 8, 0]);
+    for &(h, l, o) in segs {
+        m.extend(be(&[1, 48, h, l]));
+        m.extend(o.to_be_bytes());
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(rpcmsg::call_header(xid, RDMATEST_PROG, 1, rdmatest::WRITE));
+    m.extend(be(&[5, n]));
+    p.inject(true, &m);
+    serve(p);
+    p.b.sent.last().unwrap().clone()
+}
+
+#[test]
+fn r8166_3_4_4_a_unaligned_split_same_position_gathered() {
+    let mut p = Pair::default_pair();
+    let data = pattern(5, 10001);
+    let parts = [(0usize, 4097usize), (4097, 3000), (7097, 2904)];
+    let segs: Vec<(u32, u32, u64)> = parts
+        .iter()
+        .map(|&(o, l)| {
+            let at = p.a.put(&data[o..o + l]);
+            let s =
+                p.a.env
+                    .expose(at, rpcrdma_verbs::Access::REMOTE_READ)
+                    .unwrap();
+            (s.handle, s.length, s.offset)
+        })
+        .collect();
+    let r = write_call_with_chunk(&mut p, 4, 10001, &segs);
+    assert_eq!(
+        &r[28..],
+        &[rpcmsg::reply_header(4, 0).to_vec(), be(&[10001])].concat()[..]
+    );
+}
+
+#[test]
+fn r8166_3_4_5_2_b_chunk_with_pad_accepted() {
+    let mut p = Pair::default_pair();
+    let mut data = pattern(5, 5);
+    data.extend([0, 0, 0]);
+    let at = p.a.put(&data);
+    let s =
+        p.a.env
+            .expose(at, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    let r = write_call_with_chunk(&mut p, 6, 5, &[(s.handle, 8, s.offset)]);
+    assert_eq!(
+        &r[28..],
+        &[rpcmsg::reply_header(6, 0).to_vec(), be(&[5])].concat()[..]
+    );
+}
+
+#[test]
+fn r8166_8_1_4_a_huge_read_chunk_refused_without_reads() {
+    let mut p = Pair::default_pair();
+    let r = write_call_with_chunk(&mut p, 8, 1 << 30, &[(0x77, 1 << 30, 0)]);
+    assert_eq!(r, be(&[8, 1, 8, 4, 2]));
+    assert!(!p.b.log.iter().any(|w| matches!(w, Work::Read { .. })));
+}
+
+#[test]
+fn r8166_3_1_a_responder_exposes_nothing_and_4_3_1_b_replies_have_empty_read_list() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 30000));
+    p.run();
+    serve(&mut p);
+    bulk(&mut p, 2, &pattern(2, 5000), 6000);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 2);
+    assert_eq!(p.b.env.exposed_total(), 0);
+    for r in &p.b.sent {
+        let h = header(r);
+        match h.body {
+            v1::Body::Msg(c) | v1::Body::Nomsg(c) => assert!(c.reads.is_empty()),
+            v1::Body::Error(_) => {}
+        }
+    }
+}
+
+#[test]
+fn r8166_2_3_2_d_read_chunk_memory_kept_until_reply() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 3000));
+    p.run();
+    // Read chunk, Write chunk and the two Reply chunk segments exposed; no answer yet.
+    assert_eq!(p.a.env.live_windows(), 4);
+    assert!(!p.a.log.iter().any(|w| matches!(w, Work::Invalidate { .. })));
+    serve(&mut p);
+    assert_eq!(p.a.env.live_windows(), 0);
+    // R8166-4.4-b: the invalidations precede the completion report.
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+}
+
+#[test]
+fn r8166_3_3_1_i_responder_sends_only_answers_and_3_3_1_e_grant_constant() {
+    let mut p = Pair::default_pair();
+    for x in 0..12 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 12);
+    assert_eq!(p.b.sent.len(), 12);
+    assert!(p
+        .b
+        .sent
+        .iter()
+        .all(|r| proto::Fixed::peek(r).unwrap().credit == 8));
+    p.run();
+    assert_eq!(p.b.sent.len(), 12);
+}
+
+#[test]
+fn r8166_3_3_2_a_thresholds_are_min_of_send_and_peer_receive() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut cfg = sim::config(Role::Client, 4);
+    cfg.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 2048,
+        recv_size: 8192,
+    });
+    let c = Connection::new(cfg).unwrap();
+    assert_eq!(c.thresholds(), (4096, 2048));
+    let c = Connection::new(sim::config(Role::Client, 4)).unwrap();
+    assert_eq!(c.thresholds(), (1024, 1024));
+}
+
+#[test]
+fn r8166_3_3_3_d_receive_buffers_hold_1024() {
+    let mut cfg = sim::config(Role::Server, 4);
+    cfg.recv_size = 512;
+    assert!(Connection::new(cfg).is_err());
+}
+
+#[test]
+fn r8166_3_3_3_e_1024_bytes_inline_1028_not() {
+    let mut p = Pair::default_pair();
+    // 28-byte header + 40-byte RPC header + 956 bytes = 1024: inline.
+    bulk(&mut p, 1, &[7; 956], 64);
+    p.run();
+    serve(&mut p);
+    bulk(&mut p, 2, &[7; 960], 64);
+    p.run();
+    assert_eq!(p.a.sent[0].len(), 1024);
+    assert_eq!(header(&p.a.sent[0]).body.proc(), v1::RDMA_MSG);
+    assert_eq!(header(&p.a.sent[1]).body.proc(), v1::RDMA_NOMSG);
+}
+
+#[test]
+fn r8166_3_4_2_a_ineligible_piece_never_reduced() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut client = sim::config(Role::Client, 4);
+    client.send_size = 8192;
+    client.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 8192,
+        recv_size: 8192,
+    });
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_size = 8192;
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    let msg = p.a.put(&[0; 8]);
+    let piece = p.a.put(&pattern(1, 3000));
+    let reply = p.a.alloc(8192);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 4,
+        }],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let h = header(&p.a.sent[0]);
+    let v1::Body::Msg(c) = h.body else {
+        panic!("{h:?}")
+    };
+    assert!(c.reads.is_empty());
+    serve(&mut p);
+    let d = done(&mut p);
+    let mut want = vec![0; 4];
+    want.extend(pattern(1, 3000));
+    want.extend([0; 4]);
+    assert_eq!(p.a.get(reply.prefix(d[0].reply_len).unwrap()), want);
+}
+
+#[test]
+fn r8166_4_5_f_undecodable_error_dropped_and_amb_2_err_vers_any_version() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    p.inject(false, &be(&[1, 1, 1, 4, 7]));
+    assert!(done(&mut p).is_empty());
+    p.inject(false, &be(&[1, 7, 1, 4, 1, 1, 1]));
+    assert_eq!(done(&mut p)[0].status, CallStatus::ErrVers);
+}
+
+#[test]
+fn r8166_3_3_1_f_shared_receive_queue_serves_every_mode_and_returns_buffers() {
+    let mut server = sim::config(Role::Server, 4);
+    server.shared_recv = true;
+    server.shared_send = true;
+    let mut client = sim::config(Role::Client, 4);
+    client.shared_send = true;
+    let mut p = Pair::new(client, server);
+    assert_eq!(p.b.posted_len(), 16);
+    let data = pattern(3, 40_000);
+    let (result, _) = echo(&mut p, 1, &data);
+    let reply = bulk(&mut p, 2, &pattern(4, 3000), 3100);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert!(d.iter().all(|d| d.status == CallStatus::Ok), "{d:?}");
+    assert_eq!(p.a.get(result), data);
+    assert_eq!(p.a.get(reply.prefix(3000).unwrap()), pattern(4, 3000));
+    assert_eq!(p.b.posted_len(), 16);
+    // A connection that ends while holding a shared buffer gives it back.
+    let mut m = be(&[9, 1, 4, 0, 0, 0, 0]);
+    m.extend(rpcmsg::call_header(9, BULK_PROG, 1, 1));
+    p.inject(true, &m);
+    assert_eq!(p.b.posted_len(), 15);
+    p.b.conn.close(CloseReason::Requested);
+    p.run();
+    assert_eq!(p.b.posted_len(), 16);
+    assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+    assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
+}
+
+#[test]
+fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
+    let mut client = sim::config(Role::Client, 8);
+    client.shared_send = true;
+    let mut server = sim::config(Role::Server, 8);
+    server.shared_send = true;
+    let mut p = Pair::new(client, server);
+    // Leave the client two send buffers: the first reply raises the grant to 8, yet only
+    // two calls can be out at once; the rest wait instead of failing.
+    let keep: Vec<MemRef> = p.a.env.sends.drain(2..).collect();
+    for x in 0..6 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 6);
+    assert_eq!(p.a.env.sends.len(), 2);
+    // The server with no send buffer refuses a reply with Busy, then sends it later.
+    p.a.env.sends.extend(keep);
+    p.b.events.clear();
+    bulk(&mut p, 10, &[1; 4], 64);
+    p.run();
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    let buf = p.b.alloc(c.args_len);
+    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    p.run();
+    p.b.events.clear();
+    let held: Vec<MemRef> = p.b.env.sends.drain(..).collect();
+    let m = p.b.put(&[1; 4]);
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg: m,
+        results: &[],
+    };
+    assert_eq!(
+        p.b.conn.submit_reply(c.id, &spec, &mut p.b.env),
+        Err(SubmitError::Busy)
+    );
+    p.b.env.sends.extend(held);
+    p.b.conn.submit_reply(c.id, &spec, &mut p.b.env).unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].xid, d[0].status, d[0].reply_len),
+        (10, CallStatus::Ok, 4)
+    );
 }

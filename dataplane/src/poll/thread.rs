@@ -214,7 +214,8 @@ impl<P: Provider> PollThread<P> {
             Err(e) => return Err((format!("provider: {e}"), notify)),
         };
         let mr = pool.mr();
-        let drv = match Driver::new(provider, cq, mr, tmpl) {
+        let whole = MemRef::new(mr.id, 0, u32::try_from(mr.len).unwrap_or(u32::MAX));
+        let drv = match Driver::new(provider, cq, mr, whole, tmpl) {
             Ok(d) => d,
             Err(e) => return Err((format!("engine: {e}"), notify)),
         };

@@ -1,0 +1,330 @@
+//! Engine figures (plain timing loop, median of 5 runs; not a test): two `Driver`s on the
+//! soft provider's in-memory fabric, both driven by this one thread (so "per core" means both
+//! ends on one core), RDMATEST ECHO with a fixed number of calls in flight:
+//! 1. 64 bytes inline, 32 in flight: RPCs per second and ns per RPC;
+//! 2. 64 KiB through a Read chunk and a Write chunk, 4 in flight: GB/s of echoed data.
+//!
+//! Run: `cargo bench -p rpcrdma-dataplane --bench engine` (release profile; MPA CRC off, as a
+//! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of part 1.
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use rpcrdma_dataplane::{
+    ArgPiece, CallSpec, ConnId, ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec,
+    ResultPiece, Role, ServeId, SubmitError,
+};
+use rpcrdma_proto::cm::PrivateData;
+use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
+use rpcrdma_verbs::conformance::{Side, GUARD};
+use rpcrdma_verbs::soft::link::MemFabric;
+use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
+use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider};
+
+struct BufMem {
+    mr: MrId,
+    buf: Vec<u8>,
+    len: u64,
+}
+
+impl BufMem {
+    fn range(&self, at: MemRef) -> Option<std::ops::Range<usize>> {
+        let end = at.offset.checked_add(u64::from(at.len))?;
+        (at.mr == self.mr && end <= self.len)
+            .then(|| GUARD + at.offset as usize..GUARD + end as usize)
+    }
+}
+
+impl Memory for BufMem {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        match self
+            .range(at)
+            .and_then(|r| self.buf.get(r))
+            .and_then(|s| s.get(..dst.len()))
+        {
+            Some(s) => {
+                dst.copy_from_slice(s);
+                true
+            }
+            None => false,
+        }
+    }
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        let Some(r) = self.range(at) else {
+            return false;
+        };
+        match self.buf.get_mut(r).and_then(|d| d.get_mut(..src.len())) {
+            Some(d) => {
+                d.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        match (self.range(from), self.range(to)) {
+            (Some(f), Some(t)) if f.len() <= t.len() => {
+                self.buf.copy_within(f, t.start);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+struct Node {
+    drv: Driver<SoftMem>,
+    mem: BufMem,
+    pd: PdId,
+    base: u64,
+}
+
+fn node(f: &MemFabric, tmpl: ConnTemplate) -> Node {
+    let cfg = SoftConfig {
+        crc: false,
+        ..SoftConfig::default()
+    };
+    let Side {
+        p, pd, cq, buf, mr, ..
+    } = Side::new(SoftProvider::memory(f, cfg));
+    let pool = MemRef::new(mr.id, 0, tmpl.block_len().unwrap());
+    let base = u64::from(pool.len).div_ceil(4096) * 4096;
+    let drv = Driver::new(p, cq, mr, pool, tmpl).unwrap();
+    Node {
+        drv,
+        mem: BufMem {
+            mr: mr.id,
+            buf,
+            len: mr.len,
+        },
+        pd,
+        base,
+    }
+}
+
+fn connect(c: &mut Node, s: &mut Node) -> ConnId {
+    let now = Instant::now();
+    let l = s
+        .drv
+        .provider_mut()
+        .listen("10.9.0.1:20049".parse().unwrap())
+        .unwrap();
+    let addr = s.drv.provider().listen_addr(l).unwrap();
+    let init = c.drv.template().qp_init(c.pd, c.drv.cq());
+    let qa = c.drv.provider_mut().create_qp(&init).unwrap();
+    let ca = c
+        .drv
+        .add_connection(qa, Role::Client, None, &mut c.mem)
+        .unwrap();
+    let pd = c.drv.template().private_data().emit();
+    let params = ConnParams {
+        private_data: &pd,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    c.drv.provider_mut().connect(qa, addr, &params).unwrap();
+    let mut accepted = false;
+    loop {
+        c.drv.poll(now, &mut c.mem);
+        s.drv.poll(now, &mut s.mem);
+        while let Some(e) = s.drv.provider_mut().poll_cm() {
+            if let CmEvent::ConnectRequest {
+                req, private_data, ..
+            } = e
+            {
+                let init = s.drv.template().qp_init(s.pd, s.drv.cq());
+                let qb = s.drv.provider_mut().create_qp(&init).unwrap();
+                let peer = PrivateData::parse(private_data.as_slice());
+                s.drv
+                    .add_connection(qb, Role::Server, peer, &mut s.mem)
+                    .unwrap();
+                s.drv.provider_mut().accept(req, qb, &params).unwrap();
+                accepted = true;
+            }
+        }
+        while let Some(e) = c.drv.provider_mut().poll_cm() {
+            if let CmEvent::Established { private_data, .. } = e {
+                assert!(accepted);
+                c.drv
+                    .set_peer(ca, PrivateData::parse(private_data.as_slice()))
+                    .unwrap();
+                return ca;
+            }
+        }
+    }
+}
+
+/// Per in-flight slot: argument piece, result buffer and reply buffer of the client; the
+/// server's argument buffer and reply word of the same slot index.
+struct Slots {
+    len: u32,
+    client: Vec<(MemRef, MemRef, MemRef, MemRef)>,
+    server: Vec<(MemRef, MemRef)>,
+}
+
+fn slots(c: &mut Node, s: &mut Node, n: usize, len: u32) -> Slots {
+    let stride = u64::from(len).div_ceil(64) * 64 + 64;
+    let mut client = Vec::new();
+    let mut server = Vec::new();
+    for k in 0..n as u64 {
+        // Big pieces first (argument, result), then the small message and reply words.
+        let big = |i: u64| MemRef::new(c.mem.mr, c.base + (2 * k + i) * stride, len);
+        let small = |i: u64| {
+            MemRef::new(
+                c.mem.mr,
+                c.base + 2 * n as u64 * stride + (2 * k + i) * 128,
+                120,
+            )
+        };
+        let (piece, result, msg, reply) = (big(0), big(1), small(0).prefix(4).unwrap(), small(1));
+        assert!(c.mem.write(msg, &len.to_be_bytes()));
+        // 120 bytes: room for a 64-byte result inline; a large one takes the Write chunk.
+        client.push((msg, piece, result, reply));
+        let sat = |i: u64| MemRef::new(s.mem.mr, s.base + (2 * k + i) * stride, len + 8);
+        let (args, word) = (sat(0), sat(1));
+        assert!(s.mem.write(word.prefix(4).unwrap(), &len.to_be_bytes()));
+        server.push((args, word.prefix(4).unwrap()));
+    }
+    Slots {
+        len,
+        client,
+        server,
+    }
+}
+
+/// Runs `calls` ECHO calls of `sl.len` bytes with `sl.client.len()` in flight; returns the
+/// elapsed time.
+fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Duration {
+    let depth = sl.client.len();
+    let mut serving: Vec<(ServeId, ConnId, usize)> = Vec::with_capacity(depth);
+    let mut next_slot = 0usize;
+    let submit = |c: &mut Node, k: usize, xid: u32| {
+        let (msg, piece, result, reply) = sl.client[k];
+        let spec = CallSpec {
+            user: k as u64,
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::ECHO,
+            msg,
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 4,
+            }],
+            results: &[result],
+            reply,
+        };
+        match c.drv.submit_call(conn, &spec, &mut c.mem) {
+            Ok(()) => {}
+            Err(SubmitError::Busy) => panic!("busy"),
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    let start = Instant::now();
+    let mut xid = 1u32;
+    for k in 0..depth {
+        submit(c, k, xid);
+        xid += 1;
+    }
+    let (mut done, mut sent) = (0u64, depth as u64);
+    let now = Instant::now();
+    while done < calls {
+        c.drv.poll(now, &mut c.mem);
+        s.drv.poll(now, &mut s.mem);
+        while let Some((sc, ev)) = s.drv.poll_event() {
+            match ev {
+                Event::IncomingCall(ic) => {
+                    let k = next_slot % depth;
+                    next_slot += 1;
+                    serving.push((ic.id, sc, k));
+                    s.drv
+                        .accept_call(sc, ic.id, sl.server[k].0, &mut s.mem)
+                        .unwrap();
+                }
+                Event::ArgsReady { id, .. } => {
+                    let i = serving.iter().position(|e| e.0 == id).unwrap();
+                    let (_, sc, k) = serving.swap_remove(i);
+                    let (args, word) = sl.server[k];
+                    let results = [ResultPiece {
+                        mem: args.sub(4, sl.len).unwrap(),
+                        xdr_pos: 4,
+                    }];
+                    let spec = ReplySpec {
+                        accept_stat: 0,
+                        msg: word,
+                        results: &results,
+                    };
+                    s.drv.submit_reply(sc, id, &spec, &mut s.mem).unwrap();
+                }
+                _ => {}
+            }
+        }
+        while let Some((_, ev)) = c.drv.poll_event() {
+            if let Event::CallDone(d) = ev {
+                assert_eq!(d.status, rpcrdma_dataplane::CallStatus::Ok);
+                done += 1;
+                if sent < calls {
+                    submit(c, d.user as usize, xid);
+                    xid = xid.wrapping_add(1).max(1);
+                    sent += 1;
+                }
+            }
+        }
+    }
+    start.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let calls: u64 = std::env::var("ENGINE_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    // 1. ECHO 64 bytes, 32 in flight.
+    let tmpl = ConnTemplate {
+        credits: 32,
+        max_calls: 32,
+        recv_slots: 34,
+        ..ConnTemplate::default()
+    };
+    let f = MemFabric::new();
+    let (mut c, mut s) = (node(&f, tmpl), node(&f, tmpl));
+    let conn = connect(&mut c, &mut s);
+    let sl = slots(&mut c, &mut s, 32, 64);
+    run(&mut c, &mut s, conn, &sl, 20_000);
+    let t = median(
+        (0..5)
+            .map(|_| run(&mut c, &mut s, conn, &sl, calls))
+            .collect(),
+    );
+    let ns = t.as_nanos() as f64 / calls as f64;
+    println!(
+        "echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC, {:.2} M RPC/s ({calls} calls, median of 5)",
+        ns,
+        1e3 / ns
+    );
+    // 2. ECHO 64 KiB through a Read chunk and a Write chunk, 4 in flight.
+    let tmpl = ConnTemplate {
+        credits: 4,
+        max_calls: 4,
+        recv_slots: 6,
+        ..ConnTemplate::default()
+    };
+    let f = MemFabric::new();
+    let (mut c, mut s) = (node(&f, tmpl), node(&f, tmpl));
+    let conn = connect(&mut c, &mut s);
+    let sl = slots(&mut c, &mut s, 4, 64 << 10);
+    let n = (calls / 50).max(100);
+    run(&mut c, &mut s, conn, &sl, n / 10);
+    let t = median((0..5).map(|_| run(&mut c, &mut s, conn, &sl, n)).collect());
+    let bytes = n as f64 * f64::from(64u32 << 10);
+    println!(
+        "echo 64 KiB via read + write chunks, 4 in flight: {:.2} GB/s of echoed data each way, {:.1} us/RPC ({n} calls)",
+        bytes / t.as_secs_f64() / 1e9,
+        t.as_micros() as f64 / n as f64
+    );
+}
