@@ -184,7 +184,7 @@ fn xch_four_operations_end_to_end_between_two_daemons() {
     // Pending then UPDXCH with pendclr: B asks A to change REQREMINV while A has a call in
     // flight; A answers pend and completes the change once the call is done.
     let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
-    call.args().put_u32(300_000);
+    call.args().put_u32(1_000_000);
     let slow = call.submit().expect("submit");
     let counted = common::eventually(10, || {
         (a.ctl_json(&["stats"])["conns"][0]["calls-out"] == 4).then_some(())
