@@ -215,3 +215,31 @@ fn xch_four_operations_end_to_end_between_two_daemons() {
         .expect("submit");
     c.wait(t, T).expect("NULL after the unknown characteristic");
 }
+
+#[test]
+fn many_calls_in_flight_beyond_the_credits_all_complete() {
+    let b = Daemon::start("many-b", None);
+    let a = Daemon::start("many-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    // The test config grants 64 credits per connection; 200 calls queue in the engine.
+    let mut tickets = Vec::new();
+    for i in 0..200u32 {
+        let data = pattern(i, 64 + (i as usize % 7) * 300);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        tickets.push((call.submit().expect("submit"), data));
+    }
+    for (i, (t, data)) in tickets.into_iter().enumerate() {
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert_eq!(r.accept_stat, 0, "call {i}");
+        assert_eq!(r.body, xdr_opaque(&data), "call {i}");
+    }
+    let s = a.ctl_json(&["stats"]);
+    assert_eq!(s["conns"][0]["replies-in"], 200);
+    assert_eq!(s["conns"][0]["call-errors"], 0);
+}

@@ -133,6 +133,7 @@ pub struct PollThread<P: Provider> {
     retired: Vec<(Instant, MrId)>,
     subs: Vec<(AppId, Submission)>,
     waiting: VecDeque<(u32, CallRequest)>,
+    held_in: VecDeque<(ConnId, crate::IncomingCall)>,
     started: HashMap<u64, (Instant, u32)>,
     serving: HashMap<u64, Serving>,
     args: [ArgPiece; MAX_PIECES],
@@ -271,6 +272,7 @@ impl<P: Provider> PollThread<P> {
             retired: Vec::new(),
             subs: Vec::with_capacity(SUB_BATCH),
             waiting: VecDeque::with_capacity(MAX_WAITING),
+            held_in: VecDeque::with_capacity(MAX_WAITING),
             started: HashMap::with_capacity(8192),
             serving: HashMap::with_capacity(8192),
             args: [ArgPiece::default(); MAX_PIECES],
@@ -338,6 +340,16 @@ impl<P: Provider> PollThread<P> {
             }
         }
         work |= self.waiting.len() < held;
+        let held = self.held_in.len();
+        for _ in 0..held {
+            let Some((conn, ic)) = self.held_in.pop_front() else {
+                break;
+            };
+            if let Some(slot) = self.slot_of_conn(conn) {
+                self.dispatch_incoming(conn, Some(slot), ic);
+            }
+        }
+        work |= self.held_in.len() < held;
         let mut subs = std::mem::take(&mut self.subs);
         subs.clear();
         self.table.poll_submissions(&mut subs, SUB_BATCH);
@@ -570,65 +582,8 @@ impl<P: Provider> PollThread<P> {
                 );
             }
             ConnEvent::IncomingCall(ic) => {
-                if let Some(i) = slot {
-                    self.slots[i].stats.info.calls_in += 1;
-                    self.slots[i].stats.info.bytes_in = self.slots[i]
-                        .stats
-                        .info
-                        .bytes_in
-                        .saturating_add(u64::from(ic.args_len));
-                }
-                self.stats.totals.calls_in += 1;
-                self.stats.totals.bytes_in = self
-                    .stats
-                    .totals
-                    .bytes_in
-                    .saturating_add(u64::from(ic.args_len));
-                let server = self.table.lookup(ic.prog, ic.vers).or_else(|| {
-                    // A call arriving on a connection we opened is a backward-direction call.
-                    slot.filter(|&i| self.slots[i].stats.info.client)
-                        .and_then(|_| self.table.lookup_backchannel(ic.prog, ic.vers))
-                });
-                let Some(app) = server else {
-                    let _ = self
-                        .drv
-                        .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
-                    return;
-                };
-                let rb = match self.table.take_recv(app, ic.args_len) {
-                    Ok(rb) => rb,
-                    Err(_) => {
-                        let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-                        return;
-                    }
-                };
-                let Some(dest) = self.app_ref(app, rb.buf) else {
-                    self.table.put_back_recv(rb);
-                    let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-                    return;
-                };
-                let tag = serve_tag(conn, ic.id);
-                self.serving.insert(
-                    tag,
-                    Serving::Receiving {
-                        app,
-                        rb,
-                        prog: ic.prog,
-                        vers: ic.vers,
-                        proc_: ic.proc_,
-                        xid: ic.xid,
-                    },
-                );
-                if self
-                    .drv
-                    .accept_call(conn, ic.id, dest, &mut self.mem)
-                    .is_err()
-                {
-                    if let Some(Serving::Receiving { rb, .. }) = self.serving.remove(&tag) {
-                        self.table.put_back_recv(rb);
-                    }
-                    let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-                }
+                self.count_incoming(slot, ic.args_len);
+                self.dispatch_incoming(conn, slot, ic);
             }
             ConnEvent::ArgsReady { id, args_len } => {
                 let tag = serve_tag(conn, id);
@@ -720,6 +675,75 @@ impl<P: Provider> PollThread<P> {
                     s.state = ConnState::Closing;
                 }
             }
+        }
+    }
+
+    fn count_incoming(&mut self, slot: Option<usize>, args_len: u32) {
+        if let Some(i) = slot {
+            let s = &mut self.slots[i].stats.info;
+            s.calls_in += 1;
+            s.bytes_in = s.bytes_in.saturating_add(u64::from(args_len));
+        }
+        self.stats.totals.calls_in += 1;
+        self.stats.totals.bytes_in = self
+            .stats
+            .totals
+            .bytes_in
+            .saturating_add(u64::from(args_len));
+    }
+
+    /// Hands an incoming call to the app serving its program: takes one of its receive
+    /// buffers and lets the engine place the arguments there. While every buffer of that app
+    /// is busy the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
+    fn dispatch_incoming(&mut self, conn: ConnId, slot: Option<usize>, ic: crate::IncomingCall) {
+        let server = self.table.lookup(ic.prog, ic.vers).or_else(|| {
+            // A call arriving on a connection we opened is a backward-direction call.
+            slot.filter(|&i| self.slots[i].stats.info.client)
+                .and_then(|_| self.table.lookup_backchannel(ic.prog, ic.vers))
+        });
+        let Some(app) = server else {
+            let _ = self
+                .drv
+                .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
+            return;
+        };
+        let rb = match self.table.take_recv(app, ic.args_len) {
+            Ok(rb) => rb,
+            Err(_) if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING => {
+                self.held_in.push_back((conn, ic));
+                return;
+            }
+            Err(_) => {
+                let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+                return;
+            }
+        };
+        let Some(dest) = self.app_ref(app, rb.buf) else {
+            self.table.put_back_recv(rb);
+            let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+            return;
+        };
+        let tag = serve_tag(conn, ic.id);
+        self.serving.insert(
+            tag,
+            Serving::Receiving {
+                app,
+                rb,
+                prog: ic.prog,
+                vers: ic.vers,
+                proc_: ic.proc_,
+                xid: ic.xid,
+            },
+        );
+        if self
+            .drv
+            .accept_call(conn, ic.id, dest, &mut self.mem)
+            .is_err()
+        {
+            if let Some(Serving::Receiving { rb, .. }) = self.serving.remove(&tag) {
+                self.table.put_back_recv(rb);
+            }
+            let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
         }
     }
 
