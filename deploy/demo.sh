@@ -1,12 +1,17 @@
 #!/bin/sh
 # Loopback demo: two rpcrdmad daemons (soft provider), an RDMATEST server app on the
 # server daemon, a client app calling through the client daemon, then rpcrdmactl.
-# Run from the repository root: sh deploy/demo.sh [COUNT]
+# Run from the repository root: sh deploy/demo.sh [COUNT]   (PROFILE=release for figures)
 set -eu
 count=${1:-1000}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build -q -p rpcrdma-control --bins --examples
-bin=$CARGO_TARGET_DIR/debug
+profile=${PROFILE:-debug}
+if [ "$profile" = release ]; then
+  cargo build -q --release -p rpcrdma-control --bins --examples
+else
+  cargo build -q -p rpcrdma-control --bins --examples
+fi
+bin=$CARGO_TARGET_DIR/$profile
 pids=""
 cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
