@@ -7,9 +7,9 @@ count=${1:-1000}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 profile=${PROFILE:-debug}
 if [ "$profile" = release ]; then
-  cargo build -q --release -p rpcrdma-control --bins --examples
+  cargo build -q --release -p rpcrdma-control --bins
 else
-  cargo build -q -p rpcrdma-control --bins --examples
+  cargo build -q -p rpcrdma-control --bins
 fi
 bin=$CARGO_TARGET_DIR/$profile
 pids=""
@@ -25,7 +25,7 @@ until ctl_c --json status 2>/dev/null | grep -q '"state": "up"'; do
   i=$((i + 1)); [ $i -lt 100 ] || { echo "daemons did not connect; logs in /tmp/rpcrdmad-demo-*/log"; exit 1; }
   sleep 0.1
 done
-$bin/examples/rdmatest serve /tmp/rpcrdmad-demo-server/app.sock & pids="$pids $!"
+$bin/rdmatest serve /tmp/rpcrdmad-demo-server/app.sock & pids="$pids $!"
 sleep 0.3
-$bin/examples/rdmatest call /tmp/rpcrdmad-demo-client/app.sock server "$count"
+$bin/rdmatest call /tmp/rpcrdmad-demo-client/app.sock server "$count"
 echo; ctl_c status; echo; ctl_c conns; echo; ctl_c stats; echo; ctl_c latency; echo; ctl_s conns

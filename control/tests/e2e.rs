@@ -243,3 +243,76 @@ fn many_calls_in_flight_beyond_the_credits_all_complete() {
     assert_eq!(s["conns"][0]["replies-in"], 200);
     assert_eq!(s["conns"][0]["call-errors"], 0);
 }
+
+#[test]
+fn app_killed_with_calls_in_flight_leaves_the_daemon_and_other_apps_working() {
+    let b = Daemon::start("kill-b", None);
+    let a = Daemon::start("kill-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut victim = std::process::Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+        .arg("inflight")
+        .arg(&a.app)
+        .args(["server", "8"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn app");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(victim.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(line.trim(), "submitted");
+    common::signal_pid(victim.id(), "KILL");
+    let _ = victim.wait();
+    let detached = common::eventually(20, || {
+        (a.ctl_json(&["stats"])["threads"][0]["apps-detached"] == 1).then_some(())
+    });
+    assert!(detached.is_some(), "{}", a.log());
+    // Its calls finish at B and their replies are dropped; another app works meanwhile.
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let data = pattern(3, 200);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.body, xdr_opaque(&data));
+    assert!(a.ctl(&["status"]).status.success());
+}
+
+#[test]
+fn serving_app_killed_mid_call_answers_the_caller_with_an_error() {
+    let b = Daemon::start("srvkill-b", None);
+    let a = Daemon::start("srvkill-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+        .arg("serve")
+        .arg(&b.app)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn server app");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert!(line.starts_with("serving"), "{line}");
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
+    call.args().put_u32(1_000_000);
+    let t = call.submit().expect("submit");
+    let delivered = common::eventually(10, || {
+        (b.ctl_json(&["stats"])["conns"][0]["calls-in"] == 1).then_some(())
+    });
+    assert!(delivered.is_some());
+    common::signal_pid(server.id(), "KILL");
+    let _ = server.wait();
+    let r = c.wait(t, T).expect("a reply, not a hang");
+    assert_eq!(r.accept_stat, 5, "SYSTEM_ERR for a call whose server died");
+}

@@ -154,14 +154,10 @@ impl Daemon {
         assert!(ok.is_some(), "peer {name} never came up:\n{}", self.log());
     }
 
-    /// Sends `sig` to the daemon.
+    /// Sends `sig` ("TERM", "INT", "HUP" or "KILL") to the daemon.
     pub fn signal(&self, sig: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let st = Command::new("kill")
-            .args(["-s", sig, &pid])
-            .status()
-            .expect("kill");
-        assert!(st.success());
+        let id = self.child.as_ref().expect("running").id();
+        signal_pid(id, sig);
     }
 
     /// Waits for the daemon to exit (at most `secs`), returning its exit code.
@@ -209,4 +205,18 @@ pub fn xdr_opaque(d: &[u8]) -> Vec<u8> {
     v.extend_from_slice(d);
     v.resize(4 + d.len().div_ceil(4) * 4, 0);
     v
+}
+
+/// Sends `sig` ("TERM", "INT", "HUP" or "KILL") to process `id` (one we started).
+pub fn signal_pid(id: u32, sig: &str) {
+    use rustix::process::{kill_process, Pid, Signal};
+    let sig = match sig {
+        "TERM" => Signal::TERM,
+        "INT" => Signal::INT,
+        "HUP" => Signal::HUP,
+        "KILL" => Signal::KILL,
+        other => panic!("unknown signal {other}"),
+    };
+    let pid = Pid::from_raw(i32::try_from(id).expect("pid")).expect("non-zero pid");
+    kill_process(pid, sig).expect("kill");
 }

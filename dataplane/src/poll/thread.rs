@@ -40,8 +40,6 @@ const PROG_UNAVAIL: u32 = 1;
 const SYSTEM_ERR: u32 = 5;
 /// How long a drained thread keeps its apps attached so they can read their last completions.
 const DRAIN_LINGER: Duration = Duration::from_millis(200);
-/// How long a detached app's memory stays registered (RPCs still using it finish or fail).
-const RETIRE_AFTER: Duration = Duration::from_secs(5);
 
 /// Registered memory reached by [`MemRef`]: the buffer pool and the apps' regions.
 #[derive(Debug, Default)]
@@ -130,7 +128,7 @@ pub struct PollThread<P: Provider> {
     table: AppTable,
     apps: AppListener,
     app_mem: Vec<AppMem>,
-    retired: Vec<(Instant, MrId)>,
+    retired: Vec<(AppId, MrId)>,
     subs: Vec<(AppId, Submission)>,
     waiting: VecDeque<(u32, CallRequest)>,
     held_in: VecDeque<(ConnId, crate::IncomingCall)>,
@@ -399,11 +397,13 @@ impl<P: Provider> PollThread<P> {
                 let _ = app;
             }
             Submission::Reply(r) => {
-                let Some(Serving::Delivered(op)) = self.serving.remove(&r.tag) else {
+                // Only a call delivered to this very app may be answered (the tag is app data).
+                let delivered = matches!(self.serving.get(&r.tag), Some(Serving::Delivered(op)) if op.app() == r.id.app());
+                if !delivered {
                     self.table.complete_reply(r.id, status::BAD_HANDLE);
                     return;
-                };
-                let _ = op;
+                }
+                self.serving.remove(&r.tag);
                 let (conn, sid) = from_serve_tag(r.tag);
                 let rapp = r.id.app();
                 let Some(msg) = self.app_ref(rapp, r.msg) else {
@@ -612,9 +612,7 @@ impl<P: Provider> PollThread<P> {
                     Ok(op) => {
                         self.serving.insert(tag, Serving::Delivered(op));
                     }
-                    Err(_) => {
-                        let _ = self.drv.reject_call(conn, id, SYSTEM_ERR, &mut self.mem);
-                    }
+                    Err(_) => self.fail_served(conn, id),
                 }
             }
             ConnEvent::ReplyDone { id, status: st } => {
@@ -992,14 +990,17 @@ impl<P: Provider> PollThread<P> {
             self.on_detached(d);
         }
         let now = Instant::now();
-        while let Some(&(at, mr)) = self.retired.first() {
-            if now.duration_since(at) < RETIRE_AFTER {
-                break;
+        // A gone app's memory stays registered while the engine may still touch it.
+        let mut k = 0;
+        while let Some(&(app, mr)) = self.retired.get(k) {
+            if self.app_busy(app) {
+                k += 1;
+                continue;
             }
-            self.retired.remove(0);
+            self.retired.swap_remove(k);
             self.drv.remove_region(mr);
-            if let Some(k) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
-                let reg = self.mem.regs.swap_remove(k);
+            if let Some(i) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
+                let reg = self.mem.regs.swap_remove(i);
                 let _ = reg.deregister(self.drv.provider_mut());
             }
         }
@@ -1025,21 +1026,49 @@ impl<P: Provider> PollThread<P> {
         work
     }
 
+    /// Whether the engine may still read or write memory of `app` (calls it made, calls
+    /// whose arguments land in its buffers, replies from its arena).
+    fn app_busy(&self, app: AppId) -> bool {
+        self.started.keys().any(|&k| OpId::from_u64(k).app() == app)
+            || self.serving.values().any(|s| match s {
+                Serving::Receiving { app: a, .. } => *a == app,
+                Serving::Delivered(op) | Serving::Replying(op) => op.app() == app,
+            })
+    }
+
+    /// Answers a call being served with SYSTEM_ERR (its serving app went away).
+    fn fail_served(&mut self, conn: ConnId, sid: ServeId) {
+        let empty = MemRef::new(
+            self.mem.regs.first().map(|r| r.mr().id).unwrap_or_default(),
+            0,
+            0,
+        );
+        let spec = ReplySpec {
+            accept_stat: SYSTEM_ERR,
+            msg: empty,
+            results: &[],
+        };
+        if self
+            .drv
+            .submit_reply(conn, sid, &spec, &mut self.mem)
+            .is_err()
+        {
+            let _ = self.drv.reject_call(conn, sid, SYSTEM_ERR, &mut self.mem);
+        }
+    }
+
     fn on_detached(&mut self, d: Detached) {
         self.stats.apps_detached += 1;
-        for call in &d.calls {
-            self.started.remove(&call.to_u64());
-        }
         // Calls it was serving: their requesters get SYSTEM_ERR.
         for tag in d.serving_tags {
-            if self.serving.remove(&tag).is_some() {
+            if let Some(Serving::Delivered(_)) = self.serving.remove(&tag) {
                 let (conn, sid): (ConnId, ServeId) = from_serve_tag(tag);
-                let _ = self.drv.reject_call(conn, sid, SYSTEM_ERR, &mut self.mem);
+                self.fail_served(conn, sid);
             }
         }
         if let Some(k) = self.app_mem.iter().position(|m| m.app == d.app) {
             let m = self.app_mem.swap_remove(k);
-            self.retired.push((Instant::now(), m.mr));
+            self.retired.push((d.app, m.mr));
         }
         self.emit(Event::AppDetached {
             pid: d.pid,

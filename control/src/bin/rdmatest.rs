@@ -1,6 +1,8 @@
-//! RDMATEST app for the demo: `rdmatest serve APP_SOCKET` serves the program through a daemon;
-//! `rdmatest call APP_SOCKET PEER [COUNT]` calls it through another daemon (NULL, ECHO of
-//! several sizes, READ and WRITE with DDP) and prints round-trip percentiles.
+//! RDMATEST app (spec/TESTPROG.md) for demos and tests: `rdmatest serve APP_SOCKET` serves
+//! the program through a daemon; `rdmatest call APP_SOCKET PEER [COUNT]` calls it through
+//! another daemon (NULL, ECHO of several sizes, READ with DDP) and prints round-trip
+//! percentiles; `rdmatest inflight APP_SOCKET PEER N` submits N one-second SLEEP calls, prints
+//! "submitted" and waits to be killed.
 #![forbid(unsafe_code)]
 
 use hdrhistogram::Histogram;
@@ -78,14 +80,33 @@ fn call(socket: &str, peer_name: &str, count: u32) -> Res {
     Ok(())
 }
 
+fn inflight(socket: &str, peer_name: &str, n: u32) -> Res {
+    let mut c = Client::connect(socket)?;
+    let peer = c.peer(peer_name).ok_or("no such peer")?;
+    for _ in 0..n {
+        let mut b = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
+        b.args().put_u32(1_000_000);
+        b.submit()?;
+    }
+    println!("submitted");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let r = match (a.get(1).map(String::as_str), a.get(2), a.get(3)) {
         (Some("serve"), Some(s), _) => serve(s),
+        (Some("inflight"), Some(s), Some(p)) => {
+            inflight(s, p, a.get(4).and_then(|n| n.parse().ok()).unwrap_or(4))
+        }
         (Some("call"), Some(s), Some(p)) => {
             call(s, p, a.get(4).and_then(|n| n.parse().ok()).unwrap_or(1000))
         }
-        _ => Err("usage: rdmatest serve APP_SOCKET | rdmatest call APP_SOCKET PEER [COUNT]".into()),
+        _ => Err("usage: rdmatest serve APP_SOCKET | call APP_SOCKET PEER [COUNT] | inflight APP_SOCKET PEER N".into()),
     };
     if let Err(e) = r {
         eprintln!("rdmatest: {e}");
