@@ -253,7 +253,7 @@ fn app_killed_with_calls_in_flight_leaves_the_daemon_and_other_apps_working() {
     let mut victim = std::process::Command::new(env!("CARGO_BIN_EXE_rdmatest"))
         .arg("inflight")
         .arg(&a.app)
-        .args(["server", "8"])
+        .args(["server", "3"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn app");
