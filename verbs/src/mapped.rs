@@ -24,13 +24,13 @@ pub struct Mapped {
 // the only handle (concurrent writers in other processes are tolerated by the byte copies).
 unsafe impl Send for Mapped {}
 
-fn map(len: usize, prot: i32, flags: i32, fd: i32) -> io::Result<Mapped> {
+fn map(len: usize, prot: i32, flags: i32, fd: i32, offset: libc::off_t) -> io::Result<Mapped> {
     if len == 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
     }
     // SAFETY: a fresh mapping chosen by the kernel (address hint null); it overlaps no Rust
     // object, and the result is checked before use.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, offset) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
@@ -47,24 +47,35 @@ impl Mapped {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
+            0,
         )
     }
 
     /// The first `len` bytes of `fd`, mapped shared (e.g. an app's memfd: the app sees every
     /// byte the provider places). The file must be at least `len` bytes long.
     pub fn shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Mapped> {
+        Mapped::shared_range(fd, 0, len)
+    }
+
+    /// `len` bytes of `fd` from `offset` (a multiple of the page size), mapped shared: to
+    /// register only part of a file (e.g. an app's arena, not its rings).
+    pub fn shared_range(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Mapped> {
         let size = file_size(fd)?;
-        if (len as u64) > size {
+        let end = offset.checked_add(len as u64);
+        if end.is_none_or(|e| e > size) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "mapping longer than the file",
+                "mapping beyond the end of the file",
             ));
         }
+        let off = libc::off_t::try_from(offset)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
         map(
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd.as_raw_fd(),
+            off,
         )
     }
 
@@ -211,6 +222,29 @@ mod tests {
         assert!(m.read(0, &mut b));
         assert_eq!(&b, b"abcdef");
         assert!(!m.read(4095, &mut b));
+    }
+
+    #[test]
+    fn shared_range_maps_part_of_a_file_and_refuses_past_its_end() {
+        use std::os::fd::AsFd;
+        let path = std::env::temp_dir().join(format!("verbs-mapped-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("file");
+        f.set_len(8192).expect("size");
+        let whole = Mapped::shared(f.as_fd(), 8192).expect("map whole");
+        let tail = Mapped::shared_range(f.as_fd(), 4096, 4096).expect("map tail");
+        assert!(tail.write(0, b"xy"));
+        let mut b = [0u8; 2];
+        assert!(whole.read(4096, &mut b));
+        assert_eq!(&b, b"xy", "both mappings see the same file bytes");
+        assert!(Mapped::shared_range(f.as_fd(), 4096, 8192).is_err());
+        assert!(Mapped::shared(f.as_fd(), 8193).is_err());
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

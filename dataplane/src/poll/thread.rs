@@ -957,8 +957,15 @@ impl<P: Provider> PollThread<P> {
             if self.draining.is_some() {
                 continue;
             }
-            let mapped = Mapped::shared(att.region().fd(), att.region().len());
-            let arena = u64::from(att.region().layout().arena_offset);
+            // Only the arena is registered: the header and rings are never reachable by a peer.
+            let layout = att.region().layout();
+            let arena_len = att
+                .region()
+                .len()
+                .saturating_sub(layout.arena_offset as usize);
+            let mapped =
+                Mapped::shared_range(att.region().fd(), u64::from(layout.arena_offset), arena_len);
+            let arena = 0u64;
             let reg = mapped.map_err(|e| e.to_string()).and_then(|m| {
                 Registered::new(self.drv.provider_mut(), self.pd, m, rw())
                     .map_err(|e| e.to_string())
