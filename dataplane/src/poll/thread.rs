@@ -290,7 +290,6 @@ impl<P: Provider> PollThread<P> {
     pub fn run(&mut self) {
         self.emit(Event::Started);
         let mut loops = 0u32;
-        let mut last = Instant::now();
         while !self.stop {
             let now = Instant::now();
             let mut work = self.poll_once(now);
@@ -298,17 +297,20 @@ impl<P: Provider> PollThread<P> {
             if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
                 work |= self.housekeeping();
             }
-            let spent = u64::try_from(now.duration_since(last).as_nanos()).unwrap_or(u64::MAX);
-            last = now;
             if work {
                 self.stats.busy_polls += 1;
-                self.stats.busy_ns = self.stats.busy_ns.saturating_add(spent);
                 self.idle = IdleState::default();
             } else {
                 self.stats.idle_polls += 1;
-                self.stats.idle_ns = self.stats.idle_ns.saturating_add(spent);
                 self.wait_idle(now);
             }
+            let spent = u64::try_from(now.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let t = if work {
+                &mut self.stats.busy_ns
+            } else {
+                &mut self.stats.idle_ns
+            };
+            *t = t.saturating_add(spent);
         }
         for i in 0..self.slots.len() {
             if let Some(qp) = self.slots[i].qp {
