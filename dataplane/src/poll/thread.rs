@@ -230,7 +230,9 @@ impl<P: Provider> PollThread<P> {
         };
         let table = match AppTable::new(TableConfig {
             max_apps: spec.max_apps,
-            peers: peers.max(1),
+            // Peer indexes: the configured peers, then one per connection slot (the `peer` of
+            // an incoming call, so a serving app can call back on that connection).
+            peers: peers.saturating_add(spec.max_conns).max(1),
             ..TableConfig::default()
         }) {
             Ok(t) => t,
@@ -375,6 +377,11 @@ impl<P: Provider> PollThread<P> {
         Some(MemRef::new(m.mr, m.arena.checked_add(u64::from(off))?, len))
     }
 
+    /// The peer index apps use for connection slot `i` (after the configured peers).
+    fn conn_peer_index(&self, i: u32) -> u32 {
+        (self.by_peer.len() as u32).saturating_add(i)
+    }
+
     fn slot_of_conn(&self, conn: ConnId) -> Option<usize> {
         self.slots.iter().position(|s| s.conn == Some(conn))
     }
@@ -382,16 +389,17 @@ impl<P: Provider> PollThread<P> {
     fn on_submission(&mut self, app: AppId, s: Submission, now: Instant) {
         match s {
             Submission::Call(c) => {
-                let slot = self
-                    .by_peer
-                    .get(c.peer as usize)
-                    .copied()
-                    .flatten()
-                    .filter(|&i| {
-                        self.slots
-                            .get(i as usize)
-                            .is_some_and(|s| s.stats.info.state == ConnState::Up)
-                    });
+                let configured = self.by_peer.len() as u32;
+                let slot = match c.peer.checked_sub(configured) {
+                    // A connection addressed directly (backward-direction calls).
+                    Some(i) => Some(i),
+                    None => self.by_peer.get(c.peer as usize).copied().flatten(),
+                }
+                .filter(|&i| {
+                    self.slots
+                        .get(i as usize)
+                        .is_some_and(|s| s.stats.info.state == ConnState::Up)
+                });
                 match slot {
                     Some(i) if self.draining.is_none() => self.send_call(i, c, now),
                     _ => self.fail_call(c.id, status::TRANSPORT, None),
@@ -602,7 +610,7 @@ impl<P: Provider> PollThread<P> {
                 };
                 let _ = app;
                 let call = IncomingCall {
-                    peer: slot.map_or(0, |i| i as u32),
+                    peer: slot.map_or(u32::MAX, |i| self.conn_peer_index(i as u32)),
                     prog,
                     vers,
                     proc_,
