@@ -395,3 +395,23 @@ fn json_log_format_writes_one_object_per_line() {
         .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
     assert!(log.contains("rpcrdmad started"));
 }
+
+#[test]
+fn sigint_stops_like_sigterm_and_human_tables_print() {
+    let b = Daemon::start("int-b", None);
+    let mut a = Daemon::start("int-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    for (args, header) in [
+        (&["conns"][..], "PEER-INLINE(S/R)"),
+        (&["stats"][..], "CALLS-OUT"),
+        (&["latency"][..], "P99-US"),
+        (&["conn", "show", "0"][..], "counters:"),
+    ] {
+        let out = a.ctl(args);
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(header), "{args:?}: {text}");
+    }
+    a.signal("INT");
+    assert_eq!(a.wait_exit(20), Some(0), "{}", a.log());
+}
