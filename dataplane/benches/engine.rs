@@ -1,24 +1,31 @@
-//! Engine figures (plain timing loop, median of 5 runs; not a test): two `Driver`s on the
-//! soft provider's in-memory fabric, both driven by this one thread (so "per core" means both
-//! ends on one core), RDMATEST ECHO with a fixed number of calls in flight:
-//! 1. 64 bytes inline, 32 in flight: RPCs per second and ns per RPC;
-//! 2. 64 KiB through a Read chunk and a Write chunk, 4 in flight: GB/s of echoed data.
+//! Engine figures (plain timing loops, median of 5 runs; not a test), RDMATEST ECHO with a
+//! fixed number of calls in flight, both ends driven by this one thread (so "per core" means
+//! both ends on one core):
+//! 0. the engine alone: two `Connection`s, a minimal in-process executor moving the Sends
+//!    between plain vectors (no provider), 64 bytes inline, 32 in flight;
+//! 1. two `Driver`s on the soft provider's in-memory fabric, 64 bytes inline, 32 in flight:
+//!    RPCs per second and ns per RPC;
+//! 2. the same, 64 KiB through a Read chunk and a Write chunk, 4 in flight: GB/s.
 //!
 //! Run: `cargo bench -p rpcrdma-dataplane --bench engine` (release profile; MPA CRC off, as a
-//! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of part 1.
+//! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of parts 0 and 1;
+//! `ENGINE_BENCH_PARTS` picks parts (default `012`).
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 
+use std::collections::VecDeque;
+
 use rpcrdma_dataplane::{
-    ArgPiece, CallSpec, ConnId, ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec,
-    ResultPiece, Role, ServeId, SubmitError,
+    ArgPiece, CallSpec, Completion, ConnConfig, ConnId, ConnTemplate, Connection, Driver, Env,
+    Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SubmitError, VecMemory, Work,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_verbs::conformance::{Side, GUARD};
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
+use rpcrdma_verbs::{Access, WcStatus};
 use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider};
 
 struct BufMem {
@@ -274,6 +281,197 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Dura
     start.elapsed()
 }
 
+/// One side of the engine-alone loop: a connection, its memory and its posted receives.
+struct Lean {
+    conn: Connection,
+    env: LeanEnv,
+    posted: VecDeque<(u32, MemRef)>,
+    cq: VecDeque<Completion>,
+}
+
+struct LeanEnv(VecMemory);
+
+impl Memory for LeanEnv {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        self.0.read(at, dst)
+    }
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        self.0.write(at, src)
+    }
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        self.0.copy(from, to)
+    }
+}
+
+impl Env for LeanEnv {
+    fn expose(&mut self, _: MemRef, _: Access) -> Option<rpcrdma_proto::Segment> {
+        None
+    }
+}
+
+const POOL: MrId = MrId(1);
+const APP: MrId = MrId(2);
+
+fn lean(role: Role) -> Lean {
+    let (credits, recv_slots, size) = (32u32, 34u32, 4096u32);
+    let send_slots = credits + recv_slots + 1;
+    let send_len = ConnConfig::send_pool_len(send_slots, size).unwrap();
+    let recv_len = ConnConfig::recv_pool_len(recv_slots, size).unwrap();
+    let cfg = ConnConfig {
+        role,
+        version: 1,
+        credits,
+        send_pool: MemRef::new(POOL, 0, send_len),
+        send_slots,
+        send_size: size,
+        recv_pool: MemRef::new(POOL, u64::from(send_len), recv_len),
+        recv_slots,
+        recv_size: size,
+        shared_recv: false,
+        shared_send: false,
+        max_calls: 32,
+        peer: Some(PrivateData {
+            remote_invalidate: true,
+            send_size: size,
+            recv_size: size,
+        }),
+        ddp_threshold: 1024,
+        max_reads: 16,
+        max_call_size: 1 << 20,
+    };
+    let mut mem = VecMemory::new();
+    mem.add(POOL, (send_len + recv_len) as usize);
+    mem.add(APP, 1 << 20);
+    Lean {
+        conn: Connection::new(cfg).unwrap(),
+        env: LeanEnv(mem),
+        posted: VecDeque::new(),
+        cq: VecDeque::new(),
+    }
+}
+
+/// Posts `me`'s work: receives are queued, Sends land in `peer`'s next receive.
+fn exec(me: &mut Lean, peer: &mut Lean) {
+    let ok = |tag, byte_len| Completion {
+        tag,
+        status: WcStatus::Success,
+        byte_len,
+        invalidated_rkey: None,
+    };
+    while let Some(w) = me.conn.poll_work() {
+        match w {
+            Work::Recv { tag, buf } => me.posted.push_back((tag, buf)),
+            Work::Send { tag, buf, .. } => {
+                let (rtag, rbuf) = peer.posted.pop_front().expect("posted receive");
+                let src = me.env.0.slice(buf).unwrap();
+                let dst = peer.env.0.slice_mut(rbuf.prefix(buf.len).unwrap()).unwrap();
+                dst.copy_from_slice(src);
+                me.cq.push_back(ok(tag, 0));
+                peer.cq.push_back(ok(rtag, buf.len));
+            }
+            other => panic!("unexpected work in the inline bench: {other:?}"),
+        }
+    }
+}
+
+fn engine_alone(calls: u64) -> Duration {
+    let (mut c, mut s) = (lean(Role::Client), lean(Role::Server));
+    // The server's receives are posted before anything is sent.
+    exec(&mut s, &mut c);
+    let now = Instant::now();
+    let k = |i: u64| MemRef::new(APP, i * 512, 64);
+    for i in 0..32u64 {
+        assert!(c.env.write(k(i).prefix(4).unwrap(), &64u32.to_be_bytes()));
+        assert!(s
+            .env
+            .write(MemRef::new(APP, 65536 + i * 256, 4), &64u32.to_be_bytes()));
+    }
+    let submit = |c: &mut Lean, i: u64, xid: u32| {
+        let base = k(i);
+        let spec = CallSpec {
+            user: i,
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::ECHO,
+            msg: base.prefix(4).unwrap(),
+            args: &[ArgPiece {
+                mem: MemRef::new(APP, base.offset + 64, 64),
+                xdr_pos: 4,
+            }],
+            results: &[MemRef::new(APP, base.offset + 128, 64)],
+            reply: MemRef::new(APP, base.offset + 256, 128),
+        };
+        c.conn.submit_call(&spec, &mut c.env).unwrap();
+    };
+    let start = Instant::now();
+    let mut xid = 1u32;
+    for i in 0..32 {
+        submit(&mut c, i, xid);
+        xid += 1;
+    }
+    let (mut done, mut sent) = (0u64, 32u64);
+    let mut serving: Vec<(ServeId, u64)> = Vec::with_capacity(64);
+    let mut next = 0u64;
+    while done < calls {
+        exec(&mut c, &mut s);
+        exec(&mut s, &mut c);
+        while let Some(wc) = s.cq.pop_front() {
+            s.conn.handle_completion(now, &wc, &mut s.env);
+        }
+        while let Some(ev) = s.conn.poll_event() {
+            match ev {
+                Event::IncomingCall(ic) => {
+                    let slot = next % 32;
+                    next += 1;
+                    serving.push((ic.id, slot));
+                    s.conn
+                        .accept_call(
+                            ic.id,
+                            MemRef::new(APP, 131072 + slot * 256, 128),
+                            &mut s.env,
+                        )
+                        .unwrap();
+                }
+                Event::ArgsReady { id, .. } => {
+                    let i = serving.iter().position(|e| e.0 == id).unwrap();
+                    let (_, slot) = serving.swap_remove(i);
+                    let results = [ResultPiece {
+                        mem: MemRef::new(APP, 131072 + slot * 256 + 4, 64),
+                        xdr_pos: 4,
+                    }];
+                    let spec = ReplySpec {
+                        accept_stat: 0,
+                        msg: MemRef::new(APP, 65536 + slot * 256, 4),
+                        results: &results,
+                    };
+                    s.conn.submit_reply(id, &spec, &mut s.env).unwrap();
+                }
+                _ => {}
+            }
+        }
+        exec(&mut s, &mut c);
+        while let Some(wc) = c.cq.pop_front() {
+            c.conn.handle_completion(now, &wc, &mut c.env);
+        }
+        while let Some(ev) = c.conn.poll_event() {
+            if let Event::CallDone(d) = ev {
+                assert_eq!(
+                    (d.status, d.reply_len),
+                    (rpcrdma_dataplane::CallStatus::Ok, 68)
+                );
+                done += 1;
+                if sent < calls {
+                    submit(&mut c, d.user, xid);
+                    xid = xid.wrapping_add(1).max(1);
+                    sent += 1;
+                }
+            }
+        }
+    }
+    start.elapsed()
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -284,6 +482,37 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
+    let parts = std::env::var("ENGINE_BENCH_PARTS").unwrap_or_else(|_| "012".into());
+    if parts.contains('0') {
+        engine_part(calls);
+    }
+    if parts.contains('1') || parts.contains('2') {
+        provider_parts(calls, &parts);
+    }
+}
+
+fn engine_part(calls: u64) {
+    // 0. The engine alone.
+    engine_alone(20_000);
+    let t = median((0..5).map(|_| engine_alone(calls)).collect());
+    let ns = t.as_nanos() as f64 / calls as f64;
+    println!(
+        "engine alone (no provider), echo 64 B, 32 in flight, both ends: {:.0} ns/RPC, {:.2} M RPC/s",
+        ns,
+        1e3 / ns
+    );
+}
+
+fn provider_parts(calls: u64, parts: &str) {
+    if parts.contains('1') {
+        provider_small(calls);
+    }
+    if parts.contains('2') {
+        provider_large(calls);
+    }
+}
+
+fn provider_small(calls: u64) {
     // 1. ECHO 64 bytes, 32 in flight.
     let tmpl = ConnTemplate {
         credits: 32,
@@ -307,6 +536,9 @@ fn main() {
         ns,
         1e3 / ns
     );
+}
+
+fn provider_large(calls: u64) {
     // 2. ECHO 64 KiB through a Read chunk and a Write chunk, 4 in flight.
     let tmpl = ConnTemplate {
         credits: 4,

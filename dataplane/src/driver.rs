@@ -458,8 +458,9 @@ impl<P: Provider> Driver<P> {
         &mut self.p
     }
 
-    /// Adds a connection on `qp` (created with [`ConnTemplate::qp_init`], not yet
-    /// connected) and posts its receives: call before accept / before the connect ends.
+    /// Adds a connection on `qp` (created with [`Driver::qp_init`], not yet connected) and
+    /// posts its receives: call before accept / before the connect ends, and submit calls
+    /// only once the provider reports the connection established.
     /// `peer` is the peer's RFC 8797 private data, if any (it may be set later with
     /// [`set_peer`](Self::set_peer) before the first message).
     pub fn add_connection(

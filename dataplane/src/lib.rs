@@ -18,6 +18,11 @@
 //! Memory is named by [`MemRef`] (a registered region's `MrId`, an offset and a length) and
 //! reached through the owner's [`Memory`]; the engine never holds a pointer.
 //!
+//! Buffers: [`Driver::new`] cuts one pool region into per-connection blocks of send and
+//! receive buffers; [`Driver::new_shared`] gives all connections one shared receive queue
+//! and, optionally, one shared send pool, so memory follows the messages in flight rather
+//! than connections × credits.
+//!
 //! How a poll loop that owns an `rpcrdma_shm::daemon::AppTable` maps onto this API (each app
 //! arena registered once; `MemRef { mr: arena_mr, offset: arena_base + range.off(), len }`):
 //!

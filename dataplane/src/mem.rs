@@ -150,24 +150,43 @@ impl Memory for VecMemory {
         if from.len > to.len {
             return false;
         }
-        let (Some((fs, fe)), Some((ts, _))) =
+        let (Some((fs, fe)), Some((ts, te))) =
             (range(from), range(to.prefix(from.len).unwrap_or(to)))
         else {
             return false;
         };
-        if from.mr == to.mr {
-            let Some(r) = self.region_mut(from.mr) else {
+        let fi = self.regions.iter().position(|(id, _)| *id == from.mr);
+        let ti = self.regions.iter().position(|(id, _)| *id == to.mr);
+        let (Some(fi), Some(ti)) = (fi, ti) else {
+            return false;
+        };
+        if fi == ti {
+            let Some((_, r)) = self.regions.get_mut(fi) else {
                 return false;
             };
-            if fe > r.len() || ts.checked_add(fe - fs).is_none_or(|e| e > r.len()) {
+            if fe > r.len() || te > r.len() {
                 return false;
             }
             r.copy_within(fs..fe, ts);
             return true;
         }
-        let Some(src) = self.slice(from).map(<[u8]>::to_vec) else {
-            return false;
+        // Two regions: borrow both without copying through a temporary.
+        let (lo, hi) = self.regions.split_at_mut(fi.max(ti));
+        let (a, b) = match (lo.get_mut(fi.min(ti)), hi.first_mut()) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return false,
         };
-        self.write(to, &src)
+        let (src, dst) = if fi < ti {
+            (&a.1, &mut b.1)
+        } else {
+            (&b.1, &mut a.1)
+        };
+        match (src.get(fs..fe), dst.get_mut(ts..te)) {
+            (Some(s), Some(d)) => {
+                d.copy_from_slice(s);
+                true
+            }
+            _ => false,
+        }
     }
 }

@@ -791,3 +791,37 @@ fn e2e_hostile_peer_loses_only_its_connection() {
     assert_eq!((d.status, d.results()), (CallStatus::Ok, &[(4, 5000)][..]));
     assert_eq!(good.get(result), data);
 }
+
+#[test]
+fn r8166_4_5_4_c_post_failure_closes_the_connection() {
+    let f = MemFabric::new();
+    let mut c = node(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let mut s = node(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, _) = connect(&mut c, &mut s, "10.0.0.5:20049".parse().unwrap());
+    // The queue pair vanishes under the driver: the next post fails.
+    let qid = (0..16)
+        .map(QpId)
+        .find(|q| c.drv.by_qp(*q) == Some(conn))
+        .unwrap();
+    c.drv.provider_mut().destroy_qp(qid).unwrap();
+    let (msg, reply) = (c.alloc(0), c.alloc(16));
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::NULL,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
+    c.poll();
+    assert!(c
+        .events
+        .iter()
+        .any(|(id, e)| *id == conn && *e == Event::Closed(CloseReason::Local("post failed"))));
+    let d = take_done(&mut c, 1).expect("the call is reported");
+    assert_eq!(d.status, CallStatus::Closed);
+}

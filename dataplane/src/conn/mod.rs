@@ -13,6 +13,60 @@
 //! CALL goes to the responder half, a REPLY (or RDMA_ERROR) to the requester half, each with
 //! its own XIDs and credits (RFC 8167, V2-3.2-a), so the backward direction needs nothing
 //! special beyond buffer sizing.
+//!
+//! ```
+//! use rpcrdma_dataplane::{CallSpec, ConnConfig, Connection, MemRef, Role, VecMemory, Work};
+//! use rpcrdma_verbs::MrId;
+//!
+//! let (pool, app) = (MrId(1), MrId(2));
+//! let send_len = ConnConfig::send_pool_len(11, 4096).unwrap();
+//! let recv_len = ConnConfig::recv_pool_len(6, 4096).unwrap();
+//! let mut conn = Connection::new(ConnConfig {
+//!     role: Role::Client,
+//!     version: 1,
+//!     credits: 4,
+//!     send_pool: MemRef::new(pool, 0, send_len),
+//!     send_slots: 11,
+//!     send_size: 4096,
+//!     recv_pool: MemRef::new(pool, u64::from(send_len), recv_len),
+//!     recv_slots: 6,
+//!     recv_size: 4096,
+//!     shared_recv: false,
+//!     shared_send: false,
+//!     max_calls: 8,
+//!     peer: None,
+//!     ddp_threshold: 1024,
+//!     max_reads: 8,
+//!     max_call_size: 1 << 20,
+//! })?;
+//! // Receives first, before the peer can send.
+//! assert!(matches!(conn.poll_work(), Some(Work::Recv { .. })));
+//! # while conn.poll_work().is_some() {}
+//! // A NULL call: one 68-byte Send (RFC 8166 §3.5.1).
+//! let mut mem = VecMemory::new();
+//! mem.add(pool, (send_len + recv_len) as usize);
+//! mem.add(app, 4096);
+//! # struct E<'a>(&'a mut VecMemory);
+//! # impl rpcrdma_dataplane::Memory for E<'_> {
+//! #     fn read(&self, a: MemRef, d: &mut [u8]) -> bool { self.0.read(a, d) }
+//! #     fn write(&mut self, a: MemRef, s: &[u8]) -> bool { self.0.write(a, s) }
+//! #     fn copy(&mut self, f: MemRef, t: MemRef) -> bool { self.0.copy(f, t) }
+//! # }
+//! # impl rpcrdma_dataplane::Env for E<'_> {
+//! #     fn expose(&mut self, _: MemRef, _: rpcrdma_verbs::Access) -> Option<rpcrdma_proto::Segment> { None }
+//! # }
+//! # let mut env = E(&mut mem);
+//! let spec = CallSpec {
+//!     user: 1, xid: 7, prog: 100_003, vers: 3, proc_: 0,
+//!     msg: MemRef::new(app, 0, 0), args: &[], results: &[], reply: MemRef::new(app, 0, 512),
+//! };
+//! conn.submit_call(&spec, &mut env).unwrap();
+//! match conn.poll_work() {
+//!     Some(Work::Send { buf, .. }) => assert_eq!(buf.len, 68),
+//!     other => panic!("{other:?}"),
+//! }
+//! # Ok::<(), rpcrdma_dataplane::ConfigError>(())
+//! ```
 
 mod requester;
 mod responder;
@@ -45,6 +99,8 @@ pub const SLOT_TAIL: u32 = 128;
 const TAIL_RPC: u32 = 0;
 const TAIL_ZERO: u32 = 48;
 const TAIL_LAND: u32 = 64;
+/// Largest transport header the engine builds (caps of `MAX_SEGS` and friends).
+const HDR_LEN: usize = 1536;
 /// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
 pub const DEFAULT_INLINE: u32 = 1024;
 /// Version-two inline size once both ends speak it (V2-2.3-b, AMB-20).
@@ -147,7 +203,7 @@ impl ConnConfig {
         {
             return bad("receive pool too small");
         }
-        if self.recv_slots >= 1 << 16 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
+        if self.recv_slots >= 1 << 15 || self.send_slots >= 1 << 24 || self.max_calls >= 1 << 24 {
             return bad("too many slots");
         }
         Ok(())
@@ -379,7 +435,7 @@ pub enum CloseReason {
 }
 
 /// What the connection reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A call of this side finished.
     CallDone(CallDone),
@@ -406,7 +462,7 @@ pub enum Event {
     },
     /// A version-two RDMA2_OPTIONAL message arrived (for the control plane); the body is
     /// copied out, `len` bytes of `optinfo`.
-    Optional(OptionalMsg),
+    Optional(Box<OptionalMsg>),
     /// The connection ended; every outstanding call has been reported.
     Closed(CloseReason),
 }
@@ -524,6 +580,8 @@ pub struct Connection {
     work: VecDeque<Work>,
     events: VecDeque<Event>,
     scratch: Vec<u8>,
+    /// Where transport headers are built (reused: no per-message zeroing).
+    hdr: Vec<u8>,
     send_owner: Vec<SendOwner>,
     /// The buffer of each send slot (fixed, or taken from the shared pool while in use).
     send_bufs: Vec<MemRef>,
@@ -535,6 +593,10 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
+    /// Per call slot: its XID and whether it is sent and unanswered (what `find_call` scans).
+    sent: Vec<(u32, bool)>,
+    /// Cancelled calls still owed a reply.
+    ghosts: u32,
     call_free: Vec<u32>,
     queued: VecDeque<u32>,
     granted: u32,
@@ -582,6 +644,7 @@ impl Connection {
             work: VecDeque::with_capacity(64),
             events: VecDeque::with_capacity(16),
             scratch: vec![0; cfg.recv_size as usize],
+            hdr: vec![0; HDR_LEN],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
             send_bufs: (0..cfg.send_slots)
@@ -598,14 +661,18 @@ impl Connection {
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
                 .collect(),
+            sent: vec![(0, false); cfg.max_calls as usize],
+            ghosts: 0,
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
             granted: 1,
             in_flight: 0,
-            serves: (0..cfg.recv_slots)
+            // Calls in progress (up to the grant, at most recv_slots) plus replies posted and
+            // not yet completed, whose slots the peer's next calls must not find taken.
+            serves: (0..2 * cfg.recv_slots)
                 .map(|_| responder::Serve::default())
                 .collect(),
-            serve_free: (0..cfg.recv_slots).rev().collect(),
+            serve_free: (0..2 * cfg.recv_slots).rev().collect(),
             grant,
             in_process: 0,
             reads: VecDeque::with_capacity(32),
@@ -777,6 +844,9 @@ impl Connection {
                     });
                 }
             }
+        }
+        for e in &mut self.sent {
+            e.1 = false;
         }
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
@@ -1137,13 +1207,14 @@ impl Connection {
         if let (Some(d), Some(s)) = (body.get_mut(..n), o.optinfo.get(..n)) {
             d.copy_from_slice(s);
         }
-        self.events.push_back(Event::Optional(OptionalMsg {
+        // Rare control-plane traffic: boxed so that every other event stays small.
+        self.events.push_back(Event::Optional(Box::new(OptionalMsg {
             xid,
             direction: o.direction,
             opttype: o.opttype,
             len: n as u16,
             body,
-        }));
+        })));
     }
 
     /// Sends an RDMA2_OPTIONAL message the control plane built (`optinfo` is the XDR body);

@@ -11,7 +11,7 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    pad4, round4, tag, CallDone, CallStatus, Connection, Event, SendOwner, SubmitError, Work,
+    pad4, round4, tag, CallDone, CallStatus, Connection, Event, Role, SendOwner, SubmitError, Work,
     K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
@@ -127,7 +127,6 @@ enum Src {
 
 const MAX_SRC: usize = 2 + 3 * MAX_PIECES;
 const MAX_READ_OUT: usize = MAX_SRC;
-const HDR_BUF: usize = 1536;
 
 impl Connection {
     /// Queues a call; it is sent as soon as the credit limit allows (R8166-3.3.1-b). Its
@@ -192,14 +191,18 @@ impl Connection {
 
     /// The slot of the sent call with `xid`.
     pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
-        self.calls
+        // A compact index: scanning the call slots themselves touches far more memory.
+        self.sent
             .iter()
-            .position(|c| c.state == State::Sent && c.xid == xid)
+            .position(|&(x, sent)| sent && x == xid)
             .map(|i| i as u32)
     }
 
     /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
     fn take_ghost(&mut self, xid: u32, credit: Option<u32>) -> bool {
+        if self.ghosts == 0 {
+            return false;
+        }
         let Some(i) = self.calls.iter().position(|c| {
             c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
         }) else {
@@ -209,6 +212,7 @@ impl Connection {
         if let Some(cr) = credit {
             self.granted = cr.max(1);
         }
+        self.ghosts = self.ghosts.saturating_sub(1);
         if let Some(c) = self.calls.get_mut(i) {
             c.ghost = false;
             if c.state == State::Ghost {
@@ -243,6 +247,7 @@ impl Connection {
         let i = self.find_call(xid).ok_or(SubmitError::BadId)?;
         let c = self.calls.get_mut(i as usize).ok_or(SubmitError::BadId)?;
         c.ghost = true;
+        self.ghosts += 1;
         let done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
         self.end_call(i, done, None);
         Ok(())
@@ -265,6 +270,9 @@ impl Connection {
             *slot = c;
         }
         if ok {
+            if let Some(e) = self.sent.get_mut(i as usize) {
+                *e = (c.xid, true);
+            }
             self.in_flight += 1;
             self.stats.calls_sent += 1;
             if self.vers == v2::VERSION && !self.v2_confirmed && self.first_sent.is_none() {
@@ -280,7 +288,13 @@ impl Connection {
     /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
     fn marshal(&mut self, c: &mut Call, slot: u32, env: &mut impl Env) -> Option<()> {
         c.state = State::Sent;
-        let b = binding(c.prog, c.vers, c.proc_);
+        // R8166-7.1-c: backward-direction calls (from the server) use no chunks at all.
+        let backward = self.cfg.role == Role::Server;
+        let b = if backward {
+            rpcrdma_proto::ulb::Binding::NONE
+        } else {
+            binding(c.prog, c.vers, c.proc_)
+        };
         let v2 = self.vers == v2::VERSION;
         let fixed = if v2 { 20 } else { 16 };
         // Which eligible arguments move to Read chunks (R8166-3.4.2-a, IMPL-6.2.1-a).
@@ -319,7 +333,8 @@ impl Connection {
         // A Reply chunk whenever the largest reply may exceed the reply threshold (R8166-4.3.3-a).
         let max_reply = (REPLY_HEADER_LEN as u32).saturating_add(c.reply.len);
         let reply_hdr = (fixed + 4 + wlist_len + 4) as u32;
-        let want_reply_chunk = reply_hdr.saturating_add(max_reply) > self.recv_threshold;
+        let want_reply_chunk =
+            !backward && reply_hdr.saturating_add(max_reply) > self.recv_threshold;
         let n_reply = match (want_reply_chunk, c.reply.len) {
             (false, _) => 0,
             (true, 0) => 1,
@@ -332,6 +347,9 @@ impl Connection {
         };
         let msg_hdr = fixed + 4 + 24 * n_red as usize + wlist_len + reply_len;
         let short = (msg_hdr as u32).checked_add(inline_len)? <= self.threshold();
+        if backward && !short {
+            return None;
+        }
 
         // The Payload stream, in pieces, as it travels (reduced for a short message).
         let mut src = [Src::Zero(0); MAX_SRC];
@@ -425,7 +443,6 @@ impl Connection {
             reply: (n_reply > 0)
                 .then(|| Chunk::from_segments(c.reply_segs.get(..n_reply).unwrap_or(&[]))),
         };
-        let mut hdr = [0u8; HDR_BUF];
         let credit = self.cfg.credits;
         let n = if v2 {
             let body = if short {
@@ -444,7 +461,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } else {
             let body = if short {
@@ -457,7 +474,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } as u32;
         let total = if short { n.checked_add(inline_len)? } else { n };
@@ -465,7 +482,7 @@ impl Connection {
             return None;
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, hdr.get(..n as usize)?) {
+        if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
         if short {
@@ -504,6 +521,9 @@ impl Connection {
         };
         c.done = Some(done);
         c.state = State::Invalidating;
+        if let Some(e) = self.sent.get_mut(i as usize) {
+            e.1 = false;
+        }
         c.inv_pending = 0;
         let mut skipped = 0;
         for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
@@ -760,6 +780,10 @@ impl Connection {
         }
         let h =
             rpcmsg::parse_reply(hb.get(..n0 + n1).unwrap_or(&[])).ok_or(CallStatus::BadReply)?;
+        // R8166-4.2.1-a: the RPC XID in the Reply chunk is the call's.
+        if h.xid != c.xid {
+            return Err(CallStatus::BadReply);
+        }
         let total = used[0].saturating_add(used[1]);
         let body = total.saturating_sub(h.len as u32);
         if h.len > REPLY_HEADER_LEN && body > 0 {

@@ -9,8 +9,8 @@ use rpcrdma_proto::{
 
 use super::{
     pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall, ReplyStatus,
-    SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_SEGS,
-    MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS,
+    TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -69,16 +69,16 @@ pub(super) struct Serve {
     s_off: u32,
     s_len: u32,
     s_local: u32,
-    pzrc: [Segment; MAX_SEGS],
+    /// Every segment of the call: PZRC, data chunks, Write chunks, Reply chunk (by range).
+    segs: [Segment; CALL_SEGS],
+    n_segs: u8,
+    p0: u8,
     n_pzrc: u8,
-    dseg: [Segment; MAX_SEGS],
-    n_dseg: u8,
     dchunk: [DataChunk; MAX_RCHUNKS],
     n_dchunk: u8,
-    wseg: [Segment; MAX_SEGS],
     wchunk: [(u8, u8); MAX_WCHUNKS],
     n_wchunk: u8,
-    rseg: [Segment; MAX_SEGS],
+    r0: u8,
     n_rseg: u8,
     has_reply: bool,
     inv_rkey: Option<u32>,
@@ -115,16 +115,61 @@ impl Serve {
         ev
     }
 
+    /// Prepares the slot for a new call in place (its segment arrays are only read up to
+    /// their counts, so they are not cleared).
+    fn reset(&mut self, xid: u32, vers: u32, recv: MemRef) {
+        self.state = State::Waiting;
+        self.gen = self.gen.wrapping_add(1) & 0xffff;
+        self.xid = xid;
+        self.vers = vers;
+        self.prog = 0;
+        self.prog_vers = 0;
+        self.proc_ = 0;
+        self.recv = Some(recv);
+        self.s_off = 0;
+        self.s_len = 0;
+        self.s_local = 0;
+        self.n_segs = 0;
+        self.p0 = 0;
+        self.n_pzrc = 0;
+        self.r0 = 0;
+        self.n_dchunk = 0;
+        self.n_wchunk = 0;
+        self.n_rseg = 0;
+        self.has_reply = false;
+        self.inv_rkey = None;
+        self.args_off = 0;
+        self.args_len = 0;
+        self.dest = MemRef::default();
+        self.reads_pending = 0;
+        self.pending = 0;
+        self.counted = true;
+        self.silent = false;
+        self.status = None;
+    }
+
     /// Takes the held receive buffer (to release it).
     pub(super) fn take_recv(&mut self) -> Option<MemRef> {
         self.recv.take()
     }
 
+    fn range(&self, first: u8, n: u8) -> &[Segment] {
+        self.segs
+            .get(usize::from(first)..usize::from(first) + usize::from(n))
+            .unwrap_or(&[])
+    }
+
     fn wchunk_segs(&self, k: usize) -> &[Segment] {
         let (f, n) = self.wchunk.get(k).copied().unwrap_or_default();
-        self.wseg
-            .get(usize::from(f)..usize::from(f) + usize::from(n))
-            .unwrap_or(&[])
+        self.range(f, n)
+    }
+
+    fn pzrc(&self) -> &[Segment] {
+        self.range(self.p0, self.n_pzrc)
+    }
+
+    fn rsegs(&self) -> &[Segment] {
+        self.range(self.r0, self.n_rseg)
     }
 }
 
@@ -146,11 +191,50 @@ enum Piece {
 }
 
 const MAX_PLAN: usize = 3 * MAX_RCHUNKS + 1;
+/// Segments one call may carry in all its chunks together (more is answered ERR_CHUNK).
+const CALL_SEGS: usize = 32;
 
 fn push<T: Copy>(arr: &mut [T], n: &mut usize, v: T) -> Option<()> {
     *arr.get_mut(*n)? = v;
     *n += 1;
     Some(())
+}
+
+/// Checks a call against its header and binding and records its shape in `s`: the
+/// reassembled argument length, its generation and XID; `Err(Some(stat))` to answer with an
+/// RPC reply of that accept_stat, `Err(None)` for a header error.
+fn prepare_verdict(
+    s: &mut Serve,
+    call: &CallHeader,
+    head: &[u8],
+    reads: Option<&ReadList<'_>>,
+) -> Result<(u32, u32, u32), Option<u32>> {
+    if call.xid != s.xid {
+        // R8166-4.2.1-a.
+        return Err(None);
+    }
+    if s.n_dchunk > 0 {
+        // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
+        let b = binding(call.prog, call.vers, call.proc);
+        let ok = match reads {
+            Some(r) => check_read_chunks(head, r).is_ok(),
+            None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+        };
+        if !ok {
+            return Err(Some(rpcmsg::GARBAGE_ARGS));
+        }
+    }
+    s.args_off = u32::try_from(call.args_offset).map_err(|_| Some(rpcmsg::GARBAGE_ARGS))?;
+    let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+    let (_, u_len) = plan(s, &mut pieces).ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
+    let args_len = u_len
+        .checked_sub(s.args_off)
+        .ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
+    s.args_len = args_len;
+    s.prog = call.prog;
+    s.prog_vers = call.vers;
+    s.proc_ = call.proc;
+    Ok((args_len, s.gen, s.xid))
 }
 
 /// How the call is put together (RFC 8166 §3.4.5, AMB-10): the stream S (inline payload,
@@ -236,23 +320,13 @@ impl Connection {
             return true;
         };
         self.in_process += 1;
-        let gen = self
-            .serves
-            .get(i as usize)
-            .map_or(0, |s| s.gen.wrapping_add(1) & 0xffff);
-        let mut s = Serve {
-            state: State::Waiting,
-            gen,
-            xid,
-            vers,
-            recv: Some(slot),
-            counted: true,
-            ..Serve::default()
+        let ok = match self.serves.get_mut(i as usize) {
+            Some(s) => {
+                s.reset(xid, vers, slot);
+                copy_lists(s, &lists).is_some()
+            }
+            None => false,
         };
-        let ok = copy_lists(&mut s, &lists).is_some();
-        if let Some(d) = self.serves.get_mut(i as usize) {
-            *d = s;
-        }
         if !ok {
             self.serve_fail_header(i, env);
             return true;
@@ -278,9 +352,8 @@ impl Connection {
             return;
         };
         let total = s
-            .pzrc
+            .pzrc()
             .iter()
-            .take(usize::from(s.n_pzrc))
             .try_fold(0u32, |a, g| a.checked_add(g.length));
         let Some(total) = total.filter(|&t| t <= self.cfg.max_call_size.saturating_add(1024))
         else {
@@ -298,17 +371,7 @@ impl Connection {
             d.s_len = total;
             d.s_local = head;
         }
-        let segs = s.pzrc;
-        if self
-            .queue_reads(
-                i,
-                segs.get(..usize::from(s.n_pzrc)).unwrap_or(&[]),
-                0,
-                head,
-                dest,
-            )
-            .is_none()
-        {
+        if self.queue_reads(i, s.pzrc(), 0, head, dest).is_none() {
             return self.serve_fail_header(i, env);
         }
         self.pump_reads();
@@ -421,49 +484,30 @@ impl Connection {
         reads: Option<&ReadList<'_>>,
         env: &mut impl Env,
     ) {
-        let Some(mut s) = self.serves.get(i as usize).copied() else {
-            return;
-        };
         let Ok(call) = CallHeader::parse(head) else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
         };
-        if call.xid != s.xid {
-            // R8166-4.2.1-a.
-            return self.serve_fail_header(i, env);
-        }
-        if s.n_dchunk > 0 {
-            // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
-            let b = binding(call.prog, call.vers, call.proc);
-            let ok = match reads {
-                Some(r) => check_read_chunks(head, r).is_ok(),
-                None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+        // Checked in place: the slot is large, copying it per call costs.
+        let verdict = {
+            let Some(s) = self.serves.get_mut(i as usize) else {
+                return;
             };
-            if !ok {
-                return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
-            }
-        }
-        s.args_off = call.args_offset as u32;
-        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
-        let Some((_, u_len)) = plan(&s, &mut pieces) else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+            prepare_verdict(s, &call, head, reads)
         };
-        let Some(args_len) = u_len.checked_sub(s.args_off) else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+        let (args_len, id, xid) = match verdict {
+            Ok(x) => x,
+            Err(Some(stat)) => return self.serve_status_reply(i, stat, env),
+            Err(None) => return self.serve_fail_header(i, env),
         };
         if args_len > self.cfg.max_call_size {
             return self.serve_fail_header(i, env);
         }
-        s.args_len = args_len;
-        s.prog = call.prog;
-        s.prog_vers = call.vers;
-        s.proc_ = call.proc;
-        s.state = State::Waiting;
-        if let Some(d) = self.serves.get_mut(i as usize) {
-            *d = s;
+        if let Some(s) = self.serves.get_mut(i as usize) {
+            s.state = State::Waiting;
         }
         self.events.push_back(Event::IncomingCall(IncomingCall {
-            id: s.id(i),
-            xid: s.xid,
+            id: ServeId { slot: i, gen: id },
+            xid,
             prog: call.prog,
             vers: call.vers,
             proc_: call.proc,
@@ -490,6 +534,9 @@ impl Connection {
         env: &mut impl Env,
     ) -> Result<(), SubmitError> {
         let i = self.serve_index(id, State::Waiting)?;
+        if let Some(done) = self.accept_inline(i, id, dest, env) {
+            return done;
+        }
         let Some(s) = self.serves.get(i as usize).copied() else {
             return Err(SubmitError::BadId);
         };
@@ -530,6 +577,46 @@ impl Connection {
         Ok(())
     }
 
+    /// The common case without chunks: one copy from the receive buffer, no plan.
+    fn accept_inline(
+        &mut self,
+        i: u32,
+        id: ServeId,
+        dest: MemRef,
+        env: &mut impl Env,
+    ) -> Option<Result<(), SubmitError>> {
+        let s = self.serves.get_mut(i as usize)?;
+        if s.n_pzrc > 0 || s.n_dchunk > 0 {
+            return None;
+        }
+        if dest.len < s.args_len {
+            return Some(Err(SubmitError::Invalid(
+                "buffer smaller than the arguments",
+            )));
+        }
+        let from = s
+            .recv
+            .and_then(|r| r.sub(s.s_off.checked_add(s.args_off)?, s.args_len));
+        let to = dest.prefix(s.args_len);
+        let recv = s.recv.take();
+        s.dest = dest;
+        s.state = State::Ready;
+        let args_len = s.args_len;
+        let ok = match (from, to) {
+            (Some(f), Some(t)) => args_len == 0 || env.copy(f, t),
+            _ => false,
+        };
+        if let Some(r) = recv {
+            self.release_recv(r);
+        }
+        if !ok {
+            self.close(CloseReason::Local("argument placement"));
+            return Some(Err(SubmitError::Closed));
+        }
+        self.events.push_back(Event::ArgsReady { id, args_len });
+        Some(Ok(()))
+    }
+
     fn place_piece(
         &mut self,
         i: u32,
@@ -554,10 +641,9 @@ impl Connection {
                     return None;
                 }
                 if local < len {
-                    let segs = s.pzrc;
                     self.queue_reads(
                         i,
-                        segs.get(..usize::from(s.n_pzrc))?,
+                        s.pzrc(),
                         a + local,
                         len - local,
                         d.sub(local, len - local)?,
@@ -566,7 +652,7 @@ impl Connection {
             }
             Piece::Chunk { k, u, len } => {
                 let c = s.dchunk.get(k)?;
-                let segs = s.dseg;
+                let segs = s.segs;
                 let segs =
                     segs.get(usize::from(c.first)..usize::from(c.first) + usize::from(c.n))?;
                 self.queue_reads(i, segs, 0, len, dest.sub(u.checked_sub(s.args_off)?, len)?)?;
@@ -695,12 +781,7 @@ impl Connection {
                 .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
                 .sum::<u32>();
         let short = (fixed + 4 + wlist_len + 4).checked_add(r_len)? <= self.threshold();
-        let reply_cap = s
-            .rseg
-            .iter()
-            .take(usize::from(s.n_rseg))
-            .map(|g| u64::from(g.length))
-            .sum::<u64>();
+        let reply_cap = s.rsegs().iter().map(|g| u64::from(g.length)).sum::<u64>();
         let fits_reply_chunk = s.has_reply && u64::from(r_len) <= reply_cap;
         if !short && !fits_reply_chunk {
             return Some(false);
@@ -708,15 +789,14 @@ impl Connection {
 
         // RDMA Writes first: they precede the reply's Send on the queue pair (R8166-2.3.2-c).
         let mut writes = 0u32;
-        let mut echo = s.wseg;
+        // One copy of the segments serves both echoes (their ranges do not overlap).
+        let mut echo = s.segs;
         for (k, r) in spec.results.iter().enumerate() {
             if !to_chunk[k] {
                 continue;
             }
             let (first, n) = s.wchunk.get(k).copied()?;
-            let segs = s
-                .wseg
-                .get(usize::from(first)..usize::from(first) + usize::from(n))?;
+            let segs = s.range(first, n);
             let work = &mut self.work;
             let used = scatter(&[r.mem], segs, |local, si, off| {
                 if let Some(g) = segs.get(si) {
@@ -751,9 +831,8 @@ impl Connection {
                 e.length = 0;
             }
         }
-        let mut recho = s.rseg;
         if !short {
-            let segs = s.rseg.get(..usize::from(s.n_rseg))?;
+            let segs = s.rsegs();
             let work = &mut self.work;
             let used = scatter(src, segs, |local, si, off| {
                 if let Some(g) = segs.get(si) {
@@ -766,7 +845,12 @@ impl Connection {
                     writes += 1;
                 }
             })?;
-            for (j, e) in recho.iter_mut().take(usize::from(s.n_rseg)).enumerate() {
+            for (j, e) in echo
+                .iter_mut()
+                .skip(usize::from(s.r0))
+                .take(usize::from(s.n_rseg))
+                .enumerate()
+            {
                 e.length = used.get(j).copied().unwrap_or(0);
             }
             self.stats.long_replies += 1;
@@ -782,10 +866,13 @@ impl Connection {
             reads: ReadList::EMPTY,
             writes: WriteList::from_chunks(wchunks.get(..usize::from(s.n_wchunk))?),
             // AMB-8: an inline reply marks the Reply chunk absent.
-            reply: (!short)
-                .then(|| Chunk::from_segments(recho.get(..usize::from(s.n_rseg)).unwrap_or(&[]))),
+            reply: (!short).then(|| {
+                Chunk::from_segments(
+                    echo.get(usize::from(s.r0)..usize::from(s.r0) + usize::from(s.n_rseg))
+                        .unwrap_or(&[]),
+                )
+            }),
         };
-        let mut hdr = [0u8; 1024];
         let credit = self.grant;
         let n = if v2 {
             let body = if short {
@@ -804,7 +891,7 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } else {
             let body = if short {
@@ -817,12 +904,12 @@ impl Connection {
                 credit,
                 body,
             }
-            .emit(&mut hdr)
+            .emit(&mut self.hdr)
             .ok()?
         } as u32;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, hdr.get(..n as usize)?) {
+        if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
         if short {
@@ -894,7 +981,7 @@ impl Connection {
         let Some(s) = self.serves.get(i as usize).copied() else {
             return;
         };
-        let mut echo = s.wseg;
+        let mut echo = s.segs;
         for e in echo.iter_mut() {
             e.length = 0;
         }
@@ -996,53 +1083,49 @@ impl Connection {
 /// Copies a received call's chunk lists into its serve slot; `None` if they exceed the
 /// slot's room (answered ERR_CHUNK).
 fn copy_lists(s: &mut Serve, l: &ChunkLists<'_>) -> Option<()> {
-    let mut np = 0usize;
+    let mut n = 0usize;
     for g in l.reads.iter().filter(|g| g.position == 0) {
-        push(&mut s.pzrc, &mut np, g.target)?;
+        push(&mut s.segs, &mut n, g.target)?;
     }
-    s.n_pzrc = np as u8;
-    let (mut nd, mut nc) = (0usize, 0usize);
+    s.p0 = 0;
+    s.n_pzrc = n as u8;
+    let mut nc = 0usize;
     for c in l.reads.chunks().filter(|c| c.position != 0) {
-        let first = nd;
+        let first = n;
         for g in c.segments() {
-            push(&mut s.dseg, &mut nd, g)?;
+            push(&mut s.segs, &mut n, g)?;
         }
         let chunk = DataChunk {
             position: c.position,
             len: c.length()?,
             first: first as u8,
-            n: (nd - first) as u8,
+            n: (n - first) as u8,
         };
         push(&mut s.dchunk, &mut nc, chunk)?;
     }
-    s.n_dseg = nd as u8;
     s.n_dchunk = nc as u8;
-    let (mut nw, mut nwc) = (0usize, 0usize);
+    let mut nwc = 0usize;
     for c in l.writes.iter() {
-        let first = nw;
+        let first = n;
         for g in c.segments() {
-            push(&mut s.wseg, &mut nw, g)?;
+            push(&mut s.segs, &mut n, g)?;
         }
-        push(&mut s.wchunk, &mut nwc, (first as u8, (nw - first) as u8))?;
+        push(&mut s.wchunk, &mut nwc, (first as u8, (n - first) as u8))?;
     }
     s.n_wchunk = nwc as u8;
-    let mut nr = 0usize;
+    s.r0 = n as u8;
     if let Some(r) = l.reply {
         s.has_reply = true;
         for g in r.segments() {
-            push(&mut s.rseg, &mut nr, g)?;
+            push(&mut s.segs, &mut n, g)?;
         }
     }
-    s.n_rseg = nr as u8;
+    s.n_rseg = (n - usize::from(s.r0)) as u8;
+    s.n_segs = n as u8;
     // AMB-28: the one distinct key of the call, if it offered exactly one.
     let mut key: Option<u32> = None;
     let mut many = false;
-    let keys = l
-        .reads
-        .iter()
-        .map(|g| g.target.handle)
-        .chain(s.wseg.iter().take(nw).map(|g| g.handle))
-        .chain(s.rseg.iter().take(nr).map(|g| g.handle));
+    let keys = s.segs.iter().take(n).map(|g| g.handle);
     for h in keys {
         match key {
             None => key = Some(h),

@@ -55,6 +55,8 @@ pub struct SimMem {
     pub refuse_expose: bool,
     /// Free shared send buffers.
     pub sends: Vec<MemRef>,
+    /// When set, local invalidations fail.
+    pub refuse_invalidate: bool,
 }
 
 fn addr(at: MemRef) -> u64 {
@@ -150,6 +152,9 @@ pub struct Side {
     pub log: Vec<Work>,
     /// The bytes of every Send, in order.
     pub sent: Vec<Vec<u8>>,
+    /// When set, Send completions are held back (delivered by `release_sends`).
+    pub hold_sends: bool,
+    held: Vec<Completion>,
     /// Events not yet taken by the test.
     pub events: VecDeque<Event>,
     bump: u64,
@@ -176,11 +181,14 @@ impl Side {
                 next_key: 0x1234,
                 refuse_expose: false,
                 sends: Vec::new(),
+                refuse_invalidate: false,
             },
             posted: VecDeque::new(),
             cq: VecDeque::new(),
             log: Vec::new(),
             sent: Vec::new(),
+            hold_sends: false,
+            held: Vec::new(),
             events: VecDeque::new(),
             bump: 0,
             max_reads_in_flight: 0,
@@ -202,6 +210,14 @@ impl Side {
             }
         }
         side
+    }
+
+    /// Delivers the Send completions held back by `hold_sends`.
+    pub fn release_sends(&mut self) {
+        self.hold_sends = false;
+        for c in self.held.drain(..) {
+            self.cq.push_back(Cqe::Wc(c));
+        }
     }
 
     /// Receive buffers posted now (own or shared).
@@ -377,7 +393,11 @@ impl Pair {
                     }
                     assert!(peer.env.write(rbuf, &bytes));
                     let inv = invalidate.filter(|k| peer.env.invalidate(*k));
-                    me.cq.push_back(Cqe::Wc(ok(tag)));
+                    if me.hold_sends {
+                        me.held.push(ok(tag));
+                    } else {
+                        me.cq.push_back(Cqe::Wc(ok(tag)));
+                    }
                     if rtag == SHARED {
                         peer.cq.push_back(Cqe::Shared {
                             buf: rbuf,
@@ -433,8 +453,13 @@ impl Pair {
                 Work::Release { buf } if buf.mr == SENDS => me.env.sends.push(buf),
                 Work::Release { buf } => me.posted.push_back((SHARED, buf)),
                 Work::Invalidate { tag, rkey } => {
-                    me.env.invalidate(rkey);
-                    me.cq.push_back(Cqe::Wc(ok(tag)));
+                    if me.env.refuse_invalidate {
+                        me.cq
+                            .push_back(Cqe::Wc(err(tag, WcStatus::LocalQpOperationError)));
+                    } else {
+                        me.env.invalidate(rkey);
+                        me.cq.push_back(Cqe::Wc(ok(tag)));
+                    }
                 }
             }
         }

@@ -1200,6 +1200,16 @@ fn memory_copy_overlapping_moves_like_memmove() {
         &[3, 4, 5, 6, 7, 8, 7, 8]
     );
     assert!(!m.copy(MemRef::new(sim::APP, 12, 8), MemRef::new(sim::APP, 0, 8)));
+    // Across regions, both directions.
+    m.add(sim::POOL, 8);
+    assert!(m.copy(MemRef::new(sim::APP, 0, 4), MemRef::new(sim::POOL, 4, 4)));
+    assert_eq!(
+        m.slice(MemRef::new(sim::POOL, 0, 8)).unwrap(),
+        &[0, 0, 0, 0, 3, 4, 5, 6]
+    );
+    assert!(m.copy(MemRef::new(sim::POOL, 4, 2), MemRef::new(sim::APP, 14, 2)));
+    assert_eq!(m.slice(MemRef::new(sim::APP, 14, 2)).unwrap(), &[3, 4]);
+    assert!(!m.copy(MemRef::new(sim::POOL, 4, 8), MemRef::new(sim::APP, 0, 8)));
 }
 
 #[test]
@@ -1615,4 +1625,375 @@ fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
         (d[0].xid, d[0].status, d[0].reply_len),
         (10, CallStatus::Ok, 4)
     );
+}
+
+#[test]
+fn r8166_7_1_c_backward_calls_inline_only() {
+    let mut p = Pair::default_pair();
+    // A backward call that does not fit inline fails locally, never chunked; one that
+    // fits goes inline with empty chunk lists, even with a large reply buffer.
+    let big = p.b.put(&pattern(1, 2000));
+    let reply = p.b.alloc(8000);
+    let spec = CallSpec {
+        user: 1,
+        xid: 2,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg: big,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let failed =
+        p.b.events.iter().any(
+            |e| matches!(e, Event::CallDone(d) if d.xid == 2 && d.status == CallStatus::Local),
+        );
+    assert!(failed, "{:?}", p.b.events);
+    assert!(p.b.sent.is_empty());
+    let msg = p.b.put(&be(&[8, 1, 2]));
+    let spec = CallSpec {
+        xid: 1,
+        msg,
+        ..spec
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let h = header(&p.b.sent[0]);
+    assert_eq!(h.body, v1::Body::Msg(proto::ChunkLists::EMPTY));
+}
+
+#[test]
+fn r8166_4_5_4_b_failed_invalidation_closes_before_completion() {
+    let mut p = Pair::default_pair();
+    echo(&mut p, 1, &pattern(1, 4000));
+    p.run();
+    p.a.env.refuse_invalidate = true;
+    serve(&mut p);
+    // The reply arrived, but its memory could not be fenced: the connection ends first and
+    // the call is reported as lost with it, never as a success.
+    assert!(matches!(
+        p.a.conn.closed(),
+        Some(CloseReason::WorkFailed(_))
+    ));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::Closed));
+    let closed_at =
+        p.a.events
+            .iter()
+            .position(|e| matches!(e, Event::Closed(_)));
+    assert!(closed_at.is_some());
+}
+
+#[test]
+fn r8166_3_3_1_b_call_right_after_a_reply_is_not_an_overrun() {
+    // Grant = every receive slot: the peer may send its next calls as soon as it sees the
+    // replies, before those replies' Send completions reach the responder.
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_slots = 4;
+    let mut p = Pair::new(sim::config(Role::Client, 4), sim::sized(server));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    p.b.hold_sends = true;
+    for x in 1..9 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    serve(&mut p);
+    // Calls 5..8 arrived while the four reply Sends were still uncompleted.
+    assert_eq!(p.b.conn.closed(), None);
+    p.b.release_sends();
+    p.run();
+    serve(&mut p);
+    assert_eq!(p.b.conn.closed(), None);
+    assert_eq!(done(&mut p).len(), 9);
+}
+
+fn v2_pair() -> Pair {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    Pair::new(client, server)
+}
+
+#[test]
+fn v2_4_2_2_b_direction_mismatch_is_bad_header() {
+    let mut p = v2_pair();
+    // Direction CALL, but the carried message is an RPC REPLY.
+    let mut m = be(&[5, 2, 8, 0, 0, 0, 0, 0]);
+    m.extend(rpcmsg::reply_header(5, 0));
+    p.inject(true, &m);
+    assert_eq!(p.b.sent[0], be(&[5, 2, 8, 4, 2]));
+    assert_eq!(p.b.conn.closed(), None);
+}
+
+#[test]
+fn v2_4_2_b_and_4_2_3_a_v2_header_errors_get_bad_header() {
+    let mut p = v2_pair();
+    let rpc = rpcmsg::call_header(6, BULK_PROG, 1, 1);
+    // rdma_proc 2 is undefined in version two (V2-4.2-b).
+    p.inject(
+        true,
+        &[be(&[6, 2, 8, 2, 0, 0, 0, 0]), rpc.to_vec()].concat(),
+    );
+    // A misaligned read position, as in version 1 but answered BAD_HEADER.
+    p.inject(
+        true,
+        &[
+            be(&[6, 2, 8, 0, 0, 1, 6, 1, 8, 0, 0, 0, 0, 0]),
+            rpc.to_vec(),
+        ]
+        .concat(),
+    );
+    assert_eq!(p.b.sent, vec![be(&[6, 2, 8, 4, 2]), be(&[6, 2, 8, 4, 2])]);
+}
+
+#[test]
+fn impl_3_9_c_results_beyond_the_write_list_go_inline() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[8192, 1]));
+    let result = p.a.alloc(8192);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!()
+    };
+    let buf = p.b.alloc(c.args_len);
+    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    p.run();
+    p.b.events.clear();
+    // Two results for one Write chunk: the first goes to the chunk, the second inline.
+    let first = p.b.put(&pattern(1, 8192));
+    let second = p.b.put(&[9, 9, 9, 9, 9]);
+    let m = p.b.put(&be(&[8192, 5]));
+    let results = [
+        ResultPiece {
+            mem: first,
+            xdr_pos: 4,
+        },
+        ResultPiece {
+            mem: second,
+            xdr_pos: 8,
+        },
+    ];
+    p.b.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 0,
+                msg: m,
+                results: &results,
+            },
+            &mut p.b.env,
+        )
+        .unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(
+        d[0].status,
+        CallStatus::BadReply,
+        "the length-word check sees 5, not 8192"
+    );
+    // The wire form is still right: one Write of 8192 bytes, then the inline rest.
+    let written: u32 =
+        p.b.log
+            .iter()
+            .filter_map(|w| match w {
+                Work::Write { local, .. } => Some(local.len),
+                _ => None,
+            })
+            .sum();
+    assert_eq!(written, 8192);
+    let r = p.b.sent.last().unwrap();
+    let tail = &r[r.len() - 16..];
+    assert_eq!(
+        tail,
+        &[be(&[8192, 5]), vec![9, 9, 9, 9, 9, 0, 0, 0]].concat()[..]
+    );
+}
+
+#[test]
+fn impl_4_1_b_chunk_lists_count_against_the_inline_budget() {
+    let mut p = Pair::default_pair();
+    // 956 bytes fit with an empty header (1024 in all); a Reply chunk adds 40 header bytes.
+    bulk(&mut p, 1, &[7; 956], 8192);
+    p.run();
+    assert_eq!(header(&p.a.sent[0]).body.proc(), v1::RDMA_NOMSG);
+}
+
+#[test]
+fn r8166_6_1_e_binding_limits_write_chunks() {
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[8192, 1]));
+    let results = [p.a.alloc(8192), p.a.alloc(8192)];
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &results,
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    assert_eq!(c.writes.len(), 1, "RDMATEST READ allows one Write chunk");
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d[0].results(), &[(4, 8192), (4, 0)]);
+}
+
+#[test]
+fn xch_3_1_b_learned_rbsiz_moves_the_inline_threshold() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    client.send_size = 8192;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    server.recv_size = 8192;
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    bulk(&mut p, 1, &[0; 8], 64);
+    p.run();
+    serve(&mut p);
+    // Confirmed: 4096 by default; the server's INITXCH said RBSIZ 8192.
+    assert_eq!(p.a.conn.thresholds().0, 4096);
+    p.a.conn.set_peer_receive_size(8192);
+    bulk(&mut p, 2, &[1; 6000], 6100);
+    p.run();
+    assert_eq!(
+        proto::Fixed::peek(&p.a.sent[1]).unwrap().proc,
+        v2::RDMA2_MSG
+    );
+    serve(&mut p);
+    assert!(done(&mut p).iter().all(|d| d.status == CallStatus::Ok));
+}
+
+#[test]
+fn r8166_3_3_1_g_raised_grant_is_covered_by_posted_receives() {
+    let mut server = sim::config(Role::Server, 4);
+    server.recv_slots = 10;
+    server.send_slots = 4 + 10 + 1;
+    let mut p = Pair::new(sim::config(Role::Client, 8), sim::sized(server));
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    p.b.conn.set_credits(8);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    // The reply advertising 8 went out while at least 8 receives were posted.
+    assert_eq!(
+        proto::Fixed::peek(p.b.sent.last().unwrap()).unwrap().credit,
+        8
+    );
+    assert!(p.b.conn.recv_posted() >= 8);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    // A grant beyond the receive buffers is never advertised.
+    p.b.conn.set_credits(50);
+    assert_eq!(p.b.conn.grant(), 10);
+}
+
+#[test]
+fn impl_3_2_c_read_chunk_limit_counts_positions_not_segments() {
+    let mut p = Pair::default_pair();
+    let rpc = rpcmsg::call_header(3, BULK_PROG, 1, 1);
+    // Six segments at one position: one chunk, accepted by the decoder (the binding then
+    // refuses it: GARBAGE_ARGS, not ERR_CHUNK).
+    let mut m = be(&[3, 1, 8, 0]);
+    for _ in 0..6 {
+        m.extend(be(&[1, 40, 0x77, 4, 0, 0]));
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(&rpc);
+    p.inject(true, &m);
+    assert_eq!(
+        &p.b.sent[0][28..],
+        &rpcmsg::reply_header(3, rpcmsg::GARBAGE_ARGS)[..]
+    );
+    // Five positions: more chunks than the engine's cap, a header error.
+    let mut m = be(&[4, 1, 8, 0]);
+    for k in 0..5 {
+        m.extend(be(&[1, 40 + 8 * k, 0x77, 4, 0, 0]));
+    }
+    m.extend(be(&[0, 0, 0]));
+    m.extend(rpcmsg::call_header(4, BULK_PROG, 1, 1));
+    p.inject(true, &m);
+    assert_eq!(p.b.sent[1], be(&[4, 1, 8, 4, 2]));
+}
+
+#[test]
+fn v2_4_2_2_a_backward_call_in_version_two() {
+    let mut p = v2_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    let msg = p.b.put(&be(&[4, 0x0a0b_0c0d]));
+    let reply = p.b.alloc(64);
+    let spec = CallSpec {
+        user: 5,
+        xid: 1,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let call = p.b.sent.last().unwrap().clone();
+    let f = proto::Fixed::peek(&call).unwrap();
+    assert_eq!((f.vers, f.proc), (2, v2::RDMA2_MSG));
+    // V2-4.2.2-b: the direction word is CALL.
+    assert_eq!(&call[16..20], &0u32.to_be_bytes());
+    let c =
+        p.a.events
+            .iter()
+            .find_map(|e| match e {
+                Event::IncomingCall(c) => Some(*c),
+                _ => None,
+            })
+            .expect("backward call at the client");
+    let buf = p.a.alloc(c.args_len);
+    p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    p.run();
+    let m = p.a.put(&be(&[4, 1]));
+    p.a.conn
+        .submit_reply(
+            c.id,
+            &ReplySpec {
+                accept_stat: 0,
+                msg: m,
+                results: &[],
+            },
+            &mut p.a.env,
+        )
+        .unwrap();
+    p.run();
+    assert!(p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::CallDone(d) if d.user == 5 && d.status == CallStatus::Ok)));
 }
