@@ -14,7 +14,7 @@ fi
 bin=$CARGO_TARGET_DIR/$profile
 pids=""
 cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT INT TERM HUP PIPE
 mkdir -p /tmp/rpcrdmad-demo-server /tmp/rpcrdmad-demo-client
 $bin/rpcrdmad --config deploy/demo-server.toml 2>/tmp/rpcrdmad-demo-server/log & pids="$pids $!"
 $bin/rpcrdmad --config deploy/demo-client.toml 2>/tmp/rpcrdmad-demo-client/log & pids="$pids $!"
