@@ -20,6 +20,8 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub mod conformance;
+#[cfg(feature = "ibv")]
+pub mod ibv;
 pub mod soft;
 
 /// Largest scatter/gather list any provider of this crate accepts in one work request.
