@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use rpcrdma_verbs::ibv::{IbvConfig, IbvProvider, OpenError};
+use rpcrdma_verbs::ibv::{Exposure, IbvConfig, IbvProvider, OpenError};
 use rpcrdma_verbs::Error;
 
 /// Whether the kernel has an RDMA core (the class directory exists once ib_core is loaded).
@@ -39,9 +39,22 @@ fn open_reports_no_kernel_support_or_opens_the_device() {
             assert!(kernel_has_rdma());
             let name = wanted_device().expect("a device opened, so the harness named one");
             assert_eq!(p.device_name(), name);
-            // rxe is RoCE with type 2 memory windows; siw is iWARP without them.
-            assert_eq!(p.is_iwarp(), name.starts_with("siw"));
-            assert_eq!(p.uses_memory_windows(), name.starts_with("rxe"));
+            // siw is iWARP, without memory windows, reading into one entry; rxe is RoCE whose
+            // windows do not enforce their bounds, so exposure defaults to regions on both.
+            let siw = name.starts_with("siw");
+            assert_eq!(p.is_iwarp(), siw);
+            assert!(!p.uses_memory_windows() && !p.remote_invalidation());
+            assert_eq!(p.max_read_sge() == 1, siw);
+            let forced = IbvProvider::open(IbvConfig {
+                device: Some(name),
+                exposure: Exposure::MemoryWindow,
+                ..IbvConfig::default()
+            });
+            match forced {
+                Ok(p) => assert!(!siw && p.uses_memory_windows() && p.remote_invalidation()),
+                Err(OpenError::Unsupported(_)) => assert!(siw),
+                Err(e) => panic!("unexpected open error: {e}"),
+            }
         }
     }
 }

@@ -62,6 +62,21 @@ pub struct IbvConfig {
     /// this set the owner sees what the peer sent unless that ended in zero bytes. iWARP
     /// delivers exact lengths either way.
     pub strip_cm_padding: bool,
+    /// How [`Provider::expose`] gives a peer access.
+    pub exposure: Exposure,
+}
+
+/// How remote exposures are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// Memory windows where the device has type 2 windows that enforce their bounds; else a
+    /// region per exposure. rxe (Linux 6.1) has type 2 windows but lets a peer reach the whole
+    /// underlying region through one (observed in `tests/vm`), so it gets regions.
+    Auto,
+    /// Type 2 memory windows, bound per exposure (fails to open without them).
+    MemoryWindow,
+    /// A memory region registered per exposure, deregistered on invalidation.
+    RegionPerExposure,
 }
 
 impl Default for IbvConfig {
@@ -74,6 +89,7 @@ impl Default for IbvConfig {
             rnr_retry: 0,
             retry_count: 7,
             strip_cm_padding: false,
+            exposure: Exposure::Auto,
         }
     }
 }
@@ -92,6 +108,8 @@ pub enum OpenError {
         /// The devices present.
         present: Vec<String>,
     },
+    /// The configuration asks for something the device lacks; the text says what.
+    Unsupported(&'static str),
     /// The device exists but opening or querying it failed; the text says which step.
     Device(&'static str, io::Error),
 }
@@ -107,6 +125,7 @@ impl fmt::Display for OpenError {
             OpenError::NoSuchDevice { wanted, present } => {
                 write!(f, "no RDMA device {wanted:?} (present: {present:?})")
             }
+            OpenError::Unsupported(what) => write!(f, "RDMA device lacks {what}"),
             OpenError::Device(step, e) => write!(f, "RDMA device: {step}: {e}"),
         }
     }
@@ -158,6 +177,8 @@ struct QpEntry {
     disconnect_reported: bool,
     /// Windows invalidated on this queue pair, ready to be bound again.
     free_mws: Vec<(RawMw, u32)>,
+    /// Ids of posted, uncompleted receives (own receive queue only), oldest first.
+    recvs: VecDeque<u64>,
 }
 
 struct PdEntry {
@@ -179,6 +200,11 @@ pub struct IbvProvider {
     name: String,
     iwarp: bool,
     has_mw2: bool,
+    /// rdma_rxe: its legacy completions carry the kernel's `ib_wc_flags` bits, where
+    /// "with invalidate" is bit 2 (libibverbs' `IBV_WC_IP_CSUM_OK`), not bit 3.
+    rxe: bool,
+    /// Scatter entries an RDMA Read sink may have (siw: 1).
+    max_sge_rd: usize,
     channel: sys::EventChannel,
     pds: Vec<Option<PdEntry>>,
     mrs: Vec<Option<MrEntry>>,
@@ -273,9 +299,19 @@ impl IbvProvider {
         ctx.query_gid(cfg.port, cfg.gid_index)
             .map_err(|e| OpenError::Device("query GID", io::Error::other(e.to_string())))?;
         let caps = attr.device_cap_flags();
-        let has_mw2 = attr.max_mw() > 0
+        let mw2 = attr.max_mw() > 0
             && (caps.contains(DeviceCapabilityFlags::MemoryWindowType2A)
                 || caps.contains(DeviceCapabilityFlags::MemoryWindowType2B));
+        // rdma_rxe reports vendor 0xffffff.
+        let rxe = attr.vendor_id() == 0x00ff_ffff;
+        let has_mw2 = match cfg.exposure {
+            Exposure::Auto => mw2 && !rxe,
+            Exposure::MemoryWindow if !mw2 => {
+                return Err(OpenError::Unsupported("type 2 memory windows"))
+            }
+            Exposure::MemoryWindow => true,
+            Exposure::RegionPerExposure => false,
+        };
         let channel = sys::EventChannel::new().map_err(|e| OpenError::Device("rdma_cm", e))?;
         Ok(IbvProvider {
             cfg,
@@ -283,6 +319,10 @@ impl IbvProvider {
             name,
             iwarp,
             has_mw2,
+            rxe,
+            max_sge_rd: usize::try_from(attr.max_sge_rd())
+                .unwrap_or(1)
+                .clamp(1, MAX_SGE),
             channel,
             pds: Vec::new(),
             mrs: Vec::new(),
@@ -311,6 +351,19 @@ impl IbvProvider {
     /// Whether exposures are type 2 memory windows (else one memory region per exposure).
     pub fn uses_memory_windows(&self) -> bool {
         self.has_mw2
+    }
+
+    /// Whether a peer may invalidate an exposure with Send with Invalidate: only windows
+    /// (verbs refuse remote invalidation of an ordinary region), so an owner must not offer
+    /// it (RFC 8797's flag) otherwise.
+    pub fn remote_invalidation(&self) -> bool {
+        self.has_mw2
+    }
+
+    /// Largest scatter list of an RDMA Read (the device's `max_sge_rd`; siw has 1): longer
+    /// ones are refused with [`Error::TooManySge`] (siw would silently read only the first).
+    pub fn max_read_sge(&self) -> usize {
+        self.max_sge_rd
     }
 
     fn ctx_ptr(&self) -> *mut sys::ibv_context {
@@ -372,7 +425,6 @@ impl IbvProvider {
     }
 
     fn on_cm_event(&mut self, mut ev: sys::CmEventData) {
-        eprintln!("TRACE {} cm {:?} status {} pd {:?}", self.name, ev.kind, ev.status, ev.private_data.as_slice().len());
         use sys::CmEventKind as K;
         if self.cfg.strip_cm_padding && !self.iwarp {
             let d = ev.private_data.as_slice();
@@ -550,7 +602,6 @@ impl IbvProvider {
     }
 
     fn convert(&mut self, w: &sys::ibv_wc, out: &mut WorkCompletion) -> bool {
-        eprintln!("TRACE wc id {:x} status {} opcode {} len {} flags {:x} qpn {}", w.wr_id, w.status, w.opcode, w.byte_len, w.wc_flags, w.qp_num);
         use sys::ibv_wc_status as S;
         let qp = self.qp_by_num.get(&w.qp_num).copied().unwrap_or_default();
         let status = match w.status {
@@ -573,15 +624,32 @@ impl IbvProvider {
             return false;
         }
         use sys::ibv_wc_opcode as O;
-        let opcode = match w.opcode {
+        let mut opcode = match w.opcode {
             O::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
             O::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
             O::IBV_WC_LOCAL_INV => WcOpcode::LocalInvalidate,
             o if o & O::IBV_WC_RECV != 0 => WcOpcode::Recv,
             _ => WcOpcode::Send,
         };
+        // The opcode of an error completion is undefined in verbs (rxe leaves receive
+        // flushes at 0, "send"): the queue pair's oldest outstanding receive tells.
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            if opcode == WcOpcode::Recv
+                || (status != WcStatus::Success && e.recvs.front() == Some(&w.wr_id))
+            {
+                if e.recvs.front() == Some(&w.wr_id) {
+                    e.recvs.pop_front();
+                }
+                opcode = WcOpcode::Recv;
+            }
+        }
         let mut invalidated_rkey = None;
-        if status == WcStatus::Success && w.wc_flags & sys::IBV_WC_WITH_INV != 0 {
+        let inv_bits = if self.rxe {
+            sys::IBV_WC_WITH_INV | sys::IB_WC_WITH_INVALIDATE_KERNEL
+        } else {
+            sys::IBV_WC_WITH_INV
+        };
+        if status == WcStatus::Success && opcode == WcOpcode::Recv && w.wc_flags & inv_bits != 0 {
             // SAFETY: IBV_WC_WITH_INV says the union holds the invalidated rkey.
             let rkey = unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey };
             invalidated_rkey = Some(rkey);
@@ -879,6 +947,7 @@ impl Provider for IbvProvider {
                 id: None,
                 disconnect_reported: false,
                 free_mws: Vec::with_capacity(64),
+                recvs: VecDeque::with_capacity(init.max_recv_wr as usize),
             },
         )?;
         self.qp_by_num.insert(num, QpId(id));
@@ -927,11 +996,18 @@ impl Provider for IbvProvider {
                 },
             );
         }
-        e.qp.post_recv(wr_id, &buf[..n as usize])
+        e.qp.post_recv(wr_id, &buf[..n as usize])?;
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            e.recvs.push_back(wr_id);
+        }
+        Ok(())
     }
 
     fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<()> {
         let e = slot(&self.qps, qp.0)?;
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg.len() > self.max_sge_rd {
+            return Err(Error::TooManySge);
+        }
         let mut buf = [sys::zero_sge(); MAX_SGE];
         let n = self.sges(wr.sg, e.max_sge, &mut buf)?;
         match e.state {

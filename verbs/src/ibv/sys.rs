@@ -19,6 +19,8 @@ use crate::{Access, Error, PrivateData, Result, SendOp, SendWr};
 
 /// `IBV_WC_WITH_INV`: the completion's union holds the rkey the peer invalidated.
 pub(super) const IBV_WC_WITH_INV: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+/// The kernel's `IB_WC_WITH_INVALIDATE` bit, which rxe passes through unconverted.
+pub(super) const IB_WC_WITH_INVALIDATE_KERNEL: u32 = 1 << 2;
 
 fn os_err(ret: i32) -> io::Error {
     // Verbs calls return either -1 with errno or a positive errno.
@@ -352,13 +354,17 @@ impl RawQp {
                 mw_access_flags: mw_access(access),
             },
         };
-        self.post(&mut wr)
+        self.post(&mut wr)?;
+        // SAFETY: the window is live; its `rkey` field is the application's record of the
+        // current key, which the device checks on the next bind (rdma-core's own
+        // `ibv_bind_mw` updates it the same way).
+        unsafe { (*mw.0).rkey = rkey };
+        Ok(())
     }
 }
 
 impl Drop for RawQp {
     fn drop(&mut self) {
-        eprintln!("TRACE destroy qp {}", self.num());
         // SAFETY: the queue pair is live; its rdma_cm id no longer refers to it.
         unsafe { ffi::ibv_destroy_qp(self.0) };
     }
@@ -727,7 +733,6 @@ impl CmId {
 
 impl Drop for CmId {
     fn drop(&mut self) {
-        eprintln!("TRACE destroy id {:p}", self.0);
         // SAFETY: the id is live and all its events were acknowledged when read.
         unsafe { ffi::rdma_destroy_id(self.0) };
     }
