@@ -30,8 +30,12 @@ fn siw() -> (IbvProvider, IpAddr) {
     (p, addr)
 }
 
-fn soft() -> SoftTcp {
-    SoftProvider::tcp(SoftConfig::default()).expect("soft provider")
+fn soft(crc: bool) -> SoftTcp {
+    SoftProvider::tcp(SoftConfig {
+        crc,
+        ..SoftConfig::default()
+    })
+    .expect("soft provider")
 }
 
 fn step<P: Provider>(s: &mut Side<P>) {
@@ -244,11 +248,11 @@ fn exchange(k: &mut Side<IbvProvider>, s: &mut Side<SoftTcp>) {
     });
 }
 
-#[test]
-fn soft_initiator_to_kernel_siw_listener() {
+/// The soft side connects to a kernel siw listener, asking for MPA CRC-32C (`crc`) or not.
+fn soft_to_kernel(crc: bool) {
     let (kp, ip) = siw();
     let mut k = Side::new(kp);
-    let mut s = Side::new(soft());
+    let mut s = Side::new(soft(crc));
     let l = k.p.listen(SocketAddr::new(ip, 0)).expect("listen");
     let addr = k.p.listen_addr(l).unwrap();
     let sq = s.p.create_qp(&init(&s)).unwrap();
@@ -271,10 +275,20 @@ fn soft_initiator_to_kernel_siw_listener() {
 }
 
 #[test]
+fn soft_initiator_with_crc_to_kernel_siw_listener() {
+    soft_to_kernel(true);
+}
+
+#[test]
+fn soft_initiator_without_crc_to_kernel_siw_listener() {
+    soft_to_kernel(false);
+}
+
+#[test]
 fn kernel_siw_initiator_to_soft_listener() {
     let (kp, ip) = siw();
     let mut k = Side::new(kp);
-    let mut s = Side::new(soft());
+    let mut s = Side::new(soft(true));
     let l = s.p.listen(SocketAddr::new(ip, 0)).expect("listen");
     let addr = s.p.listen_addr(l).unwrap();
     let kq = k.p.create_qp(&init(&k)).unwrap();

@@ -11,10 +11,13 @@
 //! provider moves the queue pair through its states itself on InfiniBand/RoCE (iWARP's
 //! connection manager does that in the kernel).
 //!
-//! Exposure ([`Provider::expose`]) binds a type 2 memory window per call when the device has
-//! them (rxe does); otherwise (siw has none, and user space has no fast registration) it
-//! registers a memory region per exposure and deregisters it on invalidation: the same
-//! semantics, at the cost of a system call per exposure.
+//! Exposure ([`Provider::expose`]) binds a type 2 memory window per call where the device has
+//! windows that keep the peer inside them; otherwise (siw has no windows; rxe's let the peer
+//! reach the whole region; user space has no fast registration) it registers a memory region
+//! per exposure and deregisters it on local invalidation: the same protection, at the cost of
+//! a system call per exposure, and without remote invalidation (verbs refuse Send with
+//! Invalidate on an ordinary region), which [`IbvProvider::remote_invalidation`] reports.
+//! See [`Exposure`].
 //!
 //! Every error completion of a connected queue pair ends its connection (queue pair to error,
 //! `rdma_disconnect`), so both sides see `Disconnected` as they would on iWARP.
