@@ -250,6 +250,13 @@ fn push<T>(v: &mut Vec<Option<T>>, t: T) -> Result<u32> {
     Ok(i)
 }
 
+/// Private data without its trailing zero bytes (IB CM pads to a fixed size).
+fn strip_zero_padding(pd: &PrivateData) -> PrivateData {
+    let d = pd.as_slice();
+    let n = d.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    PrivateData::new(&d[..n])
+}
+
 fn access_flags(a: Access, mw_bind: bool) -> AccessFlags {
     let mut f = AccessFlags::none();
     if a.contains(Access::LOCAL_WRITE) {
@@ -430,9 +437,7 @@ impl IbvProvider {
     fn on_cm_event(&mut self, mut ev: sys::CmEventData) {
         use sys::CmEventKind as K;
         if self.cfg.strip_cm_padding && !self.iwarp {
-            let d = ev.private_data.as_slice();
-            let n = d.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-            ev.private_data = PrivateData::new(&d[..n]);
+            ev.private_data = strip_zero_padding(&ev.private_data);
         }
         match ev.kind {
             K::ConnectRequest => {
@@ -1181,5 +1186,31 @@ impl Drop for IbvProvider {
         self.cqs.clear();
         self.mrs.clear();
         self.pds.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cm_padding_stripped_to_what_the_peer_sent() {
+        let mut padded = [0u8; 56];
+        padded[..8].copy_from_slice(&[0xf6, 0xab, 0x0e, 0x18, 0x01, 0x01, 0x03, 0x03]);
+        let s = strip_zero_padding(&PrivateData::new(&padded));
+        assert_eq!(s.as_slice(), &padded[..8]);
+        assert!(strip_zero_padding(&PrivateData::new(&[0; 148]))
+            .as_slice()
+            .is_empty());
+    }
+
+    #[test]
+    fn remote_write_implies_local_write_and_windows_need_bind() {
+        let f = access_flags(Access::REMOTE_WRITE, false);
+        assert!(f.contains(AccessFlags::RemoteWrite) && f.contains(AccessFlags::LocalWrite));
+        assert!(!f.contains(AccessFlags::MemoryWindowBind));
+        let f = access_flags(Access::REMOTE_READ, true);
+        assert!(f.contains(AccessFlags::RemoteRead) && f.contains(AccessFlags::MemoryWindowBind));
+        assert!(!f.contains(AccessFlags::LocalWrite));
     }
 }

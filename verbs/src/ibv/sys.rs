@@ -737,3 +737,42 @@ impl Drop for CmId {
         unsafe { ffi::rdma_destroy_id(self.0) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inc_rkey_keeps_the_window_index_and_changes_the_key() {
+        assert_eq!(inc_rkey(0x0000_1234), 0x0000_1235);
+        assert_eq!(
+            inc_rkey(0x00ab_cdff),
+            0x00ab_cd00,
+            "key byte wraps, index stays"
+        );
+        let mut k = 0x0012_3400;
+        for _ in 0..255 {
+            let n = inc_rkey(k);
+            assert_ne!(n, k);
+            assert_eq!(n >> 8, 0x1234);
+            k = n;
+        }
+    }
+
+    #[test]
+    fn socket_addresses_in_network_order() {
+        let ss = sockaddr("10.99.0.1:20049".parse().unwrap());
+        // SAFETY: `sockaddr` wrote a sockaddr_in for an IPv4 address.
+        let sin = unsafe { ptr::addr_of!(ss).cast::<libc::sockaddr_in>().read() };
+        assert_eq!(sin.sin_family, libc::AF_INET as libc::sa_family_t);
+        assert_eq!(u16::from_be(sin.sin_port), 20049);
+        assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 99, 0, 1]);
+        let ss = sockaddr("[fe80::1%3]:7".parse().unwrap());
+        // SAFETY: `sockaddr` wrote a sockaddr_in6 for an IPv6 address.
+        let sin6 = unsafe { ptr::addr_of!(ss).cast::<libc::sockaddr_in6>().read() };
+        assert_eq!(sin6.sin6_family, libc::AF_INET6 as libc::sa_family_t);
+        assert_eq!(u16::from_be(sin6.sin6_port), 7);
+        assert_eq!(sin6.sin6_scope_id, 3);
+        assert_eq!(sin6.sin6_addr.s6_addr[0], 0xfe);
+    }
+}
