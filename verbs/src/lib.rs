@@ -20,6 +20,8 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub mod conformance;
+#[cfg(feature = "ibv")]
+pub mod ibv;
 pub mod mapped;
 pub mod soft;
 

@@ -1,0 +1,1216 @@
+//! The rdma-core provider: real verbs devices (NICs, `rdma_rxe`, `siw`) through `sideway`.
+//!
+//! `sideway` opens the device (its device list reports a kernel without RDMA cleanly), and
+//! owns protection domains and memory regions; queue pairs, shared receive queues, memory
+//! windows, posting, polling and rdma_cm go through `rdma-mummy-sys`, the raw bindings under
+//! `sideway`, because `sideway` 0.4 wraps none of SRQ, memory windows, Send with Invalidate,
+//! or rdma_cm private data and reject. Both load libibverbs and librdmacm at run time.
+//!
+//! Queue pairs are created by the provider (not by rdma_cm) so they can share CQs and SRQs;
+//! rdma_cm only carries the connection (`qp_num` in the connection parameters), and the
+//! provider moves the queue pair through its states itself on InfiniBand/RoCE (iWARP's
+//! connection manager does that in the kernel).
+//!
+//! Exposure ([`Provider::expose`]) binds a type 2 memory window per call where the device has
+//! windows that keep the peer inside them; otherwise (siw has no windows; rxe's let the peer
+//! reach the whole region; user space has no fast registration) it registers a memory region
+//! per exposure and deregisters it on local invalidation: the same protection, at the cost of
+//! a system call per exposure, and without remote invalidation (verbs refuse Send with
+//! Invalidate on an ordinary region), which [`IbvProvider::remote_invalidation`] reports.
+//! See [`Exposure`].
+//!
+//! Every error completion of a connected queue pair ends its connection (queue pair to error,
+//! `rdma_disconnect`), so both sides see `Disconnected` as they would on iWARP.
+
+mod sys;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use sideway::ibverbs::device::{DeviceInfo, DeviceList, TransportType};
+use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext};
+use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::AccessFlags;
+
+use crate::{
+    Access, CmEvent, ConnParams, ConnReqId, CqId, Error, ListenerId, Mr, MrId, PdId, PrivateData,
+    Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus,
+    WorkCompletion, MAX_SGE,
+};
+
+use sys::{CmId, RawCq, RawMw, RawQp, RawSrq};
+
+/// Where to find the device: name (e.g. `rxe0`; first device if `None`), port, GID index.
+#[derive(Debug, Clone)]
+pub struct IbvConfig {
+    /// Device name as in `ibv_devices`; `None` takes the first device.
+    pub device: Option<String>,
+    /// Port number (1-based).
+    pub port: u8,
+    /// GID index that must exist on the port (rdma_cm picks the GID of the address used).
+    pub gid_index: u32,
+    /// Address and route resolution timeout in milliseconds.
+    pub resolve_timeout_ms: i32,
+    /// RNR retries (0: a Send without a posted receive fails at once, as on iWARP).
+    pub rnr_retry: u8,
+    /// Transport retries before a queue pair fails.
+    pub retry_count: u8,
+    /// Drop trailing zero bytes of received private data. InfiniBand/RoCE's CM pads it with
+    /// zeros to a fixed size (56 bytes in a request, 196 in a reply, 148 in a reject); with
+    /// this set the owner sees what the peer sent unless that ended in zero bytes. iWARP
+    /// delivers exact lengths either way.
+    pub strip_cm_padding: bool,
+    /// How [`Provider::expose`] gives a peer access.
+    pub exposure: Exposure,
+}
+
+/// How remote exposures are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposure {
+    /// Memory windows where the device has type 2 windows that enforce their bounds; else a
+    /// region per exposure. rxe (Linux 6.1) has type 2 windows but lets a peer reach the whole
+    /// underlying region through one (observed in `tests/vm`), so it gets regions.
+    Auto,
+    /// Type 2 memory windows, bound per exposure (fails to open without them).
+    MemoryWindow,
+    /// A memory region registered per exposure, deregistered on invalidation.
+    RegionPerExposure,
+}
+
+impl Default for IbvConfig {
+    fn default() -> Self {
+        IbvConfig {
+            device: None,
+            port: 1,
+            gid_index: 0,
+            resolve_timeout_ms: 2000,
+            rnr_retry: 0,
+            retry_count: 7,
+            strip_cm_padding: false,
+            exposure: Exposure::Auto,
+        }
+    }
+}
+
+/// Why [`IbvProvider::open`] failed.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The kernel has no RDMA support (`ibv_get_device_list` fails, e.g. with ENOSYS).
+    NoKernelSupport(io::Error),
+    /// The kernel has RDMA but no device is registered.
+    NoDevices,
+    /// No device of that name; the names that exist.
+    NoSuchDevice {
+        /// The name asked for.
+        wanted: String,
+        /// The devices present.
+        present: Vec<String>,
+    },
+    /// The configuration asks for something the device lacks; the text says what.
+    Unsupported(&'static str),
+    /// The device exists but opening or querying it failed; the text says which step.
+    Device(&'static str, io::Error),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::NoKernelSupport(e) => write!(
+                f,
+                "no RDMA devices (kernel has no RDMA support: {e}); use the soft provider"
+            ),
+            OpenError::NoDevices => f.write_str("no RDMA devices; use the soft provider"),
+            OpenError::NoSuchDevice { wanted, present } => {
+                write!(f, "no RDMA device {wanted:?} (present: {present:?})")
+            }
+            OpenError::Unsupported(what) => write!(f, "RDMA device lacks {what}"),
+            OpenError::Device(step, e) => write!(f, "RDMA device: {step}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+impl From<OpenError> for Error {
+    fn from(e: OpenError) -> Error {
+        match e {
+            OpenError::Device(_, io) => Error::Io(io),
+            _ => Error::NoDevice,
+        }
+    }
+}
+
+/// Work-request id of the provider's own (unsignaled) window binds; never reported.
+const INTERNAL_WR_ID: u64 = u64::MAX - 0x5157;
+
+struct MrEntry {
+    mr: Arc<MemoryRegion>,
+    pd: PdId,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+struct CqEntry {
+    cq: RawCq,
+    /// Completions the provider made itself (work posted to a queue pair in error).
+    synthetic: VecDeque<WorkCompletion>,
+}
+
+/// A live remote exposure: a bound window, or a region registered for it (fallback).
+enum Window {
+    Mw { mw: RawMw, qp: QpId },
+    Mr { mr: Arc<MemoryRegion> },
+}
+
+struct QpEntry {
+    qp: RawQp,
+    pd: PdId,
+    send_cq: CqId,
+    recv_cq: CqId,
+    srq: bool,
+    max_sge: u32,
+    state: QpState,
+    id: Option<CmId>,
+    disconnect_reported: bool,
+    /// Windows invalidated on this queue pair, ready to be bound again.
+    free_mws: Vec<(RawMw, u32)>,
+    /// Ids of posted, uncompleted receives (own receive queue only), oldest first.
+    recvs: VecDeque<u64>,
+}
+
+struct PdEntry {
+    pd: Arc<ProtectionDomain>,
+}
+
+/// Pending outbound connection steps on the active side.
+#[derive(Clone, Copy)]
+struct Connecting {
+    private_data: PrivateData,
+    responder_resources: u16,
+    initiator_depth: u16,
+}
+
+/// One opened RDMA device driven by one poll thread.
+pub struct IbvProvider {
+    cfg: IbvConfig,
+    ctx: Arc<DeviceContext>,
+    name: String,
+    iwarp: bool,
+    has_mw2: bool,
+    /// rdma_rxe: its legacy completions carry the kernel's `ib_wc_flags` bits, where
+    /// "with invalidate" is bit 2 (libibverbs' `IBV_WC_IP_CSUM_OK`), not bit 3.
+    rxe: bool,
+    /// Scatter entries an RDMA Read sink may have (siw: 1).
+    max_sge_rd: usize,
+    channel: sys::EventChannel,
+    pds: Vec<Option<PdEntry>>,
+    mrs: Vec<Option<MrEntry>>,
+    cqs: Vec<Option<CqEntry>>,
+    srqs: Vec<Option<RawSrq>>,
+    qps: Vec<Option<QpEntry>>,
+    qp_by_num: HashMap<u32, QpId>,
+    connecting: HashMap<u32, Connecting>,
+    listeners: Vec<Option<(CmId, SocketAddr)>>,
+    reqs: Vec<Option<CmId>>,
+    windows: HashMap<u32, Window>,
+    events: VecDeque<CmEvent>,
+}
+
+impl fmt::Debug for IbvProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IbvProvider")
+            .field("device", &self.name)
+            .field("iwarp", &self.iwarp)
+            .field("memory_windows", &self.has_mw2)
+            .finish_non_exhaustive()
+    }
+}
+
+fn slot<T>(v: &[Option<T>], i: u32) -> Result<&T> {
+    v.get(i as usize)
+        .and_then(Option::as_ref)
+        .ok_or(Error::BadHandle)
+}
+
+fn slot_mut<T>(v: &mut [Option<T>], i: u32) -> Result<&mut T> {
+    v.get_mut(i as usize)
+        .and_then(Option::as_mut)
+        .ok_or(Error::BadHandle)
+}
+
+fn push<T>(v: &mut Vec<Option<T>>, t: T) -> Result<u32> {
+    let i = u32::try_from(v.len()).map_err(|_| Error::QueueFull)?;
+    v.push(Some(t));
+    Ok(i)
+}
+
+/// Private data without its trailing zero bytes (IB CM pads to a fixed size).
+fn strip_zero_padding(pd: &PrivateData) -> PrivateData {
+    let d = pd.as_slice();
+    let n = d.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    PrivateData::new(&d[..n])
+}
+
+fn access_flags(a: Access, mw_bind: bool) -> AccessFlags {
+    let mut f = AccessFlags::none();
+    if a.contains(Access::LOCAL_WRITE) {
+        f |= AccessFlags::LocalWrite;
+    }
+    if a.contains(Access::REMOTE_READ) {
+        f |= AccessFlags::RemoteRead;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        f |= AccessFlags::RemoteWrite | AccessFlags::LocalWrite;
+    }
+    if mw_bind {
+        f |= AccessFlags::MemoryWindowBind;
+    }
+    f
+}
+
+impl IbvProvider {
+    /// Open a device; fails with [`OpenError::NoKernelSupport`] on kernels without RDMA.
+    pub fn open(cfg: IbvConfig) -> std::result::Result<IbvProvider, OpenError> {
+        let list = DeviceList::new().map_err(|e| {
+            let io = match e.0 {
+                sideway::ibverbs::device::GetDeviceListErrorKind::Ibverbs(io) => io,
+                other => io::Error::other(other.to_string()),
+            };
+            OpenError::NoKernelSupport(io)
+        })?;
+        if list.is_empty() {
+            return Err(OpenError::NoDevices);
+        }
+        let present: Vec<String> = list.iter().map(|d| d.name()).collect();
+        let dev = match &cfg.device {
+            None => list.get(0),
+            Some(want) => list.iter().find(|d| &d.name() == want),
+        }
+        .ok_or_else(|| OpenError::NoSuchDevice {
+            wanted: cfg.device.clone().unwrap_or_default(),
+            present,
+        })?;
+        let name = dev.name();
+        let iwarp = matches!(dev.transport_type(), TransportType::IWarp);
+        let ctx = dev
+            .open()
+            .map_err(|e| OpenError::Device("open", io::Error::other(e.to_string())))?;
+        let attr = ctx
+            .query_device()
+            .map_err(|e| OpenError::Device("query device", io::Error::other(e.to_string())))?;
+        ctx.query_port(cfg.port)
+            .map_err(|e| OpenError::Device("query port", io::Error::other(e.to_string())))?;
+        ctx.query_gid(cfg.port, cfg.gid_index)
+            .map_err(|e| OpenError::Device("query GID", io::Error::other(e.to_string())))?;
+        let caps = attr.device_cap_flags();
+        let mw2 = attr.max_mw() > 0
+            && (caps.contains(DeviceCapabilityFlags::MemoryWindowType2A)
+                || caps.contains(DeviceCapabilityFlags::MemoryWindowType2B));
+        // rdma_rxe reports vendor 0xffffff.
+        let rxe = attr.vendor_id() == 0x00ff_ffff;
+        let has_mw2 = match cfg.exposure {
+            Exposure::Auto => mw2 && !rxe,
+            Exposure::MemoryWindow if !mw2 => {
+                return Err(OpenError::Unsupported("type 2 memory windows"))
+            }
+            Exposure::MemoryWindow => true,
+            Exposure::RegionPerExposure => false,
+        };
+        let channel = sys::EventChannel::new().map_err(|e| OpenError::Device("rdma_cm", e))?;
+        Ok(IbvProvider {
+            cfg,
+            ctx,
+            name,
+            iwarp,
+            has_mw2,
+            rxe,
+            max_sge_rd: usize::try_from(attr.max_sge_rd())
+                .unwrap_or(1)
+                .clamp(1, MAX_SGE),
+            channel,
+            pds: Vec::new(),
+            mrs: Vec::new(),
+            cqs: Vec::new(),
+            srqs: Vec::new(),
+            qps: Vec::new(),
+            qp_by_num: HashMap::with_capacity(64),
+            connecting: HashMap::with_capacity(16),
+            listeners: Vec::new(),
+            reqs: Vec::new(),
+            windows: HashMap::with_capacity(1024),
+            events: VecDeque::with_capacity(64),
+        })
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the device speaks iWARP (else InfiniBand or RoCE).
+    pub fn is_iwarp(&self) -> bool {
+        self.iwarp
+    }
+
+    /// Whether exposures are type 2 memory windows (else one memory region per exposure).
+    pub fn uses_memory_windows(&self) -> bool {
+        self.has_mw2
+    }
+
+    /// Whether a peer may invalidate an exposure with Send with Invalidate: only windows
+    /// (verbs refuse remote invalidation of an ordinary region), so an owner must not offer
+    /// it (RFC 8797's flag) otherwise.
+    pub fn remote_invalidation(&self) -> bool {
+        self.has_mw2
+    }
+
+    /// Largest scatter list of an RDMA Read (the device's `max_sge_rd`; siw has 1): longer
+    /// ones are refused with [`Error::TooManySge`] (siw would silently read only the first).
+    pub fn max_read_sge(&self) -> usize {
+        self.max_sge_rd
+    }
+
+    fn ctx_ptr(&self) -> *mut sys::ibv_context {
+        // SAFETY: the pointer is only used while `self.ctx` (which owns the context) lives.
+        unsafe { self.ctx.context().as_ptr() }
+    }
+
+    fn pd_ptr(&self, pd: PdId) -> Result<*mut sys::ibv_pd> {
+        let e = slot(&self.pds, pd.0)?;
+        // SAFETY: the pointer is only used while the entry (which owns the PD) lives.
+        Ok(unsafe { e.pd.pd().as_ptr() })
+    }
+
+    /// Queue pair to error (flushing its work) and the connection closed; idempotent.
+    fn fail_qp(&mut self, qp: QpId) {
+        let Ok(e) = slot_mut(&mut self.qps, qp.0) else {
+            return;
+        };
+        if e.state == QpState::Error {
+            return;
+        }
+        e.state = QpState::Error;
+        e.qp.to_error();
+        if let Some(id) = &e.id {
+            id.disconnect();
+        }
+    }
+
+    fn report_disconnect(&mut self, qp: QpId) {
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            if !e.disconnect_reported {
+                e.disconnect_reported = true;
+                self.events.push_back(CmEvent::Disconnected { qp });
+            }
+        }
+    }
+
+    fn synth(&mut self, cq: CqId, wc: WorkCompletion) -> Result<()> {
+        let c = slot_mut(&mut self.cqs, cq.0)?;
+        c.synthetic.push_back(wc);
+        Ok(())
+    }
+
+    fn qp_for_id(&self, id: *mut sys::rdma_cm_id) -> Option<QpId> {
+        self.qps.iter().enumerate().find_map(|(i, e)| {
+            e.as_ref()
+                .and_then(|e| e.id.as_ref())
+                .filter(|c| c.raw() == id)
+                .map(|_| QpId(i as u32))
+        })
+    }
+
+    /// Move an InfiniBand/RoCE queue pair to `state` with the attributes rdma_cm computed.
+    fn cm_modify(&self, qp: &QpEntry, id: &CmId, state: sys::QpTarget) -> io::Result<()> {
+        if self.iwarp && state != sys::QpTarget::Init {
+            return Ok(());
+        }
+        id.modify_qp(&qp.qp, state)
+    }
+
+    fn on_cm_event(&mut self, mut ev: sys::CmEventData) {
+        use sys::CmEventKind as K;
+        if self.cfg.strip_cm_padding && !self.iwarp {
+            ev.private_data = strip_zero_padding(&ev.private_data);
+        }
+        match ev.kind {
+            K::ConnectRequest => {
+                let Some(listener) = self
+                    .listeners
+                    .iter()
+                    .position(|l| l.as_ref().is_some_and(|(id, _)| id.raw() == ev.listen_id))
+                else {
+                    ev.reject_and_destroy();
+                    return;
+                };
+                let Some(id) = ev.take_new_id() else { return };
+                let Ok(req) = push(&mut self.reqs, id) else {
+                    return;
+                };
+                self.events.push_back(CmEvent::ConnectRequest {
+                    listener: ListenerId(listener as u32),
+                    req: ConnReqId(req),
+                    private_data: ev.private_data,
+                    responder_resources: ev.responder_resources,
+                    initiator_depth: ev.initiator_depth,
+                });
+            }
+            K::AddrResolved => {
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                let ok = match self.check_device(qp) {
+                    Ok(()) => slot(&self.qps, qp.0)
+                        .ok()
+                        .and_then(|e| e.id.as_ref())
+                        .map(|id| id.resolve_route(self.cfg.resolve_timeout_ms).is_ok())
+                        .unwrap_or(false),
+                    Err(()) => false,
+                };
+                if !ok {
+                    self.connect_failed(qp);
+                }
+            }
+            K::RouteResolved => {
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                if self.send_connect(qp).is_err() {
+                    self.connect_failed(qp);
+                }
+            }
+            K::ConnectResponse => {
+                // InfiniBand/RoCE with a provider-owned queue pair: RTR, RTS, then RTU.
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                let ok = (|| -> io::Result<()> {
+                    let e = slot(&self.qps, qp.0).map_err(|_| io::Error::other("qp"))?;
+                    let id = e.id.as_ref().ok_or_else(|| io::Error::other("id"))?;
+                    self.cm_modify(e, id, sys::QpTarget::Rtr)?;
+                    self.cm_modify(e, id, sys::QpTarget::Rts)?;
+                    id.establish()
+                })();
+                if ok.is_err() {
+                    self.connect_failed(qp);
+                } else {
+                    self.established(qp, ev.private_data);
+                }
+            }
+            K::Established => {
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                let pd = if self.connecting.contains_key(&qp.0) {
+                    ev.private_data
+                } else {
+                    PrivateData::EMPTY
+                };
+                self.established(qp, pd);
+            }
+            K::Rejected => {
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                self.connecting.remove(&qp.0);
+                // IB CM reason 28 is "consumer defined": the peer's reject. Anything else
+                // (no listener, timeout) is a failure to connect. iWARP reports every MPA
+                // reject the same way.
+                let consumer = self.iwarp || ev.status == 28;
+                if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+                    e.state = QpState::Error;
+                    e.qp.to_error();
+                }
+                if consumer {
+                    self.events.push_back(CmEvent::Rejected {
+                        qp,
+                        private_data: ev.private_data,
+                    });
+                } else {
+                    self.events.push_back(CmEvent::ConnectError { qp });
+                }
+            }
+            K::Failed => {
+                if let Some(qp) = self.qp_for_id(ev.id) {
+                    self.connect_failed(qp);
+                }
+            }
+            K::Disconnected => {
+                let Some(qp) = self.qp_for_id(ev.id) else {
+                    return;
+                };
+                self.fail_qp(qp);
+                if let Ok(e) = slot(&self.qps, qp.0) {
+                    if let Some(id) = &e.id {
+                        // Answer the peer's request (DREP) so it is not left to time out.
+                        id.disconnect();
+                    }
+                }
+                self.report_disconnect(qp);
+            }
+            K::Other => {}
+        }
+    }
+
+    fn check_device(&self, qp: QpId) -> std::result::Result<(), ()> {
+        let e = slot(&self.qps, qp.0).map_err(|_| ())?;
+        let id = e.id.as_ref().ok_or(())?;
+        match id.device_name() {
+            Some(n) if n == self.name => Ok(()),
+            _ => Err(()),
+        }
+    }
+
+    fn send_connect(&mut self, qp: QpId) -> io::Result<()> {
+        let c = *self
+            .connecting
+            .get(&qp.0)
+            .ok_or_else(|| io::Error::other("not connecting"))?;
+        let e = slot(&self.qps, qp.0).map_err(|_| io::Error::other("qp"))?;
+        let id = e.id.as_ref().ok_or_else(|| io::Error::other("id"))?;
+        self.cm_modify(e, id, sys::QpTarget::Init)?;
+        id.connect(&sys::ConnParam {
+            private_data: c.private_data.as_slice(),
+            responder_resources: c.responder_resources,
+            initiator_depth: c.initiator_depth,
+            retry_count: self.cfg.retry_count,
+            rnr_retry: self.cfg.rnr_retry,
+            qp_num: e.qp.num(),
+        })
+    }
+
+    fn connect_failed(&mut self, qp: QpId) {
+        self.connecting.remove(&qp.0);
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            if e.state == QpState::Error {
+                return;
+            }
+            e.state = QpState::Error;
+            e.qp.to_error();
+        }
+        self.events.push_back(CmEvent::ConnectError { qp });
+    }
+
+    fn established(&mut self, qp: QpId, private_data: PrivateData) {
+        self.connecting.remove(&qp.0);
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            if e.state != QpState::Connecting {
+                return;
+            }
+            e.state = QpState::ReadyToSend;
+            self.events
+                .push_back(CmEvent::Established { qp, private_data });
+        }
+    }
+
+    fn convert(&mut self, w: &sys::ibv_wc, out: &mut WorkCompletion) -> bool {
+        use sys::ibv_wc_status as S;
+        let qp = self.qp_by_num.get(&w.qp_num).copied().unwrap_or_default();
+        let status = match w.status {
+            S::IBV_WC_SUCCESS => WcStatus::Success,
+            S::IBV_WC_LOC_LEN_ERR => WcStatus::LocalLengthError,
+            S::IBV_WC_LOC_QP_OP_ERR => WcStatus::LocalQpOperationError,
+            S::IBV_WC_LOC_PROT_ERR | S::IBV_WC_MW_BIND_ERR | S::IBV_WC_LOC_ACCESS_ERR => {
+                WcStatus::LocalProtectionError
+            }
+            S::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
+            S::IBV_WC_REM_INV_REQ_ERR => WcStatus::RemoteInvalidRequest,
+            S::IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccessError,
+            S::IBV_WC_REM_OP_ERR | S::IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RemoteOperationError,
+            _ => WcStatus::Fatal,
+        };
+        if status != WcStatus::Success && status != WcStatus::Flushed {
+            self.fail_qp(qp);
+        }
+        if w.wr_id == INTERNAL_WR_ID {
+            return false;
+        }
+        use sys::ibv_wc_opcode as O;
+        let mut opcode = match w.opcode {
+            O::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+            O::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+            O::IBV_WC_LOCAL_INV => WcOpcode::LocalInvalidate,
+            o if o & O::IBV_WC_RECV != 0 => WcOpcode::Recv,
+            _ => WcOpcode::Send,
+        };
+        // The opcode of an error completion is undefined in verbs (rxe leaves receive
+        // flushes at 0, "send"): the queue pair's oldest outstanding receive tells.
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            if opcode == WcOpcode::Recv
+                || (status != WcStatus::Success && e.recvs.front() == Some(&w.wr_id))
+            {
+                if e.recvs.front() == Some(&w.wr_id) {
+                    e.recvs.pop_front();
+                }
+                opcode = WcOpcode::Recv;
+            }
+        }
+        let mut invalidated_rkey = None;
+        let inv_bits = if self.rxe {
+            sys::IBV_WC_WITH_INV | sys::IB_WC_WITH_INVALIDATE_KERNEL
+        } else {
+            sys::IBV_WC_WITH_INV
+        };
+        if status == WcStatus::Success && opcode == WcOpcode::Recv && w.wc_flags & inv_bits != 0 {
+            // SAFETY: IBV_WC_WITH_INV says the union holds the invalidated rkey.
+            let rkey = unsafe { w.imm_data_invalidated_rkey_union.invalidated_rkey };
+            invalidated_rkey = Some(rkey);
+            self.retire_window(rkey);
+        }
+        *out = WorkCompletion {
+            wr_id: w.wr_id,
+            status,
+            opcode,
+            byte_len: if opcode == WcOpcode::Recv || opcode == WcOpcode::RdmaRead {
+                w.byte_len
+            } else {
+                0
+            },
+            qp,
+            invalidated_rkey,
+        };
+        true
+    }
+
+    /// The exposure under `rkey` is dead: its window goes back to its queue pair's pool, a
+    /// fallback region is deregistered.
+    fn retire_window(&mut self, rkey: u32) {
+        match self.windows.remove(&rkey) {
+            Some(Window::Mw { mw, qp }) => {
+                if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+                    e.free_mws.push((mw, rkey));
+                }
+            }
+            Some(Window::Mr { mr }) => drop(mr),
+            None => {}
+        }
+    }
+
+    fn sges(&self, sg: &[Sge], max: u32, buf: &mut [sys::ibv_sge; MAX_SGE]) -> Result<i32> {
+        if sg.len() > MAX_SGE || sg.len() > max as usize {
+            return Err(Error::TooManySge);
+        }
+        for (d, s) in buf.iter_mut().zip(sg) {
+            *d = sys::ibv_sge {
+                addr: s.addr,
+                length: s.len,
+                lkey: s.lkey,
+            };
+        }
+        Ok(sg.len() as i32)
+    }
+}
+
+impl Provider for IbvProvider {
+    fn alloc_pd(&mut self) -> Result<PdId> {
+        let pd = self
+            .ctx
+            .alloc_pd()
+            .map_err(|e| Error::Io(io::Error::other(e.to_string())))?;
+        Ok(PdId(push(&mut self.pds, PdEntry { pd })?))
+    }
+
+    fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
+        slot(&self.pds, pd.0)?;
+        let busy = self.mrs.iter().flatten().any(|m| m.pd == pd)
+            || self.qps.iter().flatten().any(|q| q.pd == pd);
+        if busy {
+            return Err(Error::BadState);
+        }
+        self.pds[pd.0 as usize] = None;
+        Ok(())
+    }
+
+    unsafe fn register(
+        &mut self,
+        pd: PdId,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr> {
+        let e = slot(&self.pds, pd.0)?;
+        let remote = access.contains(Access::REMOTE_READ) || access.contains(Access::REMOTE_WRITE);
+        let flags = access_flags(access, remote && self.has_mw2);
+        // SAFETY: the caller guarantees the range stays valid while registered (trait contract).
+        let mr = unsafe { e.pd.reg_mr(addr as usize, len, flags) }
+            .map_err(|e| Error::Io(io::Error::other(e.to_string())))?;
+        let out = Mr {
+            id: MrId(0),
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            addr: addr as u64,
+            len: len as u64,
+        };
+        let id = push(
+            &mut self.mrs,
+            MrEntry {
+                mr,
+                pd,
+                addr: addr as u64,
+                len: len as u64,
+                access,
+            },
+        )?;
+        Ok(Mr {
+            id: MrId(id),
+            ..out
+        })
+    }
+
+    fn deregister(&mut self, mr: MrId) -> Result<()> {
+        let e = slot(&self.mrs, mr.0)?;
+        let (lo, hi) = (e.addr, e.addr.saturating_add(e.len));
+        // Fallback exposures of this region die with it; bound windows are invalidated by
+        // the device when their region goes.
+        let dead: Vec<u32> = self
+            .windows
+            .iter()
+            .filter_map(|(k, w)| match w {
+                Window::Mr { mr } => {
+                    let a = mr.get_ptr() as u64;
+                    (a >= lo && a < hi).then_some(*k)
+                }
+                Window::Mw { .. } => None,
+            })
+            .collect();
+        for k in dead {
+            self.windows.remove(&k);
+        }
+        self.mrs[mr.0 as usize] = None;
+        Ok(())
+    }
+
+    fn expose(&mut self, qp: QpId, mr: MrId, offset: u64, len: u64, access: Access) -> Result<u32> {
+        let m = slot(&self.mrs, mr.0)?;
+        let end = offset
+            .checked_add(len)
+            .ok_or(Error::InvalidArgument("offset + len overflows"))?;
+        if end > m.len || len == 0 {
+            return Err(Error::InvalidArgument("exposure outside the region"));
+        }
+        if !m.access.contains(access) {
+            return Err(Error::InvalidArgument(
+                "exposure wider than the region's rights",
+            ));
+        }
+        let addr = m.addr + offset;
+        let q = slot(&self.qps, qp.0)?;
+        if q.pd != m.pd {
+            return Err(Error::InvalidArgument(
+                "queue pair and region in different domains",
+            ));
+        }
+        if !self.has_mw2 {
+            let pd = slot(&self.pds, q.pd.0)?;
+            // SAFETY: the bytes lie inside a registered region, whose memory the caller of
+            // `register` keeps valid until it is deregistered, which drops this one first.
+            let r = unsafe {
+                pd.pd
+                    .reg_mr(addr as usize, len as usize, access_flags(access, false))
+            }
+            .map_err(|e| Error::Io(io::Error::other(e.to_string())))?;
+            let rkey = r.rkey();
+            self.windows.insert(rkey, Window::Mr { mr: r });
+            return Ok(rkey);
+        }
+        if q.state != QpState::ReadyToSend {
+            return Err(Error::BadState);
+        }
+        let mr_ptr = {
+            // SAFETY: used only for this bind, while the region entry lives.
+            unsafe { m.mr.mr().as_ptr() }
+        };
+        let pd_ptr = self.pd_ptr(q.pd)?;
+        let q = slot_mut(&mut self.qps, qp.0)?;
+        let (mw, old) = match q.free_mws.pop() {
+            Some(x) => x,
+            None => {
+                let mw = RawMw::alloc(pd_ptr)?;
+                let k = mw.rkey();
+                (mw, k)
+            }
+        };
+        let rkey = sys::inc_rkey(old);
+        if let Err(e) =
+            q.qp.bind_mw(INTERNAL_WR_ID, &mw, rkey, mr_ptr, addr, len, access)
+        {
+            q.free_mws.push((mw, old));
+            return Err(e);
+        }
+        self.windows.insert(rkey, Window::Mw { mw, qp });
+        Ok(rkey)
+    }
+
+    fn create_cq(&mut self, depth: u32) -> Result<CqId> {
+        let cq = RawCq::new(self.ctx_ptr(), depth)?;
+        Ok(CqId(push(
+            &mut self.cqs,
+            CqEntry {
+                cq,
+                synthetic: VecDeque::with_capacity(depth as usize),
+            },
+        )?))
+    }
+
+    fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
+        slot(&self.cqs, cq.0)?;
+        if self
+            .qps
+            .iter()
+            .flatten()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
+            return Err(Error::BadState);
+        }
+        self.cqs[cq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn poll_cq(&mut self, cq: CqId, wcs: &mut [WorkCompletion]) -> Result<usize> {
+        let mut n = 0;
+        {
+            let c = slot_mut(&mut self.cqs, cq.0)?;
+            while n < wcs.len() {
+                match c.synthetic.pop_front() {
+                    Some(w) => {
+                        wcs[n] = w;
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+        }
+        let mut raw = [sys::zero_wc(); 32];
+        while n < wcs.len() {
+            let want = (wcs.len() - n).min(raw.len());
+            let got = slot(&self.cqs, cq.0)?.cq.poll(&mut raw[..want])?;
+            for w in &raw[..got] {
+                if self.convert(w, &mut wcs[n]) {
+                    n += 1;
+                }
+            }
+            if got < want {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    fn create_srq(&mut self, pd: PdId, depth: u32, max_sge: u32) -> Result<SrqId> {
+        let srq = RawSrq::new(self.pd_ptr(pd)?, depth, max_sge.min(MAX_SGE as u32))?;
+        Ok(SrqId(push(&mut self.srqs, srq)?))
+    }
+
+    fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        slot(&self.srqs, srq.0)?;
+        self.srqs[srq.0 as usize] = None;
+        Ok(())
+    }
+
+    fn post_srq_recv(&mut self, srq: SrqId, wr_id: u64, sg: &[Sge]) -> Result<()> {
+        let mut buf = [sys::zero_sge(); MAX_SGE];
+        let n = self.sges(sg, MAX_SGE as u32, &mut buf)?;
+        slot(&self.srqs, srq.0)?.post_recv(wr_id, &buf[..n as usize])
+    }
+
+    fn create_qp(&mut self, init: &QpInit) -> Result<QpId> {
+        if init.max_sge as usize > MAX_SGE {
+            return Err(Error::TooManySge);
+        }
+        let pd = self.pd_ptr(init.pd)?;
+        let send_cq = slot(&self.cqs, init.send_cq.0)?.cq.ptr();
+        let recv_cq = slot(&self.cqs, init.recv_cq.0)?.cq.ptr();
+        let srq = match init.srq {
+            Some(s) => slot(&self.srqs, s.0)?.ptr(),
+            None => std::ptr::null_mut(),
+        };
+        // Room for a window bind and an invalidation per request.
+        let qp = RawQp::new(
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            init.max_send_wr.saturating_mul(3),
+            init.max_recv_wr,
+            init.max_sge.max(1),
+        )?;
+        qp.to_init(self.cfg.port)?;
+        let num = qp.num();
+        let id = push(
+            &mut self.qps,
+            QpEntry {
+                qp,
+                pd: init.pd,
+                send_cq: init.send_cq,
+                recv_cq: init.recv_cq,
+                srq: init.srq.is_some(),
+                max_sge: init.max_sge.max(1),
+                state: QpState::Init,
+                id: None,
+                disconnect_reported: false,
+                free_mws: Vec::with_capacity(64),
+                recvs: VecDeque::with_capacity(init.max_recv_wr as usize),
+            },
+        )?;
+        self.qp_by_num.insert(num, QpId(id));
+        Ok(QpId(id))
+    }
+
+    fn destroy_qp(&mut self, qp: QpId) -> Result<()> {
+        let e = slot_mut(&mut self.qps, qp.0)?;
+        if let Some(id) = &e.id {
+            id.disconnect();
+        }
+        let num = e.qp.num();
+        self.windows
+            .retain(|_, w| !matches!(w, Window::Mw { qp: q, .. } if *q == qp));
+        self.qp_by_num.remove(&num);
+        self.connecting.remove(&qp.0);
+        // Drop order: windows, then the cm id, then the queue pair.
+        if let Some(mut e) = self.qps[qp.0 as usize].take() {
+            e.free_mws.clear();
+            drop(e.id.take());
+        }
+        Ok(())
+    }
+
+    fn qp_state(&self, qp: QpId) -> Result<QpState> {
+        Ok(slot(&self.qps, qp.0)?.state)
+    }
+
+    fn post_recv(&mut self, qp: QpId, wr_id: u64, sg: &[Sge]) -> Result<()> {
+        let e = slot(&self.qps, qp.0)?;
+        if e.srq {
+            return Err(Error::BadState);
+        }
+        let mut buf = [sys::zero_sge(); MAX_SGE];
+        let n = self.sges(sg, e.max_sge, &mut buf)?;
+        if e.state == QpState::Error {
+            let cq = e.recv_cq;
+            return self.synth(
+                cq,
+                WorkCompletion {
+                    wr_id,
+                    status: WcStatus::Flushed,
+                    opcode: WcOpcode::Recv,
+                    qp,
+                    ..WorkCompletion::default()
+                },
+            );
+        }
+        e.qp.post_recv(wr_id, &buf[..n as usize])?;
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            e.recvs.push_back(wr_id);
+        }
+        Ok(())
+    }
+
+    fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<()> {
+        let e = slot(&self.qps, qp.0)?;
+        if matches!(wr.op, SendOp::RdmaRead { .. }) && wr.sg.len() > self.max_sge_rd {
+            return Err(Error::TooManySge);
+        }
+        let mut buf = [sys::zero_sge(); MAX_SGE];
+        let n = self.sges(wr.sg, e.max_sge, &mut buf)?;
+        match e.state {
+            QpState::ReadyToSend => {}
+            QpState::Error => {
+                let cq = e.send_cq;
+                let opcode = match wr.op {
+                    SendOp::Send | SendOp::SendWithInvalidate { .. } => WcOpcode::Send,
+                    SendOp::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+                    SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+                    SendOp::LocalInvalidate { .. } => WcOpcode::LocalInvalidate,
+                };
+                return self.synth(
+                    cq,
+                    WorkCompletion {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::Flushed,
+                        opcode,
+                        qp,
+                        ..WorkCompletion::default()
+                    },
+                );
+            }
+            _ => return Err(Error::BadState),
+        }
+        if let SendOp::LocalInvalidate { rkey } = wr.op {
+            if matches!(self.windows.get(&rkey), Some(Window::Mr { .. })) {
+                // Fallback exposure: deregistering is the invalidation.
+                let cq = e.send_cq;
+                self.windows.remove(&rkey);
+                if wr.signaled {
+                    return self.synth(
+                        cq,
+                        WorkCompletion {
+                            wr_id: wr.wr_id,
+                            opcode: WcOpcode::LocalInvalidate,
+                            qp,
+                            ..WorkCompletion::default()
+                        },
+                    );
+                }
+                return Ok(());
+            }
+            e.qp.post_send(wr, &buf[..n as usize])?;
+            self.retire_window(rkey);
+            return Ok(());
+        }
+        e.qp.post_send(wr, &buf[..n as usize])
+    }
+
+    fn listen(&mut self, addr: SocketAddr) -> Result<ListenerId> {
+        let id = self.channel.create_id()?;
+        id.bind(addr)?;
+        id.listen(64)?;
+        let port = id.src_port();
+        let bound = SocketAddr::new(addr.ip(), port);
+        Ok(ListenerId(push(&mut self.listeners, (id, bound))?))
+    }
+
+    fn listen_addr(&self, listener: ListenerId) -> Result<SocketAddr> {
+        Ok(slot(&self.listeners, listener.0)?.1)
+    }
+
+    fn close_listener(&mut self, listener: ListenerId) -> Result<()> {
+        slot(&self.listeners, listener.0)?;
+        self.listeners[listener.0 as usize] = None;
+        Ok(())
+    }
+
+    fn connect(&mut self, qp: QpId, addr: SocketAddr, params: &ConnParams<'_>) -> Result<()> {
+        if params.private_data.len() > crate::MAX_PRIVATE_DATA {
+            return Err(Error::InvalidArgument("private data too long"));
+        }
+        let e = slot(&self.qps, qp.0)?;
+        if e.state != QpState::Init || e.id.is_some() {
+            return Err(Error::BadState);
+        }
+        let id = self.channel.create_id()?;
+        id.resolve_addr(None, addr, self.cfg.resolve_timeout_ms)?;
+        let e = slot_mut(&mut self.qps, qp.0)?;
+        e.id = Some(id);
+        e.state = QpState::Connecting;
+        self.connecting.insert(
+            qp.0,
+            Connecting {
+                private_data: PrivateData::new(params.private_data),
+                responder_resources: params.responder_resources,
+                initiator_depth: params.initiator_depth,
+            },
+        );
+        Ok(())
+    }
+
+    fn accept(&mut self, req: ConnReqId, qp: QpId, params: &ConnParams<'_>) -> Result<()> {
+        let id = self
+            .reqs
+            .get_mut(req.0 as usize)
+            .and_then(Option::take)
+            .ok_or(Error::BadHandle)?;
+        let e = slot(&self.qps, qp.0)?;
+        if e.state != QpState::Init || e.id.is_some() {
+            return Err(Error::BadState);
+        }
+        let run = || -> io::Result<()> {
+            self.cm_modify(e, &id, sys::QpTarget::Init)?;
+            self.cm_modify(e, &id, sys::QpTarget::Rtr)?;
+            self.cm_modify(e, &id, sys::QpTarget::Rts)?;
+            id.accept(&sys::ConnParam {
+                private_data: params.private_data,
+                responder_resources: params.responder_resources,
+                initiator_depth: params.initiator_depth,
+                retry_count: self.cfg.retry_count,
+                rnr_retry: self.cfg.rnr_retry,
+                qp_num: e.qp.num(),
+            })
+        };
+        run()?;
+        let e = slot_mut(&mut self.qps, qp.0)?;
+        e.id = Some(id);
+        e.state = QpState::Connecting;
+        Ok(())
+    }
+
+    fn reject(&mut self, req: ConnReqId, private_data: &[u8]) -> Result<()> {
+        let id = self
+            .reqs
+            .get_mut(req.0 as usize)
+            .and_then(Option::take)
+            .ok_or(Error::BadHandle)?;
+        id.reject(private_data)?;
+        Ok(())
+    }
+
+    fn disconnect(&mut self, qp: QpId) -> Result<()> {
+        slot(&self.qps, qp.0)?;
+        self.fail_qp(qp);
+        Ok(())
+    }
+
+    fn poll_cm(&mut self) -> Option<CmEvent> {
+        if self.events.is_empty() {
+            while let Some(ev) = self.channel.next_event() {
+                self.on_cm_event(ev);
+            }
+        }
+        self.events.pop_front()
+    }
+
+    fn event_fd(&self) -> Option<RawFd> {
+        Some(self.channel.fd())
+    }
+}
+
+impl Drop for IbvProvider {
+    fn drop(&mut self) {
+        // rdma_cm ids first, then windows, queue pairs, SRQs, CQs, regions, domains.
+        self.reqs.clear();
+        self.listeners.clear();
+        for q in self.qps.iter_mut().flatten() {
+            drop(q.id.take());
+        }
+        self.windows.clear();
+        for q in self.qps.iter_mut().flatten() {
+            q.free_mws.clear();
+        }
+        self.qps.clear();
+        self.srqs.clear();
+        self.cqs.clear();
+        self.mrs.clear();
+        self.pds.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cm_padding_stripped_to_what_the_peer_sent() {
+        let mut padded = [0u8; 56];
+        padded[..8].copy_from_slice(&[0xf6, 0xab, 0x0e, 0x18, 0x01, 0x01, 0x03, 0x03]);
+        let s = strip_zero_padding(&PrivateData::new(&padded));
+        assert_eq!(s.as_slice(), &padded[..8]);
+        assert!(strip_zero_padding(&PrivateData::new(&[0; 148]))
+            .as_slice()
+            .is_empty());
+    }
+
+    #[test]
+    fn remote_write_implies_local_write_and_windows_need_bind() {
+        let f = access_flags(Access::REMOTE_WRITE, false);
+        assert!(f.contains(AccessFlags::RemoteWrite) && f.contains(AccessFlags::LocalWrite));
+        assert!(!f.contains(AccessFlags::MemoryWindowBind));
+        let f = access_flags(Access::REMOTE_READ, true);
+        assert!(f.contains(AccessFlags::RemoteRead) && f.contains(AccessFlags::MemoryWindowBind));
+        assert!(!f.contains(AccessFlags::LocalWrite));
+    }
+}

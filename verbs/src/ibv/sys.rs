@@ -1,0 +1,778 @@
+//! Owned wrappers over the raw rdma-core calls `sideway` does not wrap (queue pairs with SRQs,
+//! memory windows, legacy posting and polling, rdma_cm with private data).
+//!
+//! Each wrapper owns one C object and destroys it on drop; the pointers never leave this
+//! module except as arguments to other calls of it.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::RawFd;
+use std::ptr;
+
+use rdma_mummy_sys as ffi;
+
+pub(super) use ffi::{
+    ibv_context, ibv_pd, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, rdma_cm_id,
+};
+
+use crate::{Access, Error, PrivateData, Result, SendOp, SendWr};
+
+/// `IBV_WC_WITH_INV`: the completion's union holds the rkey the peer invalidated.
+pub(super) const IBV_WC_WITH_INV: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+/// The kernel's `IB_WC_WITH_INVALIDATE` bit, which rxe passes through unconverted.
+pub(super) const IB_WC_WITH_INVALIDATE_KERNEL: u32 = 1 << 2;
+
+fn os_err(ret: i32) -> io::Error {
+    // Verbs calls return either -1 with errno or a positive errno.
+    if ret > 0 {
+        io::Error::from_raw_os_error(ret)
+    } else {
+        io::Error::last_os_error()
+    }
+}
+
+fn post_err(ret: i32) -> Error {
+    match ret {
+        libc::ENOMEM => Error::QueueFull,
+        libc::EINVAL => Error::InvalidArgument("rejected by the device"),
+        r => Error::Io(os_err(r)),
+    }
+}
+
+/// A zeroed work completion (all-integer C struct).
+pub(super) const fn zero_wc() -> ibv_wc {
+    ibv_wc {
+        wr_id: 0,
+        status: 0,
+        opcode: 0,
+        vendor_err: 0,
+        byte_len: 0,
+        imm_data_invalidated_rkey_union: ffi::imm_data_invalidated_rkey_union_t { imm_data: 0 },
+        qp_num: 0,
+        src_qp: 0,
+        wc_flags: 0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// A zeroed scatter/gather entry.
+pub(super) const fn zero_sge() -> ibv_sge {
+    ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }
+}
+
+/// The next key of a memory window: same index, the low 8 bits advanced (`ibv_inc_rkey`).
+pub(super) fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
+fn mw_access(a: Access) -> u32 {
+    let mut f = 0;
+    if a.contains(Access::REMOTE_READ) {
+        f |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    if a.contains(Access::REMOTE_WRITE) {
+        f |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    f
+}
+
+/// A completion queue.
+pub(super) struct RawCq(*mut ffi::ibv_cq);
+
+impl RawCq {
+    pub(super) fn new(ctx: *mut ibv_context, depth: u32) -> Result<RawCq> {
+        let depth = i32::try_from(depth).map_err(|_| Error::InvalidArgument("CQ depth"))?;
+        // SAFETY: `ctx` is a live device context owned by the provider; no channel is used.
+        let cq = unsafe { ffi::ibv_create_cq(ctx, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        if cq.is_null() {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(RawCq(cq))
+    }
+
+    pub(super) fn ptr(&self) -> *mut ffi::ibv_cq {
+        self.0
+    }
+
+    /// Up to `out.len()` completions; returns how many were written.
+    pub(super) fn poll(&self, out: &mut [ibv_wc]) -> Result<usize> {
+        let n = i32::try_from(out.len()).unwrap_or(i32::MAX);
+        // SAFETY: the CQ is live; `out` has room for `n` completions.
+        let got = unsafe { ffi::ibv_poll_cq(self.0, n, out.as_mut_ptr()) };
+        usize::try_from(got).map_err(|_| Error::Io(io::Error::other("ibv_poll_cq failed")))
+    }
+}
+
+impl Drop for RawCq {
+    fn drop(&mut self) {
+        // SAFETY: the CQ is live and no queue pair of the provider uses it any more.
+        unsafe { ffi::ibv_destroy_cq(self.0) };
+    }
+}
+
+/// A shared receive queue.
+pub(super) struct RawSrq(*mut ffi::ibv_srq);
+
+impl RawSrq {
+    pub(super) fn new(pd: *mut ibv_pd, depth: u32, max_sge: u32) -> Result<RawSrq> {
+        let mut attr = ffi::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ffi::ibv_srq_attr {
+                max_wr: depth,
+                max_sge: max_sge.max(1),
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: `pd` is live; `attr` is a valid init structure for the call.
+        let srq = unsafe { ffi::ibv_create_srq(pd, &mut attr) };
+        if srq.is_null() {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(RawSrq(srq))
+    }
+
+    pub(super) fn ptr(&self) -> *mut ffi::ibv_srq {
+        self.0
+    }
+
+    pub(super) fn post_recv(&self, wr_id: u64, sg: &[ibv_sge]) -> Result<()> {
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: sg.as_ptr().cast_mut(),
+            num_sge: sg.len() as i32,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the SRQ is live; the request and its list live across the call, which
+        // copies them (the device only keeps the addresses they name).
+        let ret = unsafe { ffi::ibv_post_srq_recv(self.0, &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(post_err(ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RawSrq {
+    fn drop(&mut self) {
+        // SAFETY: the SRQ is live and its queue pairs are gone.
+        unsafe { ffi::ibv_destroy_srq(self.0) };
+    }
+}
+
+/// A type 2 memory window.
+pub(super) struct RawMw(*mut ffi::ibv_mw);
+
+impl RawMw {
+    pub(super) fn alloc(pd: *mut ibv_pd) -> Result<RawMw> {
+        // SAFETY: `pd` is live.
+        let mw = unsafe { ffi::ibv_alloc_mw(pd, ffi::ibv_mw_type::IBV_MW_TYPE_2) };
+        if mw.is_null() {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(RawMw(mw))
+    }
+
+    /// The key the device gave the window at allocation.
+    pub(super) fn rkey(&self) -> u32 {
+        // SAFETY: the window is live.
+        unsafe { (*self.0).rkey }
+    }
+}
+
+impl Drop for RawMw {
+    fn drop(&mut self) {
+        // SAFETY: the window is live; deallocating also invalidates it.
+        unsafe { ffi::ibv_dealloc_mw(self.0) };
+    }
+}
+
+/// A reliable-connected queue pair.
+pub(super) struct RawQp(*mut ffi::ibv_qp);
+
+impl RawQp {
+    pub(super) fn new(
+        pd: *mut ibv_pd,
+        send_cq: *mut ffi::ibv_cq,
+        recv_cq: *mut ffi::ibv_cq,
+        srq: *mut ffi::ibv_srq,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+        max_sge: u32,
+    ) -> Result<RawQp> {
+        let mut attr = ffi::ibv_qp_init_attr {
+            qp_context: ptr::null_mut(),
+            send_cq,
+            recv_cq,
+            srq,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr,
+                max_recv_wr: if srq.is_null() { max_recv_wr } else { 0 },
+                max_send_sge: max_sge,
+                max_recv_sge: if srq.is_null() { max_sge } else { 0 },
+                max_inline_data: 0,
+            },
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 0,
+        };
+        // SAFETY: the PD, CQs and SRQ (or null) are live objects of one device context.
+        let qp = unsafe { ffi::ibv_create_qp(pd, &mut attr) };
+        if qp.is_null() {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(RawQp(qp))
+    }
+
+    pub(super) fn num(&self) -> u32 {
+        // SAFETY: the queue pair is live.
+        unsafe { (*self.0).qp_num }
+    }
+
+    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: u32) -> io::Result<()> {
+        // SAFETY: the queue pair is live; `attr` is a valid attribute structure.
+        let ret = unsafe { ffi::ibv_modify_qp(self.0, attr, mask as i32) };
+        if ret != 0 {
+            return Err(os_err(ret));
+        }
+        Ok(())
+    }
+
+    /// RESET to INIT on `port`, remote read and write allowed (keys decide the rest).
+    pub(super) fn to_init(&self, port: u8) -> Result<()> {
+        let mut a = zero_qp_attr();
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        let m = ffi::ibv_qp_attr_mask::IBV_QP_STATE.0
+            | ffi::ibv_qp_attr_mask::IBV_QP_PKEY_INDEX.0
+            | ffi::ibv_qp_attr_mask::IBV_QP_PORT.0
+            | ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0;
+        self.modify(&mut a, m).map_err(Error::Io)
+    }
+
+    /// To the error state: outstanding work completes as flushed.
+    pub(super) fn to_error(&self) {
+        let mut a = zero_qp_attr();
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_ERR;
+        let _ = self.modify(&mut a, ffi::ibv_qp_attr_mask::IBV_QP_STATE.0);
+    }
+
+    pub(super) fn post_recv(&self, wr_id: u64, sg: &[ibv_sge]) -> Result<()> {
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: sg.as_ptr().cast_mut(),
+            num_sge: sg.len() as i32,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the queue pair is live; the request and its list live across the call.
+        let ret = unsafe { ffi::ibv_post_recv(self.0, &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(post_err(ret));
+        }
+        Ok(())
+    }
+
+    fn post(&self, wr: &mut ffi::ibv_send_wr) -> Result<()> {
+        let mut bad = ptr::null_mut();
+        // SAFETY: the queue pair is live; `wr` and the list it points to live across the
+        // call (the provider copies them into its queue).
+        let ret = unsafe { ffi::ibv_post_send(self.0, wr, &mut bad) };
+        if ret != 0 {
+            return Err(post_err(ret));
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_send(&self, w: &SendWr<'_>, sg: &[ibv_sge]) -> Result<()> {
+        use ffi::ibv_wr_opcode as O;
+        let mut wr = zero_send_wr();
+        wr.wr_id = w.wr_id;
+        wr.sg_list = sg.as_ptr().cast_mut();
+        wr.num_sge = sg.len() as i32;
+        wr.send_flags = if w.signaled {
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        match w.op {
+            SendOp::Send => wr.opcode = O::IBV_WR_SEND,
+            SendOp::SendWithInvalidate { rkey } => {
+                wr.opcode = O::IBV_WR_SEND_WITH_INV;
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
+            SendOp::RdmaWrite { remote_addr, rkey } => {
+                wr.opcode = O::IBV_WR_RDMA_WRITE;
+                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            SendOp::RdmaRead { remote_addr, rkey } => {
+                wr.opcode = O::IBV_WR_RDMA_READ;
+                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            SendOp::LocalInvalidate { rkey } => {
+                wr.opcode = O::IBV_WR_LOCAL_INV;
+                wr.num_sge = 0;
+                wr.sg_list = ptr::null_mut();
+                wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
+        }
+        self.post(&mut wr)
+    }
+
+    /// Bind `mw` (type 2) under `rkey` to `len` bytes at `addr` of `mr`, unsignaled.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &RawMw,
+        rkey: u32,
+        mr: *mut ffi::ibv_mr,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<()> {
+        let mut wr = zero_send_wr();
+        wr.wr_id = wr_id;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.bind_mw_tso_union.bind_mw = ffi::bind_mw_t {
+            mw: mw.0,
+            rkey,
+            bind_info: ffi::ibv_mw_bind_info {
+                mr,
+                addr,
+                length: len,
+                mw_access_flags: mw_access(access),
+            },
+        };
+        self.post(&mut wr)?;
+        // SAFETY: the window is live; its `rkey` field is the application's record of the
+        // current key, which the device checks on the next bind (rdma-core's own
+        // `ibv_bind_mw` updates it the same way).
+        unsafe { (*mw.0).rkey = rkey };
+        Ok(())
+    }
+}
+
+impl Drop for RawQp {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair is live; its rdma_cm id no longer refers to it.
+        unsafe { ffi::ibv_destroy_qp(self.0) };
+    }
+}
+
+fn zero_qp_attr() -> ffi::ibv_qp_attr {
+    // SAFETY: `ibv_qp_attr` is a plain C struct of integers (and a GID union of bytes) for
+    // which all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn zero_send_wr() -> ffi::ibv_send_wr {
+    // SAFETY: `ibv_send_wr` is a plain C struct of integers, nullable pointers and unions of
+    // those, for which all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Queue pair states rdma_cm computes attributes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum QpTarget {
+    Init,
+    Rtr,
+    Rts,
+}
+
+/// What the provider passes to `rdma_connect` / `rdma_accept`.
+pub(super) struct ConnParam<'a> {
+    pub private_data: &'a [u8],
+    pub responder_resources: u16,
+    pub initiator_depth: u16,
+    pub retry_count: u8,
+    pub rnr_retry: u8,
+    pub qp_num: u32,
+}
+
+impl ConnParam<'_> {
+    fn raw(&self) -> Result<ffi::rdma_conn_param> {
+        let len = u8::try_from(self.private_data.len())
+            .map_err(|_| Error::InvalidArgument("private data too long"))?;
+        Ok(ffi::rdma_conn_param {
+            private_data: self.private_data.as_ptr().cast(),
+            private_data_len: len,
+            responder_resources: self.responder_resources.min(255) as u8,
+            initiator_depth: self.initiator_depth.min(255) as u8,
+            flow_control: 1,
+            retry_count: self.retry_count.min(7),
+            rnr_retry_count: self.rnr_retry.min(7),
+            srq: 0,
+            qp_num: self.qp_num,
+        })
+    }
+}
+
+/// An rdma_cm event channel (nonblocking).
+pub(super) struct EventChannel(*mut ffi::rdma_event_channel);
+
+impl EventChannel {
+    pub(super) fn new() -> io::Result<EventChannel> {
+        // SAFETY: plain constructor; null means failure with errno.
+        let ch = unsafe { ffi::rdma_create_event_channel() };
+        if ch.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        let ch = EventChannel(ch);
+        let fd = ch.fd();
+        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL only change flags.
+        let ok = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        if !ok {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ch)
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        // SAFETY: the channel is live.
+        unsafe { (*self.0).fd }
+    }
+
+    pub(super) fn create_id(&self) -> Result<CmId> {
+        let mut id = ptr::null_mut();
+        // SAFETY: the channel is live; `id` receives the new identifier.
+        let ret = unsafe {
+            ffi::rdma_create_id(
+                self.0,
+                &mut id,
+                ptr::null_mut(),
+                ffi::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if ret != 0 || id.is_null() {
+            return Err(Error::Io(io::Error::last_os_error()));
+        }
+        Ok(CmId(id))
+    }
+
+    /// The next event, copied out and acknowledged; `None` when none is pending.
+    pub(super) fn next_event(&self) -> Option<CmEventData> {
+        let mut ev = ptr::null_mut();
+        // SAFETY: the channel is live and nonblocking.
+        let ret = unsafe { ffi::rdma_get_cm_event(self.0, &mut ev) };
+        if ret != 0 || ev.is_null() {
+            return None;
+        }
+        // SAFETY: `ev` is a live event until acknowledged below; its private data pointer
+        // (when non-null) names `private_data_len` readable bytes.
+        let data = unsafe {
+            let e = &*ev;
+            let conn = e.param.conn;
+            let pd = if conn.private_data.is_null() {
+                PrivateData::EMPTY
+            } else {
+                PrivateData::new(std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    usize::from(conn.private_data_len),
+                ))
+            };
+            use ffi::rdma_cm_event_type as T;
+            let kind = match e.event {
+                T::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+                T::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+                T::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+                T::RDMA_CM_EVENT_CONNECT_RESPONSE => CmEventKind::ConnectResponse,
+                T::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+                T::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+                T::RDMA_CM_EVENT_DISCONNECTED | T::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                    CmEventKind::Disconnected
+                }
+                T::RDMA_CM_EVENT_ADDR_ERROR
+                | T::RDMA_CM_EVENT_ROUTE_ERROR
+                | T::RDMA_CM_EVENT_CONNECT_ERROR
+                | T::RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Failed,
+                _ => CmEventKind::Other,
+            };
+            CmEventData {
+                kind,
+                status: e.status,
+                id: e.id,
+                listen_id: e.listen_id,
+                new_id: (kind == CmEventKind::ConnectRequest).then(|| CmId(e.id)),
+                private_data: pd,
+                responder_resources: u16::from(conn.responder_resources),
+                initiator_depth: u16::from(conn.initiator_depth),
+            }
+        };
+        // SAFETY: `ev` came from rdma_get_cm_event and is acknowledged exactly once.
+        unsafe { ffi::rdma_ack_cm_event(ev) };
+        Some(data)
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: every id of the channel was destroyed before (the provider drops them first).
+        unsafe { ffi::rdma_destroy_event_channel(self.0) };
+    }
+}
+
+/// Connection-manager event kinds the provider acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CmEventKind {
+    AddrResolved,
+    RouteResolved,
+    ConnectRequest,
+    ConnectResponse,
+    Established,
+    Rejected,
+    Failed,
+    Disconnected,
+    Other,
+}
+
+/// A copied, acknowledged rdma_cm event.
+pub(super) struct CmEventData {
+    pub kind: CmEventKind,
+    pub status: i32,
+    /// The event's id (compare only; for connect requests `new_id` owns it).
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    new_id: Option<CmId>,
+    pub private_data: PrivateData,
+    pub responder_resources: u16,
+    pub initiator_depth: u16,
+}
+
+impl CmEventData {
+    /// The new identifier of a connect request, now owned by the caller.
+    pub(super) fn take_new_id(&mut self) -> Option<CmId> {
+        self.new_id.take()
+    }
+
+    /// Refuse a connect request nobody listens for any more.
+    pub(super) fn reject_and_destroy(mut self) {
+        if let Some(id) = self.new_id.take() {
+            let _ = id.reject(&[]);
+        }
+    }
+}
+
+/// An rdma_cm identifier (destroyed on drop).
+pub(super) struct CmId(*mut rdma_cm_id);
+
+fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in>(), sin) };
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in6>(), sin6) };
+        }
+    }
+    ss
+}
+
+fn cm_ret(ret: i32) -> io::Result<()> {
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl CmId {
+    pub(super) fn raw(&self) -> *mut rdma_cm_id {
+        self.0
+    }
+
+    pub(super) fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let mut ss = sockaddr(addr);
+        // SAFETY: the id is live; `ss` holds a valid socket address of its family.
+        cm_ret(unsafe { ffi::rdma_bind_addr(self.0, ptr::addr_of_mut!(ss).cast()) })
+            .map_err(Error::Io)
+    }
+
+    pub(super) fn listen(&self, backlog: i32) -> Result<()> {
+        // SAFETY: the id is live and bound.
+        cm_ret(unsafe { ffi::rdma_listen(self.0, backlog) }).map_err(Error::Io)
+    }
+
+    /// The bound source port (`rdma_get_src_port`, which the run-time shim lacks: the port
+    /// sits at the same offset of `route.addr.src_addr` for IPv4 and IPv6).
+    pub(super) fn src_port(&self) -> u16 {
+        // SAFETY: the id is live; `route.addr` starts with the source socket address union,
+        // at least a sockaddr_in6 long, whose first four bytes are family and port.
+        let sin = unsafe {
+            ptr::addr_of!((*self.0).route.addr)
+                .cast::<libc::sockaddr_in>()
+                .read_unaligned()
+        };
+        u16::from_be(sin.sin_port)
+    }
+
+    pub(super) fn resolve_addr(
+        &self,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<()> {
+        let mut d = sockaddr(dst);
+        let mut s = src.map(|ip| sockaddr(SocketAddr::new(ip, 0)));
+        let sp = match &mut s {
+            Some(s) => ptr::addr_of_mut!(*s).cast(),
+            None => ptr::null_mut(),
+        };
+        // SAFETY: the id is live; the addresses are valid for the call.
+        cm_ret(unsafe {
+            ffi::rdma_resolve_addr(self.0, sp, ptr::addr_of_mut!(d).cast(), timeout_ms)
+        })
+        .map_err(Error::Io)
+    }
+
+    pub(super) fn resolve_route(&self, timeout_ms: i32) -> io::Result<()> {
+        // SAFETY: the id is live with a resolved address.
+        cm_ret(unsafe { ffi::rdma_resolve_route(self.0, timeout_ms) })
+    }
+
+    /// The name of the device rdma_cm bound the id to, if any.
+    pub(super) fn device_name(&self) -> Option<String> {
+        // SAFETY: the id is live; `verbs` is null or a context librdmacm keeps open, whose
+        // device name is a NUL-terminated string.
+        unsafe {
+            let v = (*self.0).verbs;
+            if v.is_null() {
+                return None;
+            }
+            let n = ffi::ibv_get_device_name((*v).device);
+            if n.is_null() {
+                return None;
+            }
+            Some(std::ffi::CStr::from_ptr(n).to_string_lossy().into_owned())
+        }
+    }
+
+    /// Move `qp` to `target` with the attributes rdma_cm computed for this connection.
+    pub(super) fn modify_qp(&self, qp: &RawQp, target: QpTarget) -> io::Result<()> {
+        let mut a = zero_qp_attr();
+        a.qp_state = match target {
+            QpTarget::Init => ffi::ibv_qp_state::IBV_QPS_INIT,
+            QpTarget::Rtr => ffi::ibv_qp_state::IBV_QPS_RTR,
+            QpTarget::Rts => ffi::ibv_qp_state::IBV_QPS_RTS,
+        };
+        let mut mask = 0i32;
+        // SAFETY: the id is live; `a` and `mask` receive the attributes.
+        cm_ret(unsafe { ffi::rdma_init_qp_attr(self.0, &mut a, &mut mask) })?;
+        qp.modify(&mut a, mask as u32)
+    }
+
+    pub(super) fn connect(&self, p: &ConnParam<'_>) -> io::Result<()> {
+        let mut raw = p
+            .raw()
+            .map_err(|_| io::Error::other("private data too long"))?;
+        // SAFETY: the id is live with a resolved route; `raw` and its private data live
+        // across the call, which copies them.
+        cm_ret(unsafe { ffi::rdma_connect(self.0, &mut raw) })
+    }
+
+    pub(super) fn accept(&self, p: &ConnParam<'_>) -> io::Result<()> {
+        let mut raw = p
+            .raw()
+            .map_err(|_| io::Error::other("private data too long"))?;
+        // SAFETY: the id is a live connect request; `raw` lives across the call.
+        cm_ret(unsafe { ffi::rdma_accept(self.0, &mut raw) })
+    }
+
+    pub(super) fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let len = u8::try_from(private_data.len())
+            .map_err(|_| Error::InvalidArgument("private data too long"))?;
+        // SAFETY: the id is a live connect request; the data lives across the call.
+        cm_ret(unsafe { ffi::rdma_reject(self.0, private_data.as_ptr().cast(), len) })
+            .map_err(Error::Io)
+    }
+
+    pub(super) fn establish(&self) -> io::Result<()> {
+        // SAFETY: the id is live and got a connect response.
+        cm_ret(unsafe { ffi::rdma_establish(self.0) })
+    }
+
+    /// Start or answer a disconnect; errors (already disconnected) are of no consequence.
+    pub(super) fn disconnect(&self) {
+        // SAFETY: the id is live.
+        unsafe { ffi::rdma_disconnect(self.0) };
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: the id is live and all its events were acknowledged when read.
+        unsafe { ffi::rdma_destroy_id(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inc_rkey_keeps_the_window_index_and_changes_the_key() {
+        assert_eq!(inc_rkey(0x0000_1234), 0x0000_1235);
+        assert_eq!(
+            inc_rkey(0x00ab_cdff),
+            0x00ab_cd00,
+            "key byte wraps, index stays"
+        );
+        let mut k = 0x0012_3400;
+        for _ in 0..255 {
+            let n = inc_rkey(k);
+            assert_ne!(n, k);
+            assert_eq!(n >> 8, 0x1234);
+            k = n;
+        }
+    }
+
+    #[test]
+    fn socket_addresses_in_network_order() {
+        let ss = sockaddr("10.99.0.1:20049".parse().unwrap());
+        // SAFETY: `sockaddr` wrote a sockaddr_in for an IPv4 address.
+        let sin = unsafe { ptr::addr_of!(ss).cast::<libc::sockaddr_in>().read() };
+        assert_eq!(sin.sin_family, libc::AF_INET as libc::sa_family_t);
+        assert_eq!(u16::from_be(sin.sin_port), 20049);
+        assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 99, 0, 1]);
+        let ss = sockaddr("[fe80::1%3]:7".parse().unwrap());
+        // SAFETY: `sockaddr` wrote a sockaddr_in6 for an IPv6 address.
+        let sin6 = unsafe { ptr::addr_of!(ss).cast::<libc::sockaddr_in6>().read() };
+        assert_eq!(sin6.sin6_family, libc::AF_INET6 as libc::sa_family_t);
+        assert_eq!(u16::from_be(sin6.sin6_port), 7);
+        assert_eq!(sin6.sin6_scope_id, 3);
+        assert_eq!(sin6.sin6_addr.s6_addr[0], 0xfe);
+    }
+}
