@@ -357,3 +357,65 @@ pub fn readdirplus_args(
         .put_u32(dircount)
         .put_u32(maxcount);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GETATTR3res for a directory, laid out by hand from RFC 1813 §2.5 (fattr3 is 84 bytes).
+    #[test]
+    fn rfc1813_getattr_res_hand_vector() {
+        let mut b = vec![0, 0, 0, 0]; // NFS3_OK
+        b.extend_from_slice(&[0, 0, 0, 2]); // NF3DIR
+        b.extend_from_slice(&[0, 0, 0x41, 0xed]); // mode 040755
+        b.extend_from_slice(&[0, 0, 0, 3, 0, 0, 3, 0xe8, 0, 0, 0, 100]); // nlink 3, uid 1000, gid 100
+        b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0]); // size 2^32
+        b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0x10, 0]); // used 4096
+        b.extend_from_slice(&[0, 0, 0, 8, 0, 0, 0, 1]); // rdev 8,1
+        b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 9]); // fsid 9
+        b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 2]); // fileid 2
+        b.extend_from_slice(&[
+            0, 0, 0, 10, 0, 0, 0, 11, 0, 0, 0, 12, 0, 0, 0, 13, 0, 0, 0, 14, 0, 0, 0, 15,
+        ]);
+        assert_eq!(b.len(), 4 + 84);
+        let a = getattr_res(&b).unwrap().unwrap();
+        assert_eq!(
+            a,
+            Fattr3 {
+                ftype: NF3DIR,
+                mode: 0o40755,
+                nlink: 3,
+                uid: 1000,
+                gid: 100,
+                size: 1 << 32,
+                used: 4096,
+                rdev: (8, 1),
+                fsid: 9,
+                fileid: 2,
+                times: [(10, 11), (12, 13), (14, 15)],
+            }
+        );
+        // NFS3ERR_STALE (70) has no body; an ftype of 8 does not exist.
+        assert_eq!(getattr_res(&[0, 0, 0, 70]).unwrap(), Err((70, ())));
+        b[7] = 8;
+        assert_eq!(getattr_res(&b), Err(XdrError::BadValue(8)));
+    }
+
+    /// WRITE3args: the data's length word stays in the reduced stream, the bytes become the DDP piece.
+    #[test]
+    fn rfc8267_write_data_is_the_ddp_piece_after_its_length() {
+        let mut x = XdrBuilder::default();
+        write_args(&mut x, &[0xab; 4], 5, &[1, 2, 3], true);
+        let full = x.to_full();
+        assert_eq!(
+            full,
+            [
+                0, 0, 0, 4, 0xab, 0xab, 0xab, 0xab, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 3, 0, 0, 0, 2,
+                0, 0, 0, 3, 1, 2, 3, 0
+            ]
+        );
+        let mut inline = XdrBuilder::default();
+        write_args(&mut inline, &[0xab; 4], 5, &[1, 2, 3], false);
+        assert_eq!(inline.to_full(), full);
+    }
+}

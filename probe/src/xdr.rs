@@ -77,7 +77,7 @@ impl<'a> Reader<'a> {
         }
         let (d, t) = self.b.split_at(padded);
         self.b = t;
-        Ok(d.get(..n).ok_or(XdrError::Short)?)
+        d.get(..n).ok_or(XdrError::Short)
     }
 
     /// Variable-length opaque of at most `max` bytes.

@@ -18,7 +18,9 @@ const SEEDS: u64 = 120;
 
 fn run(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| {
-        panic!("cannot run {what} ({e}): install rpcsvc-proto (rpcgen), a C compiler and libtirpc-dev")
+        panic!(
+            "cannot run {what} ({e}): install rpcsvc-proto (rpcgen), a C compiler and libtirpc-dev"
+        )
     });
     assert!(
         out.status.success(),
@@ -241,7 +243,9 @@ fn dec(c: &str, x: &XdrBuilder) -> String {
 }
 
 fn fh(rng: &mut Rng) -> Vec<u8> {
-    (0..rng.range(0, 64)).map(|_| rng.next() as u8).collect()
+    (0..rng.range(0, 64))
+        .map(|_| rng.next_u64() as u8)
+        .collect()
 }
 
 #[test]
@@ -249,14 +253,14 @@ fn rfc1813_arguments_built_by_the_probe_decode_in_rpcgen_to_the_inputs() {
     let mut rng = Rng::new(1813);
     for _ in 0..40 {
         let f = fh(&mut rng);
-        let (off, count) = (rng.next(), rng.next() as u32);
+        let (off, count) = (rng.next_u64(), rng.next_u64() as u32);
 
         let mut x = XdrBuilder::default();
         nfs3::getattr_args(&mut x, &f);
         assert_eq!(dec("getattr", &x), format!("{} rest 0", hex(&f)));
 
         let name: String = (0..rng.range(1, 40))
-            .map(|_| char::from(b'a' + (rng.next() % 26) as u8))
+            .map(|_| char::from(b'a' + (rng.next_u64() % 26) as u8))
             .collect();
         let mut x = XdrBuilder::default();
         nfs3::lookup_args(&mut x, &f, &name);
@@ -266,7 +270,9 @@ fn rfc1813_arguments_built_by_the_probe_decode_in_rpcgen_to_the_inputs() {
         nfs3::read_args(&mut x, &f, off, count);
         assert_eq!(dec("read", &x), format!("{} {off} {count} rest 0", hex(&f)));
 
-        let data: Vec<u8> = (0..rng.range(0, 300)).map(|_| rng.next() as u8).collect();
+        let data: Vec<u8> = (0..rng.range(0, 300))
+            .map(|_| rng.next_u64() as u8)
+            .collect();
         for ddp in [false, true] {
             let mut x = XdrBuilder::default();
             nfs3::write_args(&mut x, &f, off, &data, ddp);
@@ -282,7 +288,7 @@ fn rfc1813_arguments_built_by_the_probe_decode_in_rpcgen_to_the_inputs() {
             );
         }
 
-        let verf = rng.next().to_be_bytes();
+        let verf = rng.next_u64().to_be_bytes();
         let mut x = XdrBuilder::default();
         nfs3::readdirplus_args(&mut x, &f, off, verf, count, count ^ 1);
         assert_eq!(
