@@ -56,3 +56,4 @@ pub use conn::{
 };
 pub use driver::{from_serve_tag, serve_tag, ConnId, ConnTemplate, Driver, DriverError};
 pub use mem::{Env, MemRef, Memory, VecMemory};
+pub mod poll;

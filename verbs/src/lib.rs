@@ -20,6 +20,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub mod conformance;
+pub mod mapped;
 pub mod soft;
 
 /// Largest scatter/gather list any provider of this crate accepts in one work request.

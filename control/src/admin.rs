@@ -1,0 +1,304 @@
+//! The admin protocol: one JSON request per line on the admin Unix socket, one JSON response
+//! per line back. `rpcrdmactl` and the daemon share these types.
+
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// Largest request line the daemon reads.
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// A request from `rpcrdmactl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Daemon, threads, listeners, peers.
+    Status,
+    /// Every connection.
+    Conns,
+    /// One connection in detail.
+    ConnShow {
+        /// Connection id.
+        conn: u32,
+    },
+    /// Disconnect one connection (a configured peer is reconnected after its backoff).
+    ConnClose {
+        /// Connection id.
+        conn: u32,
+    },
+    /// Counters per connection and per thread.
+    Stats,
+    /// Latency percentiles per connection.
+    Latency,
+    /// Re-read the config file: apply what can change live, refuse the rest.
+    Reload,
+    /// Ask the peer to change characteristics (ROPT_REQXCH).
+    XcharRequest {
+        /// Connection id.
+        conn: u32,
+        /// `name=value` pairs, e.g. `rbsize=8192`.
+        set: Vec<String>,
+    },
+    /// Announce our characteristics changed (unsolicited ROPT_UPDXCH).
+    XcharSet {
+        /// Connection id.
+        conn: u32,
+        /// `name=value` pairs.
+        set: Vec<String>,
+    },
+}
+
+/// The daemon's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Response {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The result (shape depends on the request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+}
+
+impl Response {
+    /// A success carrying `v`.
+    pub fn ok(v: impl Serialize) -> Response {
+        match serde_json::to_value(v) {
+            Ok(result) => Response {
+                ok: true,
+                error: None,
+                result: Some(result),
+            },
+            Err(e) => Response::err(format!("cannot encode the result: {e}")),
+        }
+    }
+
+    /// A failure.
+    pub fn err(msg: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            error: Some(msg.into()),
+            result: None,
+        }
+    }
+}
+
+/// `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Status {
+    /// Daemon version.
+    pub version: String,
+    /// Process id.
+    pub pid: u32,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// Config file.
+    pub config: String,
+    /// Provider kind.
+    pub provider: String,
+    /// "running" or "draining".
+    pub state: String,
+    /// Bound listener addresses.
+    pub listeners: Vec<String>,
+    /// Configured peers.
+    pub peers: Vec<PeerStatus>,
+    /// Poll threads.
+    pub threads: Vec<ThreadStatus>,
+    /// Connections up.
+    pub conns_up: usize,
+    /// Apps attached.
+    pub apps: usize,
+}
+
+/// One configured peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PeerStatus {
+    /// Name apps use.
+    pub name: String,
+    /// Address.
+    pub address: String,
+    /// "up", "connecting", "backoff" or "stopped".
+    pub state: String,
+    /// Connection id when up.
+    pub conn: Option<u32>,
+    /// Failed attempts since the last success.
+    pub failures: u32,
+    /// Milliseconds until the next attempt (backoff).
+    pub retry_in_ms: Option<u64>,
+}
+
+/// One poll thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ThreadStatus {
+    /// Index.
+    pub index: usize,
+    /// Pinned core.
+    pub core: Option<usize>,
+    /// Share of time spent on iterations that found work (0..=1).
+    pub busy_ratio: f64,
+    /// Loop iterations with work.
+    pub busy_polls: u64,
+    /// Loop iterations without.
+    pub idle_polls: u64,
+    /// Times parked.
+    pub parks: u64,
+    /// Apps attached.
+    pub apps: usize,
+    /// App operations in flight.
+    pub app_ops: usize,
+    /// Submissions refused.
+    pub bad_submissions: u64,
+    /// Apps detached so far.
+    pub apps_detached: u64,
+}
+
+/// One connection (`conns`, `conn show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ConnView {
+    /// Connection id.
+    pub id: u32,
+    /// Poll thread.
+    pub thread: usize,
+    /// Configured peer name (outgoing connections).
+    pub peer: Option<String>,
+    /// Remote address, where known.
+    pub remote: Option<String>,
+    /// "client" (we connected) or "server" (we accepted).
+    pub role: String,
+    /// State.
+    pub state: String,
+    /// RPC-over-RDMA version in use.
+    pub version: u32,
+    /// Credits the peer grants us.
+    pub credits_granted: u32,
+    /// Credits we grant.
+    pub credits_offered: u32,
+    /// Our inline send size.
+    pub inline_send: u32,
+    /// Our inline receive size.
+    pub inline_recv: u32,
+    /// The peer's RFC 8797 data: inline send size.
+    pub peer_inline_send: Option<u32>,
+    /// The peer's RFC 8797 data: inline receive size.
+    pub peer_inline_recv: Option<u32>,
+    /// The peer accepts Send With Invalidate.
+    pub peer_remote_invalidate: Option<bool>,
+    /// Transport characteristics both ways (version-two connections).
+    pub xchar: Option<crate::xchar::XcharView>,
+}
+
+/// Counters of one connection (`stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ConnCounters {
+    /// Connection id.
+    pub id: u32,
+    /// Peer name or remote address.
+    pub peer: String,
+    /// Calls sent.
+    pub calls_out: u64,
+    /// Replies received.
+    pub replies_in: u64,
+    /// Calls received.
+    pub calls_in: u64,
+    /// Replies sent.
+    pub replies_out: u64,
+    /// Failed calls.
+    pub call_errors: u64,
+    /// Protocol errors.
+    pub protocol_errors: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes moved by RDMA Read (chunks pulled).
+    pub rdma_read_bytes: u64,
+    /// Bytes moved by RDMA Write (results pushed).
+    pub rdma_write_bytes: u64,
+    /// Long calls sent (Position-zero Read chunk).
+    pub long_calls: u64,
+    /// Long replies sent (Reply chunk).
+    pub long_replies: u64,
+    /// RDMA_ERROR messages sent.
+    pub errors_sent: u64,
+    /// RDMA_ERROR messages received.
+    pub errors_received: u64,
+    /// Times a call waited for a credit.
+    pub credit_stalls: u64,
+}
+
+/// `stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Stats {
+    /// Per poll thread.
+    pub threads: Vec<ThreadStatus>,
+    /// Per connection (connections that closed are gone).
+    pub conns: Vec<ConnCounters>,
+}
+
+/// Latency percentiles of one connection, in microseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LatencyRow {
+    /// Connection id.
+    pub id: u32,
+    /// Peer name or remote address.
+    pub peer: String,
+    /// Samples.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 90th percentile.
+    pub p90_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Largest.
+    pub max_us: f64,
+}
+
+/// `reload`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub struct ReloadOutcome {
+    /// Keys applied live.
+    pub applied: Vec<String>,
+    /// Keys that changed but need a restart, with the reason.
+    pub refused: Vec<Refused>,
+}
+
+/// A setting reload could not apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Refused {
+    /// Dotted key, e.g. `transport.credits`.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Sends `req` to the daemon at `socket` and returns its response.
+pub fn call(socket: &Path, req: &Request, timeout: Duration) -> std::io::Result<Response> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    let mut reader = BufReader::new(s);
+    let mut out = String::new();
+    reader.read_line(&mut out)?;
+    Ok(serde_json::from_str(&out)?)
+}

@@ -1,0 +1,383 @@
+//! `rpcrdmactl`: administer a running rpcrdmad over its admin socket.
+#![forbid(unsafe_code)]
+
+use clap::{Parser, Subcommand};
+use rpcrdma_control::admin::{self, Request, Response};
+use rpcrdma_control::table;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Administer a running rpcrdmad (JSON over its admin Unix socket).
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// The daemon's admin socket (daemon.admin-socket).
+    #[arg(
+        short,
+        long,
+        env = "RPCRDMAD_ADMIN",
+        default_value = "/run/rpcrdmad/admin.sock"
+    )]
+    socket: PathBuf,
+    /// Print the daemon's JSON answer instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Give up after this many milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Daemon state, listeners, peers, poll threads.
+    Status,
+    /// Connections: peer, version, credits, inline sizes, state.
+    Conns,
+    /// One connection: show or close.
+    Conn {
+        #[command(subcommand)]
+        cmd: ConnCmd,
+    },
+    /// Counters per connection and per poll thread.
+    Stats,
+    /// Round-trip latency percentiles per connection.
+    Latency,
+    /// Transport characteristics (RPC-over-RDMA version 2).
+    Xchar {
+        #[command(subcommand)]
+        cmd: XcharCmd,
+    },
+    /// Re-read the config file: apply live settings, list the refused ones.
+    Reload,
+}
+
+#[derive(Debug, Subcommand)]
+enum ConnCmd {
+    /// Everything about one connection.
+    Show {
+        /// Connection id (from `conns`).
+        conn: u32,
+    },
+    /// Disconnect it (a configured peer reconnects after its backoff).
+    Close {
+        /// Connection id.
+        conn: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum XcharCmd {
+    /// Ask the peer to change characteristics (ROPT_REQXCH), e.g. `rbsize=8192`.
+    Request {
+        /// Connection id.
+        conn: u32,
+        /// `name=value` pairs.
+        #[arg(required = true)]
+        set: Vec<String>,
+    },
+    /// Announce changed characteristics of ours (ROPT_UPDXCH).
+    Set {
+        /// Connection id.
+        conn: u32,
+        /// `name=value` pairs.
+        #[arg(required = true)]
+        set: Vec<String>,
+    },
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => format!("{f:.1}"),
+            _ => n.to_string(),
+        },
+        v => v.to_string(),
+    }
+}
+
+fn rows(v: &Value, keys: &[&str]) -> Vec<Vec<String>> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| keys.iter().map(|k| s(&r[*k])).collect())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn human(req: &Request, r: &Value) -> String {
+    match req {
+        Request::Status => {
+            let mut out = format!(
+                "rpcrdmad {} pid {} up {}s, {} ({} provider), config {}\nlisteners: {}\nconnections up: {}, apps: {}\n\n",
+                s(&r["version"]),
+                s(&r["pid"]),
+                s(&r["uptime-s"]),
+                s(&r["state"]),
+                s(&r["provider"]),
+                s(&r["config"]),
+                r["listeners"]
+                    .as_array()
+                    .map(|a| a.iter().map(s).collect::<Vec<_>>().join(", "))
+                    .filter(|l| !l.is_empty())
+                    .unwrap_or_else(|| "none".into()),
+                s(&r["conns-up"]),
+                s(&r["apps"]),
+            );
+            out += &table::render(
+                &["PEER", "ADDRESS", "STATE", "CONN", "FAILURES", "RETRY-MS"],
+                &rows(
+                    &r["peers"],
+                    &[
+                        "name",
+                        "address",
+                        "state",
+                        "conn",
+                        "failures",
+                        "retry-in-ms",
+                    ],
+                ),
+            );
+            out.push('\n');
+            let mut threads = rows(
+                &r["threads"],
+                &[
+                    "index",
+                    "core",
+                    "busy-ratio",
+                    "busy-polls",
+                    "idle-polls",
+                    "parks",
+                    "apps",
+                    "app-ops",
+                ],
+            );
+            for t in &mut threads {
+                if let Ok(f) = t[2].parse::<f64>() {
+                    t[2] = format!("{:.1}%", f * 100.0);
+                }
+            }
+            out += &table::render(
+                &[
+                    "THREAD",
+                    "CORE",
+                    "BUSY",
+                    "BUSY-POLLS",
+                    "IDLE-POLLS",
+                    "PARKS",
+                    "APPS",
+                    "APP-OPS",
+                ],
+                &threads,
+            );
+            out
+        }
+        Request::Conns => table::render(
+            &[
+                "ID",
+                "PEER",
+                "REMOTE",
+                "ROLE",
+                "STATE",
+                "VERS",
+                "CREDITS",
+                "INLINE(S/R)",
+                "PEER-INLINE(S/R)",
+                "REMINV",
+            ],
+            &r.as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|c| -> Vec<String> {
+                            vec![
+                                s(&c["id"]),
+                                s(&c["peer"]),
+                                s(&c["remote"]),
+                                s(&c["role"]),
+                                s(&c["state"]),
+                                s(&c["version"]),
+                                format!(
+                                    "{}/{}",
+                                    s(&c["credits-granted"]),
+                                    s(&c["credits-offered"])
+                                ),
+                                format!("{}/{}", s(&c["inline-send"]), s(&c["inline-recv"])),
+                                format!(
+                                    "{}/{}",
+                                    s(&c["peer-inline-send"]),
+                                    s(&c["peer-inline-recv"])
+                                ),
+                                s(&c["peer-remote-invalidate"]),
+                            ]
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default(),
+        ),
+        Request::Stats => {
+            let mut out = table::render(
+                &[
+                    "CONN",
+                    "PEER",
+                    "CALLS-OUT",
+                    "REPLIES-IN",
+                    "CALLS-IN",
+                    "REPLIES-OUT",
+                    "ERRORS",
+                    "PROTO-ERR",
+                    "BYTES-OUT",
+                    "BYTES-IN",
+                    "RDMA-RD",
+                    "RDMA-WR",
+                    "STALLS",
+                ],
+                &rows(
+                    &r["conns"],
+                    &[
+                        "id",
+                        "peer",
+                        "calls-out",
+                        "replies-in",
+                        "calls-in",
+                        "replies-out",
+                        "call-errors",
+                        "protocol-errors",
+                        "bytes-out",
+                        "bytes-in",
+                        "rdma-read-bytes",
+                        "rdma-write-bytes",
+                        "credit-stalls",
+                    ],
+                ),
+            );
+            out.push('\n');
+            out += &table::render(
+                &[
+                    "THREAD",
+                    "BUSY-POLLS",
+                    "IDLE-POLLS",
+                    "PARKS",
+                    "APPS",
+                    "BAD-SUBMISSIONS",
+                    "APPS-DETACHED",
+                ],
+                &rows(
+                    &r["threads"],
+                    &[
+                        "index",
+                        "busy-polls",
+                        "idle-polls",
+                        "parks",
+                        "apps",
+                        "bad-submissions",
+                        "apps-detached",
+                    ],
+                ),
+            );
+            out
+        }
+        Request::Latency => table::render(
+            &[
+                "CONN", "PEER", "COUNT", "MEAN-US", "P50-US", "P90-US", "P99-US", "P99.9-US",
+                "MAX-US",
+            ],
+            &rows(
+                r,
+                &[
+                    "id", "peer", "count", "mean-us", "p50-us", "p90-us", "p99-us", "p999-us",
+                    "max-us",
+                ],
+            ),
+        ),
+        Request::Reload => {
+            let mut out = String::new();
+            for k in r["applied"].as_array().into_iter().flatten() {
+                out += &format!("applied  {}\n", s(k));
+            }
+            for k in r["refused"].as_array().into_iter().flatten() {
+                out += &format!("refused  {}: {}\n", s(&k["key"]), s(&k["reason"]));
+            }
+            if out.is_empty() {
+                out = "nothing changed\n".into();
+            }
+            out
+        }
+        _ => {
+            let mut out = String::new();
+            if let Some(m) = r.as_object() {
+                for (k, v) in m {
+                    match v {
+                        Value::Object(inner) => {
+                            out += &format!("{k}:\n");
+                            for (ik, iv) in inner {
+                                out += &format!("  {ik:<24} {}\n", s(iv));
+                            }
+                        }
+                        v => out += &format!("{k:<26} {}\n", s(v)),
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let req = match cli.cmd {
+        Cmd::Status => Request::Status,
+        Cmd::Conns => Request::Conns,
+        Cmd::Conn {
+            cmd: ConnCmd::Show { conn },
+        } => Request::ConnShow { conn },
+        Cmd::Conn {
+            cmd: ConnCmd::Close { conn },
+        } => Request::ConnClose { conn },
+        Cmd::Stats => Request::Stats,
+        Cmd::Latency => Request::Latency,
+        Cmd::Reload => Request::Reload,
+        Cmd::Xchar {
+            cmd: XcharCmd::Request { conn, set },
+        } => Request::XcharRequest { conn, set },
+        Cmd::Xchar {
+            cmd: XcharCmd::Set { conn, set },
+        } => Request::XcharSet { conn, set },
+    };
+    let resp: Response = match admin::call(&cli.socket, &req, Duration::from_millis(cli.timeout_ms))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "rpcrdmactl: cannot reach rpcrdmad at {}: {e}\n  hint: is the daemon running? pass --socket (daemon.admin-socket) or set RPCRDMAD_ADMIN",
+                cli.socket.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if !resp.ok {
+        if cli.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&resp).unwrap_or_default()
+            );
+        }
+        eprintln!("rpcrdmactl: {}", resp.error.unwrap_or_default());
+        return ExitCode::FAILURE;
+    }
+    let result = resp.result.unwrap_or(Value::Null);
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
+    } else {
+        print!("{}", human(&req, &result));
+    }
+    ExitCode::SUCCESS
+}

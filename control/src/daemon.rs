@@ -1,0 +1,1038 @@
+//! The control thread: a `mio` loop over the admin socket, the metrics listener, signals and
+//! the poll threads' event queues; the connection manager (peers, backoff) and reload.
+
+use crate::admin::{self, ConnCounters, ConnView, LatencyRow, PeerStatus, Request, Response};
+use crate::reload;
+use crate::startup::{self, StartError};
+use crate::xchar::{Action, ConnXchar, Policy, Value};
+use mio::net::{TcpListener, UnixListener};
+use mio::{Events, Interest, Poll, Token, Waker};
+use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
+use rpcrdma_dataplane::poll::{
+    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot,
+    TransportSpec,
+};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+const ADMIN: Token = Token(0);
+const METRICS: Token = Token(1);
+const SIGNALS: Token = Token(2);
+const WAKER: Token = Token(3);
+
+/// How long start-up waits for the poll thread and its listeners.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an admin or metrics client may take to send its request.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Settings of a daemon run that do not come from the config file.
+pub struct Options {
+    /// The config file (re-read on reload).
+    pub config_path: PathBuf,
+    /// How long SIGTERM waits for RPCs in flight.
+    pub drain_timeout: Duration,
+    /// Applies a new log level (reload).
+    pub set_log_level: Box<dyn Fn(LogLevel) + Send>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("config_path", &self.config_path)
+            .field("drain_timeout", &self.drain_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+enum PeerPhase {
+    Connecting,
+    Up(u32),
+    Backoff(Instant),
+    Stopped,
+}
+
+#[derive(Debug)]
+struct PeerState {
+    name: String,
+    address: String,
+    addr: Option<SocketAddr>,
+    initial: Duration,
+    max: Duration,
+    delay: Duration,
+    failures: u32,
+    phase: PeerPhase,
+}
+
+/// The running daemon's control-thread state.
+pub struct Daemon {
+    cfg: Config,
+    opts: Options,
+    poll: Poll,
+    admin: UnixListener,
+    admin_path: PathBuf,
+    metrics: Option<TcpListener>,
+    signals: Signals,
+    threads: Vec<PollHandle>,
+    latest: Vec<Snapshot>,
+    pending_snaps: usize,
+    max_conns: usize,
+    listeners: Vec<SocketAddr>,
+    peers: Vec<PeerState>,
+    remote_of: HashMap<(usize, u32), String>,
+    started: Instant,
+    draining: Option<Instant>,
+    drained: usize,
+    failed: Option<String>,
+    apps_attached: u64,
+    xchar: HashMap<u32, ConnXchar>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("admin", &self.admin_path)
+            .field("listeners", &self.listeners)
+            .finish_non_exhaustive()
+    }
+}
+
+fn idle_spec(cfg: &Config) -> IdleSpec {
+    let i = &cfg.cpu.idle;
+    match i.policy {
+        IdlePolicy::Spin => IdleSpec::Spin,
+        IdlePolicy::Backoff => IdleSpec::Backoff {
+            spin_polls: i.spin_polls,
+            backoff_max: Duration::from_micros(u64::from(i.backoff_max_us)),
+            park_after: Duration::from_micros(u64::from(i.park_after_us)),
+        },
+    }
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError {
+    let what = what.into();
+    move |source| StartError::Io { what, source }
+}
+
+impl Daemon {
+    /// Checks the host, binds every socket, starts the poll thread, opens listeners and
+    /// starts connecting to peers.
+    pub fn start(cfg: Config, opts: Options) -> Result<Daemon, StartError> {
+        startup::check_provider(&cfg)?;
+        if let Some(core) = cfg.cpu.control_core {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: core as usize }) {
+                return Err(StartError::PollThread(format!(
+                    "cannot pin the control thread to core {core} (not in this process's CPU set?)"
+                )));
+            }
+        }
+        let app_path = PathBuf::from(&cfg.daemon.app_socket);
+        startup::free_socket_path(&app_path, "app")?;
+        let admin_path = PathBuf::from(&cfg.daemon.admin_socket);
+        let admin_std = startup::bind_admin(&admin_path)?;
+        let mut admin = UnixListener::from_std(admin_std);
+        let mut metrics = match &cfg.daemon.metrics_listen {
+            Some(a) => {
+                let addr = rpcrdma_config::parse_address(a).ok_or_else(|| StartError::Io {
+                    what: format!("metrics address {a}"),
+                    source: std::io::ErrorKind::InvalidInput.into(),
+                })?;
+                let l = std::net::TcpListener::bind(addr).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::AddrInUse {
+                        StartError::Io {
+                            what: format!("metrics address {addr} is already in use (another rpcrdmad? set daemon.metrics-listen)"),
+                            source: e,
+                        }
+                    } else {
+                        StartError::Io {
+                            what: format!("bind metrics {addr}"),
+                            source: e,
+                        }
+                    }
+                })?;
+                l.set_nonblocking(true).map_err(io_err("metrics"))?;
+                Some(TcpListener::from_std(l))
+            }
+            None => None,
+        };
+        let poll = Poll::new().map_err(io_err("epoll"))?;
+        let reg = poll.registry();
+        reg.register(&mut admin, ADMIN, Interest::READABLE)
+            .map_err(io_err("register admin"))?;
+        if let Some(m) = metrics.as_mut() {
+            reg.register(m, METRICS, Interest::READABLE)
+                .map_err(io_err("register metrics"))?;
+        }
+        let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(io_err("signals"))?;
+        reg.register(&mut signals, SIGNALS, Interest::READABLE)
+            .map_err(io_err("register signals"))?;
+        let waker = Arc::new(Waker::new(reg, WAKER).map_err(io_err("waker"))?);
+
+        if cfg.cpu.poll_cores.len() > 1 {
+            warn!(
+                cores = ?cfg.cpu.poll_cores,
+                "only one poll thread is implemented; using the first core"
+            );
+        }
+        if cfg.provider.kind != ProviderKind::Soft {
+            return Err(StartError::NoDevice(
+                "only the soft provider is built".into(),
+            ));
+        }
+        let t = &cfg.transport;
+        let s = &cfg.provider.soft;
+        let max_conns = cfg.pools.connections.max(1);
+        let spec = PollSpec {
+            index: 0,
+            core: cfg.cpu.poll_cores.first().map(|&c| c as usize),
+            idle: idle_spec(&cfg),
+            transport: TransportSpec {
+                version: t.version,
+                inline_send: t.inline_send,
+                inline_recv: t.inline_recv,
+                credits: t.credits,
+                backchannel_credits: t.backchannel_credits,
+                ddp_threshold: t.ddp_threshold,
+                remote_invalidation: t.remote_invalidation,
+                recv_buffer_size: cfg.pools.recv_buffer_size,
+                ird: u16::try_from(s.ird).unwrap_or(u16::MAX),
+                ord: u16::try_from(s.ord).unwrap_or(u16::MAX),
+            },
+            max_conns,
+            max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
+            app_socket: app_path,
+            geometry: rpcrdma_shm::abi::Geometry {
+                sq_entries: cfg.apps.sq_entries,
+                cq_entries: cfg.apps.cq_entries,
+                arena_size: u32::try_from(cfg.apps.arena_size).unwrap_or(u32::MAX),
+                peers: 0,
+            },
+            peers: cfg.peers.iter().map(|p| p.name.clone()).collect(),
+            queue_depth: 256,
+        };
+        let soft = rpcrdma_verbs::soft::SoftConfig {
+            crc: s.crc,
+            mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
+            fpdu_size: Some(s.fpdu_size as usize),
+            ..rpcrdma_verbs::soft::SoftConfig::default()
+        };
+        let w = waker.clone();
+        let handle = poll::spawn_soft(
+            spec,
+            soft,
+            Box::new(move || {
+                let _ = w.wake();
+            }),
+        )
+        .map_err(io_err("spawn poll thread"))?;
+        let peers = cfg
+            .peers
+            .iter()
+            .map(|p| PeerState {
+                name: p.name.clone(),
+                address: p.address.clone(),
+                addr: rpcrdma_config::parse_address(&p.address),
+                initial: Duration::from_millis(u64::from(p.reconnect_initial_ms)),
+                max: Duration::from_millis(u64::from(p.reconnect_max_ms)),
+                delay: Duration::from_millis(u64::from(p.reconnect_initial_ms)),
+                failures: 0,
+                phase: PeerPhase::Stopped,
+            })
+            .collect();
+        let mut d = Daemon {
+            cfg,
+            opts,
+            poll,
+            admin,
+            admin_path,
+            metrics,
+            signals,
+            threads: vec![handle],
+            latest: vec![Snapshot::with_capacity(max_conns as usize)],
+            pending_snaps: 0,
+            max_conns: max_conns as usize,
+            listeners: Vec::new(),
+            peers,
+            remote_of: HashMap::new(),
+            started: Instant::now(),
+            draining: None,
+            drained: 0,
+            failed: None,
+            apps_attached: 0,
+            xchar: HashMap::new(),
+        };
+        d.await_start()?;
+        Ok(d)
+    }
+
+    fn send(&self, cmd: Command) {
+        if self.threads[0].send(cmd).is_err() {
+            warn!("poll thread command queue full; command dropped");
+        }
+    }
+
+    /// Waits for the poll thread to start and every listener to bind.
+    fn await_start(&mut self) -> Result<(), StartError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut started = false;
+        while !started {
+            match self.threads[0].recv() {
+                Some(Event::Started) => started = true,
+                Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
+                Some(other) => self.on_event(0, other),
+                None if Instant::now() > deadline => {
+                    return Err(StartError::PollThread("poll thread did not start".into()))
+                }
+                None if self.threads[0].is_finished() => {
+                    return Err(StartError::PollThread("poll thread exited".into()))
+                }
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        let addrs: Vec<(String, Option<SocketAddr>)> = self
+            .cfg
+            .listeners
+            .iter()
+            .map(|l| (l.address.clone(), rpcrdma_config::parse_address(&l.address)))
+            .collect();
+        for (text, addr) in addrs {
+            let Some(addr) = addr else {
+                return Err(StartError::PollThread(format!(
+                    "bad listener address {text}"
+                )));
+            };
+            self.send(Command::Listen { addr });
+            loop {
+                match self.threads[0].recv() {
+                    Some(Event::Listening { result: Ok(a), .. }) => {
+                        info!(address = %a, "listening");
+                        self.listeners.push(a);
+                        break;
+                    }
+                    Some(Event::Listening { result: Err(e), .. }) => {
+                        return Err(StartError::PollThread(format!("listener {addr}: {e}")))
+                    }
+                    Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
+                    Some(other) => self.on_event(0, other),
+                    None if Instant::now() > deadline => {
+                        return Err(StartError::PollThread(format!(
+                            "listener {addr}: no answer"
+                        )))
+                    }
+                    None => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        }
+        for i in 0..self.peers.len() {
+            self.connect_peer(i);
+        }
+        info!(
+            admin = %self.admin_path.display(),
+            app = %self.cfg.daemon.app_socket,
+            metrics = ?self.cfg.daemon.metrics_listen,
+            "rpcrdmad started"
+        );
+        Ok(())
+    }
+
+    /// Bound listener addresses (port 0 in the config becomes the real port).
+    pub fn listeners(&self) -> &[SocketAddr] {
+        &self.listeners
+    }
+
+    fn connect_peer(&mut self, i: usize) {
+        let Some(p) = self.peers.get_mut(i) else {
+            return;
+        };
+        let Some(addr) = p.addr else {
+            p.phase = PeerPhase::Stopped;
+            return;
+        };
+        p.phase = PeerPhase::Connecting;
+        debug!(peer = %p.name, %addr, "connecting");
+        let peer = i as u32;
+        self.send(Command::Connect { peer, addr });
+    }
+
+    fn peer_failed(&mut self, i: usize, why: &str) {
+        let draining = self.draining.is_some();
+        let Some(p) = self.peers.get_mut(i) else {
+            return;
+        };
+        if draining {
+            p.phase = PeerPhase::Stopped;
+            return;
+        }
+        p.failures = p.failures.saturating_add(1);
+        let delay = p.delay;
+        p.phase = PeerPhase::Backoff(Instant::now() + delay);
+        p.delay = (p.delay * 2).min(p.max).max(p.initial);
+        if p.failures == 1 || p.failures.is_power_of_two() {
+            warn!(peer = %p.name, address = %p.address, failures = p.failures, retry_in_ms = delay.as_millis() as u64, "{why}");
+        }
+    }
+
+    fn on_event(&mut self, thread: usize, ev: Event) {
+        match ev {
+            Event::Started => {}
+            Event::Listening { .. } => {}
+            Event::Up { conn, peer, remote } => {
+                let name = match peer.and_then(|p| self.peers.get_mut(p as usize)) {
+                    Some(p) => {
+                        p.phase = PeerPhase::Up(conn);
+                        p.failures = 0;
+                        p.delay = p.initial;
+                        p.name.clone()
+                    }
+                    None => remote.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+                };
+                info!(conn, peer = %name, "connection up");
+                self.remote_of.insert((thread, conn), name);
+                if self.cfg.transport.version == 2 {
+                    let t = &self.cfg.transport;
+                    let policy = Policy {
+                        rbsiz: t.inline_recv,
+                        buffer_size: t.inline_recv.max(self.cfg.pools.recv_buffer_size),
+                        min_rbsiz: t.xcharext.min_rbsiz,
+                        max_rbsiz: t.xcharext.max_rbsiz,
+                        reqreminv: false,
+                        reqreminv_may_change: t.xcharext.reqreminv_may_change,
+                    };
+                    self.xchar
+                        .insert(conn, ConnXchar::new(policy, peer.is_some()));
+                }
+            }
+            Event::ConnectFailed { peer, reason } => {
+                self.peer_failed(peer as usize, &format!("connect failed: {reason:?}"));
+            }
+            Event::Down { conn, peer, reason } => {
+                let name = self.remote_of.remove(&(thread, conn)).unwrap_or_default();
+                self.xchar.remove(&conn);
+                info!(conn, peer = %name, ?reason, "connection down");
+                if let Some(p) = peer {
+                    self.peer_failed(p as usize, "connection lost");
+                }
+            }
+            Event::AppAttached { pid } => {
+                self.apps_attached += 1;
+                info!(?pid, "app attached");
+            }
+            Event::AppDetached { pid, reason } => info!(?pid, reason, "app detached"),
+            Event::Snapshot(s) => {
+                if let Some(slot) = self.latest.get_mut(thread) {
+                    *slot = *s;
+                }
+                self.pending_snaps = self.pending_snaps.saturating_sub(1);
+            }
+            Event::Drained { in_flight } => {
+                if in_flight > 0 {
+                    warn!(in_flight, "drain deadline passed with RPCs in flight");
+                } else {
+                    info!("drained");
+                }
+                self.drained += 1;
+            }
+            Event::V2Confirmed { conn } => {
+                if let Some(x) = self.xchar.get_mut(&conn) {
+                    if !x.view().initxch_sent {
+                        let a = x.initxch();
+                        debug!(conn, "version two confirmed: sending INITXCH");
+                        self.act(conn, 0, vec![a]);
+                    }
+                }
+            }
+            Event::Optional {
+                conn,
+                xid,
+                opttype,
+                len,
+                body,
+                busy,
+            } => {
+                let b = body.get(..usize::from(len)).unwrap_or(&[]);
+                let acts = match self.xchar.get_mut(&conn) {
+                    Some(x) => x.on_message(xid, opttype, b, busy),
+                    None => vec![Action::Reject],
+                };
+                debug!(
+                    conn,
+                    xid,
+                    opttype = rpcrdma_proto::xchar::opttype_name(opttype),
+                    ?acts,
+                    "xcharext message"
+                );
+                self.act(conn, xid, acts);
+            }
+            Event::Idle { conn } => {
+                let acts = self
+                    .xchar
+                    .get_mut(&conn)
+                    .map(ConnXchar::on_idle)
+                    .unwrap_or_default();
+                self.act(conn, 0, acts);
+            }
+            Event::Failed(e) => {
+                error!(error = %e, "poll thread failed");
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    /// Carries out xcharext actions on connection `conn` (`xid`: the message they answer).
+    fn act(&mut self, conn: u32, xid: u32, acts: Vec<Action>) {
+        for a in acts {
+            let cmd = match a {
+                Action::Send { xid, opttype, body } => {
+                    let mut b = Box::new([0u8; poll::MAX_OPTINFO]);
+                    let Some(dst) = b.get_mut(..body.len()) else {
+                        warn!(conn, "xcharext message too large; not sent");
+                        continue;
+                    };
+                    dst.copy_from_slice(&body);
+                    Command::SendOptional {
+                        conn,
+                        xid,
+                        opttype,
+                        len: body.len() as u16,
+                        body: b,
+                    }
+                }
+                Action::PeerRbsiz(r) => Command::ApplyPeer {
+                    conn,
+                    rbsiz: Some(r),
+                    reqreminv: None,
+                },
+                Action::PeerReqRemInv(v) => Command::ApplyPeer {
+                    conn,
+                    rbsiz: None,
+                    reqreminv: Some(v),
+                },
+                Action::Reject => Command::RejectOptional { conn, xid },
+                Action::NotifyWhenIdle => Command::NotifyIdle { conn },
+            };
+            self.send(cmd);
+        }
+    }
+
+    fn xchar_request(&mut self, conn: u32, set: &[String], request: bool) -> Response {
+        let vals: Result<Vec<Value>, String> = set.iter().map(|s| Value::parse(s)).collect();
+        let vals = match vals {
+            Ok(v) if !v.is_empty() => v,
+            Ok(_) => return Response::err("nothing to change"),
+            Err(e) => return Response::err(e),
+        };
+        let Some(x) = self.xchar.get_mut(&conn) else {
+            return Response::err(format!(
+                "connection {conn} does not speak version two (transport.version = 2 on both sides)"
+            ));
+        };
+        if !request {
+            let mut acts = Vec::new();
+            for v in vals {
+                match x.set(v) {
+                    Ok(a) => acts.push(a),
+                    Err(e) => return Response::err(e),
+                }
+            }
+            let view = x.view().clone();
+            self.act(conn, 0, acts);
+            return Response::ok(view);
+        }
+        let (xid, a) = x.request(vals);
+        self.act(conn, 0, vec![a]);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            self.drain_events();
+            if let Some(o) = self.xchar.get_mut(&conn).and_then(|x| x.take_answer(xid)) {
+                return Response::ok(o);
+            }
+            if Instant::now() > deadline {
+                return Response::err(
+                    "no RESPXCH within 3 s (the peer may not support REQXCH: it keeps its values)",
+                );
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn drain_events(&mut self) {
+        for t in 0..self.threads.len() {
+            while let Some(ev) = self.threads[t].recv() {
+                self.on_event(t, ev);
+            }
+        }
+    }
+
+    /// Fresh snapshots from every poll thread (waits up to a second for them).
+    fn refresh(&mut self) {
+        for t in 0..self.threads.len() {
+            let buf = Box::new(Snapshot::with_capacity(self.max_conns));
+            if self.threads[t].send(Command::Snapshot(buf)).is_ok() {
+                self.pending_snaps += 1;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.pending_snaps > 0 && Instant::now() < deadline {
+            self.drain_events();
+            if self.pending_snaps > 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.pending_snaps = 0;
+    }
+
+    /// Runs the control loop until drained (SIGTERM/SIGINT) or a poll thread fails.
+    pub fn run(mut self) -> Result<(), StartError> {
+        let mut events = Events::with_capacity(64);
+        loop {
+            let timeout = self.next_timeout();
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(StartError::Io {
+                        what: "epoll".into(),
+                        source: e,
+                    });
+                }
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    ADMIN => self.accept_admin(),
+                    METRICS => self.accept_metrics(),
+                    SIGNALS => self.on_signals(),
+                    _ => {}
+                }
+            }
+            self.drain_events();
+            self.retry_peers();
+            if let Some(e) = self.failed.take() {
+                self.shutdown();
+                return Err(StartError::PollThread(e));
+            }
+            if self.draining.is_some() && self.drained >= self.threads.len() {
+                self.shutdown();
+                info!("rpcrdmad stopped");
+                return Ok(());
+            }
+            if self.draining.is_none() && self.threads.iter().any(PollHandle::is_finished) {
+                self.shutdown();
+                return Err(StartError::PollThread("poll thread exited".into()));
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for t in &self.threads {
+            let _ = t.send(Command::Stop);
+        }
+        for t in &mut self.threads {
+            t.join();
+        }
+        let _ = std::fs::remove_file(&self.admin_path);
+        let _ = std::fs::remove_file(&self.cfg.daemon.app_socket);
+    }
+
+    fn next_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut t = Duration::from_millis(500);
+        for p in &self.peers {
+            if let PeerPhase::Backoff(at) = p.phase {
+                t = t.min(at.saturating_duration_since(now));
+            }
+        }
+        t
+    }
+
+    fn retry_peers(&mut self) {
+        if self.draining.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        for i in 0..self.peers.len() {
+            if matches!(self.peers[i].phase, PeerPhase::Backoff(at) if at <= now) {
+                self.connect_peer(i);
+            }
+        }
+    }
+
+    fn on_signals(&mut self) {
+        let sigs: Vec<i32> = self.signals.pending().collect();
+        for sig in sigs {
+            match sig {
+                SIGHUP => {
+                    let r = self.reload();
+                    info!(result = %serde_json::to_string(&r).unwrap_or_default(), "SIGHUP reload");
+                }
+                _ if self.draining.is_some() => {
+                    warn!("second termination signal: stopping now");
+                    self.drained = self.threads.len();
+                }
+                _ => self.begin_drain(),
+            }
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        let deadline = Instant::now() + self.opts.drain_timeout;
+        info!(
+            timeout_ms = self.opts.drain_timeout.as_millis() as u64,
+            "draining"
+        );
+        self.draining = Some(deadline);
+        for p in &mut self.peers {
+            if !matches!(p.phase, PeerPhase::Up(_)) {
+                p.phase = PeerPhase::Stopped;
+            }
+        }
+        for t in &self.threads {
+            let _ = t.send(Command::Drain { deadline });
+        }
+    }
+
+    fn reload(&mut self) -> Response {
+        let path = self.opts.config_path.clone();
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => return Response::err(format!("cannot read {}: {e}", path.display())),
+        };
+        let report = rpcrdma_config::check(
+            &text,
+            &path.display().to_string(),
+            &rpcrdma_config::HostFacts::detect(),
+        );
+        let new = match report.config {
+            Some(c) if !report.diagnostics.has_errors() => c,
+            _ => {
+                return Response::err(format!(
+                    "new configuration refused, nothing changed:\n{}",
+                    report.diagnostics
+                ))
+            }
+        };
+        let outcome = reload::diff(&self.cfg, &new);
+        for key in &outcome.applied {
+            if key == "daemon.log-level" {
+                (self.opts.set_log_level)(new.daemon.log_level);
+                self.cfg.daemon.log_level = new.daemon.log_level;
+            } else if key.starts_with("cpu.idle") {
+                self.cfg.cpu.idle = new.cpu.idle.clone();
+            } else if key.starts_with("peers[") {
+                for (p, n) in self.peers.iter_mut().zip(&new.peers) {
+                    p.initial = Duration::from_millis(u64::from(n.reconnect_initial_ms));
+                    p.max = Duration::from_millis(u64::from(n.reconnect_max_ms));
+                    p.delay = p.delay.clamp(p.initial, p.max.max(p.initial));
+                }
+                for (o, n) in self.cfg.peers.iter_mut().zip(&new.peers) {
+                    o.reconnect_initial_ms = n.reconnect_initial_ms;
+                    o.reconnect_max_ms = n.reconnect_max_ms;
+                }
+            }
+        }
+        if outcome.applied.iter().any(|k| k.starts_with("cpu.idle")) {
+            let idle = idle_spec(&self.cfg);
+            for t in &self.threads {
+                let _ = t.send(Command::SetIdle(idle));
+            }
+        }
+        info!(applied = ?outcome.applied, refused = outcome.refused.len(), "reload");
+        Response::ok(outcome)
+    }
+
+    fn accept_admin(&mut self) {
+        while let Ok((s, _)) = self.admin.accept() {
+            let std: std::os::unix::net::UnixStream = s.into();
+            let resp = match read_request(&std) {
+                Ok(req) => {
+                    debug!(?req, "admin request");
+                    self.handle(req)
+                }
+                Err(e) => Response::err(e),
+            };
+            let mut line = serde_json::to_vec(&resp).unwrap_or_default();
+            line.push(b'\n');
+            let _ = std.set_nonblocking(false);
+            let _ = std.set_write_timeout(Some(CLIENT_TIMEOUT));
+            let _ = (&std).write_all(&line);
+        }
+    }
+
+    fn accept_metrics(&mut self) {
+        let Some(l) = self.metrics.as_ref() else {
+            return;
+        };
+        let mut clients = Vec::new();
+        while let Ok((s, _)) = l.accept() {
+            clients.push(s);
+        }
+        for s in clients {
+            let std: std::net::TcpStream = s.into();
+            let _ = std.set_nonblocking(false);
+            let _ = std.set_read_timeout(Some(CLIENT_TIMEOUT));
+            let _ = std.set_write_timeout(Some(CLIENT_TIMEOUT));
+            let mut req = [0u8; 2048];
+            let n = (&std).read(&mut req).unwrap_or(0);
+            let head = String::from_utf8_lossy(req.get(..n).unwrap_or(&[])).into_owned();
+            let resp = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
+                self.refresh();
+                let body = self.render_metrics();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
+            };
+            let _ = (&std).write_all(resp.as_bytes());
+        }
+    }
+
+    /// The Prometheus exposition of the latest snapshots.
+    fn render_metrics(&self) -> String {
+        let snaps: Vec<&Snapshot> = self.latest.iter().collect();
+        crate::metrics::render(&snaps, |t, c| self.name_of(t, c))
+    }
+
+    fn name_of(&self, thread: usize, conn: u32) -> String {
+        self.remote_of
+            .get(&(thread, conn))
+            .cloned()
+            .unwrap_or_else(|| format!("conn{conn}"))
+    }
+
+    fn conn_view(&self, thread: usize, c: &ConnInfo) -> ConnView {
+        ConnView {
+            id: c.id,
+            thread,
+            peer: c
+                .peer
+                .and_then(|p| self.peers.get(p as usize))
+                .map(|p| p.name.clone()),
+            remote: c.remote.map(|r| r.to_string()),
+            role: if c.client { "client" } else { "server" }.into(),
+            state: c.state.as_str().into(),
+            version: c.version,
+            credits_granted: c.credits_granted,
+            credits_offered: c.credits_offered,
+            inline_send: c.inline_send,
+            inline_recv: c.inline_recv,
+            peer_inline_send: c.peer_private.map(|p| p.0),
+            peer_inline_recv: c.peer_private.map(|p| p.1),
+            peer_remote_invalidate: c.peer_private.map(|p| p.2),
+            xchar: self.xchar.get(&c.id).map(|x| x.view().clone()),
+        }
+    }
+
+    fn all_conns(&self) -> impl Iterator<Item = (usize, &rpcrdma_dataplane::poll::ConnStats)> {
+        self.latest
+            .iter()
+            .enumerate()
+            .flat_map(|(t, s)| s.conns().iter().map(move |c| (t, c)))
+    }
+
+    fn thread_status(&self) -> Vec<admin::ThreadStatus> {
+        self.latest
+            .iter()
+            .map(|s| {
+                let t = &s.thread;
+                let total = t.busy_ns.saturating_add(t.idle_ns);
+                admin::ThreadStatus {
+                    index: t.index,
+                    core: t.core,
+                    busy_ratio: if total == 0 {
+                        0.0
+                    } else {
+                        t.busy_ns as f64 / total as f64
+                    },
+                    busy_polls: t.busy_polls,
+                    idle_polls: t.idle_polls,
+                    parks: t.parks,
+                    apps: t.apps,
+                    app_ops: t.app_ops,
+                    bad_submissions: t.bad_submissions,
+                    apps_detached: t.apps_detached,
+                }
+            })
+            .collect()
+    }
+
+    /// Answers one admin request.
+    pub fn handle(&mut self, req: Request) -> Response {
+        match req {
+            Request::Reload => return self.reload(),
+            Request::ConnClose { conn } => {
+                self.refresh();
+                if !self.all_conns().any(|(_, c)| c.info.id == conn) {
+                    return Response::err(format!("no connection {conn}"));
+                }
+                self.send(Command::Close { conn });
+                return Response::ok(serde_json::json!({ "closing": conn }));
+            }
+            Request::XcharRequest { conn, set } => return self.xchar_request(conn, &set, true),
+            Request::XcharSet { conn, set } => return self.xchar_request(conn, &set, false),
+            _ => {}
+        }
+        self.refresh();
+        match req {
+            Request::Status => {
+                let now = Instant::now();
+                let peers = self
+                    .peers
+                    .iter()
+                    .map(|p| {
+                        let (state, conn, retry) = match p.phase {
+                            PeerPhase::Connecting => ("connecting", None, None),
+                            PeerPhase::Up(c) => ("up", Some(c), None),
+                            PeerPhase::Backoff(at) => (
+                                "backoff",
+                                None,
+                                Some(at.saturating_duration_since(now).as_millis() as u64),
+                            ),
+                            PeerPhase::Stopped => ("stopped", None, None),
+                        };
+                        PeerStatus {
+                            name: p.name.clone(),
+                            address: p.address.clone(),
+                            state: state.into(),
+                            conn,
+                            failures: p.failures,
+                            retry_in_ms: retry,
+                        }
+                    })
+                    .collect();
+                let threads = self.thread_status();
+                Response::ok(admin::Status {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    pid: std::process::id(),
+                    uptime_s: self.started.elapsed().as_secs(),
+                    config: self.opts.config_path.display().to_string(),
+                    provider: "soft".into(),
+                    state: if self.draining.is_some() {
+                        "draining"
+                    } else {
+                        "running"
+                    }
+                    .into(),
+                    listeners: self.listeners.iter().map(|a| a.to_string()).collect(),
+                    peers,
+                    conns_up: self
+                        .all_conns()
+                        .filter(|(_, c)| c.info.state == ConnState::Up)
+                        .count(),
+                    apps: threads.iter().map(|t| t.apps).sum(),
+                    threads,
+                })
+            }
+            Request::Conns => {
+                let v: Vec<ConnView> = self
+                    .all_conns()
+                    .map(|(t, c)| self.conn_view(t, &c.info))
+                    .collect();
+                Response::ok(v)
+            }
+            Request::ConnShow { conn } => match self.all_conns().find(|(_, c)| c.info.id == conn) {
+                Some((t, c)) => Response::ok(serde_json::json!({
+                    "conn": self.conn_view(t, &c.info),
+                    "counters": self.counters(t, &c.info),
+                    "latency": self.latency_row(t, c),
+                })),
+                None => Response::err(format!("no connection {conn}")),
+            },
+            Request::Stats => {
+                let conns = self
+                    .all_conns()
+                    .map(|(t, c)| self.counters(t, &c.info))
+                    .collect();
+                Response::ok(admin::Stats {
+                    threads: self.thread_status(),
+                    conns,
+                })
+            }
+            Request::Latency => {
+                let rows: Vec<LatencyRow> = self
+                    .all_conns()
+                    .map(|(t, c)| self.latency_row(t, c))
+                    .collect();
+                Response::ok(rows)
+            }
+            _ => Response::err("unhandled request"),
+        }
+    }
+
+    fn counters(&self, t: usize, c: &ConnInfo) -> ConnCounters {
+        ConnCounters {
+            id: c.id,
+            peer: self.name_of(t, c.id),
+            calls_out: c.calls_out,
+            replies_in: c.replies_in,
+            calls_in: c.calls_in,
+            replies_out: c.replies_out,
+            call_errors: c.call_errors,
+            protocol_errors: c.protocol_errors,
+            bytes_out: c.bytes_out,
+            bytes_in: c.bytes_in,
+            rdma_read_bytes: c.engine.read_bytes,
+            rdma_write_bytes: c.engine.write_bytes,
+            long_calls: c.engine.long_calls,
+            long_replies: c.engine.long_replies,
+            errors_sent: c.engine.errors_sent,
+            errors_received: c.engine.errors_received,
+            credit_stalls: c.engine.credit_stalls,
+        }
+    }
+
+    fn latency_row(&self, t: usize, c: &rpcrdma_dataplane::poll::ConnStats) -> LatencyRow {
+        let h = &c.latency.0;
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let empty = h.is_empty();
+        let q = |p: f64| {
+            if empty {
+                0.0
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
+        LatencyRow {
+            id: c.info.id,
+            peer: self.name_of(t, c.info.id),
+            count: h.len(),
+            mean_us: if empty { 0.0 } else { h.mean() / 1000.0 },
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: if empty { 0.0 } else { us(h.max()) },
+        }
+    }
+}
+
+fn read_request(s: &std::os::unix::net::UnixStream) -> Result<Request, String> {
+    s.set_nonblocking(false).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(CLIENT_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    let mut r = BufReader::new(s.take(admin::MAX_REQUEST as u64));
+    r.read_line(&mut line)
+        .map_err(|e| format!("reading the request: {e}"))?;
+    serde_json::from_str(&line).map_err(|e| format!("bad request: {e}"))
+}
+
+/// Loads the configuration for `rpcrdmad`: the report's diagnostics are printed by the caller.
+pub fn load(path: &Path) -> Result<(Config, rpcrdma_config::Diagnostics), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let report = rpcrdma_config::check(
+        &text,
+        &path.display().to_string(),
+        &rpcrdma_config::HostFacts::detect(),
+    );
+    match report.config {
+        Some(c) if !report.diagnostics.has_errors() => Ok((c, report.diagnostics)),
+        _ => Err(report.diagnostics.to_string()),
+    }
+}

@@ -1,0 +1,239 @@
+//! Prometheus text exposition (format 0.0.4) of the poll threads' snapshots.
+
+use rpcrdma_dataplane::poll::{Histo, Snapshot};
+use std::fmt::Write;
+
+/// Histogram bucket upper bounds, in seconds.
+pub const BUCKETS: [f64; 14] = [
+    5e-6, 10e-6, 20e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 100e-3, 1.0, 10.0,
+];
+
+/// Escapes a label value (backslash, double quote, newline).
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Writes one histogram (`_bucket`, `_sum`, `_count`) of nanosecond samples as seconds.
+fn histogram(out: &mut String, name: &str, labels: &str, h: &Histo) {
+    let h = &h.0;
+    for le in BUCKETS {
+        let ns = (le * 1e9) as u64;
+        let n = h.count_between(0, ns);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+    }
+    let total = h.len();
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+    let sum_ns: f64 = h
+        .iter_recorded()
+        .map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64)
+        .sum();
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum_ns / 1e9);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
+}
+
+/// Renders every thread's snapshot; `peer_of(thread, conn)` names a connection's peer.
+pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> String {
+    let mut out = String::with_capacity(4096);
+    type Pick = fn(&rpcrdma_dataplane::poll::Totals) -> u64;
+    let totals: [(&str, &str, Pick); 10] = [
+        ("calls_out", "RPC calls sent as requester", |t| t.calls_out),
+        ("replies_in", "RPC replies received", |t| t.replies_in),
+        ("calls_in", "RPC calls received as responder", |t| {
+            t.calls_in
+        }),
+        ("replies_out", "RPC replies sent", |t| t.replies_out),
+        ("call_errors", "RPC calls that failed", |t| t.call_errors),
+        ("protocol_errors", "RPC-over-RDMA protocol errors", |t| {
+            t.protocol_errors
+        }),
+        ("bytes_out", "payload bytes sent", |t| t.bytes_out),
+        ("bytes_in", "payload bytes received", |t| t.bytes_in),
+        ("conns_opened", "connections established", |t| {
+            t.conns_opened
+        }),
+        ("conns_closed", "connections ended", |t| t.conns_closed),
+    ];
+    for (name, help, pick) in totals {
+        let metric = format!("rpcrdmad_{name}_total");
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help}, all connections"),
+        );
+        let sum: u64 = snaps.iter().map(|s| pick(&s.thread.totals)).sum();
+        let _ = writeln!(out, "{metric} {sum}");
+    }
+    header(
+        &mut out,
+        "rpcrdmad_thread_busy_seconds_total",
+        "counter",
+        "time poll threads spent on iterations that found work",
+    );
+    for s in snaps {
+        let t = &s.thread;
+        let _ = writeln!(
+            out,
+            "rpcrdmad_thread_busy_seconds_total{{thread=\"{}\"}} {}",
+            t.index,
+            t.busy_ns as f64 / 1e9
+        );
+    }
+    header(
+        &mut out,
+        "rpcrdmad_thread_idle_seconds_total",
+        "counter",
+        "time poll threads spent idle (empty polls, pauses, parked)",
+    );
+    for s in snaps {
+        let t = &s.thread;
+        let _ = writeln!(
+            out,
+            "rpcrdmad_thread_idle_seconds_total{{thread=\"{}\"}} {}",
+            t.index,
+            t.idle_ns as f64 / 1e9
+        );
+    }
+    header(&mut out, "rpcrdmad_apps", "gauge", "apps attached");
+    for s in snaps {
+        let _ = writeln!(
+            out,
+            "rpcrdmad_apps{{thread=\"{}\"}} {}",
+            s.thread.index, s.thread.apps
+        );
+    }
+    type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
+    let per_conn: [(&str, &str, Conn); 11] = [
+        ("calls_out", "RPC calls sent", |c| c.calls_out),
+        ("replies_in", "RPC replies received", |c| c.replies_in),
+        ("calls_in", "RPC calls received", |c| c.calls_in),
+        ("replies_out", "RPC replies sent", |c| c.replies_out),
+        ("call_errors", "failed RPC calls", |c| c.call_errors),
+        ("protocol_errors", "protocol errors", |c| c.protocol_errors),
+        ("bytes_out", "payload bytes sent", |c| c.bytes_out),
+        ("bytes_in", "payload bytes received", |c| c.bytes_in),
+        ("rdma_read_bytes", "bytes pulled with RDMA Read", |c| {
+            c.engine.read_bytes
+        }),
+        ("rdma_write_bytes", "bytes pushed with RDMA Write", |c| {
+            c.engine.write_bytes
+        }),
+        ("credit_stalls", "calls that waited for a credit", |c| {
+            c.engine.credit_stalls
+        }),
+    ];
+    for (name, help, pick) in per_conn {
+        let metric = format!("rpcrdmad_conn_{name}_total");
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help} on this connection"),
+        );
+        for s in snaps {
+            for c in s.conns() {
+                let peer = esc(&peer_of(s.thread.index, c.info.id));
+                let _ = writeln!(
+                    out,
+                    "{metric}{{thread=\"{}\",conn=\"{}\",peer=\"{peer}\"}} {}",
+                    s.thread.index,
+                    c.info.id,
+                    pick(&c.info)
+                );
+            }
+        }
+    }
+    header(
+        &mut out,
+        "rpcrdmad_conn_rtt_seconds",
+        "histogram",
+        "round-trip time of calls from submission to reply",
+    );
+    for s in snaps {
+        for c in s.conns() {
+            let peer = esc(&peer_of(s.thread.index, c.info.id));
+            let labels = format!(
+                "thread=\"{}\",conn=\"{}\",peer=\"{peer}\"",
+                s.thread.index, c.info.id
+            );
+            histogram(&mut out, "rpcrdmad_conn_rtt_seconds", &labels, &c.latency);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpcrdma_dataplane::poll::{ConnInfo, ConnState};
+
+    fn snap() -> Snapshot {
+        let mut s = Snapshot::with_capacity(2);
+        s.thread.totals.calls_out = 7;
+        s.thread.busy_ns = 1_500_000_000;
+        s.n = 1;
+        s.conns[0].info = ConnInfo {
+            id: 3,
+            state: ConnState::Up,
+            calls_out: 7,
+            ..ConnInfo::default()
+        };
+        for ns in [4_000, 15_000, 15_000, 3_000_000] {
+            s.conns[0].latency.record(ns);
+        }
+        s
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(esc("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+    }
+
+    #[test]
+    fn exposition_parses_and_carries_counters_and_histogram() {
+        let s = snap();
+        let text = render(&[&s], |_, _| "srv1".into());
+        let lines = text.lines().map(|l| Ok(l.to_string()));
+        let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
+        let total = parsed
+            .samples
+            .iter()
+            .find(|m| m.metric == "rpcrdmad_calls_out_total")
+            .expect("daemon total");
+        assert!(matches!(total.value, prometheus_parse::Value::Counter(v) if v == 7.0));
+        let rtt = parsed
+            .samples
+            .iter()
+            .find(|m| m.metric == "rpcrdmad_conn_rtt_seconds")
+            .expect("histogram");
+        assert_eq!(rtt.labels.get("peer"), Some("srv1"));
+        let prometheus_parse::Value::Histogram(buckets) = &rtt.value else {
+            panic!("not a histogram: {:?}", rtt.value)
+        };
+        let at = |le: f64| {
+            buckets
+                .iter()
+                .find(|b| (b.less_than - le).abs() < 1e-12)
+                .map(|b| b.count)
+        };
+        assert_eq!(at(5e-6), Some(1.0));
+        assert_eq!(at(20e-6), Some(3.0));
+        assert_eq!(at(1e-3), Some(3.0));
+        assert_eq!(at(5e-3), Some(4.0));
+        let busy = parsed
+            .samples
+            .iter()
+            .find(|m| m.metric == "rpcrdmad_thread_busy_seconds_total")
+            .expect("busy");
+        assert!(
+            matches!(busy.value, prometheus_parse::Value::Counter(v) if (v - 1.5).abs() < 1e-9)
+        );
+    }
+}

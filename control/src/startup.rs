@@ -1,0 +1,181 @@
+//! Start-up checks that turn the usual deployment mistakes into one clear message each.
+
+use rpcrdma_config::{Config, ProviderKind};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+/// Why the daemon cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The provider needs an RDMA device and there is none.
+    #[error("no RDMA device: {0}\n  hint: on a host without an RDMA NIC (or in a container without the device) use the user-space provider:\n        [provider]\n        kind = \"soft\"")]
+    NoDevice(String),
+    /// The locked-memory limit is below what the pools and arenas need.
+    #[error("locked-memory limit (RLIMIT_MEMLOCK) is {have} bytes, rpcrdmad registers up to {need} bytes\n  raise it: `ulimit -l unlimited` in the starting shell, `LimitMEMLOCK=infinity` in the systemd unit,\n            `* - memlock unlimited` in /etc/security/limits.conf, or `--ulimit memlock=-1` for docker")]
+    Memlock {
+        /// Current soft limit.
+        have: u64,
+        /// What the configuration needs.
+        need: u64,
+    },
+    /// A socket path is held by a running process.
+    #[error("{what} socket {path} is in use by a running process (another rpcrdmad?); stop it or choose another path")]
+    SocketInUse {
+        /// "admin" or "app".
+        what: &'static str,
+        /// The path.
+        path: String,
+    },
+    /// Any other I/O failure, with what was being done.
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+    /// A poll thread could not start (core, provider, app socket).
+    #[error("{0}")]
+    PollThread(String),
+}
+
+/// Bytes of memory the daemon registers with an RDMA provider for `cfg`.
+pub fn registered_bytes(cfg: &Config) -> u64 {
+    let p = &cfg.pools;
+    let threads = cfg.cpu.poll_cores.len().max(1) as u64;
+    let pools = u64::from(p.send_buffers) * u64::from(p.send_buffer_size)
+        + u64::from(p.recv_buffers) * u64::from(p.recv_buffer_size);
+    pools * threads + u64::from(cfg.apps.max_apps) * cfg.apps.arena_size
+}
+
+/// The memlock problem for a soft limit `limit` (`None`: unlimited) and `need` bytes, if any.
+pub fn memlock_problem(limit: Option<u64>, need: u64) -> Option<StartError> {
+    match limit {
+        Some(have) if have < need => Some(StartError::Memlock { have, need }),
+        _ => None,
+    }
+}
+
+fn memlock_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Memlock).current
+}
+
+/// Whether `dir` (normally /sys/class/infiniband) lists at least one device.
+pub fn rdma_devices(dir: &Path) -> Result<Vec<String>, String> {
+    match std::fs::read_dir(dir) {
+        Ok(rd) => Ok(rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()),
+        Err(e) => Err(format!(
+            "{} is missing ({e}): this kernel has no RDMA support loaded",
+            dir.display()
+        )),
+    }
+}
+
+/// Checks the provider: devices present and enough locked memory (the soft provider pins
+/// nothing and needs neither).
+pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
+    if cfg.provider.kind != ProviderKind::Ibv {
+        return Ok(());
+    }
+    let devs = rdma_devices(Path::new("/sys/class/infiniband")).map_err(StartError::NoDevice)?;
+    if devs.is_empty() {
+        return Err(StartError::NoDevice(
+            "/sys/class/infiniband lists no device".into(),
+        ));
+    }
+    if let Some(e) = memlock_problem(memlock_limit(), registered_bytes(cfg)) {
+        return Err(e);
+    }
+    Err(StartError::NoDevice(format!(
+        "devices {devs:?} exist, but this rpcrdmad was built without the ibv provider"
+    )))
+}
+
+/// Makes `path` free for a new socket: refuses if a process accepts on it, removes a stale
+/// file, creates the parent directory.
+pub fn free_socket_path(path: &Path, what: &'static str) -> Result<(), StartError> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(StartError::SocketInUse {
+                what,
+                path: path.display().to_string(),
+            });
+        }
+        std::fs::remove_file(path).map_err(|source| StartError::Io {
+            what: format!("remove stale {what} socket {}", path.display()),
+            source,
+        })?;
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| StartError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Binds the admin socket with mode 0600 (only the daemon's user may administer it).
+pub fn bind_admin(path: &Path) -> Result<UnixListener, StartError> {
+    free_socket_path(path, "admin")?;
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |source| StartError::Io { what, source }
+    };
+    let l = UnixListener::bind(path).map_err(io("bind admin socket"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("chmod 0600"))?;
+    l.set_nonblocking(true).map_err(io("admin socket"))?;
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memlock_below_need_says_how_to_raise_it() {
+        let e = memlock_problem(Some(65536), 1 << 20).expect("too low");
+        let text = e.to_string();
+        assert!(text.contains("65536"), "{text}");
+        assert!(text.contains("LimitMEMLOCK=infinity"), "{text}");
+        assert!(text.contains("ulimit -l"), "{text}");
+        assert!(memlock_problem(None, u64::MAX).is_none());
+        assert!(memlock_problem(Some(1 << 20), 1 << 20).is_none());
+    }
+
+    #[test]
+    fn missing_rdma_class_dir_is_reported_with_soft_hint() {
+        let dir = std::env::temp_dir().join(format!("rpcrdmad-nodev-{}", std::process::id()));
+        let e = rdma_devices(&dir)
+            .map_err(StartError::NoDevice)
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("no RDMA device"), "{text}");
+        assert!(text.contains("kind = \"soft\""), "{text}");
+    }
+
+    #[test]
+    fn socket_held_by_a_listener_is_in_use_and_a_stale_one_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("rpcrdmad-sock-{}", std::process::id()));
+        let path = dir.join("a.sock");
+        let held = bind_admin(&path).expect("bind");
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(matches!(
+            free_socket_path(&path, "admin"),
+            Err(StartError::SocketInUse { .. })
+        ));
+        drop(held);
+        // The file stays behind, nobody accepts: stale, so it is removed and rebound.
+        assert!(path.exists());
+        let again = bind_admin(&path);
+        assert!(again.is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

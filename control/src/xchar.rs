@@ -1,0 +1,713 @@
+//! Transport characteristics (draft-dnoveck-nfsv4-rpcrdma-xcharext-02) of one version-two
+//! connection: what we announce (INITXCH), how we answer a peer's REQXCH (RESPXCH, then
+//! UPDXCH for pending changes), what we record of the peer. Sans-IO: messages in, actions out.
+
+use rpcrdma_proto::xchar::{
+    subset_insert, BkReqSup, Operation, Xchar, XcharSpec, XcharSubset, ROPT_INITXCH, ROPT_REQXCH,
+    ROPT_RESPXCH, ROPT_UPDXCH,
+};
+use rpcrdma_proto::xdr::Writer;
+use serde::{Deserialize, Serialize};
+
+/// Most characteristics in one request we build or answer.
+const MAX_ITEMS: usize = 32;
+/// Largest RBSIZ accepted from a peer (RFC 8797's limit); smaller than 1024 is ignored too.
+const SANE_RBSIZ: std::ops::RangeInclusive<u32> = 1024..=256 * 1024;
+
+/// Bounds from the configuration and our real buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// RBSIZ we announce first (the RFC 8797 receive size).
+    pub rbsiz: u32,
+    /// Size of our posted receive buffers (RBSIZ may go up to it without reposting).
+    pub buffer_size: u32,
+    /// Smallest RBSIZ a peer may ask for.
+    pub min_rbsiz: u32,
+    /// Largest RBSIZ a peer may ask for.
+    pub max_rbsiz: u32,
+    /// Our REQREMINV.
+    pub reqreminv: bool,
+    /// Whether a REQXCH may change REQREMINV.
+    pub reqreminv_may_change: bool,
+}
+
+/// One side's characteristics as operators see them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Chars {
+    /// XCHAR_RBSIZ.
+    pub rbsiz: u32,
+    /// XCHAR_REQREMINV.
+    pub reqreminv: bool,
+    /// XCHAR_BRS: "none", "inline" or "genl".
+    pub brs: String,
+}
+
+impl Default for Chars {
+    /// The draft's defaults (XCH-3-a).
+    fn default() -> Chars {
+        Chars {
+            rbsiz: rpcrdma_proto::xchar::DEFAULT_RBSIZ,
+            reqreminv: false,
+            brs: "inline".into(),
+        }
+    }
+}
+
+fn brs_name(b: BkReqSup) -> &'static str {
+    match b {
+        BkReqSup::None => "none",
+        BkReqSup::Inline => "inline",
+        BkReqSup::Genl => "genl",
+    }
+}
+
+/// A characteristic value in owned form (for requests and pending changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// RBSIZ.
+    RbSiz(u32),
+    /// REQREMINV.
+    ReqRemInv(bool),
+    /// BRS.
+    Brs(BkReqSup),
+    /// Any id, raw XDR data.
+    Other(u32, Vec<u8>),
+}
+
+impl Value {
+    fn as_xchar(&self) -> Xchar<'_> {
+        match self {
+            Value::RbSiz(v) => Xchar::RbSiz(*v),
+            Value::ReqRemInv(v) => Xchar::ReqRemInv(*v),
+            Value::Brs(v) => Xchar::Brs(*v),
+            Value::Other(which, data) => Xchar::Other {
+                which: *which,
+                data,
+            },
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Value::RbSiz(v) => format!("rbsiz={v}"),
+            Value::ReqRemInv(v) => format!("reqreminv={v}"),
+            Value::Brs(v) => format!("brs={}", brs_name(*v)),
+            Value::Other(w, d) => format!("id:{w}={}", hex(d)),
+        }
+    }
+
+    /// Parses `rbsiz=8192`, `reqreminv=true`, `brs=genl` or `id:4294967040=0001` (hex data).
+    pub fn parse(s: &str) -> Result<Value, String> {
+        let (k, v) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s}: expected name=value"))?;
+        let bad = |what: &str| format!("{s}: {what}");
+        match k {
+            "rbsiz" | "rbsize" => v
+                .parse()
+                .map(Value::RbSiz)
+                .map_err(|_| bad("expected a byte count")),
+            "reqreminv" => v
+                .parse()
+                .map(Value::ReqRemInv)
+                .map_err(|_| bad("expected true or false")),
+            "brs" => match v {
+                "none" => Ok(Value::Brs(BkReqSup::None)),
+                "inline" => Ok(Value::Brs(BkReqSup::Inline)),
+                "genl" => Ok(Value::Brs(BkReqSup::Genl)),
+                _ => Err(bad("expected none, inline or genl")),
+            },
+            _ => {
+                let id = k
+                    .strip_prefix("id:")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .ok_or_else(|| {
+                        bad("unknown characteristic (use rbsiz, reqreminv, brs or id:N)")
+                    })?;
+                if v.len() % 2 != 0 {
+                    return Err(bad("hex data needs an even number of digits"));
+                }
+                let data = (0..v.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(v.get(i..i + 2).unwrap_or("zz"), 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(|_| bad("data must be hex"))?;
+                Ok(Value::Other(id, data))
+            }
+        }
+    }
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the connection should do after a message or an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send an RDMA2_OPTIONAL message with this operation and body.
+    Send {
+        /// `rdma_xid`.
+        xid: u32,
+        /// `rdma_opttype`.
+        opttype: u32,
+        /// `rdma_optinfo`.
+        body: Vec<u8>,
+    },
+    /// The peer's receive size changed: our inline threshold follows.
+    PeerRbsiz(u32),
+    /// The peer's REQREMINV changed: whether our replies may use Send With Invalidate.
+    PeerReqRemInv(bool),
+    /// Answer the message with RDMA2_ERR_INVAL_OPTION (unsupported or undecodable).
+    Reject,
+    /// Report when no call of this connection is in flight (a pending change waits for it).
+    NotifyWhenIdle,
+}
+
+/// How the peer answered one of our REQXCH.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RespOutcome {
+    /// Changes in effect.
+    pub done: Vec<String>,
+    /// Refused.
+    pub rejected: Vec<String>,
+    /// Not yet: UPDXCH will follow.
+    pub pending: Vec<String>,
+}
+
+/// What operators see of a connection's characteristics.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct XcharView {
+    /// Ours, as announced.
+    pub local: Chars,
+    /// The peer's, as announced (defaults until told).
+    pub peer: Chars,
+    /// Ids the peer said will not change.
+    pub peer_nochg: Vec<u32>,
+    /// We sent INITXCH.
+    pub initxch_sent: bool,
+    /// The peer sent INITXCH.
+    pub initxch_received: bool,
+    /// Changes the peer asked of us that are pending.
+    pub pending_local: Vec<String>,
+    /// Changes we asked of the peer that are pending.
+    pub pending_peer: Vec<String>,
+    /// Unknown characteristics ignored.
+    pub unknown_ignored: u64,
+}
+
+/// The xcharext state of one connection.
+#[derive(Debug, Clone)]
+pub struct ConnXchar {
+    policy: Policy,
+    view: XcharView,
+    next_xid: u32,
+    /// Our REQXCH awaiting RESPXCH: its xid and wanted values.
+    asked: Vec<(u32, Vec<Value>)>,
+    /// Values we asked the peer for that it left pending (awaiting UPDXCH with pendclr).
+    peer_pending: Vec<Value>,
+    /// Changes of ours the peer asked for that wait for quiescence.
+    local_pending: Vec<Value>,
+    answers: Vec<(u32, RespOutcome)>,
+}
+
+fn encode(op: &Operation<'_>) -> Vec<u8> {
+    let mut body = vec![0u8; op.buffer_len()];
+    let mut w = Writer::new(&mut body);
+    match op.emit_body(&mut w) {
+        Ok(()) => body,
+        Err(_) => Vec::new(),
+    }
+}
+
+impl ConnXchar {
+    /// State for a new connection; `client` picks the xid space of our messages.
+    pub fn new(policy: Policy, client: bool) -> ConnXchar {
+        ConnXchar {
+            view: XcharView {
+                local: Chars {
+                    rbsiz: policy.rbsiz,
+                    reqreminv: policy.reqreminv,
+                    brs: "inline".into(),
+                },
+                ..XcharView::default()
+            },
+            policy,
+            next_xid: if client { 0xc000_0000 } else { 0xd000_0000 },
+            asked: Vec::new(),
+            peer_pending: Vec::new(),
+            local_pending: Vec::new(),
+            answers: Vec::new(),
+        }
+    }
+
+    /// The operator view.
+    pub fn view(&self) -> &XcharView {
+        &self.view
+    }
+
+    fn xid(&mut self) -> u32 {
+        self.next_xid = self.next_xid.wrapping_add(1);
+        self.next_xid
+    }
+
+    /// Our INITXCH: RBSIZ, REQREMINV, BRS; BRS never changes, REQREMINV only if allowed,
+    /// RBSIZ only if the policy leaves room (XCH-4.1-b).
+    pub fn initxch(&mut self) -> Action {
+        let p = self.policy;
+        let start = [
+            Xchar::RbSiz(self.view.local.rbsiz),
+            Xchar::ReqRemInv(self.view.local.reqreminv),
+            Xchar::Brs(BkReqSup::Inline),
+        ];
+        let mut nochg = [0u32; 1];
+        if p.min_rbsiz >= p.buffer_size.min(p.max_rbsiz) {
+            subset_insert(&mut nochg, 0);
+        }
+        if !p.reqreminv_may_change {
+            subset_insert(&mut nochg, 1);
+        }
+        subset_insert(&mut nochg, 2);
+        let body = encode(&Operation::InitXch {
+            start: XcharSpec::from_values(&start),
+            nochg: XcharSubset::from_words(&nochg),
+        });
+        self.view.initxch_sent = true;
+        Action::Send {
+            xid: self.xid(),
+            opttype: ROPT_INITXCH,
+            body,
+        }
+    }
+
+    /// Our REQXCH for `want`; the answer is collected by [`ConnXchar::take_answer`].
+    pub fn request(&mut self, want: Vec<Value>) -> (u32, Action) {
+        let vals: Vec<Xchar<'_>> = want.iter().map(Value::as_xchar).collect();
+        let body = encode(&Operation::ReqXch {
+            want: XcharSpec::from_values(&vals),
+        });
+        let xid = self.xid();
+        self.asked.push((xid, want));
+        (
+            xid,
+            Action::Send {
+                xid,
+                opttype: ROPT_REQXCH,
+                body,
+            },
+        )
+    }
+
+    /// The RESPXCH outcome of our request `xid`, once it arrived.
+    pub fn take_answer(&mut self, xid: u32) -> Option<RespOutcome> {
+        let i = self.answers.iter().position(|(x, _)| *x == xid)?;
+        Some(self.answers.swap_remove(i).1)
+    }
+
+    /// An operator-initiated change of ours, announced with an unsolicited UPDXCH.
+    pub fn set(&mut self, v: Value) -> Result<Action, String> {
+        match &v {
+            Value::RbSiz(n) if (self.policy.min_rbsiz..=self.allowed_rbsiz()).contains(n) => {
+                self.view.local.rbsiz = *n;
+            }
+            Value::RbSiz(n) => {
+                return Err(format!(
+                    "rbsiz {n} outside {}..={} (receive buffers and xcharext bounds)",
+                    self.policy.min_rbsiz,
+                    self.allowed_rbsiz()
+                ))
+            }
+            Value::ReqRemInv(b) if self.policy.reqreminv_may_change => {
+                self.view.local.reqreminv = *b;
+            }
+            Value::ReqRemInv(_) => {
+                return Err("reqreminv is fixed (transport.xcharext.reqreminv-may-change)".into())
+            }
+            Value::Brs(_) => return Err("brs is fixed for the connection".into()),
+            Value::Other(..) => {}
+        }
+        Ok(self.update(&v, false))
+    }
+
+    fn update(&mut self, v: &Value, pendclr: bool) -> Action {
+        let body = encode(&Operation::UpdXch {
+            now: v.as_xchar(),
+            pendclr,
+        });
+        Action::Send {
+            xid: self.xid(),
+            opttype: ROPT_UPDXCH,
+            body,
+        }
+    }
+
+    fn allowed_rbsiz(&self) -> u32 {
+        self.policy.buffer_size.min(self.policy.max_rbsiz)
+    }
+
+    /// Records a peer value, returning the engine action it implies.
+    fn learn(&mut self, x: &Xchar<'_>) -> Option<Action> {
+        match *x {
+            Xchar::RbSiz(v) if SANE_RBSIZ.contains(&v) => {
+                self.view.peer.rbsiz = v;
+                Some(Action::PeerRbsiz(v))
+            }
+            // XCH-7-a: an absurd size is not believed.
+            Xchar::RbSiz(_) => None,
+            Xchar::ReqRemInv(b) => {
+                self.view.peer.reqreminv = b;
+                Some(Action::PeerReqRemInv(b))
+            }
+            Xchar::Brs(b) => {
+                self.view.peer.brs = brs_name(b).into();
+                None
+            }
+            Xchar::Other { .. } => {
+                self.view.unknown_ignored += 1;
+                None
+            }
+        }
+    }
+
+    /// Handles a received RDMA2_OPTIONAL; `busy`: calls of this connection are in flight.
+    pub fn on_message(&mut self, xid: u32, opttype: u32, body: &[u8], busy: bool) -> Vec<Action> {
+        let mut out = Vec::new();
+        let Ok(op) = Operation::parse(opttype, body) else {
+            out.push(Action::Reject);
+            return out;
+        };
+        match op {
+            Operation::InitXch { start, nochg } => {
+                self.view.initxch_received = true;
+                self.view.peer_nochg.clear();
+                for (i, x) in start.iter().enumerate() {
+                    if nochg.contains(i) {
+                        self.view.peer_nochg.push(x.which());
+                    }
+                    out.extend(self.learn(&x));
+                }
+                if !self.view.initxch_sent {
+                    out.push(self.initxch());
+                }
+            }
+            Operation::ReqXch { want } => {
+                let mut done = [0u32; MAX_ITEMS / 32];
+                let mut rej = [0u32; MAX_ITEMS / 32];
+                let mut pend = [0u32; MAX_ITEMS / 32];
+                for (i, x) in want.iter().enumerate() {
+                    let target = self.decide(&x, busy);
+                    let set = match target {
+                        Decision::Done => &mut done,
+                        Decision::Rej => &mut rej,
+                        Decision::Pend => &mut pend,
+                    };
+                    // Beyond MAX_ITEMS the index cannot be encoded: the request is refused whole.
+                    if !subset_insert(set, i) {
+                        out.push(Action::Reject);
+                        return out;
+                    }
+                }
+                if !self.local_pending.is_empty() {
+                    out.push(Action::NotifyWhenIdle);
+                }
+                out.push(Action::Send {
+                    xid,
+                    opttype: ROPT_RESPXCH,
+                    body: encode(&Operation::RespXch {
+                        done: XcharSubset::from_words(&done),
+                        rej: XcharSubset::from_words(&rej),
+                        pend: XcharSubset::from_words(&pend),
+                    }),
+                });
+            }
+            Operation::RespXch { done, rej, pend } => {
+                let Some(i) = self.asked.iter().position(|(x, _)| *x == xid) else {
+                    return out;
+                };
+                let (_, want) = self.asked.swap_remove(i);
+                let mut o = RespOutcome::default();
+                for (k, v) in want.iter().enumerate() {
+                    if done.contains(k) {
+                        o.done.push(v.name());
+                        out.extend(self.learn(&v.as_xchar()));
+                    } else if pend.contains(k) {
+                        o.pending.push(v.name());
+                        self.peer_pending.push(v.clone());
+                    } else if rej.contains(k) {
+                        o.rejected.push(v.name());
+                    } else {
+                        // AMB-29: an entry in no subset is taken as rejected.
+                        o.rejected.push(v.name());
+                    }
+                }
+                self.view.pending_peer = self.peer_pending.iter().map(Value::name).collect();
+                self.answers.push((xid, o));
+            }
+            Operation::UpdXch { now, pendclr } => {
+                out.extend(self.learn(&now));
+                if pendclr {
+                    let which = now.which();
+                    self.peer_pending.retain(|v| v.as_xchar().which() != which);
+                    self.view.pending_peer = self.peer_pending.iter().map(Value::name).collect();
+                }
+            }
+        }
+        out
+    }
+
+    fn decide(&mut self, x: &Xchar<'_>, busy: bool) -> Decision {
+        match *x {
+            Xchar::RbSiz(v) if v == self.view.local.rbsiz => Decision::Done,
+            // Our buffers are already this large: announcing a size up to them needs no repost.
+            Xchar::RbSiz(v) if (self.policy.min_rbsiz..=self.allowed_rbsiz()).contains(&v) => {
+                self.view.local.rbsiz = v;
+                Decision::Done
+            }
+            Xchar::RbSiz(_) => Decision::Rej,
+            Xchar::ReqRemInv(b) if b == self.view.local.reqreminv => Decision::Done,
+            Xchar::ReqRemInv(_) if !self.policy.reqreminv_may_change => Decision::Rej,
+            // Changing how the peer may answer our calls waits until none is in flight.
+            Xchar::ReqRemInv(b) if busy => {
+                self.local_pending.push(Value::ReqRemInv(b));
+                self.view.pending_local = self.local_pending.iter().map(Value::name).collect();
+                Decision::Pend
+            }
+            Xchar::ReqRemInv(b) => {
+                self.view.local.reqreminv = b;
+                Decision::Done
+            }
+            Xchar::Brs(_) | Xchar::Other { .. } => Decision::Rej,
+        }
+    }
+
+    /// No call of the connection is in flight: pending changes take effect, each announced
+    /// with UPDXCH and `pendclr` (XCH-4.4-b).
+    pub fn on_idle(&mut self) -> Vec<Action> {
+        let pending = std::mem::take(&mut self.local_pending);
+        self.view.pending_local.clear();
+        pending
+            .into_iter()
+            .map(|v| {
+                if let Value::ReqRemInv(b) = v {
+                    self.view.local.reqreminv = b;
+                }
+                self.update(&v, true)
+            })
+            .collect()
+    }
+}
+
+enum Decision {
+    Done,
+    Rej,
+    Pend,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpcrdma_proto::xchar::{XCHAR_BRS, XCHAR_REQREMINV};
+
+    fn policy() -> Policy {
+        Policy {
+            rbsiz: 4096,
+            buffer_size: 8192,
+            min_rbsiz: 1024,
+            max_rbsiz: 8192,
+            reqreminv: false,
+            reqreminv_may_change: true,
+        }
+    }
+
+    fn sent(a: &Action) -> (u32, u32, Vec<u8>) {
+        match a {
+            Action::Send { xid, opttype, body } => (*xid, *opttype, body.clone()),
+            other => panic!("not a send: {other:?}"),
+        }
+    }
+
+    /// Runs `a`'s REQXCH through a peer `b` and `b`'s RESPXCH back into `a`.
+    fn exchange(
+        a: &mut ConnXchar,
+        b: &mut ConnXchar,
+        want: Vec<Value>,
+        busy: bool,
+    ) -> (RespOutcome, Vec<Action>) {
+        let (xid, req) = a.request(want);
+        let (x, t, body) = sent(&req);
+        let acts = b.on_message(x, t, &body, busy);
+        let resp = acts
+            .iter()
+            .find(|a| {
+                matches!(
+                    a,
+                    Action::Send {
+                        opttype: ROPT_RESPXCH,
+                        ..
+                    }
+                )
+            })
+            .expect("RESPXCH");
+        let (rx, rt, rbody) = sent(resp);
+        assert_eq!(rx, xid, "XCH-4.3-a: RESPXCH carries the request's xid");
+        a.on_message(rx, rt, &rbody, false);
+        (a.take_answer(xid).expect("answer"), acts)
+    }
+
+    #[test]
+    fn xch_4_1_b_initxch_is_recorded_with_nochg_and_answered_once() {
+        let mut a = ConnXchar::new(
+            Policy {
+                reqreminv_may_change: false,
+                ..policy()
+            },
+            true,
+        );
+        let mut b = ConnXchar::new(policy(), false);
+        let (x, t, body) = sent(&a.initxch());
+        assert_eq!(t, ROPT_INITXCH);
+        let acts = b.on_message(x, t, &body, false);
+        assert!(acts.contains(&Action::PeerRbsiz(4096)));
+        assert!(acts.contains(&Action::PeerReqRemInv(false)));
+        assert!(b.view().initxch_received);
+        assert_eq!(b.view().peer_nochg, vec![XCHAR_REQREMINV, XCHAR_BRS]);
+        // The server answers with its own INITXCH, once.
+        let reply = acts
+            .iter()
+            .find(|a| matches!(a, Action::Send { .. }))
+            .expect("INITXCH back");
+        let (x, t, body) = sent(reply);
+        assert_eq!(t, ROPT_INITXCH);
+        let back = a.on_message(x, t, &body, false);
+        assert!(!back.iter().any(|a| matches!(a, Action::Send { .. })));
+        assert!(a.view().initxch_received);
+    }
+
+    #[test]
+    fn xch_4_3_c_respxch_subsets_cover_the_request_exactly() {
+        let mut a = ConnXchar::new(policy(), true);
+        let mut b = ConnXchar::new(policy(), false);
+        let want = vec![
+            Value::RbSiz(2048),
+            Value::Brs(BkReqSup::Genl),
+            Value::Other(0xffff_ff10, vec![0, 0, 0, 1]),
+            Value::RbSiz(1 << 20),
+        ];
+        let (o, _) = exchange(&mut a, &mut b, want, false);
+        assert_eq!(o.done, vec!["rbsiz=2048"]);
+        assert_eq!(
+            o.rejected,
+            vec!["brs=genl", "id:4294967056=00000001", "rbsiz=1048576"]
+        );
+        assert!(o.pending.is_empty());
+        assert_eq!(b.view().local.rbsiz, 2048, "applied before it is reported");
+        assert_eq!(a.view().peer.rbsiz, 2048);
+    }
+
+    #[test]
+    fn xch_3_c_reqreminv_refused_when_configured_immutable() {
+        let mut a = ConnXchar::new(policy(), true);
+        let mut b = ConnXchar::new(
+            Policy {
+                reqreminv_may_change: false,
+                ..policy()
+            },
+            false,
+        );
+        let (o, _) = exchange(&mut a, &mut b, vec![Value::ReqRemInv(true)], false);
+        assert_eq!(o.rejected, vec!["reqreminv=true"]);
+        assert!(!b.view().local.reqreminv);
+    }
+
+    #[test]
+    fn xch_4_4_b_pending_change_completes_with_updxch_pendclr() {
+        let mut a = ConnXchar::new(policy(), true);
+        let mut b = ConnXchar::new(policy(), false);
+        let (o, acts) = exchange(&mut a, &mut b, vec![Value::ReqRemInv(true)], true);
+        assert_eq!(o.pending, vec!["reqreminv=true"]);
+        assert!(acts.contains(&Action::NotifyWhenIdle));
+        assert_eq!(a.view().pending_peer, vec!["reqreminv=true"]);
+        assert!(
+            !b.view().local.reqreminv,
+            "not applied while calls are in flight"
+        );
+        let upd = b.on_idle();
+        assert_eq!(upd.len(), 1);
+        assert!(b.view().local.reqreminv);
+        let (x, t, body) = sent(&upd[0]);
+        assert_eq!(t, ROPT_UPDXCH);
+        let acts = a.on_message(x, t, &body, false);
+        assert!(acts.contains(&Action::PeerReqRemInv(true)));
+        assert!(
+            a.view().pending_peer.is_empty(),
+            "pendclr clears the request"
+        );
+    }
+
+    #[test]
+    fn xch_4_1_d_unknown_characteristic_in_initxch_is_ignored() {
+        let mut b = ConnXchar::new(policy(), false);
+        let start = [
+            Xchar::Other {
+                which: 99,
+                data: &[1, 2, 3, 4],
+            },
+            Xchar::RbSiz(8192),
+        ];
+        let body = encode(&Operation::InitXch {
+            start: XcharSpec::from_values(&start),
+            nochg: XcharSubset::EMPTY,
+        });
+        let acts = b.on_message(1, ROPT_INITXCH, &body, false);
+        assert!(acts.contains(&Action::PeerRbsiz(8192)));
+        assert!(!acts.contains(&Action::Reject));
+        assert_eq!(b.view().unknown_ignored, 1);
+    }
+
+    #[test]
+    fn xch_7_a_absurd_rbsiz_is_not_believed_and_garbage_is_rejected() {
+        let mut b = ConnXchar::new(policy(), false);
+        let body = encode(&Operation::UpdXch {
+            now: Xchar::RbSiz(16),
+            pendclr: false,
+        });
+        assert!(b.on_message(1, ROPT_UPDXCH, &body, false).is_empty());
+        assert_eq!(b.view().peer.rbsiz, 4096);
+        assert_eq!(
+            b.on_message(2, ROPT_UPDXCH, &[0, 0, 0], false),
+            vec![Action::Reject]
+        );
+        assert_eq!(b.on_message(3, 77, &[], false), vec![Action::Reject]);
+    }
+
+    #[test]
+    fn operator_set_announces_unsolicited_update_within_bounds() {
+        let mut a = ConnXchar::new(policy(), true);
+        let (_, t, body) = sent(&a.set(Value::RbSiz(8192)).expect("allowed"));
+        assert_eq!(t, ROPT_UPDXCH);
+        assert_eq!(
+            Operation::parse(t, &body).expect("decodes"),
+            Operation::UpdXch {
+                now: Xchar::RbSiz(8192),
+                pendclr: false
+            }
+        );
+        assert!(a.set(Value::RbSiz(16384)).is_err());
+        assert!(a.set(Value::Brs(BkReqSup::None)).is_err());
+    }
+
+    #[test]
+    fn values_parse_from_the_command_line() {
+        assert_eq!(Value::parse("rbsize=8192"), Ok(Value::RbSiz(8192)));
+        assert_eq!(Value::parse("reqreminv=true"), Ok(Value::ReqRemInv(true)));
+        assert_eq!(Value::parse("brs=genl"), Ok(Value::Brs(BkReqSup::Genl)));
+        assert_eq!(Value::parse("id:7=00ff"), Ok(Value::Other(7, vec![0, 255])));
+        assert!(Value::parse("rbsiz").is_err());
+        assert!(Value::parse("colour=red").is_err());
+        assert!(Value::parse("id:7=0").is_err());
+        assert!(Value::parse("id:7=zz").is_err());
+    }
+}

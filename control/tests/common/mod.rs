@@ -1,0 +1,222 @@
+//! Real daemons for the integration tests: each test starts `rpcrdmad` processes on loopback
+//! with the soft provider, in their own temporary directory, and kills them when dropped.
+#![allow(dead_code)]
+
+use rpcrdma_shm::rdmatest;
+use rpcrdma_shm::Server;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A loopback TCP port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A fresh directory for one daemon.
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rpcrdmad-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("mkdir");
+    d
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `secs` seconds.
+pub fn eventually<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One running `rpcrdmad`.
+#[derive(Debug)]
+pub struct Daemon {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub admin: PathBuf,
+    pub app: PathBuf,
+    pub port: u16,
+    pub child: Option<Child>,
+}
+
+/// The config text of a test daemon listening on `port`, with `peer` ("name", port) if any.
+pub fn config(dir: &Path, port: u16, peer: Option<(&str, u16)>, extra: &str) -> String {
+    let mut c = format!(
+        "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"debug\"\n\
+         [cpu.idle]\npolicy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
+         [provider]\nkind = \"soft\"\n\
+         [pools]\nconnections = 4\n\
+         [apps]\nmax-apps = 4\narena-size = 4194304\n\
+         [[listeners]]\naddress = \"127.0.0.1:{port}\"\n",
+        d = dir.display()
+    );
+    if let Some((name, p)) = peer {
+        c += &format!(
+            "[[peers]]\nname = \"{name}\"\naddress = \"127.0.0.1:{p}\"\nreconnect-initial-ms = 50\nreconnect-max-ms = 400\n"
+        );
+    }
+    c += extra;
+    c
+}
+
+impl Daemon {
+    /// Writes `text` as the config in `dir` and starts `rpcrdmad` on it, waiting until its
+    /// admin socket answers.
+    pub fn start_with(dir: PathBuf, port: u16, text: &str) -> Daemon {
+        let config = dir.join("rpcrdmad.toml");
+        std::fs::write(&config, text).expect("write config");
+        let log = std::fs::File::create(dir.join("rpcrdmad.log")).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--drain-timeout-ms")
+            .arg("3000")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn rpcrdmad");
+        let d = Daemon {
+            admin: dir.join("admin.sock"),
+            app: dir.join("app.sock"),
+            dir,
+            config,
+            port,
+            child: Some(child),
+        };
+        let up = eventually(20, || {
+            rpcrdma_control::admin::call(
+                &d.admin,
+                &rpcrdma_control::admin::Request::Status,
+                Duration::from_secs(2),
+            )
+            .ok()
+            .filter(|r| r.ok)
+        });
+        assert!(up.is_some(), "daemon did not start:\n{}", d.log());
+        d
+    }
+
+    /// A daemon listening on a free port, connecting to `peer` if given.
+    pub fn start(name: &str, peer: Option<(&str, u16)>) -> Daemon {
+        let dir = tmpdir(name);
+        let port = free_port();
+        let text = config(&dir, port, peer, "");
+        Daemon::start_with(dir, port, &text)
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("rpcrdmad.log")).unwrap_or_default()
+    }
+
+    /// Runs `rpcrdmactl --socket <admin> args...`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_rpcrdmactl"))
+            .arg("--socket")
+            .arg(&self.admin)
+            .args(args)
+            .output()
+            .expect("run rpcrdmactl")
+    }
+
+    /// `rpcrdmactl --json args...` parsed.
+    pub fn ctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let out = self.ctl(&a);
+        assert!(
+            out.status.success(),
+            "rpcrdmactl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
+    }
+
+    /// Waits until configured peer `name` is up.
+    pub fn wait_peer_up(&self, name: &str) {
+        let ok = eventually(20, || {
+            let s = self.ctl_json(&["status"]);
+            s["peers"]
+                .as_array()?
+                .iter()
+                .find(|p| p["name"] == name && p["state"] == "up")
+                .map(|_| ())
+        });
+        assert!(ok.is_some(), "peer {name} never came up:\n{}", self.log());
+    }
+
+    /// Sends `sig` ("TERM", "INT", "HUP" or "KILL") to the daemon.
+    pub fn signal(&self, sig: &str) {
+        let id = self.child.as_ref().expect("running").id();
+        signal_pid(id, sig);
+    }
+
+    /// Waits for the daemon to exit (at most `secs`), returning its exit code.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let r = eventually(secs, || child.try_wait().ok().flatten());
+        match r {
+            Some(st) => st.code(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Serves RDMATEST on `app_socket` from a thread (it ends when the daemon detaches it).
+pub fn rdmatest_server(app_socket: &Path) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = app_socket.to_path_buf();
+    std::thread::spawn(move || {
+        let mut s = Server::connect(&p).expect("server attach");
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("server app registered");
+}
+
+/// XDR `opaque<>` of `d`.
+pub fn xdr_opaque(d: &[u8]) -> Vec<u8> {
+    let mut v = (d.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(d);
+    v.resize(4 + d.len().div_ceil(4) * 4, 0);
+    v
+}
+
+/// Sends `sig` ("TERM", "INT", "HUP" or "KILL") to process `id` (one we started).
+pub fn signal_pid(id: u32, sig: &str) {
+    use rustix::process::{kill_process, Pid, Signal};
+    let sig = match sig {
+        "TERM" => Signal::TERM,
+        "INT" => Signal::INT,
+        "HUP" => Signal::HUP,
+        "KILL" => Signal::KILL,
+        other => panic!("unknown signal {other}"),
+    };
+    let pid = Pid::from_raw(i32::try_from(id).expect("pid")).expect("non-zero pid");
+    kill_process(pid, sig).expect("kill");
+}

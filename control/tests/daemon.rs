@@ -1,0 +1,417 @@
+//! `rpcrdmad` and `rpcrdmactl` as an operator meets them: config errors, start-up errors,
+//! admin commands, metrics, signals, reconnects, version fallback.
+
+mod common;
+
+use common::{config, eventually, free_port, rdmatest_server, tmpdir, xdr_opaque, Daemon};
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::Client;
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+fn rpcrdmad(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+        .args(args)
+        .output()
+        .expect("run rpcrdmad")
+}
+
+fn echo(c: &mut Client, peer: u32, len: usize) {
+    let data = pattern(len as u32, len);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("ECHO reply");
+    assert_eq!(r.body, xdr_opaque(&data));
+}
+
+#[test]
+fn check_config_prints_located_errors_and_exits_1() {
+    let dir = tmpdir("check");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[transport]\ncredits = \"many\"\nbogus = 1\n").expect("write");
+    let out = rpcrdmad(&["--check-config", bad.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml:2:"), "{err}");
+    assert!(err.contains("bad.toml:3:"), "{err}");
+    assert!(err.contains("bogus"), "{err}");
+
+    let good = dir.join("good.toml");
+    std::fs::write(&good, config(&dir, 20049, None, "")).expect("write");
+    let out = rpcrdmad(&["--check-config", good.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn invalid_config_refuses_to_start_with_exit_1() {
+    let dir = tmpdir("badstart");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[pools]\nconnections = -1\n").expect("write");
+    let out = rpcrdmad(&["--config", bad.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing started"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn ibv_provider_without_a_device_exits_3_with_a_soft_hint() {
+    let dir = tmpdir("ibv");
+    let text = config(&dir, free_port(), None, "")
+        .replace("[provider]\nkind = \"soft\"", "[provider]\nkind = \"ibv\"");
+    let path = dir.join("ibv.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = rpcrdmad(&["--config", path.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no RDMA device"), "{err}");
+    assert!(err.contains("kind = \"soft\""), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn admin_socket_in_use_exits_3() {
+    let a = Daemon::start("inuse-a", None);
+    // Same directory (same sockets), another listener port.
+    let text = config(&a.dir, free_port(), None, "");
+    let path = a.dir.join("second.toml");
+    std::fs::write(&path, text).expect("write");
+    let out = rpcrdmad(&["--config", path.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use"), "{err}");
+    // The first daemon is unharmed.
+    assert!(a.ctl(&["status"]).status.success());
+}
+
+#[test]
+fn listener_port_in_use_exits_3() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = held.local_addr().expect("addr").port();
+    let dir = tmpdir("portinuse");
+    let path = dir.join("p.toml");
+    std::fs::write(&path, config(&dir, port, None, "")).expect("write");
+    let out = rpcrdmad(&["--config", path.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already in use"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rpcrdmactl_status_conns_and_conn_show_against_running_daemons() {
+    let b = Daemon::start("ctl-b", None);
+    let a = Daemon::start("ctl-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+
+    let human = a.ctl(&["status"]);
+    assert!(human.status.success());
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("PEER"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("server") && l.contains(" up ")),
+        "{text}"
+    );
+
+    let conns = a.ctl_json(&["conns"]);
+    let c = &conns[0];
+    assert_eq!(c["peer"], "server");
+    assert_eq!(c["role"], "client");
+    assert_eq!(c["state"], "up");
+    // RFC 8797 private data from the server's accept: its inline sizes.
+    assert_eq!(c["peer-inline-send"], 4096);
+    assert_eq!(c["peer-inline-recv"], 4096);
+    let bconns = b.ctl_json(&["conns"]);
+    assert_eq!(bconns[0]["role"], "server");
+    assert_eq!(bconns[0]["peer-inline-recv"], 4096);
+
+    let id = c["id"].as_u64().expect("id").to_string();
+    let show = a.ctl_json(&["conn", "show", &id]);
+    assert_eq!(show["conn"]["peer"], "server");
+    assert!(show["counters"].is_object());
+    let missing = a.ctl(&["conn", "show", "999"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no connection 999"));
+
+    let nobody = Command::new(env!("CARGO_BIN_EXE_rpcrdmactl"))
+        .args(["--socket", "/nonexistent/admin.sock", "status"])
+        .output()
+        .expect("run");
+    assert_eq!(nobody.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("is the daemon running"));
+}
+
+fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn metrics_endpoint_serves_prometheus_text_with_counters_and_histograms() {
+    let b = Daemon::start("metrics-b", None);
+    let dir = tmpdir("metrics-a");
+    let (port, mport) = (free_port(), free_port());
+    let text = config(&dir, port, Some(("server", b.port)), "").replace(
+        "log-level",
+        &format!("metrics-listen = \"127.0.0.1:{mport}\"\nlog-level"),
+    );
+    let a = Daemon::start_with(dir, port, &text);
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    for len in [10, 100, 1000] {
+        echo(&mut c, peer, len);
+    }
+    let body = scrape(mport);
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text format");
+    let value = |name: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| s.value.clone())
+    };
+    assert!(
+        matches!(value("rpcrdmad_calls_out_total"), Some(prometheus_parse::Value::Counter(v)) if v == 3.0)
+    );
+    assert!(
+        matches!(value("rpcrdmad_replies_in_total"), Some(prometheus_parse::Value::Counter(v)) if v == 3.0)
+    );
+    let rtt = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "rpcrdmad_conn_rtt_seconds")
+        .expect("rtt histogram");
+    assert_eq!(rtt.labels.get("peer"), Some("server"));
+    let prometheus_parse::Value::Histogram(buckets) = &rtt.value else {
+        panic!("rtt is not a histogram: {:?}", rtt.value);
+    };
+    let inf = buckets
+        .iter()
+        .find(|b| b.less_than.is_infinite())
+        .expect("+Inf");
+    assert_eq!(inf.count, 3.0);
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "rpcrdmad_thread_busy_seconds_total"));
+}
+
+#[test]
+fn sigterm_drains_the_call_in_flight_then_exits_0() {
+    let b = Daemon::start("drain-b", None);
+    let mut a = Daemon::start("drain-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
+    call.args().put_u32(400_000);
+    let t = call.submit().expect("submit");
+    // The call is in the engine (counted) before the signal.
+    let counted = eventually(10, || {
+        (a.ctl_json(&["stats"])["conns"][0]["calls-out"] == 1).then_some(())
+    });
+    assert!(counted.is_some());
+    a.signal("TERM");
+    let r = c
+        .wait(t, T)
+        .expect("the call in flight completes during the drain");
+    assert_eq!(r.accept_stat, 0);
+    assert_eq!(a.wait_exit(20), Some(0), "{}", a.log());
+    assert!(a.log().contains("drained"));
+    assert!(!a.admin.exists(), "admin socket removed on exit");
+}
+
+#[test]
+fn client_reconnects_after_the_peer_restarts() {
+    let dir_b = tmpdir("restart-b");
+    let port_b = free_port();
+    let text_b = config(&dir_b, port_b, None, "");
+    let mut b = Daemon::start_with(dir_b.clone(), port_b, &text_b);
+    let a = Daemon::start("restart-a", Some(("server", port_b)));
+    a.wait_peer_up("server");
+    b.signal("KILL");
+    let _ = b.wait_exit(10);
+    std::mem::forget(b);
+    let down = eventually(20, || {
+        let s = a.ctl_json(&["status"]);
+        (s["peers"][0]["state"] != "up").then_some(())
+    });
+    assert!(down.is_some(), "A noticed the loss");
+    let b2 = Daemon::start_with(dir_b, port_b, &text_b);
+    a.wait_peer_up("server");
+    rdmatest_server(&b2.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 500);
+    let s = a.ctl_json(&["status"]);
+    assert_eq!(s["peers"][0]["failures"], 0, "failures reset once up");
+}
+
+#[test]
+fn conn_close_disconnects_and_the_peer_is_reconnected() {
+    let b = Daemon::start("close-b", None);
+    let a = Daemon::start("close-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let id = a.ctl_json(&["conns"])[0]["id"].as_u64().expect("id");
+    let out = a.ctl(&["conn", "close", &id.to_string()]);
+    assert!(out.status.success());
+    let again = eventually(20, || {
+        let s = a.ctl_json(&["status"]);
+        let p = &s["peers"][0];
+        (p["state"] == "up").then_some(())
+    });
+    assert!(again.is_some(), "{}", a.log());
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 64);
+    assert!(a.log().contains("connection down"));
+}
+
+#[test]
+fn reload_applies_live_settings_and_refuses_the_rest() {
+    let a = Daemon::start("reload", None);
+    let text = std::fs::read_to_string(&a.config).expect("read");
+    let new = text.replace("log-level = \"debug\"", "log-level = \"info\"")
+        + "[transport]\ncredits = 16\n";
+    std::fs::write(&a.config, new).expect("write");
+    let r = a.ctl_json(&["reload"]);
+    assert_eq!(r["applied"][0], "daemon.log-level");
+    assert_eq!(r["refused"][0]["key"], "transport.credits");
+    assert!(r["refused"][0]["reason"]
+        .as_str()
+        .expect("reason")
+        .contains("restart"));
+    let human = a.ctl(&["reload"]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("refused  transport.credits"));
+
+    // A broken file is refused as a whole, with its diagnostics.
+    std::fs::write(&a.config, "[transport]\ncredits = \"x\"\n").expect("write");
+    let bad = a.ctl(&["reload"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("nothing changed"));
+
+    // SIGHUP does the same as `rpcrdmactl reload`.
+    a.signal("HUP");
+    let logged = eventually(10, || a.log().contains("SIGHUP reload").then_some(()));
+    assert!(logged.is_some(), "{}", a.log());
+    assert!(a.ctl(&["status"]).status.success());
+}
+
+#[test]
+fn v2_client_falls_back_to_v1_against_a_v1_only_server() {
+    let dir_b = tmpdir("v1-b");
+    let port_b = free_port();
+    let b = Daemon::start_with(
+        dir_b.clone(),
+        port_b,
+        &config(&dir_b, port_b, None, "[transport]\nversion = 1\n"),
+    );
+    let dir_a = tmpdir("v2-a");
+    let port_a = free_port();
+    let a = Daemon::start_with(
+        dir_a.clone(),
+        port_a,
+        &config(
+            &dir_a,
+            port_a,
+            Some(("server", port_b)),
+            "[transport]\nversion = 2\n",
+        ),
+    );
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 100);
+    echo(&mut c, peer, 2000);
+    let conns = a.ctl_json(&["conns"]);
+    assert_eq!(conns[0]["version"], 1, "{}", a.log());
+}
+
+#[test]
+fn v2_both_sides_speak_version_2() {
+    let extra = "[transport]\nversion = 2\n";
+    let dir_b = tmpdir("v2b");
+    let port_b = free_port();
+    let b = Daemon::start_with(dir_b.clone(), port_b, &config(&dir_b, port_b, None, extra));
+    let dir_a = tmpdir("v2a");
+    let port_a = free_port();
+    let a = Daemon::start_with(
+        dir_a.clone(),
+        port_a,
+        &config(&dir_a, port_a, Some(("server", port_b)), extra),
+    );
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 100);
+    assert_eq!(a.ctl_json(&["conns"])[0]["version"], 2);
+}
+
+#[test]
+fn call_to_an_unserved_program_gets_prog_unavail() {
+    let b = Daemon::start("unserved-b", None);
+    let a = Daemon::start("unserved-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let t = c.call(peer, 0x2000_0001, 1, 0).submit().expect("submit");
+    let r = c.wait(t, T).expect("a reply, not a transport error");
+    assert_eq!(r.accept_stat, 1, "PROG_UNAVAIL");
+}
+
+#[test]
+fn json_log_format_writes_one_object_per_line() {
+    let dir = tmpdir("jsonlog");
+    let port = free_port();
+    let text =
+        config(&dir, port, None, "").replace("log-level", "log-format = \"json\"\nlog-level");
+    let d = Daemon::start_with(dir, port, &text);
+    let log = d.log();
+    let first = log.lines().next().expect("a log line");
+    let v: serde_json::Value = serde_json::from_str(first).expect("JSON log line");
+    assert!(v["level"].is_string(), "{first}");
+    assert!(log
+        .lines()
+        .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+    assert!(log.contains("rpcrdmad started"));
+}
+
+#[test]
+fn sigint_stops_like_sigterm_and_human_tables_print() {
+    let b = Daemon::start("int-b", None);
+    let mut a = Daemon::start("int-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    for (args, header) in [
+        (&["conns"][..], "PEER-INLINE(S/R)"),
+        (&["stats"][..], "CALLS-OUT"),
+        (&["latency"][..], "P99-US"),
+        (&["conn", "show", "0"][..], "counters:"),
+    ] {
+        let out = a.ctl(args);
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(header), "{args:?}: {text}");
+    }
+    a.signal("INT");
+    assert_eq!(a.wait_exit(20), Some(0), "{}", a.log());
+}

@@ -1,0 +1,358 @@
+//! Two real `rpcrdmad` processes on loopback (soft provider): an app calls through daemon A,
+//! daemon B delivers to an RDMATEST server app.
+
+mod common;
+
+use common::{rdmatest_server, xdr_opaque, Daemon};
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::Client;
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+#[test]
+fn null_and_echo_through_two_daemons() {
+    let b = Daemon::start("echo-b", None);
+    let a = Daemon::start("echo-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c
+        .peer("server")
+        .expect("peer table names the configured peer");
+
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    let r = c.wait(t, T).expect("NULL reply");
+    assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+
+    for len in [0usize, 1, 37, 1000, 3000] {
+        let data = pattern(len as u32, len);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("ECHO {len}: {e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert_eq!(r.accept_stat, 0);
+        assert_eq!(r.body, xdr_opaque(&data), "ECHO of {len} bytes");
+    }
+
+    // The requester's counters moved, seen through rpcrdmactl.
+    let stats = a.ctl_json(&["stats"]);
+    let conn = &stats["conns"][0];
+    assert_eq!(conn["peer"], "server");
+    assert_eq!(conn["calls-out"], 6);
+    assert_eq!(conn["replies-in"], 6);
+    let lat = a.ctl_json(&["latency"]);
+    assert_eq!(lat[0]["count"], 6);
+    let bstats = b.ctl_json(&["stats"]);
+    assert_eq!(bstats["conns"][0]["calls-in"], 6);
+    assert_eq!(bstats["conns"][0]["replies-out"], 6);
+}
+
+#[test]
+fn large_echo_read_and_write_use_chunks_end_to_end() {
+    let b = Daemon::start("chunks-b", None);
+    let a = Daemon::start("chunks-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c.peer("server").expect("peer");
+
+    // ECHO with a DDP-eligible argument (Read chunk) and a result buffer (Write chunk).
+    let data = pattern(11, 9001);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_ddp_opaque(&data);
+    call.result_buffer(16384);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.body, xdr_opaque(&data));
+    assert_eq!(r.ddp_bytes, 9001);
+    // The responder pulled the argument (RDMA Read) and pushed the result (RDMA Write).
+    let s = b.ctl_json(&["stats"]);
+    assert!(
+        s["conns"][0]["rdma-read-bytes"].as_u64() >= Some(9001),
+        "{s}"
+    );
+    assert!(
+        s["conns"][0]["rdma-write-bytes"].as_u64() >= Some(9001),
+        "{s}"
+    );
+
+    // READ into a result buffer (Write chunk).
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    call.args().put_u32(50_000).put_u32(9);
+    call.result_buffer(50_000);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("READ");
+    assert_eq!(r.body, xdr_opaque(&pattern(9, 50_000)));
+
+    // WRITE with a large DDP argument (Read chunk); 10 bytes spoiled.
+    let mut data = pattern(3, 30_000);
+    for x in &mut data[100..110] {
+        *x = !*x;
+    }
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::WRITE);
+    call.args().put_u32(3).put_ddp_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("WRITE");
+    assert_eq!(r.body, 29_990u32.to_be_bytes());
+
+    // A long inline ECHO (no DDP marks) larger than the inline threshold: Position-zero
+    // Read chunk out, Reply chunk back.
+    let data = pattern(5, 20_000);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    call.max_reply(32_768);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("long ECHO");
+    assert_eq!(r.body, xdr_opaque(&data));
+}
+
+fn start_v2(name: &str, peer: Option<(&str, u16)>) -> Daemon {
+    let dir = common::tmpdir(name);
+    let port = common::free_port();
+    let extra = "[transport]\nversion = 2\n[transport.xcharext]\nreqreminv-may-change = true\n";
+    let text = common::config(&dir, port, peer, extra);
+    Daemon::start_with(dir, port, &text)
+}
+
+fn xchar_of(d: &Daemon) -> serde_json::Value {
+    d.ctl_json(&["conns"])[0]["xchar"].clone()
+}
+
+#[test]
+fn xch_four_operations_end_to_end_between_two_daemons() {
+    let b = start_v2("xch-b", None);
+    let a = start_v2("xch-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL");
+
+    // INITXCH both ways once version two is confirmed by a reply.
+    let exchanged = common::eventually(10, || {
+        let (xa, xb) = (xchar_of(&a), xchar_of(&b));
+        (xa["initxch-received"] == true && xb["initxch-received"] == true).then_some((xa, xb))
+    });
+    let (xa, xb) =
+        exchanged.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(xa["initxch-sent"], true);
+    assert_eq!(xb["initxch-sent"], true);
+    assert_eq!(xa["peer"]["rbsiz"], 4096);
+    assert_eq!(xb["peer"]["brs"], "inline");
+    // BRS never changes: marked in nochg.
+    assert!(xa["peer-nochg"]
+        .as_array()
+        .expect("nochg")
+        .contains(&3.into()));
+
+    // REQXCH done: B lowers its RBSIZ, A uses it.
+    let a_id = a.ctl_json(&["conns"])[0]["id"].to_string();
+    let o = a.ctl_json(&["xchar", "request", &a_id, "rbsiz=2048"]);
+    assert_eq!(o["done"], serde_json::json!(["rbsiz=2048"]));
+    assert_eq!(xchar_of(&b)["local"]["rbsiz"], 2048);
+    assert_eq!(xchar_of(&a)["peer"]["rbsiz"], 2048);
+    // Calls still work with the smaller threshold (larger ones go as long messages).
+    for len in [100, 3000] {
+        let data = pattern(1, len);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        let t = call.submit().expect("submit");
+        assert_eq!(c.wait(t, T).expect("ECHO").body, xdr_opaque(&data));
+    }
+
+    // REQXCH rejected: beyond B's buffers, and a fixed characteristic.
+    let o = a.ctl_json(&["xchar", "request", &a_id, "rbsiz=1048576", "brs=genl"]);
+    assert_eq!(
+        o["rejected"],
+        serde_json::json!(["rbsiz=1048576", "brs=genl"])
+    );
+    assert_eq!(xchar_of(&b)["local"]["rbsiz"], 2048);
+
+    // Pending then UPDXCH with pendclr: B asks A to change REQREMINV while A has a call in
+    // flight; A answers pend and completes the change once the call is done.
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
+    call.args().put_u32(1_000_000);
+    let slow = call.submit().expect("submit");
+    let counted = common::eventually(10, || {
+        (a.ctl_json(&["stats"])["conns"][0]["calls-out"] == 4).then_some(())
+    });
+    assert!(counted.is_some());
+    let b_id = b.ctl_json(&["conns"])[0]["id"].to_string();
+    let o = b.ctl_json(&["xchar", "request", &b_id, "reqreminv=true"]);
+    assert_eq!(o["pending"], serde_json::json!(["reqreminv=true"]), "{o}");
+    assert_eq!(
+        xchar_of(&b)["pending-peer"],
+        serde_json::json!(["reqreminv=true"])
+    );
+    c.wait(slow, T).expect("SLEEP");
+    let cleared = common::eventually(10, || {
+        let x = xchar_of(&b);
+        (x["pending-peer"].as_array()?.is_empty() && x["peer"]["reqreminv"] == true).then_some(())
+    });
+    assert!(cleared.is_some(), "{}", xchar_of(&b));
+    assert_eq!(xchar_of(&a)["local"]["reqreminv"], true);
+
+    // Unknown characteristic in an unsolicited UPDXCH: ignored, the connection carries on.
+    a.ctl_json(&["xchar", "set", &a_id, "id:4294967056=00000001"]);
+    let ignored = common::eventually(10, || (xchar_of(&b)["unknown-ignored"] == 1).then_some(()));
+    assert!(ignored.is_some());
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL after the unknown characteristic");
+}
+
+#[test]
+fn many_calls_in_flight_beyond_the_credits_all_complete() {
+    let b = Daemon::start("many-b", None);
+    let a = Daemon::start("many-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    // The test config grants 64 credits per connection; 200 calls queue in the engine.
+    let mut tickets = Vec::new();
+    for i in 0..200u32 {
+        let data = pattern(i, 64 + (i as usize % 7) * 300);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        tickets.push((call.submit().expect("submit"), data));
+    }
+    for (i, (t, data)) in tickets.into_iter().enumerate() {
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert_eq!(r.accept_stat, 0, "call {i}");
+        assert_eq!(r.body, xdr_opaque(&data), "call {i}");
+    }
+    let s = a.ctl_json(&["stats"]);
+    assert_eq!(s["conns"][0]["replies-in"], 200);
+    assert_eq!(s["conns"][0]["call-errors"], 0);
+}
+
+#[test]
+fn app_killed_with_calls_in_flight_leaves_the_daemon_and_other_apps_working() {
+    let b = Daemon::start("kill-b", None);
+    let a = Daemon::start("kill-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut victim = std::process::Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+        .arg("inflight")
+        .arg(&a.app)
+        .args(["server", "3"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn app");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(victim.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(line.trim(), "submitted");
+    common::signal_pid(victim.id(), "KILL");
+    let _ = victim.wait();
+    let detached = common::eventually(20, || {
+        (a.ctl_json(&["stats"])["threads"][0]["apps-detached"] == 1).then_some(())
+    });
+    assert!(detached.is_some(), "{}", a.log());
+    // Its calls finish at B and their replies are dropped; another app works meanwhile.
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let data = pattern(3, 200);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.body, xdr_opaque(&data));
+    assert!(a.ctl(&["status"]).status.success());
+}
+
+#[test]
+fn serving_app_killed_mid_call_answers_the_caller_with_an_error() {
+    let b = Daemon::start("srvkill-b", None);
+    let a = Daemon::start("srvkill-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+        .arg("serve")
+        .arg(&b.app)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn server app");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert!(line.starts_with("serving"), "{line}");
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::SLEEP);
+    call.args().put_u32(1_000_000);
+    let t = call.submit().expect("submit");
+    let delivered = common::eventually(10, || {
+        (b.ctl_json(&["stats"])["conns"][0]["calls-in"] == 1).then_some(())
+    });
+    assert!(delivered.is_some());
+    common::signal_pid(server.id(), "KILL");
+    let _ = server.wait();
+    let r = c.wait(t, T).expect("a reply, not a hang");
+    assert_eq!(r.accept_stat, 5, "SYSTEM_ERR for a call whose server died");
+}
+
+#[test]
+fn r8166_7_1_a_backward_call_from_the_server_side_reaches_the_clients_callback_app() {
+    let b = Daemon::start("bc-b", None);
+    let a = Daemon::start("bc-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    // The client side serves the callback program for backward-direction calls.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = a.app.clone();
+    std::thread::spawn(move || {
+        let mut s = rpcrdma_shm::Server::connect(&path).expect("attach");
+        s.register(rdmatest::CB_PROG, 1, true)
+            .expect("register callback program");
+        let _ = tx.send(());
+        // PING (1) returns its argument, like RDMATEST ECHO.
+        let _ = s.serve(rdmatest::CB_PROG, 1, rdmatest::handle);
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("callback app ready");
+    // A server-side app calls back on the accepted connection: peer index = configured
+    // peers (none on B) + the connection id.
+    let conn = b.ctl_json(&["conns"])[0]["id"].as_u64().expect("id") as u32;
+    let mut c = Client::connect(&b.app).expect("attach");
+    let data = pattern(9, 300);
+    let mut call = c.call(conn, rdmatest::CB_PROG, 1, 1);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.accept_stat, 0);
+    assert_eq!(r.body, xdr_opaque(&data));
+    let sa = a.ctl_json(&["stats"]);
+    assert_eq!(
+        sa["conns"][0]["calls-in"], 1,
+        "A received the backward call"
+    );
+    let sb = b.ctl_json(&["stats"]);
+    assert_eq!(sb["conns"][0]["calls-out"], 1, "B sent it");
+}

@@ -1,0 +1,346 @@
+//! The pinned poll thread: one provider (its CQs and its connection manager), the apps' rings
+//! and the per-connection engines, driven by one busy-polling loop (SPDK's reactor).
+//!
+//! The control thread talks to it only through two bounded lock-free queues: [`Command`]s in,
+//! [`Event`]s out (followed by a call of the `notify` hook so the control thread's `mio` loop
+//! wakes). Counters and latency histograms live on the poll thread; the control thread reads
+//! them by sending a [`Snapshot`] buffer it allocated, which the poll thread fills and returns
+//! (no lock, no allocation on the poll thread).
+
+mod stats;
+mod thread;
+
+pub use stats::{
+    ConnInfo, ConnState, ConnStats, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS,
+};
+pub use thread::PollThread;
+
+use crossbeam_queue::ArrayQueue;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How an idle poll thread waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleSpec {
+    /// Busy-poll forever.
+    Spin,
+    /// Spin `spin_polls` empty polls, sleep with growing pauses up to `backoff_max`, and park
+    /// (wake on app doorbells and commands) once idle for `park_after`.
+    Backoff {
+        /// Empty polls before the first pause.
+        spin_polls: u32,
+        /// Longest pause.
+        backoff_max: Duration,
+        /// Idle time before parking.
+        park_after: Duration,
+    },
+}
+
+/// Transport settings every connection of the thread starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportSpec {
+    /// Highest RPC-over-RDMA version offered (1 or 2).
+    pub version: u32,
+    /// Largest Send this side transmits (advertised in RFC 8797 private data).
+    pub inline_send: u32,
+    /// Receive buffer size (advertised in RFC 8797 private data).
+    pub inline_recv: u32,
+    /// Forward-direction credits.
+    pub credits: u32,
+    /// Backward-direction credits.
+    pub backchannel_credits: u32,
+    /// DDP-eligible items shorter than this go inline.
+    pub ddp_threshold: u32,
+    /// Whether we accept Send With Invalidate.
+    pub remote_invalidation: bool,
+    /// Bytes per posted receive buffer (at least `inline_recv`; room for a larger RBSIZ).
+    pub recv_buffer_size: u32,
+    /// RDMA Reads this side accepts in flight (IRD).
+    pub ird: u16,
+    /// RDMA Reads this side issues in flight (ORD).
+    pub ord: u16,
+}
+
+/// Everything a poll thread needs to start.
+#[derive(Debug, Clone)]
+pub struct PollSpec {
+    /// Thread index (for names and metrics labels).
+    pub index: usize,
+    /// Core to pin to; `None` runs unpinned.
+    pub core: Option<usize>,
+    /// Idle policy.
+    pub idle: IdleSpec,
+    /// Connection settings.
+    pub transport: TransportSpec,
+    /// Most connections (bounds every table).
+    pub max_conns: u32,
+    /// Most apps attached at once.
+    pub max_apps: u16,
+    /// App attach socket.
+    pub app_socket: PathBuf,
+    /// App region geometry (the peer table is filled from `peers`).
+    pub geometry: rpcrdma_shm::abi::Geometry,
+    /// Names of the configured peers, in the order apps address them.
+    pub peers: Vec<String>,
+    /// Depth of the command and event queues.
+    pub queue_depth: usize,
+}
+
+/// A request from the control thread.
+#[derive(Debug)]
+pub enum Command {
+    /// Listen for RPC-over-RDMA connections on `addr` (port 0 picks one).
+    Listen {
+        /// Address to bind.
+        addr: SocketAddr,
+    },
+    /// Stop listening on every address.
+    CloseListeners,
+    /// Connect configured peer `peer` (its index) to `addr`.
+    Connect {
+        /// Peer index.
+        peer: u32,
+        /// Address of the peer's listener.
+        addr: SocketAddr,
+    },
+    /// Disconnect connection `conn`.
+    Close {
+        /// Connection id.
+        conn: u32,
+    },
+    /// Fill the snapshot and send it back as [`Event::Snapshot`].
+    Snapshot(Box<Snapshot>),
+    /// Change the idle policy.
+    SetIdle(IdleSpec),
+    /// Fail new calls, wait for RPCs in flight until `deadline`, then disconnect everything
+    /// and answer [`Event::Drained`].
+    Drain {
+        /// When to give up waiting.
+        deadline: Instant,
+    },
+    /// Send an RDMA2_OPTIONAL message (xcharext) built by the control plane.
+    SendOptional {
+        /// Connection id.
+        conn: u32,
+        /// `rdma_xid`.
+        xid: u32,
+        /// `rdma_opttype`.
+        opttype: u32,
+        /// Bytes of `body` used.
+        len: u16,
+        /// `rdma_optinfo`.
+        body: Box<[u8; MAX_OPTINFO]>,
+    },
+    /// Answer an RDMA2_OPTIONAL message with RDMA2_ERR_INVAL_OPTION.
+    RejectOptional {
+        /// Connection id.
+        conn: u32,
+        /// Its `rdma_xid`.
+        xid: u32,
+    },
+    /// Apply characteristics the peer announced.
+    ApplyPeer {
+        /// Connection id.
+        conn: u32,
+        /// The peer's receive buffer size (our inline threshold follows).
+        rbsiz: Option<u32>,
+        /// Whether the peer takes Send With Invalidate on our replies.
+        reqreminv: Option<bool>,
+    },
+    /// Send [`Event::Idle`] once no call of `conn` is in flight.
+    NotifyIdle {
+        /// Connection id.
+        conn: u32,
+    },
+    /// Exit the loop (after [`Command::Drain`], or at once).
+    Stop,
+}
+
+/// Largest `rdma_optinfo` carried between the threads.
+pub const MAX_OPTINFO: usize = crate::conn::MAX_OPTINFO;
+
+/// Why a connection attempt or a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// The peer rejected the connection.
+    Rejected,
+    /// Unreachable, refused, or set-up failed.
+    ConnectError,
+    /// The connection ended (either side, or transport loss).
+    Disconnected,
+    /// The engine terminated it (protocol error); the text says why.
+    Protocol(&'static str),
+    /// A local resource could not be created; the text says which.
+    Local(String),
+}
+
+/// Something the control thread should know.
+#[derive(Debug)]
+pub enum Event {
+    /// The poll thread is running (its provider and attach socket are open).
+    Started,
+    /// A listener is bound (`Ok(actual address)`) or failed.
+    Listening {
+        /// Requested address.
+        addr: SocketAddr,
+        /// Bound address, or why not.
+        result: Result<SocketAddr, String>,
+    },
+    /// A connection is established.
+    Up {
+        /// Connection id.
+        conn: u32,
+        /// Peer index for outgoing connections, `None` for accepted ones.
+        peer: Option<u32>,
+        /// Remote address, where known.
+        remote: Option<SocketAddr>,
+    },
+    /// An outgoing connection attempt failed.
+    ConnectFailed {
+        /// Peer index.
+        peer: u32,
+        /// Why.
+        reason: Reason,
+    },
+    /// A connection ended.
+    Down {
+        /// Connection id.
+        conn: u32,
+        /// Peer index for outgoing connections.
+        peer: Option<u32>,
+        /// Why.
+        reason: Reason,
+    },
+    /// An app attached.
+    AppAttached {
+        /// Its pid, when known.
+        pid: Option<i32>,
+    },
+    /// An app went away.
+    AppDetached {
+        /// Its pid, when known.
+        pid: Option<i32>,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A filled snapshot.
+    Snapshot(Box<Snapshot>),
+    /// Version two is confirmed on `conn` (a version-two reply arrived for one of our calls).
+    V2Confirmed {
+        /// Connection id.
+        conn: u32,
+    },
+    /// An RDMA2_OPTIONAL message arrived.
+    Optional {
+        /// Connection id.
+        conn: u32,
+        /// `rdma_xid`.
+        xid: u32,
+        /// `rdma_opttype`.
+        opttype: u32,
+        /// Bytes of `body` used.
+        len: u16,
+        /// `rdma_optinfo` (truncated to [`MAX_OPTINFO`]; boxed: a rare control-plane message).
+        body: Box<[u8; MAX_OPTINFO]>,
+        /// Calls of this connection were in flight.
+        busy: bool,
+    },
+    /// No call of `conn` is in flight (after [`Command::NotifyIdle`]).
+    Idle {
+        /// Connection id.
+        conn: u32,
+    },
+    /// Draining finished (`in_flight` RPCs were still open at the deadline).
+    Drained {
+        /// RPCs abandoned at the deadline.
+        in_flight: usize,
+    },
+    /// The thread failed to start or stopped on an error.
+    Failed(String),
+}
+
+/// The control thread's end of one poll thread.
+#[derive(Debug)]
+pub struct PollHandle {
+    commands: Arc<ArrayQueue<Command>>,
+    events: Arc<ArrayQueue<Event>>,
+    doorbell: UnixStream,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PollHandle {
+    /// Queues `cmd` and rings the thread's doorbell; gives the command back if the queue is full.
+    pub fn send(&self, cmd: Command) -> Result<(), Command> {
+        self.commands.push(cmd)?;
+        use std::io::Write;
+        let _ = (&self.doorbell).write(&[1]);
+        Ok(())
+    }
+
+    /// The next event, if any.
+    pub fn recv(&self) -> Option<Event> {
+        self.events.pop()
+    }
+
+    /// Whether the thread has exited.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits for the thread to exit.
+    pub fn join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts a poll thread with the soft (TCP) provider; `notify` is called after events are queued.
+pub fn spawn_soft(
+    spec: PollSpec,
+    soft: rpcrdma_verbs::soft::SoftConfig,
+    notify: Box<dyn Fn() + Send>,
+) -> std::io::Result<PollHandle> {
+    let commands = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
+    let events = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
+    let (doorbell, bell_rx) = UnixStream::pair()?;
+    doorbell.set_nonblocking(true)?;
+    bell_rx.set_nonblocking(true)?;
+    let (c, e) = (commands.clone(), events.clone());
+    let name = format!("rpcrdma-poll{}", spec.index);
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        if let Some(core) = spec.core {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                let _ = e.push(Event::Failed(format!(
+                    "cannot pin the poll thread to core {core}"
+                )));
+                notify();
+                return;
+            }
+        }
+        let provider = match rpcrdma_verbs::soft::SoftTcp::tcp(soft) {
+            Ok(p) => p,
+            Err(err) => {
+                let _ = e.push(Event::Failed(format!("soft provider: {err}")));
+                notify();
+                return;
+            }
+        };
+        match PollThread::new(spec, provider, c, e.clone(), bell_rx, notify) {
+            Ok(mut t) => t.run(),
+            Err((err, notify)) => {
+                let _ = e.push(Event::Failed(err));
+                notify();
+            }
+        }
+    })?;
+    Ok(PollHandle {
+        commands,
+        events,
+        doorbell,
+        thread: Some(thread),
+    })
+}
