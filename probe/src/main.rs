@@ -1,0 +1,229 @@
+//! `nfs-probe`: runs the NFSv3 probe steps through rpcrdmad; see README.md for the flags.
+#![forbid(unsafe_code)]
+
+use rpcrdma_nfsprobe::nfs::{pattern_at, Nfs};
+use rpcrdma_nfsprobe::probe::{self, Expect};
+use rpcrdma_nfsprobe::tcprpc;
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage:
+  nfs-probe run --socket PATH --peer NAME (--mount-server HOST[:PORT] --export PATH | --root-fh HEX)
+                [--mount-port N] [--read-file NAME] [--read-size N] [--read-seed N] [--write-file NAME]
+                [--dir NAME] [--dir-entries N] [--random-seed N] [--random-rounds N] [--long-size N]
+                [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--json]
+  nfs-probe gen --seed N --size N        (writes the pattern file content to stdout)";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("run") => match run(&args[1..]) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("nfs-probe: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Some("gen") => match gen(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nfs-probe: {e}\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Parsed `--flag value` pairs and bare `--flag`s.
+struct Flags(Vec<(String, Option<String>)>);
+
+impl Flags {
+    fn parse(a: &[String], bare: &[&str]) -> Result<Flags, String> {
+        let mut v = Vec::new();
+        let mut it = a.iter();
+        while let Some(k) = it.next() {
+            let name = k
+                .strip_prefix("--")
+                .ok_or_else(|| format!("unexpected argument {k:?}\n{USAGE}"))?;
+            if bare.contains(&name) {
+                v.push((name.to_string(), None));
+            } else {
+                let val = it.next().ok_or_else(|| format!("--{name} needs a value"))?;
+                v.push((name.to_string(), Some(val.clone())));
+            }
+        }
+        Ok(Flags(v))
+    }
+
+    fn str(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    fn has(&self, k: &str) -> bool {
+        self.0.iter().any(|(n, _)| n == k)
+    }
+
+    fn num<T: std::str::FromStr>(&self, k: &str, d: T) -> Result<T, String> {
+        match self.str(k) {
+            None => Ok(d),
+            Some(s) => s.parse().map_err(|_| format!("--{k}: bad number {s:?}")),
+        }
+    }
+
+    fn need(&self, k: &str) -> Result<&str, String> {
+        self.str(k)
+            .ok_or_else(|| format!("--{k} is required\n{USAGE}"))
+    }
+}
+
+fn gen(a: &[String]) -> Result<(), String> {
+    let f = Flags::parse(a, &[])?;
+    let seed: u32 = f.num("seed", 7)?;
+    let size: u64 = f.num("size", 2 << 20)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut off = 0u64;
+    while off < size {
+        let n = (size - off).min(1 << 20);
+        out.write_all(&pattern_at(seed, off, n as usize))
+            .map_err(|e| e.to_string())?;
+        off += n;
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
+fn hex(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 || s.len() > 128 {
+        return Err("--root-fh: even number of hex digits, at most 64 bytes".into());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+                .ok_or_else(|| "--root-fh: not hex".to_string())
+        })
+        .collect()
+}
+
+fn resolve(host: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let with_port = if host.parse::<SocketAddr>().is_ok()
+        || host
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.contains(':') && p.parse::<u16>().is_ok())
+    {
+        host.to_string()
+    } else {
+        format!("{host}:{default_port}")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host}: no address"))
+}
+
+fn root_handle(f: &Flags, timeout: Duration) -> Result<(Vec<u8>, String), String> {
+    if let Some(h) = f.str("root-fh") {
+        return Ok((hex(h)?, "root handle from --root-fh".into()));
+    }
+    let server = f.need("mount-server")?;
+    let export = f.need("export")?;
+    let mut addr = resolve(server, 111)?;
+    if let Some(p) = f.str("mount-port") {
+        addr.set_port(p.parse().map_err(|_| "--mount-port: bad port")?);
+    } else {
+        let port = tcprpc::getport(addr, tcprpc::MOUNT_PROG, tcprpc::MOUNT_VERS, timeout)
+            .map_err(|e| format!("portmapper at {addr}: {e}"))?;
+        if port == 0 {
+            return Err(format!(
+                "MOUNT v3/TCP not registered with the portmapper at {addr}"
+            ));
+        }
+        addr.set_port(port);
+    }
+    let (fh, flavors) =
+        tcprpc::mount(addr, export, timeout).map_err(|e| format!("MNT {export} at {addr}: {e}"))?;
+    Ok((
+        fh,
+        format!("MNT {export} at {addr}: auth flavors {flavors:?}"),
+    ))
+}
+
+fn run(a: &[String]) -> Result<bool, String> {
+    let f = Flags::parse(a, &["json"])?;
+    let timeout = Duration::from_millis(f.num("timeout-ms", 30_000)?);
+    let ex = Expect {
+        read_file: f.str("read-file").unwrap_or("read.bin").into(),
+        read_size: f.num("read-size", 2 << 20)?,
+        read_seed: f.num("read-seed", 7)?,
+        write_file: f.str("write-file").unwrap_or("write.bin").into(),
+        dir: f.str("dir").unwrap_or("dir").into(),
+        dir_entries: f.num("dir-entries", 2000)?,
+        random_seed: f.num("random-seed", 1)?,
+        random_rounds: f.num("random-rounds", 100)?,
+        long_size: f.num("long-size", 64 << 10)?,
+        inflight: f.num("inflight", 64)?,
+        rdp_maxcount: f.num("rdp-maxcount", 256 << 10)?,
+    };
+    if ex.read_size < 1 << 20 {
+        return Err("--read-size must be at least 1 MiB".into());
+    }
+    let json = f.has("json");
+    let t0 = Instant::now();
+    let mount = root_handle(&f, timeout);
+    let mount_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut steps = vec![probe::StepResult {
+        name: "mount",
+        pass: mount.is_ok(),
+        ms: mount_ms,
+        detail: match &mount {
+            Ok((_, d)) => d.clone(),
+            Err(e) => e.clone(),
+        },
+    }];
+    if let Ok((root, _)) = &mount {
+        match Nfs::connect(f.need("socket")?, f.need("peer")?, timeout) {
+            Ok(mut nfs) => steps.extend(probe::run(&mut nfs, root, &ex)),
+            Err(e) => steps.push(probe::StepResult {
+                name: "attach",
+                pass: false,
+                ms: 0.0,
+                detail: e,
+            }),
+        }
+    }
+    let failed = steps.iter().filter(|s| !s.pass).count();
+    if json {
+        let v = serde_json::json!({
+            "passed": steps.len() - failed,
+            "failed": failed,
+            "steps": steps.iter().map(|s| serde_json::json!({
+                "name": s.name, "pass": s.pass, "ms": s.ms, "detail": s.detail,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        for s in &steps {
+            println!(
+                "{} {:<24} {:>10.3} ms  {}",
+                if s.pass { "PASS" } else { "FAIL" },
+                s.name,
+                s.ms,
+                s.detail
+            );
+        }
+        println!("{} passed, {failed} failed", steps.len() - failed);
+    }
+    Ok(failed == 0)
+}

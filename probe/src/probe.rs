@@ -1,0 +1,315 @@
+//! The probe's steps (issue 8 item 2): each is timed and reported PASS or FAIL.
+
+use crate::nfs::{pattern_at, Nfs, R};
+use crate::nfs3::{NF3DIR, NF3REG};
+use rpcrdma_shm::client::Ticket;
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::time::Instant;
+
+/// What the probe expects to find in the export.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    /// File made by `nfs-probe gen --seed read_seed --size read_size`.
+    pub read_file: String,
+    /// Its size (at least 1 MiB).
+    pub read_size: u64,
+    /// Its pattern seed.
+    pub read_seed: u32,
+    /// A regular file the probe may overwrite (first 4 MiB + long-call area).
+    pub write_file: String,
+    /// A directory holding exactly `dir_entries` entries besides `.` and `..`.
+    pub dir: String,
+    /// Expected entry count.
+    pub dir_entries: usize,
+    /// Seed of the random sizes.
+    pub random_seed: u64,
+    /// Number of random READ and WRITE rounds.
+    pub random_rounds: u32,
+    /// Size of the inline (DDP disabled) WRITE that forces a Long call.
+    pub long_size: u32,
+    /// Calls kept in flight at once.
+    pub inflight: u32,
+    /// READDIRPLUS maxcount.
+    pub rdp_maxcount: u32,
+}
+
+/// One step's outcome.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    /// Step name.
+    pub name: &'static str,
+    /// Passed?
+    pub pass: bool,
+    /// Wall time in milliseconds.
+    pub ms: f64,
+    /// What was checked, or why it failed.
+    pub detail: String,
+}
+
+const MIB: u32 = 1 << 20;
+
+/// xorshift64*: deterministic, so a failing size sequence reproduces from its seed.
+#[derive(Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeds the generator (0 is replaced by a fixed odd constant).
+    pub fn new(seed: u64) -> Rng {
+        Rng(if seed == 0 {
+            0x9e37_79b9_7f4a_7c15
+        } else {
+            seed
+        })
+    }
+
+    /// Next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..=hi` (hi ≥ lo).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+}
+
+fn first_diff(got: &[u8], want: &[u8]) -> Option<usize> {
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()));
+    }
+    got.iter().zip(want).position(|(a, b)| a != b)
+}
+
+fn check_data(what: &str, got: &[u8], want: &[u8]) -> R<()> {
+    match first_diff(got, want) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what}: {} bytes, expected {}; first difference at byte {i}",
+            got.len(),
+            want.len()
+        )),
+    }
+}
+
+/// The handles the steps work on.
+#[derive(Debug, Default)]
+struct Handles {
+    read: Vec<u8>,
+    write: Vec<u8>,
+    dir: Vec<u8>,
+}
+
+/// Runs every step against the export whose root handle is `root`; results in order.
+pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
+    let mut out = Vec::new();
+    let mut h = Handles::default();
+    let mut step = |name: &'static str, f: &mut dyn FnMut() -> R<String>| {
+        let t = Instant::now();
+        let r = f();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let (pass, detail) = match r {
+            Ok(d) => (true, d),
+            Err(e) => (false, e),
+        };
+        out.push(StepResult {
+            name,
+            pass,
+            ms,
+            detail,
+        });
+    };
+    step("null", &mut || nfs.null().map(|_| "void reply".into()));
+    step("getattr", &mut || {
+        let a = nfs.getattr(root)?;
+        if a.ftype != NF3DIR {
+            return Err(format!("root is ftype {}, not a directory", a.ftype));
+        }
+        Ok(format!("root dir fileid {} mode {:o}", a.fileid, a.mode))
+    });
+    step("lookup", &mut || {
+        let r = nfs.lookup(root, &ex.read_file)?;
+        let a = r.obj.ok_or("LOOKUP returned no attributes")?;
+        if a.ftype != NF3REG || a.size != ex.read_size {
+            return Err(format!(
+                "{}: ftype {} size {}, expected a regular file of {}",
+                ex.read_file, a.ftype, a.size, ex.read_size
+            ));
+        }
+        h.read = r.fh;
+        h.write = nfs.lookup(root, &ex.write_file)?.fh;
+        h.dir = nfs.lookup(root, &ex.dir)?.fh;
+        Ok(format!(
+            "{} ({} B, fh {} B), {}, {}",
+            ex.read_file,
+            a.size,
+            h.read.len(),
+            ex.write_file,
+            ex.dir
+        ))
+    });
+    step("read_1mib_write_chunk", &mut || {
+        let (r, ddp) = nfs.read(&h.read, 0, MIB)?;
+        check_data("READ", &r.data, &pattern_at(ex.read_seed, 0, MIB as usize))?;
+        if ddp != MIB {
+            return Err(format!(
+                "data correct but {ddp} of {MIB} bytes came by DDP (no Write chunk used?)"
+            ));
+        }
+        Ok(format!("{MIB} B checked, {ddp} B by DDP"))
+    });
+    step("write_1mib_read_chunk", &mut || {
+        let data = pattern_at(ex.read_seed ^ 0x55, 0, MIB as usize);
+        let w = nfs.write(&h.write, 0, &data, true)?;
+        let (r, _) = nfs.read(&h.write, 0, MIB)?;
+        check_data("read back", &r.data, &data)?;
+        Ok(format!(
+            "{MIB} B written (committed {}), read back equal",
+            w.committed
+        ))
+    });
+    step("random_sizes", &mut || random(nfs, &h, ex));
+    step("readdirplus_reply_chunk", &mut || {
+        readdirplus(nfs, &h.dir, ex)
+    });
+    step("long_call_inline_write", &mut || {
+        let off = u64::from(4 * MIB);
+        let data = pattern_at(ex.read_seed ^ 0xaa, off, ex.long_size as usize);
+        nfs.write(&h.write, off, &data, false)?;
+        let (r, _) = nfs.read(&h.write, off, ex.long_size)?;
+        check_data("read back", &r.data, &data)?;
+        Ok(format!("{} B inline WRITE, read back equal", ex.long_size))
+    });
+    step("inflight", &mut || inflight(nfs, &h.read, ex));
+    out
+}
+
+fn random(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
+    let mut rng = Rng::new(ex.random_seed);
+    let max = 256u64 << 10;
+    let mut bytes = 0u64;
+    for i in 0..ex.random_rounds {
+        let len = rng.range(1, max.min(ex.read_size));
+        let off = rng.range(0, ex.read_size - len);
+        let (r, _) = nfs
+            .read(&h.read, off, len as u32)
+            .map_err(|e| format!("round {i}: READ {len} B at {off}: {e}"))?;
+        check_data(
+            &format!("round {i}: READ {len} B at {off}"),
+            &r.data,
+            &pattern_at(ex.read_seed, off, len as usize),
+        )?;
+        let woff = rng.range(0, u64::from(4 * MIB) - len);
+        let data = pattern_at(ex.read_seed.wrapping_add(i), woff, len as usize);
+        nfs.write(&h.write, woff, &data, true)
+            .map_err(|e| format!("round {i}: WRITE {len} B at {woff}: {e}"))?;
+        let (r, _) = nfs
+            .read(&h.write, woff, len as u32)
+            .map_err(|e| format!("round {i}: read back {len} B at {woff}: {e}"))?;
+        check_data(
+            &format!("round {i}: read back {len} B at {woff}"),
+            &r.data,
+            &data,
+        )?;
+        bytes += 3 * len;
+    }
+    Ok(format!(
+        "{} rounds of READ + WRITE + read back, {bytes} B, seed {}",
+        ex.random_rounds, ex.random_seed
+    ))
+}
+
+fn readdirplus(nfs: &mut Nfs, dir: &[u8], ex: &Expect) -> R<String> {
+    let mut names = HashSet::new();
+    let (mut cookie, mut verf, mut calls) = (0u64, [0u8; 8], 0u32);
+    loop {
+        let r = nfs.readdirplus(dir, cookie, verf, ex.rdp_maxcount)?;
+        calls += 1;
+        for e in &r.entries {
+            if e.name != b"." && e.name != b".." && !names.insert(e.name.clone()) {
+                return Err(format!(
+                    "entry {:?} listed twice",
+                    String::from_utf8_lossy(&e.name)
+                ));
+            }
+        }
+        if r.eof {
+            break;
+        }
+        let last = r.entries.last().ok_or("no entries and not eof")?;
+        cookie = last.cookie;
+        verf = r.verf;
+        if calls > 10_000 {
+            return Err("more than 10000 READDIRPLUS calls without eof".into());
+        }
+    }
+    if names.len() != ex.dir_entries {
+        return Err(format!(
+            "{} entries, expected {}",
+            names.len(),
+            ex.dir_entries
+        ));
+    }
+    Ok(format!(
+        "{} entries in {calls} calls (maxcount {})",
+        names.len(),
+        ex.rdp_maxcount
+    ))
+}
+
+fn inflight(nfs: &mut Nfs, fh: &[u8], ex: &Expect) -> R<String> {
+    let len = 16u32 << 10;
+    let slots = (ex.read_size / u64::from(len)).max(1);
+    let mut pending: HashMap<Ticket, u64> = HashMap::new();
+    for i in 0..u64::from(ex.inflight) {
+        let off = (i % slots) * u64::from(len);
+        let n = u64::from(len).min(ex.read_size - off) as u32;
+        let t = nfs.submit_read(fh, off, n)?;
+        pending.insert(t, off);
+    }
+    let most = nfs.client.in_flight();
+    while !pending.is_empty() {
+        let (t, r) = nfs
+            .client
+            .wait_any(Some(nfs.timeout))
+            .map_err(|e| format!("{} calls unanswered: {e}", pending.len()))?;
+        let off = pending.remove(&t).ok_or("completion for a call not made")?;
+        let r = crate::nfs::check_accept(r.map_err(|e| format!("READ at {off}: {e}"))?)?;
+        let n = u64::from(len).min(ex.read_size - off) as u32;
+        let (ok, _) = Nfs::read_reply(&r, n)?;
+        check_data(
+            &format!("READ at {off}"),
+            &ok.data,
+            &pattern_at(ex.read_seed, off, n as usize),
+        )?;
+    }
+    Ok(format!(
+        "{} READs of {len} B submitted before waiting ({most} in flight), all checked",
+        ex.inflight
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rng_is_deterministic_and_in_range() {
+        let (mut a, mut b) = (Rng::new(5), Rng::new(5));
+        for _ in 0..1000 {
+            let x = a.range(1, 256 << 10);
+            assert_eq!(x, b.range(1, 256 << 10));
+            assert!((1..=256 << 10).contains(&x));
+        }
+    }
+
+    #[test]
+    fn first_diff_finds_the_first_mismatch_and_length_changes() {
+        assert_eq!(first_diff(b"abc", b"abc"), None);
+        assert_eq!(first_diff(b"abd", b"abc"), Some(2));
+        assert_eq!(first_diff(b"ab", b"abc"), Some(2));
+    }
+}
