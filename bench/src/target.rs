@@ -144,7 +144,10 @@ fn wait_until_answering(socket: &Path, peer: &str) -> anyhow::Result<()> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("no NULL call through {} reached peer {name} within 15 s", socket.display());
+            bail!(
+                "no NULL call through {} reached peer {name} within 15 s",
+                socket.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
