@@ -126,6 +126,33 @@ fn wait_for_socket(path: &Path, child: &mut Child, what: &str) -> anyhow::Result
     }
 }
 
+/// Waits until a NULL call through the daemon at `socket` to `peer` succeeds, so calls made
+/// while the daemons still connect to each other are not counted as errors.
+fn wait_until_answering(socket: &Path, peer: &str) -> anyhow::Result<()> {
+    use rpcrdma_shm::rdmatest;
+    let (mut c, idx, name) = crate::attach(socket, peer, Duration::ZERO)?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let t = c
+            .call(idx, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
+            .submit();
+        let ok = t
+            .ok()
+            .and_then(|t| c.wait(t, Some(Duration::from_secs(2))).ok())
+            .is_some_and(|r| r.accept_stat == 0);
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no NULL call through {} reached peer {name} within 15 s",
+                socket.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Receive buffers (count, bytes each) for a server app whose arena is `arena` bytes: eight of
 /// 4 MiB + 4 KiB when they fit in half the arena, else two power-of-two blocks of a quarter of it each (the
 /// arena allocator rounds every buffer up to a power of two); the other half holds replies.
@@ -271,6 +298,7 @@ impl Target {
                     Path::new(&server.daemon.app_socket),
                     spin,
                 )?);
+                wait_until_answering(&s.socket, &s.info.peer)?;
                 Ok(s)
             }
         }

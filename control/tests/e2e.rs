@@ -356,3 +356,53 @@ fn r8166_7_1_a_backward_call_from_the_server_side_reaches_the_clients_callback_a
     let sb = b.ctl_json(&["stats"]);
     assert_eq!(sb["conns"][0]["calls-out"], 1, "B sent it");
 }
+
+/// Starts an RDMATEST server app on `app_socket` with two receive buffers of 4 MiB + 4 KiB.
+fn rdmatest_server_large(app_socket: &std::path::Path) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = app_socket.to_path_buf();
+    std::thread::spawn(move || {
+        let mut s = rpcrdma_shm::Server::connect(&p).expect("server attach");
+        s.receive_buffers(2, (4 << 20) + 4096);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("server app registered");
+}
+
+#[test]
+fn write_of_1_and_4_mib_through_a_read_chunk_between_two_daemons() {
+    // Arenas of 32 MiB: the server app's receive buffers round up to 8 MiB each.
+    let start = |name: &str, peer: Option<(&str, u16)>| {
+        let dir = common::tmpdir(name);
+        let port = common::free_port();
+        let text = common::config(&dir, port, peer, "")
+            .replace("arena-size = 4194304", "arena-size = 33554432");
+        Daemon::start_with(dir, port, &text)
+    };
+    let b = start("bigwrite-b", None);
+    let a = start("bigwrite-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server_large(&b.app);
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c.peer("server").expect("peer");
+
+    // The call's arguments (seed, opaque length, data) exceed the payload: a 1 MiB payload
+    // makes a call just over 1 MiB, which a fixed 1 MiB call limit used to refuse.
+    for len in [1usize << 20, 4 << 20] {
+        let mut data = pattern(7, len);
+        for x in &mut data[len - 5..] {
+            *x = !*x;
+        }
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::WRITE);
+        call.args().put_u32(7).put_ddp_opaque(&data);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("WRITE {len}: {e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert_eq!(r.accept_stat, 0, "WRITE {len}");
+        assert_eq!(r.body, (len as u32 - 5).to_be_bytes(), "WRITE {len}");
+    }
+}

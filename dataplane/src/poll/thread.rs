@@ -189,7 +189,9 @@ impl<P: Provider> PollThread<P> {
             recv_slots: t.credits + t.backchannel_credits,
             ddp_threshold: t.ddp_threshold,
             max_reads: u32::from(t.ord).max(1),
-            max_call_size: 1 << 20,
+            // A call is delivered into one receive buffer of the serving app's arena, so the
+            // arena bounds the largest call (a fixed 1 MiB refused a 1 MiB WRITE's args).
+            max_call_size: spec.geometry.arena_size,
         };
         let Some(block) = tmpl.block_len() else {
             return Err(("connection buffers too large".into(), notify));
@@ -402,7 +404,10 @@ impl<P: Provider> PollThread<P> {
                 });
                 match slot {
                     Some(i) if self.draining.is_none() => self.send_call(i, c, now),
-                    _ => self.fail_call(c.id, status::TRANSPORT, None),
+                    _ => {
+                        tracing::debug!(peer = c.peer, "call failed: no connection up to the peer");
+                        self.fail_call(c.id, status::TRANSPORT, None)
+                    }
                 }
                 let _ = app;
             }
@@ -442,7 +447,8 @@ impl<P: Provider> PollThread<P> {
                     Ok(()) => {
                         self.serving.insert(r.tag, Serving::Replying(r.id));
                     }
-                    Err(_) => {
+                    Err(e) => {
+                        tracing::debug!(error = ?e, "reply refused by the engine");
                         self.table.complete_reply(r.id, status::TRANSPORT);
                     }
                 }
@@ -511,7 +517,11 @@ impl<P: Provider> PollThread<P> {
             Err(crate::SubmitError::Busy) if self.waiting.len() < MAX_WAITING => {
                 self.waiting.push_back((i, c));
             }
-            Err(_) => self.fail_call(c.id, status::TRANSPORT, Some(i)),
+            Err(e) => {
+                // The shm ABI has one code for every transport failure; the reason goes to the log.
+                tracing::debug!(conn = i, error = ?e, len = c.msg.len(), "call refused by the engine");
+                self.fail_call(c.id, status::TRANSPORT, Some(i))
+            }
         }
     }
 
@@ -539,7 +549,10 @@ impl<P: Provider> PollThread<P> {
                     CallStatus::Ok => status::OK,
                     CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
                     CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
-                    _ => status::TRANSPORT,
+                    other => {
+                        tracing::debug!(user = d.user, status = ?other, "call failed");
+                        status::TRANSPORT
+                    }
                 };
                 if let Some(i) = slot.filter(|_| started.is_some()) {
                     let sl = &mut self.slots[i];
