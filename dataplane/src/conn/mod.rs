@@ -1427,3 +1427,32 @@ fn scatter(
 mod sim;
 #[cfg(test)]
 mod tests;
+
+/// Encodes the transport header of a call or reply carrying an RPC message (RDMA_MSG when
+/// `short`, else RDMA_NOMSG) into `hdr`, in version 2 or 1; its length, or `None` if it does not fit.
+fn emit_header(
+    hdr: &mut [u8],
+    v2: bool,
+    short: bool,
+    direction: MsgType,
+    xid: u32,
+    credit: u32,
+    chunks: proto::ChunkLists<'_>,
+) -> Option<u32> {
+    let n = if v2 {
+        let body = if short {
+            v2::Body::Msg { direction, chunks }
+        } else {
+            v2::Body::Nomsg { direction, chunks }
+        };
+        v2::Header { xid, credit, body }.emit(hdr).ok()?
+    } else {
+        let body = if short {
+            v1::Body::Msg(chunks)
+        } else {
+            v1::Body::Nomsg(chunks)
+        };
+        v1::Header { xid, credit, body }.emit(hdr).ok()?
+    };
+    u32::try_from(n).ok()
+}

@@ -11,8 +11,8 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    pad4, round4, tag, CallDone, CallStatus, Connection, Event, Role, SendOwner, SubmitError, Work,
-    K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, tag, CallDone, CallStatus, Connection, Event, Role, SendOwner,
+    SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -444,39 +444,15 @@ impl Connection {
                 .then(|| Chunk::from_segments(c.reply_segs.get(..n_reply).unwrap_or(&[]))),
         };
         let credit = self.cfg.credits;
-        let n = if v2 {
-            let body = if short {
-                v2::Body::Msg {
-                    direction: MsgType::Call,
-                    chunks,
-                }
-            } else {
-                v2::Body::Nomsg {
-                    direction: MsgType::Call,
-                    chunks,
-                }
-            };
-            v2::Header {
-                xid: c.xid,
-                credit,
-                body,
-            }
-            .emit(&mut self.hdr)
-            .ok()?
-        } else {
-            let body = if short {
-                v1::Body::Msg(chunks)
-            } else {
-                v1::Body::Nomsg(chunks)
-            };
-            v1::Header {
-                xid: c.xid,
-                credit,
-                body,
-            }
-            .emit(&mut self.hdr)
-            .ok()?
-        } as u32;
+        let n = emit_header(
+            &mut self.hdr,
+            v2,
+            short,
+            MsgType::Call,
+            c.xid,
+            credit,
+            chunks,
+        )?;
         let total = if short { n.checked_add(inline_len)? } else { n };
         if total > self.threshold() {
             return None;

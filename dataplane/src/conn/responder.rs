@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall, ReplyStatus,
-    SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS,
-    TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall,
+    ReplyStatus, SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS,
+    MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -874,39 +874,15 @@ impl Connection {
             }),
         };
         let credit = self.grant;
-        let n = if v2 {
-            let body = if short {
-                v2::Body::Msg {
-                    direction: MsgType::Reply,
-                    chunks,
-                }
-            } else {
-                v2::Body::Nomsg {
-                    direction: MsgType::Reply,
-                    chunks,
-                }
-            };
-            v2::Header {
-                xid: s.xid,
-                credit,
-                body,
-            }
-            .emit(&mut self.hdr)
-            .ok()?
-        } else {
-            let body = if short {
-                v1::Body::Msg(chunks)
-            } else {
-                v1::Body::Nomsg(chunks)
-            };
-            v1::Header {
-                xid: s.xid,
-                credit,
-                body,
-            }
-            .emit(&mut self.hdr)
-            .ok()?
-        } as u32;
+        let n = emit_header(
+            &mut self.hdr,
+            v2,
+            short,
+            MsgType::Reply,
+            s.xid,
+            credit,
+            chunks,
+        )?;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
         if !env.write(buf, self.hdr.get(..n as usize)?) {
