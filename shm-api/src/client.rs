@@ -392,7 +392,9 @@ impl CallBuilder<'_> {
         self
     }
 
-    /// Sets the maximum size of the (reduced) reply; default 4096.
+    /// Sets the maximum size of the (reduced) reply; default 4096. Size it honestly: a reply
+    /// buffer that may exceed the peer's inline threshold costs a Reply chunk (see ABI.md on
+    /// Linux servers and a Reply chunk next to a Write list).
     pub fn max_reply(&mut self, len: u32) -> &mut Self {
         self.max_reply = len;
         self

@@ -2,21 +2,34 @@
 # appended to the cached image (the kernel unpacks concatenated cpio archives in order).
 
 # Build the verbs test binaries with the ibv provider; cargo's JSON names their paths.
+# Parts (RPCRDMA_VM_PAYLOAD, default ibv,nfs): ibv = the verbs test binaries; nfs = rpcrdmad, nfs-probe.
+has_part() { case ",${PARTS:-ibv,nfs}," in *",$1,"*) return 0 ;; esac; return 1; }
 build_tests() {
   cd "$ROOT"
-  cargo test -p rpcrdma-verbs --features ibv --no-run
-  cargo test -p rpcrdma-verbs --features ibv --no-run --message-format=json > "$OUT/cargo.json"
+  if has_part ibv; then
+    cargo test -p rpcrdma-verbs --features ibv --no-run
+    cargo test -p rpcrdma-verbs --features ibv --no-run --message-format=json > "$OUT/cargo.json"
+  fi
+  has_part nfs || return 0
+  cargo build -p rpcrdma-control -p rpcrdma-nfsprobe --bins
+  cargo build -p rpcrdma-control -p rpcrdma-nfsprobe --bins --message-format=json > "$OUT/cargo-bins.json"
 }
 
 # /payload/bin/<test> (debug info stripped) and /payload/run, appended to the image.
 pack_payload() {
   local p=$OUT/payload t exe
   rm -rf "$p"; mkdir -p "$p/payload/bin"
-  for t in ibv_conformance ibv_open ibv_siw_interop; do
+  has_part ibv && for t in ibv_conformance ibv_open ibv_siw_interop; do
     exe=$(grep -F "\"name\":\"$t\"" "$OUT/cargo.json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no test binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/bin/$t"
   done
+  has_part nfs && mkdir -p "$p/payload/nfs" && for t in rpcrdmad nfs-probe; do
+    exe=$(grep -F "\"name\":\"$t\"" "$OUT/cargo-bins.json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
+    [ -n "$exe" ] && [ -x "$exe" ] || { echo "no binary $t"; return 1; }
+    objcopy --strip-debug "$exe" "$p/payload/nfs/$t"
+  done
+  has_part nfs && install -m644 "$HERE/nfs-soft.toml" "$p/payload/nfs/rpcrdmad.toml"
   install -m755 "$HERE/guest/payload-run" "$p/payload/run"
   ( cd "$p" && find . -print0 | cpio --null -o -H newc --quiet ) > "$OUT/payload.cpio"
   cat "$IMAGE/rootfs.cpio" "$OUT/payload.cpio" > "$OUT/initrd.cpio"
