@@ -181,11 +181,6 @@ impl Daemon {
                 "only one poll thread is implemented; using the first core"
             );
         }
-        if cfg.provider.kind != ProviderKind::Soft {
-            return Err(StartError::NoDevice(
-                "only the soft provider is built".into(),
-            ));
-        }
         let t = &cfg.transport;
         let s = &cfg.provider.soft;
         let max_conns = cfg.pools.connections.max(1);
@@ -217,20 +212,38 @@ impl Daemon {
             peers: cfg.peers.iter().map(|p| p.name.clone()).collect(),
             queue_depth: 256,
         };
-        let soft = rpcrdma_verbs::soft::SoftConfig {
-            crc: s.crc,
-            mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
-            fpdu_size: Some(s.fpdu_size as usize),
-            ..rpcrdma_verbs::soft::SoftConfig::default()
-        };
         let w = waker.clone();
-        let handle = poll::spawn_soft(
-            spec,
-            soft,
-            Box::new(move || {
-                let _ = w.wake();
-            }),
-        )
+        let notify: Box<dyn Fn() + Send> = Box::new(move || {
+            let _ = w.wake();
+        });
+        let handle = match cfg.provider.kind {
+            ProviderKind::Soft => poll::spawn_soft(
+                spec,
+                rpcrdma_verbs::soft::SoftConfig {
+                    crc: s.crc,
+                    mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
+                    fpdu_size: Some(s.fpdu_size as usize),
+                    ..rpcrdma_verbs::soft::SoftConfig::default()
+                },
+                notify,
+            ),
+            #[cfg(feature = "ibv")]
+            ProviderKind::Ibv => {
+                let i = &cfg.provider.ibv;
+                poll::spawn_ibv(
+                    spec,
+                    rpcrdma_verbs::ibv::IbvConfig {
+                        device: i.device.clone(),
+                        port: u8::try_from(i.port).unwrap_or(1),
+                        gid_index: i.gid_index,
+                        ..rpcrdma_verbs::ibv::IbvConfig::default()
+                    },
+                    notify,
+                )
+            }
+            #[cfg(not(feature = "ibv"))]
+            ProviderKind::Ibv => return Err(StartError::NotBuilt(String::new())),
+        }
         .map_err(io_err("spawn poll thread"))?;
         let peers = cfg
             .peers

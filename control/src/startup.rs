@@ -20,6 +20,9 @@ pub enum StartError {
         /// What the configuration needs.
         need: u64,
     },
+    /// The configuration asks for a provider this binary was built without.
+    #[error("provider kind = \"ibv\" needs an rpcrdmad built with the rdma-core provider{0}\n  build it: cargo build -p rpcrdma-control --features ibv (needs libibverbs-dev, librdmacm-dev, cmake, clang, libclang-dev)")]
+    NotBuilt(String),
     /// A socket path is held by a running process.
     #[error("{what} socket {path} is in use by a running process (another rpcrdmad?); stop it or choose another path")]
     SocketInUse {
@@ -76,8 +79,8 @@ pub fn rdma_devices(dir: &Path) -> Result<Vec<String>, String> {
     }
 }
 
-/// Checks the provider: devices present and enough locked memory (the soft provider pins
-/// nothing and needs neither).
+/// Checks the provider: built in, devices present and enough locked memory (the soft provider
+/// pins nothing and needs neither). Root is not held to the limit: CAP_IPC_LOCK exempts it.
 pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
     if cfg.provider.kind != ProviderKind::Ibv {
         return Ok(());
@@ -88,12 +91,23 @@ pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
             "/sys/class/infiniband lists no device".into(),
         ));
     }
-    if let Some(e) = memlock_problem(memlock_limit(), registered_bytes(cfg)) {
-        return Err(e);
+    if !cfg!(feature = "ibv") {
+        return Err(StartError::NotBuilt(format!(" (this host has {devs:?})")));
     }
-    Err(StartError::NoDevice(format!(
-        "devices {devs:?} exist, but this rpcrdmad was built without the ibv provider"
-    )))
+    if let Some(want) = cfg.provider.ibv.device.as_deref() {
+        if !devs.iter().any(|d| d == want) {
+            return Err(StartError::NoDevice(format!(
+                "provider.ibv.device = {want:?} is not among {devs:?}"
+            )));
+        }
+    }
+    if rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    match memlock_problem(memlock_limit(), registered_bytes(cfg)) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Makes `path` free for a new socket: refuses if a process accepts on it, removes a stale

@@ -304,6 +304,42 @@ pub fn spawn_soft(
     soft: rpcrdma_verbs::soft::SoftConfig,
     notify: Box<dyn Fn() + Send>,
 ) -> std::io::Result<PollHandle> {
+    spawn_with(spec, notify, move |_| {
+        rpcrdma_verbs::soft::SoftTcp::tcp(soft).map_err(|e| format!("soft provider: {e}"))
+    })
+}
+
+/// Starts a poll thread with the rdma-core provider (an RDMA NIC, rxe or siw). The device
+/// decides what the configuration only asks for: Send With Invalidate is offered to peers
+/// (RFC 8797) only when the device can honour it on our exposures.
+#[cfg(feature = "ibv")]
+pub fn spawn_ibv(
+    spec: PollSpec,
+    ibv: rpcrdma_verbs::ibv::IbvConfig,
+    notify: Box<dyn Fn() + Send>,
+) -> std::io::Result<PollHandle> {
+    spawn_with(spec, notify, move |spec| {
+        let p =
+            rpcrdma_verbs::ibv::IbvProvider::open(ibv).map_err(|e| format!("ibv provider: {e}"))?;
+        spec.transport.remote_invalidation &= p.remote_invalidation();
+        tracing::info!(
+            device = p.device_name(),
+            iwarp = p.is_iwarp(),
+            memory_windows = p.uses_memory_windows(),
+            remote_invalidation = spec.transport.remote_invalidation,
+            "ibv provider open"
+        );
+        Ok(p)
+    })
+}
+
+/// Starts a poll thread whose provider `open` makes on the thread itself (providers need not
+/// be `Send`); `open` may adjust the spec to what the provider can do.
+fn spawn_with<P: rpcrdma_verbs::Provider + 'static>(
+    mut spec: PollSpec,
+    notify: Box<dyn Fn() + Send>,
+    open: impl FnOnce(&mut PollSpec) -> Result<P, String> + Send + 'static,
+) -> std::io::Result<PollHandle> {
     let commands = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
     let events = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
     let (doorbell, bell_rx) = UnixStream::pair()?;
@@ -312,29 +348,22 @@ pub fn spawn_soft(
     let (c, e) = (commands.clone(), events.clone());
     let name = format!("rpcrdma-poll{}", spec.index);
     let thread = std::thread::Builder::new().name(name).spawn(move || {
+        let fail = |err: String, notify: Box<dyn Fn() + Send>| {
+            let _ = e.push(Event::Failed(err));
+            notify();
+        };
         if let Some(core) = spec.core {
             if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-                let _ = e.push(Event::Failed(format!(
-                    "cannot pin the poll thread to core {core}"
-                )));
-                notify();
-                return;
+                return fail(format!("cannot pin the poll thread to core {core}"), notify);
             }
         }
-        let provider = match rpcrdma_verbs::soft::SoftTcp::tcp(soft) {
+        let provider = match open(&mut spec) {
             Ok(p) => p,
-            Err(err) => {
-                let _ = e.push(Event::Failed(format!("soft provider: {err}")));
-                notify();
-                return;
-            }
+            Err(err) => return fail(err, notify),
         };
         match PollThread::new(spec, provider, c, e.clone(), bell_rx, notify) {
             Ok(mut t) => t.run(),
-            Err((err, notify)) => {
-                let _ = e.push(Event::Failed(err));
-                notify();
-            }
+            Err((err, notify)) => fail(err, notify),
         }
     })?;
     Ok(PollHandle {

@@ -11,8 +11,9 @@ build_tests() {
     cargo test -p rpcrdma-verbs --features ibv --no-run --message-format=json > "$OUT/cargo.json"
   fi
   has_part nfs || return 0
-  cargo build -p rpcrdma-control -p rpcrdma-nfsprobe --bins
-  cargo build -p rpcrdma-control -p rpcrdma-nfsprobe --bins --message-format=json > "$OUT/cargo-bins.json"
+  local b=(-p rpcrdma-control -p rpcrdma-nfsprobe --features rpcrdma-control/ibv --bins)
+  cargo build "${b[@]}"
+  cargo build "${b[@]}" --message-format=json > "$OUT/cargo-bins.json"
 }
 
 # /payload/bin/<test> (debug info stripped) and /payload/run, appended to the image.
@@ -29,7 +30,7 @@ pack_payload() {
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/nfs/$t"
   done
-  has_part nfs && install -m644 "$HERE/nfs-soft.toml" "$p/payload/nfs/rpcrdmad.toml"
+  has_part nfs && install -m644 "$HERE"/nfs-*.toml "$p/payload/nfs/"
   install -m755 "$HERE/guest/payload-run" "$p/payload/run"
   ( cd "$p" && find . -print0 | cpio --null -o -H newc --quiet ) > "$OUT/payload.cpio"
   cat "$IMAGE/rootfs.cpio" "$OUT/payload.cpio" > "$OUT/initrd.cpio"
