@@ -289,6 +289,8 @@ fn provider(s: &mut Sink<'_, '_>, p: &Provider) {
         0,
         255,
     );
+    s.range(p!("provider", "ibv", "ird"), p.ibv.ird.into(), 1, 255);
+    s.range(p!("provider", "ibv", "ord"), p.ibv.ord.into(), 1, 255);
     if let Some(dev) = &p.ibv.device {
         if dev.is_empty() {
             s.error(

@@ -146,6 +146,16 @@ pub enum ProviderKind {
     Ibv,
 }
 
+impl ProviderKind {
+    /// The name used in the configuration file (`provider.kind`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Soft => "soft",
+            ProviderKind::Ibv => "ibv",
+        }
+    }
+}
+
 /// Provider selection and per-provider settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -179,6 +189,10 @@ pub struct Ibv {
     pub port: u32,
     /// Index in the port's GID table (selects RoCE version and IP address).
     pub gid_index: u32,
+    /// Inbound RDMA Read depth offered to the peer (rdma_cm responder resources).
+    pub ird: u32,
+    /// Outbound RDMA Read depth asked of the peer (rdma_cm initiator depth).
+    pub ord: u32,
 }
 
 impl Default for Ibv {
@@ -187,6 +201,8 @@ impl Default for Ibv {
             device: None,
             port: 1,
             gid_index: 0,
+            ird: 16,
+            ord: 16,
         }
     }
 }

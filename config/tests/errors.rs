@@ -40,7 +40,7 @@ fn reported_path(path: &str) -> String {
 #[test]
 fn wrong_type_for_every_key_is_located() {
     let all = leaves(&full_sample());
-    assert_eq!(all.len(), 49, "the sample sets every key of the schema");
+    assert_eq!(all.len(), 51, "the sample sets every key of the schema");
     for (path, good) in all {
         let bad = match good {
             toml::Value::String(_) => "1",
@@ -199,6 +199,20 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         "provider.ibv.gid-index",
         13,
         "0..=255",
+    ),
+    (
+        "[provider.ibv]",
+        "ird = 0",
+        "provider.ibv.ird",
+        7,
+        "1..=255",
+    ),
+    (
+        "[provider.ibv]",
+        "ord = 256",
+        "provider.ibv.ord",
+        7,
+        "1..=255",
     ),
     (
         "[provider.ibv]",

@@ -183,6 +183,10 @@ impl Daemon {
         }
         let t = &cfg.transport;
         let s = &cfg.provider.soft;
+        let (ird, ord) = match cfg.provider.kind {
+            ProviderKind::Soft => (s.ird, s.ord),
+            ProviderKind::Ibv => (cfg.provider.ibv.ird, cfg.provider.ibv.ord),
+        };
         let max_conns = cfg.pools.connections.max(1);
         let spec = PollSpec {
             index: 0,
@@ -197,8 +201,8 @@ impl Daemon {
                 ddp_threshold: t.ddp_threshold,
                 remote_invalidation: t.remote_invalidation,
                 recv_buffer_size: cfg.pools.recv_buffer_size,
-                ird: u16::try_from(s.ird).unwrap_or(u16::MAX),
-                ord: u16::try_from(s.ord).unwrap_or(u16::MAX),
+                ird: u16::try_from(ird).unwrap_or(u16::MAX),
+                ord: u16::try_from(ord).unwrap_or(u16::MAX),
             },
             max_conns,
             max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
@@ -924,7 +928,7 @@ impl Daemon {
                     pid: std::process::id(),
                     uptime_s: self.started.elapsed().as_secs(),
                     config: self.opts.config_path.display().to_string(),
-                    provider: "soft".into(),
+                    provider: self.cfg.provider.kind.name().into(),
                     state: if self.draining.is_some() {
                         "draining"
                     } else {

@@ -80,7 +80,9 @@ pub fn rdma_devices(dir: &Path) -> Result<Vec<String>, String> {
 }
 
 /// Checks the provider: built in, devices present and enough locked memory (the soft provider
-/// pins nothing and needs neither). Root is not held to the limit: CAP_IPC_LOCK exempts it.
+/// pins nothing and needs neither). Root is held to the limit too: rdma-core's umem code lets
+/// CAP_IPC_LOCK pass, but Linux `siw` counts every registration against RLIMIT_MEMLOCK for
+/// everyone, so a daemon that starts must be able to register what it is configured for.
 pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
     if cfg.provider.kind != ProviderKind::Ibv {
         return Ok(());
@@ -100,9 +102,6 @@ pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
                 "provider.ibv.device = {want:?} is not among {devs:?}"
             )));
         }
-    }
-    if rustix::process::geteuid().is_root() {
-        return Ok(());
     }
     match memlock_problem(memlock_limit(), registered_bytes(cfg)) {
         Some(e) => Err(e),

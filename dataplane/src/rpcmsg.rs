@@ -18,6 +18,21 @@ pub const GARBAGE_ARGS: u32 = 4;
 /// accept_stat SYSTEM_ERR.
 pub const SYSTEM_ERR: u32 = 5;
 
+/// auth_stat AUTH_BADCRED (RFC 5531): what a server answers a credential flavor it lacks.
+pub const AUTH_BADCRED: u32 = 1;
+/// Bytes of a MSG_DENIED / AUTH_ERROR reply.
+pub const DENIED_HEADER_LEN: usize = 20;
+
+/// A rejected RPC reply for `xid`: MSG_DENIED, AUTH_ERROR with `auth_stat`.
+pub fn auth_error_reply(xid: u32, auth_stat: u32) -> [u8; DENIED_HEADER_LEN] {
+    let words = [xid, 1, 1, 1, auth_stat];
+    let mut b = [0u8; DENIED_HEADER_LEN];
+    for (d, w) in b.chunks_exact_mut(4).zip(words) {
+        d.copy_from_slice(&w.to_be_bytes());
+    }
+    b
+}
+
 /// An RPC call header for `xid`, `prog`, `vers`, `proc_` with AUTH_NONE credentials.
 pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEADER_LEN] {
     let words = [xid, 0, 2, prog, vers, proc_, 0, 0, 0, 0];

@@ -535,6 +535,65 @@ pub fn rdma_read<H: Harness>(h: &mut H) {
     assert!(p.b.wcs.is_empty(), "a Read completes nothing at the target");
 }
 
+/// The accepting side writes into and reads from the connecting side's exposures: what an
+/// RPC-over-RDMA server does to its client (Write chunks, Read chunks). A queue pair must allow
+/// remote access whichever side opened the connection.
+pub fn rdma_toward_the_connecting_side<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let qa = p.a.qp();
+    let wkey =
+        p.a.p
+            .expose(qa, p.a.mr.id, 4096, 100_000, Access::REMOTE_WRITE)
+            .expect("expose for write");
+    let data = pattern(5, 100_000);
+    p.b.fill(0, &data);
+    p.a.recv(9, &[p.a.sge(150_000, 64)]);
+    let sg = [p.b.sge(0, 100_000)];
+    p.b.post(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: p.a.mr.addr_at(4096),
+            rkey: wkey,
+        },
+        &sg,
+        true,
+    );
+    // A Write's completion at its sender says nothing of placement (iWARP completes it once
+    // sent); a Send behind it does.
+    let s = [p.b.sge(400_000, 16)];
+    p.b.post(2, SendOp::Send, &s, true);
+    p.wait("write, then send", |p| {
+        p.b.wc(1).is_some() && p.a.wc(9).is_some()
+    });
+    assert_eq!(p.b.wc(1).unwrap().status, WcStatus::Success);
+    assert_eq!(p.a.wc(9).unwrap().status, WcStatus::Success);
+    assert!(p.a.mem(4096, 100_000) == &data[..], "written bytes placed");
+    let back = pattern(6, 60_000);
+    p.a.fill(200_000, &back);
+    let rkey =
+        p.a.p
+            .expose(qa, p.a.mr.id, 200_000, 60_000, Access::REMOTE_READ)
+            .expect("expose for read");
+    let sg = [p.b.sge(300_000, 60_000)];
+    p.b.post(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: p.a.mr.addr_at(200_000),
+            rkey,
+        },
+        &sg,
+        true,
+    );
+    p.wait("read from the connecting side", |p| p.b.wc(3).is_some());
+    let w = p.b.wc(3).unwrap();
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, 60_000));
+    assert!(p.b.mem(300_000, 60_000) == &back[..], "read bytes intact");
+    assert!(
+        p.a.wcs.iter().all(|w| w.wr_id == 9),
+        "RDMA completes nothing at the target"
+    );
+}
+
 /// Send with Invalidate reports the key at the receiver and the key is dead afterwards.
 pub fn send_with_invalidate<H: Harness>(h: &mut H) {
     let mut p = connect(h, false);
@@ -874,6 +933,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@t $harness;
             cm_private_data_and_reject, send_recv_matching_and_ordering,
             send_gather_and_large_message, write_then_send_visibility, rdma_read,
+            rdma_toward_the_connecting_side,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, shared_receive_queue);

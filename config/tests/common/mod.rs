@@ -28,6 +28,8 @@ pub fn full_sample() -> Config {
         device: Some("mlx5_1".into()),
         port: 2,
         gid_index: 3,
+        ird: 12,
+        ord: 6,
     };
     c.provider.soft = Soft {
         fpdu_size: 9000,

@@ -487,6 +487,14 @@ impl Connection {
         let Ok(call) = CallHeader::parse(head) else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
         };
+        let xid_ok = self.serves.get(i as usize).is_some_and(|s| s.xid == call.xid);
+        if call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS && xid_ok {
+            // Apps receive arguments only (ABI v1 carries no credential), so no app could
+            // verify a GSS call: refuse it as a server without GSS does, before anything of it
+            // is pulled or reduced (R8166-8.2.2-a, -8.2.2.3-a).
+            let hdr = rpcmsg::auth_error_reply(call.xid, rpcmsg::AUTH_BADCRED);
+            return self.serve_rpc_reply(i, &hdr, env);
+        }
         // Checked in place: the slot is large, copying it per call costs.
         let verdict = {
             let Some(s) = self.serves.get_mut(i as usize) else {
@@ -954,6 +962,16 @@ impl Connection {
 
     /// Answers the call with an inline RPC reply carrying only `accept_stat`.
     fn serve_status_reply(&mut self, i: u32, accept_stat: u32, env: &mut impl Env) {
+        let Some(s) = self.serves.get(i as usize) else {
+            return;
+        };
+        let hdr = rpcmsg::reply_header(s.xid, accept_stat);
+        self.serve_rpc_reply(i, &hdr, env);
+    }
+
+    /// Answers call `i` with the RPC reply header `rpc` alone (no results), echoing its Write
+    /// chunks as empty.
+    fn serve_rpc_reply(&mut self, i: u32, rpc: &[u8], env: &mut impl Env) {
         let Some(s) = self.serves.get(i as usize).copied() else {
             return;
         };
@@ -993,15 +1011,14 @@ impl Connection {
             .emit(&mut b)
         };
         let Ok(n) = n else { return };
-        let hdr = rpcmsg::reply_header(s.xid, accept_stat);
-        let Some(dst) = b.get_mut(n..n + REPLY_HEADER_LEN) else {
+        let Some(dst) = b.get_mut(n..n + rpc.len()) else {
             return;
         };
-        dst.copy_from_slice(&hdr);
+        dst.copy_from_slice(rpc);
         self.stats.replies_sent += 1;
         self.serve_send(
             i,
-            b.get(..n + REPLY_HEADER_LEN).unwrap_or(&[]),
+            b.get(..n + rpc.len()).unwrap_or(&[]),
             ReplyStatus::Sent,
             true,
             env,

@@ -1997,3 +1997,41 @@ fn v2_4_2_2_a_backward_call_in_version_two() {
         .iter()
         .any(|e| matches!(e, Event::CallDone(d) if d.user == 5 && d.status == CallStatus::Ok)));
 }
+
+/// An RDMA_MSG call for RDMATEST WRITE whose credential is RPCSEC_GSS with `service`
+/// (2 integrity, 3 privacy) and whose data is offered in a Read chunk at position `pos`.
+fn gss_write_call(xid: u32, service: u32, pos: u32) -> Vec<u8> {
+    // Transport header: one read segment (position, handle, length, offset), no Write list,
+    // no Reply chunk.
+    let mut m = be(&[xid, 1, 8, 0, 1, pos, 0x1234, 4096, 0, 0x10000, 0, 0, 0]);
+    // RPC call, rpc_gss_cred_vers_1_t {version 1, RPCSEC_GSS_DATA, seq 1, service, handle<4>},
+    // an 8-byte verifier, then the WRITE arguments' length word.
+    m.extend(be(&[xid, 0, 2, RDMATEST_PROG, 1, rdmatest::WRITE]));
+    m.extend(be(&[proto::rpc::RPCSEC_GSS, 24, 1, 0, 1, service, 4, 0xfeed_f00d]));
+    m.extend(be(&[proto::rpc::RPCSEC_GSS, 8, 0x0102_0304, 0x0506_0708]));
+    m.extend(be(&[4096]));
+    m
+}
+
+#[test]
+fn r8166_8_2_2_a_gss_integrity_and_privacy_calls_are_refused_never_reduced() {
+    for service in [2, 3] {
+        let mut p = Pair::default_pair();
+        p.run();
+        let pos = u32::try_from(gss_write_call(9, service, 0).len()).unwrap() - 52;
+        p.inject(true, &gss_write_call(9, service, pos));
+        // No app sees the call and nothing of it is pulled.
+        assert!(!p
+            .b
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::IncomingCall(_) | Event::ArgsReady { .. })));
+        assert!(!p.b.log.iter().any(|w| matches!(w, Work::Read { .. })));
+        // The answer: RDMA_MSG, empty lists, then MSG_DENIED / AUTH_ERROR / AUTH_BADCRED.
+        let sent = p.b.sent.last().expect("an answer").clone();
+        let mut want = be(&[9, 1, p.b.conn.grant(), 0, 0, 0, 0]);
+        want.extend(rpcmsg::auth_error_reply(9, rpcmsg::AUTH_BADCRED));
+        assert_eq!(sent, want, "service {service}");
+        assert_eq!(p.b.conn.closed(), None, "the connection stays up");
+    }
+}

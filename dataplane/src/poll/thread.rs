@@ -687,6 +687,7 @@ impl<P: Provider> PollThread<P> {
                 None => self.drv.reject_optional(conn, m.xid, &mut self.mem),
             },
             ConnEvent::Closed(reason) => {
+                tracing::debug!(?reason, "connection closed by the engine");
                 if let Some(i) = slot {
                     let s = &mut self.slots[i].stats.info;
                     if matches!(reason, CloseReason::CreditOverrun) {
@@ -993,8 +994,13 @@ impl<P: Provider> PollThread<P> {
                 Registered::new(self.drv.provider_mut(), self.pd, m, rw())
                     .map_err(|e| e.to_string())
             });
-            let Ok(reg) = reg else {
-                continue;
+            let reg = match reg {
+                Ok(reg) => reg,
+                Err(err) => {
+                    // Dropping the attachment closes its socket: the app sees the refusal.
+                    tracing::warn!(?pid, %err, arena_len, "cannot register an app's arena (RLIMIT_MEMLOCK? see `ulimit -l`)");
+                    continue;
+                }
             };
             let mr = reg.mr();
             match self.table.attach(att) {

@@ -691,7 +691,19 @@ impl CmId {
         let mut mask = 0i32;
         // SAFETY: the id is live; `a` and `mask` receive the attributes.
         cm_ret(unsafe { ffi::rdma_init_qp_attr(self.0, &mut a, &mut mask) })?;
-        qp.modify(&mut a, mask as u32)
+        let mut mask = mask as u32;
+        if target == QpTarget::Init {
+            // On the active side the INIT attributes are computed before the CM connection
+            // exists, and rdma_cm then grants no remote access at all (librdmacm repeats INIT
+            // after the reply; we connect with our own queue pair). Peers must reach exposed
+            // memory: rkeys decide the rest. Seen on rxe (responder ERR_UNSUPPORTED_OPCODE on
+            // the NFS server's first RDMA Write) and siw.
+            a.qp_access_flags |= ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+            mask |= ffi::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0;
+        }
+        qp.modify(&mut a, mask)
     }
 
     pub(super) fn connect(&self, p: &ConnParam<'_>) -> io::Result<()> {
