@@ -734,8 +734,258 @@ fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
     r.extend(be(&[4096]));
     p.inject(false, &r);
     assert_eq!(done(&mut p)[0].status, CallStatus::BadReply);
-    // libevpl bug list: a returned length above the chunk is refused too.
     assert_eq!(p.a.env.live_windows(), 0);
+}
+
+/// A READ of 4096 bytes into a Write chunk; returns the segment the client offered.
+fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::Segment) {
+    let msg = p.a.put(&be(&[count, 1]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(p, &spec);
+    let sent = p.a.sent.last().unwrap().clone();
+    let v1::Body::Msg(c) = header(&sent).body else {
+        panic!()
+    };
+    let seg = c.writes.iter().next().unwrap().segments().next().unwrap();
+    (result, seg)
+}
+
+#[test]
+fn r8166_3_4_6_c_returned_write_length_above_the_chunk_is_bad_reply() {
+    // libevpl bug list: "returned Write-chunk lengths ignored". The echo names the right
+    // handle and offset, but claims one byte more than the chunk holds (the inline length
+    // word agrees, so only the chunk check can catch it).
+    let mut p = Pair::default_pair();
+    let (result, seg) = read_with_write_chunk(&mut p, 1, 4096);
+    let mut r = be(&[1, 1, 8, 0, 0, 1, 1, seg.handle, 4097]);
+    r.extend(seg.offset.to_be_bytes());
+    r.extend(be(&[0, 0]));
+    r.extend(rpcmsg::reply_header(1, 0));
+    r.extend(be(&[4097]));
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply));
+    assert!(d[0].results().iter().all(|&(_, used)| used == 0));
+    assert_eq!(
+        p.a.env.live_windows(),
+        0,
+        "the chunk is fenced all the same"
+    );
+    // The same echo with the true length is accepted: the check is on the length alone.
+    let (result2, seg) = read_with_write_chunk(&mut p, 2, 4096);
+    let mut r = be(&[2, 1, 8, 0, 0, 1, 1, seg.handle, 4096]);
+    r.extend(seg.offset.to_be_bytes());
+    r.extend(be(&[0, 0]));
+    r.extend(rpcmsg::reply_header(2, 0));
+    r.extend(be(&[4096]));
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].results()),
+        (CallStatus::Ok, &[(4, 4096)][..])
+    );
+    assert_ne!(result, result2);
+}
+
+#[test]
+fn r8166_4_5_3_b_reply_chunk_too_small_is_err_chunk() {
+    // libevpl bug list: "undersized Reply chunk not answered with ERR_CHUNK". The peer
+    // offers a 100-byte Reply chunk for a READ of 3000 bytes with no Write chunk: the
+    // reply fits neither inline (1024) nor the chunk.
+    let mut p = Pair::default_pair();
+    let land = p.a.alloc(100);
+    let seg =
+        p.a.env
+            .expose(land, rpcrdma_verbs::Access::REMOTE_WRITE)
+            .unwrap();
+    let mut m = be(&[5, 1, 8, 0, 0, 0, 1, 1, seg.handle, 100]);
+    m.extend(seg.offset.to_be_bytes());
+    m.extend(rpcmsg::call_header(5, RDMATEST_PROG, 1, rdmatest::READ));
+    m.extend(be(&[3000, 1]));
+    p.inject(true, &m);
+    serve(&mut p);
+    assert_eq!(p.b.sent.last().unwrap(), &be(&[5, 1, 8, 4, 2]));
+    assert!(
+        !p.b.log.iter().any(|w| matches!(w, Work::Write { .. })),
+        "nothing written into the chunk"
+    );
+    assert_eq!(p.a.get(land), vec![0; 100]);
+    assert!(p.b.events.iter().any(|e| matches!(
+        e,
+        Event::ReplyDone {
+            status: ReplyStatus::ErrChunk,
+            ..
+        }
+    )));
+    assert_eq!(p.b.conn.closed(), None);
+
+    // Through our own requester: a 2000-byte reply buffer makes a Reply chunk of 24 + 2000
+    // bytes; the server's 3000-byte result does not fit it, and the app sees ErrChunk.
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[3000, 1]));
+    let reply = p.a.alloc(2000);
+    let spec = CallSpec {
+        user: 1,
+        xid: 6,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    assert_eq!(
+        c.reply.unwrap().length(),
+        24 + 2000,
+        "a Reply chunk was offered"
+    );
+    serve(&mut p);
+    assert_eq!(p.b.sent.last().unwrap(), &be(&[6, 1, 8, 4, 2]));
+    assert!(!p.b.log.iter().any(|w| matches!(w, Work::Write { .. })));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::ErrChunk));
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn impl_7_2_1_1_a_wrapping_lengths_and_offsets_are_header_errors() {
+    // libevpl bug list: "32-bit overflow in XDR bounds checks". Each header below has a
+    // sum that wraps (32-bit chunk lengths, 64-bit segment ends): each is a header error
+    // answered with ERR_CHUNK before any RDMA operation, and the connection stays.
+    let mut p = Pair::default_pair();
+    let wcall = |xid: u32, n: u32| {
+        let mut c = rpcmsg::call_header(xid, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+        c.extend(be(&[5, n]));
+        c
+    };
+    let seg = |h: u32, len: u32, off: u64| {
+        let mut v = be(&[h, len]);
+        v.extend(off.to_be_bytes());
+        v
+    };
+    let cases: Vec<(u32, Vec<u8>)> = vec![
+        // Two segments of one read chunk whose lengths sum to 2^32 + 4 (wraps to 4).
+        (1, {
+            let mut m = be(&[1, 1, 8, 0, 1, 48]);
+            m.extend(seg(0x77, 0x8000_0000, 0));
+            m.extend(be(&[1, 48]));
+            m.extend(seg(0x77, 0x8000_0004, 0x1000));
+            m.extend(be(&[0, 0, 0]));
+            m.extend(wcall(1, 4));
+            m
+        }),
+        // A PZRC whose two segments wrap the same way (a Long call of "8 bytes").
+        (2, {
+            let mut m = be(&[2, 1, 8, 1, 1, 0]);
+            m.extend(seg(0x77, 0xffff_fffc, 0));
+            m.extend(be(&[1, 0]));
+            m.extend(seg(0x77, 12, 0x1000));
+            m.extend(be(&[0, 0, 0]));
+            m
+        }),
+        // A read segment whose offset + length wraps 64 bits.
+        (3, {
+            let mut m = be(&[3, 1, 8, 0, 1, 48]);
+            m.extend(seg(0x77, 1500, u64::MAX - 100));
+            m.extend(be(&[0, 0, 0]));
+            m.extend(wcall(3, 1500));
+            m
+        }),
+        // A Write chunk whose segment count times 16 wraps 32 bits (0x1000_0001 * 16 = 16).
+        (4, {
+            let mut m = be(&[4, 1, 8, 0, 0, 1, 0x1000_0001]);
+            m.extend(seg(0x77, 4096, 0));
+            m.extend(be(&[0, 0]));
+            m.extend(rpcmsg::call_header(4, RDMATEST_PROG, 1, rdmatest::READ));
+            m.extend(be(&[4096, 1]));
+            m
+        }),
+        // A Reply chunk segment whose offset + length wraps 64 bits.
+        (5, {
+            let mut m = be(&[5, 1, 8, 0, 0, 0, 1, 1]);
+            m.extend(seg(0x77, 8192, u64::MAX - 8000));
+            m.extend(rpcmsg::call_header(5, RDMATEST_PROG, 1, rdmatest::READ));
+            m.extend(be(&[3000, 1]));
+            m
+        }),
+    ];
+    for (xid, m) in &cases {
+        let before = p.b.sent.len();
+        p.inject(true, m);
+        serve(&mut p);
+        assert_eq!(p.b.sent.len(), before + 1, "case {xid}: one answer");
+        assert_eq!(
+            p.b.sent[before],
+            be(&[*xid, 1, 8, 4, 2]),
+            "case {xid}: ERR_CHUNK"
+        );
+    }
+    // A data chunk at position 2^32 - 4, whose end wraps 32 bits: decoded (the decoder
+    // computes ends in 64 bits), then refused by the reassembly plan as lying outside the
+    // call: GARBAGE_ARGS, the call is not executed (AMB-12).
+    let cases: Vec<(u32, Vec<u8>)> = vec![(6, {
+        let mut m = be(&[6, 1, 8, 0, 1, 0xffff_fffc]);
+        m.extend(seg(0x77, 8, 0));
+        m.extend(be(&[1, 48]));
+        m.extend(seg(0x77, 8, 0x100));
+        m.extend(be(&[0, 0, 0]));
+        m.extend(wcall(6, 8));
+        m
+    })];
+    for (xid, m) in &cases {
+        p.inject(true, m);
+        serve(&mut p);
+        assert_eq!(
+            &p.b.sent.last().unwrap()[28..],
+            &rpcmsg::reply_header(*xid, rpcmsg::GARBAGE_ARGS)[..]
+        );
+    }
+    assert!(
+        !p.b.log
+            .iter()
+            .any(|w| matches!(w, Work::Read { .. } | Work::Write { .. })),
+        "no RDMA operation on a wrapped range"
+    );
+    assert!(!p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::IncomingCall(_))));
+    assert_eq!(p.b.conn.closed(), None);
+    // An RPC credential whose length wraps the header offset: not a call, GARBAGE_ARGS.
+    let mut rpc = be(&[7, 0, 2, RDMATEST_PROG, 1, 0, 1, 0xffff_fff8]);
+    rpc.extend(be(&[0, 0, 0, 0]));
+    let mut m = be(&[7, 1, 8, 0, 0, 0, 0]);
+    m.extend(&rpc);
+    p.inject(true, &m);
+    serve(&mut p);
+    assert_eq!(
+        &p.b.sent.last().unwrap()[28..],
+        &rpcmsg::reply_header(7, rpcmsg::GARBAGE_ARGS)[..]
+    );
+    assert_eq!(p.b.conn.closed(), None);
+    // The connection still serves a real call.
+    bulk(&mut p, 8, &[1; 8], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
 }
 
 #[test]
