@@ -380,8 +380,11 @@ fn hstep<P: Provider>(h: &mut Side<P>) {
     h.wcs.extend_from_slice(&w[..n]);
 }
 
+/// A call being served: its connection, id, program, procedure and argument buffer.
+type Pending = (ConnId, rpcrdma_dataplane::ServeId, u32, u32, MemRef);
+
 thread_local! {
-    static PEND: std::cell::RefCell<Vec<(ConnId, rpcrdma_dataplane::ServeId, u32, u32, MemRef)>> =
+    static PEND: std::cell::RefCell<Vec<Pending>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -1408,12 +1411,12 @@ fn e2e_fault_write_into_a_read_only_chunk_is_a_protection_error() {
     after_fault(&mut c, &mut s, &mut h, good, bad, &[1]);
 }
 
+/// A client node, a server node, and two connections between them, each as (client's id,
+/// server's id): the good one and the one that will fail.
+type Rig = (Node<Soft>, Node<Soft>, (ConnId, ConnId), (ConnId, ConnId));
+
 /// Client node `c` with two connections to server node `s`: (good, bad) on each side.
-fn rig_two(
-    f: &MemFabric,
-    shared: bool,
-    port: u16,
-) -> (Node<Soft>, Node<Soft>, (ConnId, ConnId), (ConnId, ConnId)) {
+fn rig_two(f: &MemFabric, shared: bool, port: u16) -> Rig {
     let mut c = node(soft(f), 2);
     let mut s = if shared {
         node_shared(soft(f), 1)
