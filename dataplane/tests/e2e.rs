@@ -1196,6 +1196,9 @@ fn e2e_fault_malformed_header_then_protection_error_ends_only_that_connection() 
         drive(&mut good, &mut s, "send buffers back", |_, s| {
             s.drv.free_send_buffers() == sends
         });
+        if shared {
+            assert_srq_posted(&f, &mut s, addr, 16);
+        }
         echo_works(&mut good, &mut s, gconn, 3, 20_000);
         if !shared {
             assert_eq!(s.drv.connection(gs).unwrap().recv_posted(), 6);
@@ -1444,6 +1447,8 @@ fn rig_two(f: &MemFabric, shared: bool, port: u16) -> Rig {
 /// once, the good call `gxid` succeeded, every pool count is back, and `good` still works.
 #[allow(clippy::too_many_arguments)]
 fn after_disconnect(
+    f: &MemFabric,
+    port: u16,
     c: &mut Node<Soft>,
     s: &mut Node<Soft>,
     good: (ConnId, ConnId),
@@ -1499,6 +1504,9 @@ fn after_disconnect(
     drive(c, s, "shared send buffers back", |_, s| {
         s.drv.free_send_buffers() == sends
     });
+    if sends > 0 {
+        assert_srq_posted(f, s, SocketAddr::from(([10, 0, 3, 1], port)), 16);
+    }
     echo_works(c, s, good.0, 950, 40_000);
     assert_eq!(c.drv.connection(good.0).unwrap().recv_posted(), 6);
     if sends == 0 {
@@ -1589,7 +1597,7 @@ fn e2e_fault_disconnect_during_rdma_read() {
         // The link drops under the client's queue pair.
         let qp = qp_of(&c, bad.0);
         c.drv.provider_mut().disconnect(qp).unwrap();
-        let aborted = after_disconnect(&mut c, &mut s, good, bad, &[10, 11], 12, sends);
+        let aborted = after_disconnect(&f, 20051, &mut c, &mut s, good, bad, &[10, 11], 12, sends);
         // The WRITE was cut off while its arguments were being pulled (the NULL behind it
         // may have been aborted too, or answered).
         assert!((1..=2).contains(&aborted), "shared {shared}");
@@ -1633,8 +1641,75 @@ fn e2e_fault_disconnect_during_rdma_write() {
         }
         let qp = qp_of(&c, bad.0);
         c.drv.provider_mut().disconnect(qp).unwrap();
-        let aborted = after_disconnect(&mut c, &mut s, good, bad, &[20], 21, sends);
+        let aborted = after_disconnect(&f, 20052, &mut c, &mut s, good, bad, &[20], 21, sends);
         // The READ was cut off after its reply was posted: a reply outcome, not an abort.
         assert_eq!(aborted, 0, "shared {shared}");
     }
+}
+
+/// Proves the shared receive queue of server node `s` has exactly `n` buffers posted: raw
+/// clients send `n + 1` calls that are never accepted, so each one that arrives keeps its
+/// buffer; exactly `n` arrive, and the last call finds no buffer (its connection ends). The
+/// raw connections are then closed, which gives the buffers back.
+fn assert_srq_posted(f: &MemFabric, s: &mut Node<Soft>, addr: SocketAddr, n: usize) {
+    let per = template().credits as usize;
+    let mut raws = Vec::new();
+    let mut left = n + 1;
+    let mut xid = 5000u32;
+    while left > 0 {
+        let k = left.min(per);
+        let (mut h, qp, sc) = connect_raw_client(f, s, addr);
+        for i in 0..k {
+            let mut m = be(&[xid, 1, 4, 0, 0, 0, 0]);
+            m.extend(be(&[xid, 0, 2, BULK_PROG, 1, 1, 0, 0, 0, 0]));
+            let off = 100_000 + 4096 * i;
+            h.fill(off, &m);
+            let sge = h.sge(off, m.len());
+            h.p.post_send(
+                qp,
+                &rpcrdma_verbs::SendWr {
+                    wr_id: u64::from(xid),
+                    op: SendOp::Send,
+                    sg: &[sge],
+                    signaled: true,
+                },
+            )
+            .unwrap();
+            xid += 1;
+        }
+        raws.push((h, sc));
+        left -= k;
+    }
+    let ids: Vec<ConnId> = raws.iter().map(|r| r.1).collect();
+    let arrived = |s: &Node<Soft>| {
+        s.events
+            .iter()
+            .filter(|(id, e)| ids.contains(id) && matches!(e, Event::IncomingCall(_)))
+            .count()
+    };
+    let start = Instant::now();
+    while arrived(s) < n {
+        for (h, _) in &mut raws {
+            hstep(h);
+        }
+        s.poll();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {} of {n} calls found a posted receive",
+            arrived(s)
+        );
+    }
+    // Let the last call land if a buffer were there for it (a counted number of rounds).
+    for _ in 0..200 {
+        for (h, _) in &mut raws {
+            hstep(h);
+        }
+        s.poll();
+    }
+    assert_eq!(arrived(s), n, "exactly {n} receives were posted");
+    for &id in &ids {
+        s.drv.close(id, CloseReason::Requested, &mut s.mem);
+        s.drv.remove(id).unwrap();
+    }
+    s.events.retain(|(id, _)| !ids.contains(id));
 }
