@@ -1515,8 +1515,8 @@ mod props {
         }
     }
 
-    /// Runs a mix; returns the most calls seen in flight at once.
-    fn run_mix(m: &Mix) -> u32 {
+    /// Runs a mix; returns the most calls seen in flight at once and both sides' counters.
+    fn run_mix(m: &Mix) -> (u32, Stats, Stats) {
         let [cs, cr, ss, sr] = m.sizes;
         let mut client = sim::config(Role::Client, 8);
         client.credits = m.credits;
@@ -1601,7 +1601,7 @@ mod props {
         } else {
             assert_eq!(p.b.conn.recv_posted(), p.b.conn.config().recv_slots);
         }
-        max_in_flight
+        (max_in_flight, p.a.conn.stats(), p.b.conn.stats())
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1645,9 +1645,20 @@ mod props {
             remote_inv: true,
             ops,
         };
-        assert_eq!(run_mix(&m), 8);
-        let m = Mix { shared: true, ..m };
-        assert_eq!(run_mix(&m), 8);
+        for shared in [false, true] {
+            let (depth, a, b) = run_mix(&Mix {
+                shared,
+                ..m.clone()
+            });
+            assert_eq!(depth, 8, "eight calls in flight at once");
+            // Every transfer mode was used: short, Read chunk, Write chunk, Long call, Long
+            // reply (R8166-3.5).
+            assert!(a.short_sent > 0 && b.short_sent > 0, "{a:?} {b:?}");
+            assert!(a.read_chunks > 0 && b.read_bytes > 0, "{a:?} {b:?}");
+            assert!(a.write_chunks > 0 && b.write_bytes > 0, "{a:?} {b:?}");
+            assert!(a.long_calls > 0 && b.long_replies > 0, "{a:?} {b:?}");
+            assert_eq!((a.calls_sent, b.replies_sent), (21, 21));
+        }
     }
 
     proptest! {
