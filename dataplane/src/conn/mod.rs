@@ -704,7 +704,9 @@ impl Connection {
 
     /// Changes the credits requested (and, on a server, granted) from the next message on
     /// (R8166-3.3.1-f). Every receive buffer stays posted, so a raised grant is always
-    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them.
+    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them. After a lowered
+    /// grant the peer may keep as many calls outstanding as the highest grant it was ever
+    /// sent (it cannot have seen the new one yet); only more than that is an overrun.
     pub fn set_credits(&mut self, credits: u32) {
         self.cfg.credits = credits.clamp(1, self.cfg.recv_slots);
         self.grant = Self::grant_for(&self.cfg);
