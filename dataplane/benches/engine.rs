@@ -1,8 +1,10 @@
 //! Engine figures (plain timing loops, median of 5 runs; not a test), RDMATEST ECHO with a
 //! fixed number of calls in flight, both ends driven by this one thread, pinned to one core
 //! with `core_affinity` (so "per core" means both ends on one core). Each part also prints
-//! the calls actually in flight (requester's count, sampled every loop turn: mean and
-//! minimum once the pipeline is full), so the depth claimed is the depth measured:
+//! the calls actually in flight (the requester's count, sampled at the top of every loop
+//! turn while calls remain to submit: mean, min, max), so the depth claimed is the depth
+//! measured, and the time the thread spent on a CPU (`/proc/thread-self/schedstat`), the
+//! useful cost on a shared machine:
 //! 0. the engine alone: two `Connection`s, a minimal in-process executor moving the Sends
 //!    between plain vectors (no provider), 64 bytes inline, 32 in flight;
 //! 1. two `Driver`s on the soft provider's in-memory fabric, 64 bytes inline, 32 in flight:
