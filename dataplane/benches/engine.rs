@@ -1,6 +1,10 @@
 //! Engine figures (plain timing loops, median of 5 runs; not a test), RDMATEST ECHO with a
-//! fixed number of calls in flight, both ends driven by this one thread (so "per core" means
-//! both ends on one core):
+//! fixed number of calls in flight, both ends driven by this one thread, pinned to one core
+//! with `core_affinity` (so "per core" means both ends on one core). Each part also prints
+//! the calls actually in flight (the requester's count, sampled at the top of every loop
+//! turn while calls remain to submit: mean, min, max), so the depth claimed is the depth
+//! measured, and the time the thread spent on a CPU (`/proc/thread-self/schedstat`), the
+//! useful cost on a shared machine:
 //! 0. the engine alone: two `Connection`s, a minimal in-process executor moving the Sends
 //!    between plain vectors (no provider), 64 bytes inline, 32 in flight;
 //! 1. two `Driver`s on the soft provider's in-memory fabric, 64 bytes inline, 32 in flight:
@@ -9,7 +13,8 @@
 //!
 //! Run: `cargo bench -p rpcrdma-dataplane --bench engine` (release profile; MPA CRC off, as a
 //! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of parts 0 and 1;
-//! `ENGINE_BENCH_PARTS` picks parts (default `012`).
+//! `ENGINE_BENCH_PARTS` picks parts (default `012`); `ENGINE_BENCH_CORE` picks the core to
+//! pin (default: the last one).
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -199,9 +204,56 @@ fn slots(c: &mut Node, s: &mut Node, n: usize, len: u32) -> Slots {
     }
 }
 
+/// Nanoseconds this thread has spent on a CPU (Linux `/proc/thread-self/schedstat`), so
+/// that a run on a shared, loaded machine still tells what one RPC costs in CPU time.
+fn cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Calls in flight at the requester, sampled once per loop turn.
+#[derive(Default, Clone, Copy)]
+struct Depth {
+    /// On-CPU nanoseconds of the run (0 if unknown).
+    cpu: u64,
+    samples: u64,
+    sum: u64,
+    min: u32,
+    max: u32,
+}
+
+impl Depth {
+    fn new() -> Depth {
+        Depth {
+            min: u32::MAX,
+            ..Depth::default()
+        }
+    }
+    fn add(&mut self, n: u32) {
+        self.samples += 1;
+        self.sum += u64::from(n);
+        self.min = self.min.min(n);
+        self.max = self.max.max(n);
+    }
+    fn show(&self) -> String {
+        format!(
+            "in flight per loop turn: mean {:.1}, min {}, max {}",
+            self.sum as f64 / self.samples.max(1) as f64,
+            self.min,
+            self.max
+        )
+    }
+}
+
 /// Runs `calls` ECHO calls of `sl.len` bytes with `sl.client.len()` in flight; returns the
-/// elapsed time.
-fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Duration {
+/// elapsed time and the depth seen while every call was submitted.
+fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Duration, Depth) {
+    let mut depth_seen = Depth::new();
+    let cpu0 = cpu_ns();
     let depth = sl.client.len();
     let mut serving: Vec<(ServeId, ConnId, usize)> = Vec::with_capacity(depth);
     let mut next_slot = 0usize;
@@ -236,6 +288,10 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Dura
     let (mut done, mut sent) = (0u64, depth as u64);
     let now = Instant::now();
     while done < calls {
+        if sent < calls {
+            // Sampled at the top of each turn, while the pipeline is meant to be full.
+            depth_seen.add(c.drv.connection(conn).map_or(0, |k| k.calls_in_flight()));
+        }
         c.drv.poll(now, &mut c.mem);
         s.drv.poll(now, &mut s.mem);
         while let Some((sc, ev)) = s.drv.poll_event() {
@@ -278,7 +334,9 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> Dura
             }
         }
     }
-    start.elapsed()
+    let t = start.elapsed();
+    depth_seen.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
+    (t, depth_seen)
 }
 
 /// One side of the engine-alone loop: a connection, its memory and its posted receives.
@@ -374,7 +432,9 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
     }
 }
 
-fn engine_alone(calls: u64) -> Duration {
+fn engine_alone(calls: u64) -> (Duration, Depth) {
+    let mut depth_seen = Depth::new();
+    let cpu0 = cpu_ns();
     let (mut c, mut s) = (lean(Role::Client), lean(Role::Server));
     // The server's receives are posted before anything is sent.
     exec(&mut s, &mut c);
@@ -414,6 +474,9 @@ fn engine_alone(calls: u64) -> Duration {
     let mut serving: Vec<(ServeId, u64)> = Vec::with_capacity(64);
     let mut next = 0u64;
     while done < calls {
+        if sent < calls {
+            depth_seen.add(c.conn.calls_in_flight());
+        }
         exec(&mut c, &mut s);
         exec(&mut s, &mut c);
         while let Some(wc) = s.cq.pop_front() {
@@ -469,12 +532,37 @@ fn engine_alone(calls: u64) -> Duration {
             }
         }
     }
-    start.elapsed()
+    let t = start.elapsed();
+    depth_seen.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
+    (t, depth_seen)
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
+/// The median run of five (by time), with its depth.
+fn median(mut v: Vec<(Duration, Depth)>) -> (Duration, Depth) {
+    v.sort_by_key(|r| r.0);
     v[v.len() / 2]
+}
+
+/// Pins this thread to one core (`ENGINE_BENCH_CORE`, default the last); says which.
+fn pin() {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let want: Option<usize> = std::env::var("ENGINE_BENCH_CORE")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let core = match want {
+        Some(i) => cores.iter().copied().find(|c| c.id == i),
+        None => cores.last().copied(),
+    };
+    match core {
+        Some(c) if core_affinity::set_for_current(c) => {
+            println!(
+                "pinned to core {} of {} (both ends on this one thread)",
+                c.id,
+                cores.len()
+            )
+        }
+        _ => println!("NOT pinned (core_affinity refused): figures are for a floating thread"),
+    }
 }
 
 fn main() {
@@ -483,6 +571,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
     let parts = std::env::var("ENGINE_BENCH_PARTS").unwrap_or_else(|_| "012".into());
+    pin();
     if parts.contains('0') {
         engine_part(calls);
     }
@@ -494,12 +583,16 @@ fn main() {
 fn engine_part(calls: u64) {
     // 0. The engine alone.
     engine_alone(20_000);
-    let t = median((0..5).map(|_| engine_alone(calls)).collect());
+    let (t, d) = median((0..5).map(|_| engine_alone(calls)).collect());
     let ns = t.as_nanos() as f64 / calls as f64;
+    let cpu = d.cpu as f64 / calls as f64;
     println!(
-        "engine alone (no provider), echo 64 B, 32 in flight, both ends: {:.0} ns/RPC, {:.2} M RPC/s",
+        "engine alone (no provider), echo 64 B, 32 in flight, both ends: {:.0} ns/RPC wall ({:.2} M RPC/s), {:.0} ns/RPC on CPU ({:.2} M RPC/s per core); {}",
         ns,
-        1e3 / ns
+        1e3 / ns,
+        cpu,
+        1e3 / cpu,
+        d.show()
     );
 }
 
@@ -525,16 +618,20 @@ fn provider_small(calls: u64) {
     let conn = connect(&mut c, &mut s);
     let sl = slots(&mut c, &mut s, 32, 64);
     run(&mut c, &mut s, conn, &sl, 20_000);
-    let t = median(
+    let (t, d) = median(
         (0..5)
             .map(|_| run(&mut c, &mut s, conn, &sl, calls))
             .collect(),
     );
     let ns = t.as_nanos() as f64 / calls as f64;
+    let cpu = d.cpu as f64 / calls as f64;
     println!(
-        "echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC, {:.2} M RPC/s ({calls} calls, median of 5)",
+        "soft provider (in-memory fabric), echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC wall ({:.2} M RPC/s), {:.0} ns/RPC on CPU ({:.2} M RPC/s per core) ({calls} calls, median of 5); {}",
         ns,
-        1e3 / ns
+        1e3 / ns,
+        cpu,
+        1e3 / cpu,
+        d.show()
     );
 }
 
@@ -552,11 +649,14 @@ fn provider_large(calls: u64) {
     let sl = slots(&mut c, &mut s, 4, 64 << 10);
     let n = (calls / 50).max(100);
     run(&mut c, &mut s, conn, &sl, n / 10);
-    let t = median((0..5).map(|_| run(&mut c, &mut s, conn, &sl, n)).collect());
+    let (t, d) = median((0..5).map(|_| run(&mut c, &mut s, conn, &sl, n)).collect());
     let bytes = n as f64 * f64::from(64u32 << 10);
+    let cpu_s = d.cpu as f64 / 1e9;
     println!(
-        "echo 64 KiB via read + write chunks, 4 in flight: {:.2} GB/s of echoed data each way, {:.1} us/RPC ({n} calls)",
+        "soft provider (in-memory fabric), echo 64 KiB via read + write chunks, 4 in flight: {:.2} GB/s wall, {:.2} GB/s per core on CPU, of echoed data each way; {:.1} us/RPC wall ({n} calls, median of 5); {}",
         bytes / t.as_secs_f64() / 1e9,
-        t.as_micros() as f64 / n as f64
+        if cpu_s > 0.0 { bytes / cpu_s / 1e9 } else { 0.0 },
+        t.as_micros() as f64 / n as f64,
+        d.show()
     );
 }

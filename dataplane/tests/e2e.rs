@@ -304,17 +304,19 @@ fn serve<P: Provider>(s: &mut Node<P>) {
         match ev {
             Event::IncomingCall(c) => {
                 let buf = s.alloc(c.args_len.max(4));
-                PEND.with(|m| m.borrow_mut().push((c.id, c.prog, c.proc_, buf)));
-                s.drv
-                    .accept_call(conn, c.id, buf, &mut s.mem)
-                    .expect("accept");
+                PEND.with(|m| m.borrow_mut().push((conn, c.id, c.prog, c.proc_, buf)));
+                match s.drv.accept_call(conn, c.id, buf, &mut s.mem) {
+                    // The connection ended meanwhile: its end is reported separately.
+                    Ok(()) | Err(SubmitError::Closed) => {}
+                    Err(e) => panic!("accept: {e:?}"),
+                }
             }
             Event::ArgsReady { id, args_len } => {
                 let (prog, proc_, buf) = PEND.with(|m| {
                     let mut m = m.borrow_mut();
-                    let i = m.iter().position(|e| e.0 == id).unwrap();
+                    let i = m.iter().position(|e| (e.0, e.1) == (conn, id)).unwrap();
                     let e = m.remove(i);
-                    (e.1, e.2, e.3)
+                    (e.2, e.3, e.4)
                 });
                 let args = s.get(buf.prefix(args_len).unwrap());
                 let w = |at: usize| u32::from_be_bytes(args[at..at + 4].try_into().unwrap());
@@ -353,9 +355,15 @@ fn serve<P: Provider>(s: &mut Node<P>) {
                     msg: m,
                     results: &results,
                 };
-                s.drv
-                    .submit_reply(conn, id, &spec, &mut s.mem)
-                    .expect("reply");
+                match s.drv.submit_reply(conn, id, &spec, &mut s.mem) {
+                    Ok(()) | Err(SubmitError::Closed) => {}
+                    Err(e) => panic!("reply: {e:?}"),
+                }
+            }
+            Event::ServeAborted { id } => {
+                // A call of a connection that ended: forget it.
+                PEND.with(|m| m.borrow_mut().retain(|e| (e.0, e.1) != (conn, id)));
+                s.events.push((conn, ev));
             }
             other => s.events.push((conn, other)),
         }
@@ -372,8 +380,11 @@ fn hstep<P: Provider>(h: &mut Side<P>) {
     h.wcs.extend_from_slice(&w[..n]);
 }
 
+/// A call being served: its connection, id, program, procedure and argument buffer.
+type Pending = (ConnId, rpcrdma_dataplane::ServeId, u32, u32, MemRef);
+
 thread_local! {
-    static PEND: std::cell::RefCell<Vec<(rpcrdma_dataplane::ServeId, u32, u32, MemRef)>> =
+    static PEND: std::cell::RefCell<Vec<Pending>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -824,4 +835,881 @@ fn r8166_4_5_4_c_post_failure_closes_the_connection() {
         .any(|(id, e)| *id == conn && *e == Event::Closed(CloseReason::Local("post failed"))));
     let d = take_done(&mut c, 1).expect("the call is reported");
     assert_eq!(d.status, CallStatus::Closed);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fault injection: a faulty connection ends, its outstanding calls complete exactly once
+// with an error, another connection of the same nodes keeps working, and the buffer pools
+// come back to their starting counts.
+
+type Soft = rpcrdma_verbs::soft::SoftMem;
+
+fn soft(f: &MemFabric) -> Soft {
+    SoftProvider::memory(f, SoftConfig::default())
+}
+
+/// A raw queue pair (no engine) with 16 receives of 4096 bytes at `4096 * (k + 1)`.
+fn raw_qp(h: &mut Side<Soft>) -> QpId {
+    let qp =
+        h.p.create_qp(&QpInit {
+            pd: h.pd,
+            send_cq: h.cq,
+            recv_cq: h.cq,
+            srq: None,
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_sge: 1,
+        })
+        .unwrap();
+    for k in 0..16u64 {
+        let sge = h.sge(4096 * (k as usize + 1), 4096);
+        h.p.post_recv(qp, 1000 + k, &[sge]).unwrap();
+    }
+    qp
+}
+
+/// Connects node `c` to a raw verbs server `h` listening on `addr`.
+fn connect_raw_server(c: &mut Node<Soft>, h: &mut Side<Soft>, addr: SocketAddr) -> (ConnId, QpId) {
+    let l = h.p.listen(addr).unwrap();
+    let addr = h.p.listen_addr(l).unwrap();
+    let qa = c.qp();
+    let ca = c
+        .drv
+        .add_connection(qa, Role::Client, None, &mut c.mem)
+        .unwrap();
+    let pd = c.drv.template().private_data().emit();
+    let params = ConnParams {
+        private_data: &pd,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    c.drv.provider_mut().connect(qa, addr, &params).unwrap();
+    let start = Instant::now();
+    let mut hq = None;
+    loop {
+        c.poll();
+        hstep(h);
+        if let Some(pos) = h
+            .events
+            .iter()
+            .position(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+        {
+            let CmEvent::ConnectRequest { req, .. } = h.events.remove(pos) else {
+                unreachable!()
+            };
+            let qp = raw_qp(h);
+            h.p.accept(req, qp, &params).unwrap();
+            hq = Some(qp);
+        }
+        if let Some(pos) =
+            c.cm.iter()
+                .position(|e| matches!(e, CmEvent::Established { .. }))
+        {
+            let CmEvent::Established { private_data, .. } = c.cm.remove(pos) else {
+                unreachable!()
+            };
+            c.drv
+                .set_peer(ca, PrivateData::parse(private_data.as_slice()))
+                .unwrap();
+            return (ca, hq.unwrap());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "raw connect hangs"
+        );
+    }
+}
+
+/// Connects a raw verbs client to server node `s` listening on `addr`; returns the raw side,
+/// its queue pair and the server's connection.
+fn connect_raw_client(
+    f: &MemFabric,
+    s: &mut Node<Soft>,
+    addr: SocketAddr,
+) -> (Side<Soft>, QpId, ConnId) {
+    let mut h = Side::new(soft(f));
+    let qp = raw_qp(&mut h);
+    let pd = template().private_data().emit();
+    let params = ConnParams {
+        private_data: &pd,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    h.p.connect(qp, addr, &params).unwrap();
+    let start = Instant::now();
+    let mut sconn = None;
+    while !h
+        .events
+        .iter()
+        .any(|e| matches!(e, CmEvent::Established { .. }))
+    {
+        hstep(&mut h);
+        s.poll();
+        if let Some(pos) =
+            s.cm.iter()
+                .position(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+        {
+            let CmEvent::ConnectRequest { req, .. } = s.cm.remove(pos) else {
+                unreachable!()
+            };
+            let qb = s.qp();
+            sconn = Some(
+                s.drv
+                    .add_connection(qb, Role::Server, None, &mut s.mem)
+                    .unwrap(),
+            );
+            s.drv.provider_mut().accept(req, qb, &params).unwrap();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "raw connect hangs"
+        );
+    }
+    (h, qp, sconn.unwrap())
+}
+
+/// Sends `bytes` from the raw side's offset 0.
+fn raw_send(h: &mut Side<Soft>, qp: QpId, id: u64, bytes: &[u8]) {
+    h.fill(0, bytes);
+    let sge = h.sge(0, bytes.len());
+    h.p.post_send(
+        qp,
+        &rpcrdma_verbs::SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            sg: &[sge],
+            signaled: true,
+        },
+    )
+    .unwrap();
+}
+
+/// The next message the raw side received (and its receive id), if any.
+fn raw_take_recv(h: &mut Side<Soft>) -> Option<Vec<u8>> {
+    let pos = h
+        .wcs
+        .iter()
+        .position(|w| w.wr_id >= 1000 && w.status == rpcrdma_verbs::WcStatus::Success)?;
+    let w = h.wcs.remove(pos);
+    let off = 4096 * (w.wr_id - 1000 + 1) as usize;
+    Some(h.mem(off, w.byte_len as usize).to_vec())
+}
+
+/// The queue pair of connection `conn` of node `c`.
+fn qp_of<P: Provider>(c: &Node<P>, conn: ConnId) -> QpId {
+    (0..64)
+        .map(QpId)
+        .find(|q| c.drv.by_qp(*q) == Some(conn))
+        .unwrap()
+}
+
+/// The CallDone events of `conn`, taken out of `c`'s events.
+fn take_conn_done<P: Provider>(c: &mut Node<P>, conn: ConnId) -> Vec<CallDone> {
+    let mut out = Vec::new();
+    c.events.retain(|(id, e)| match e {
+        Event::CallDone(d) if *id == conn => {
+            out.push(*d);
+            false
+        }
+        _ => true,
+    });
+    out
+}
+
+fn closed<P: Provider>(n: &Node<P>, conn: ConnId) -> bool {
+    n.events
+        .iter()
+        .any(|(id, e)| *id == conn && matches!(e, Event::Closed(_)))
+}
+
+/// Each of `xids` completed exactly once on `conn`, never successfully.
+fn assert_failed_once<P: Provider>(c: &mut Node<P>, conn: ConnId, xids: &[u32]) {
+    let d = take_conn_done(c, conn);
+    assert_eq!(d.len(), xids.len(), "{d:?}");
+    for x in xids {
+        let mine: Vec<&CallDone> = d.iter().filter(|d| d.xid == *x).collect();
+        assert_eq!(mine.len(), 1, "xid {x}: {d:?}");
+        assert_eq!(mine[0].status, CallStatus::Closed, "xid {x}");
+    }
+}
+
+/// Submits a call of node `c` on `conn`, queued or sent.
+fn submit<P: Provider>(c: &mut Node<P>, conn: ConnId, spec: &CallSpec<'_>) {
+    c.drv.submit_call(conn, spec, &mut c.mem).expect("submit");
+}
+
+/// An ECHO of `n` bytes through a Read chunk and a Write chunk; checks the bytes.
+fn echo_works<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, conn: ConnId, xid: u32, n: u32) {
+    let data = pattern(xid, n as usize);
+    let msg = c.put(&be(&[n]));
+    let piece = c.put(&data);
+    let (result, reply) = (c.alloc(n), c.alloc(n + 8));
+    let d = run_call(
+        c,
+        s,
+        conn,
+        &CallSpec {
+            user: u64::from(xid),
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::ECHO,
+            msg,
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 4,
+            }],
+            results: &[result],
+            reply,
+        },
+    );
+    assert_eq!(d.status, CallStatus::Ok);
+    if n >= 1024 {
+        assert_eq!(d.results(), &[(4, n)][..]);
+        assert!(c.get(result) == data, "echo bytes intact");
+    } else {
+        let r = c.get(reply.prefix(d.reply_len).unwrap());
+        assert!(r[4..4 + n as usize] == data[..], "echo bytes intact");
+    }
+}
+
+/// READ of `count` bytes into a Write chunk.
+fn read_spec<P: Provider>(c: &mut Node<P>, count: u32) -> (MemRef, MemRef, MemRef) {
+    let msg = c.put(&be(&[count, 3]));
+    let result = c.alloc(count);
+    let reply = c.alloc(64);
+    (msg, result, reply)
+}
+
+fn null_spec<P: Provider>(c: &mut Node<P>) -> (MemRef, MemRef) {
+    (c.alloc(0), c.alloc(16))
+}
+
+#[test]
+fn e2e_fault_malformed_header_then_protection_error_ends_only_that_connection() {
+    for shared in [false, true] {
+        let f = MemFabric::new();
+        let mut good = node(soft(&f), 1);
+        let mut s = if shared {
+            node_shared(soft(&f), 1)
+        } else {
+            node(soft(&f), 2)
+        };
+        let addr: SocketAddr = if shared {
+            "10.0.1.2:20049"
+        } else {
+            "10.0.1.1:20049"
+        }
+        .parse()
+        .unwrap();
+        let (gconn, gs) = connect(&mut good, &mut s, addr);
+        echo_works(&mut good, &mut s, gconn, 1, 5000);
+        let blocks = s.drv.free_blocks();
+        let sends = s.drv.free_send_buffers();
+        let (mut h, hq, hs) = connect_raw_client(&f, &mut s, addr);
+
+        // A malformed header is answered with ERR_CHUNK; the connection stays (R8166-4.5.2-a).
+        raw_send(&mut h, hq, 1, &be(&[7, 1, 1, 9, 0, 0, 0, 7, 0]));
+        let start = Instant::now();
+        let answer = loop {
+            hstep(&mut h);
+            s.poll();
+            if let Some(m) = raw_take_recv(&mut h) {
+                break m;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30));
+        };
+        assert_eq!(answer, be(&[7, 1, 4, 4, 2]));
+        assert!(s.drv.connection(hs).unwrap().closed().is_none());
+
+        // A call whose Read chunk names a key the raw client never exposed: the server's
+        // RDMA Read fails at the client's provider, and that connection ends.
+        let mut m = be(&[3, 1, 4, 0, 1, 48, 0xbad0_0001, 1500, 0, 0x1000, 0, 0, 0]);
+        m.extend(be(&[
+            3,
+            0,
+            2,
+            RDMATEST_PROG,
+            1,
+            rdmatest::WRITE,
+            0,
+            0,
+            0,
+            0,
+        ]));
+        m.extend(be(&[5, 1500]));
+        raw_send(&mut h, hq, 2, &m);
+        // Meanwhile the good client has a call in flight.
+        let data = pattern(9, 3000);
+        let gmsg = good.put(&be(&[3000]));
+        let gpiece = good.put(&data);
+        let (gres, grep) = (good.alloc(3000), good.alloc(64));
+        submit(
+            &mut good,
+            gconn,
+            &CallSpec {
+                user: 2,
+                xid: 2,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::ECHO,
+                msg: gmsg,
+                args: &[ArgPiece {
+                    mem: gpiece,
+                    xdr_pos: 4,
+                }],
+                results: &[gres],
+                reply: grep,
+            },
+        );
+        let start = Instant::now();
+        loop {
+            hstep(&mut h);
+            good.poll();
+            s.poll();
+            serve(&mut s);
+            let good_done = good
+                .events
+                .iter()
+                .any(|(_, e)| matches!(e, Event::CallDone(d) if d.xid == 2));
+            if closed(&s, hs) && good_done {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "fault hangs");
+        }
+        assert!(s
+            .events
+            .iter()
+            .any(|(id, e)| *id == hs && matches!(e, Event::Closed(CloseReason::WorkFailed(_)))));
+        let aborted = s
+            .events
+            .iter()
+            .filter(|(id, e)| *id == hs && matches!(e, Event::ServeAborted { .. }))
+            .count();
+        assert_eq!(aborted, 1, "the call being pulled is reported once");
+        let d = take_done(&mut good, 2).expect("the good call completed");
+        assert_eq!(d.status, CallStatus::Ok);
+        assert!(good.get(gres) == data);
+        // Pools back to their starting counts once the connection is removed.
+        s.drv.remove(hs).unwrap();
+        assert_eq!(s.drv.free_blocks(), blocks);
+        drive(&mut good, &mut s, "send buffers back", |_, s| {
+            s.drv.free_send_buffers() == sends
+        });
+        if shared {
+            assert_srq_posted(&f, &mut s, addr, 16);
+        }
+        echo_works(&mut good, &mut s, gconn, 3, 20_000);
+        if !shared {
+            assert_eq!(s.drv.connection(gs).unwrap().recv_posted(), 6);
+        }
+        assert_eq!(good.drv.connection(gconn).unwrap().recv_posted(), 6);
+    }
+}
+
+/// Node `c` with a connection to server node `s` (the good one) and one to a raw verbs
+/// server that misbehaves; returns (c, s, raw side, raw queue pair, good, bad).
+fn rig_raw_server(
+    f: &MemFabric,
+    port: u16,
+) -> (Node<Soft>, Node<Soft>, Side<Soft>, QpId, ConnId, ConnId) {
+    let mut c = node(soft(f), 2);
+    let mut s = node(soft(f), 1);
+    let (good, _) = connect(&mut c, &mut s, SocketAddr::from(([10, 0, 2, 1], port)));
+    let mut h = Side::new(soft(f));
+    let (bad, hq) = connect_raw_server(&mut c, &mut h, SocketAddr::from(([10, 0, 2, 2], port)));
+    (c, s, h, hq, good, bad)
+}
+
+/// Waits until the raw server got a call; returns its chunk lists' first Write segment and
+/// first Read segment.
+fn raw_server_call(
+    c: &mut Node<Soft>,
+    h: &mut Side<Soft>,
+) -> (
+    Option<rpcrdma_proto::Segment>,
+    Option<rpcrdma_proto::Segment>,
+) {
+    let start = Instant::now();
+    let m = loop {
+        c.poll();
+        hstep(h);
+        if let Some(m) = raw_take_recv(h) {
+            break m;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no call at the raw server"
+        );
+    };
+    let d = rpcrdma_proto::decode(&m, &rpcrdma_proto::Limits::DEFAULT).expect("our call decodes");
+    let rpcrdma_proto::Message::V1(hdr) = d.message else {
+        panic!("not v1")
+    };
+    let rpcrdma_proto::v1::Body::Msg(lists) = hdr.body else {
+        panic!("not RDMA_MSG")
+    };
+    let w = lists
+        .writes
+        .iter()
+        .next()
+        .and_then(|ch| ch.segments().next());
+    let r = lists.reads.iter().next().map(|r| r.target);
+    (w, r)
+}
+
+/// The raw server RDMA-Writes `len` bytes of 0xee into `seg` (whatever its length).
+fn raw_write(h: &mut Side<Soft>, qp: QpId, seg: rpcrdma_proto::Segment, len: usize) {
+    h.fill(200_000, &vec![0xee; len]);
+    let sge = h.sge(200_000, len);
+    h.p.post_send(
+        qp,
+        &rpcrdma_verbs::SendWr {
+            wr_id: 77,
+            op: SendOp::RdmaWrite {
+                remote_addr: seg.offset,
+                rkey: seg.handle,
+            },
+            sg: &[sge],
+            signaled: true,
+        },
+    )
+    .unwrap();
+}
+
+/// Drives `c`, `s` and the raw side until `c`'s connection `bad` has closed.
+fn until_closed(c: &mut Node<Soft>, s: &mut Node<Soft>, h: &mut Side<Soft>, bad: ConnId) {
+    let start = Instant::now();
+    while !closed(c, bad) {
+        c.poll();
+        s.poll();
+        serve(s);
+        hstep(h);
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the faulty connection never ends"
+        );
+    }
+}
+
+/// After a fault on `bad`: its calls `xids` failed once, the pool block comes back, the
+/// good connection still works with its receives all posted.
+fn after_fault(
+    c: &mut Node<Soft>,
+    s: &mut Node<Soft>,
+    h: &mut Side<Soft>,
+    good: ConnId,
+    bad: ConnId,
+    xids: &[u32],
+) {
+    // A few more rounds: nothing is reported twice.
+    for _ in 0..50 {
+        c.poll();
+        s.poll();
+        serve(s);
+        hstep(h);
+    }
+    assert_failed_once(c, bad, xids);
+    assert_eq!(c.drv.free_blocks(), 0);
+    c.drv.remove(bad).unwrap();
+    assert_eq!(
+        c.drv.free_blocks(),
+        1,
+        "the faulty connection's block came back"
+    );
+    echo_works(c, s, good, 900, 40_000);
+    assert_eq!(c.drv.connection(good).unwrap().recv_posted(), 6);
+    assert_eq!(c.drv.connection(good).unwrap().calls_in_flight(), 0);
+}
+
+#[test]
+fn e2e_fault_write_chunk_overrun_by_the_peer_ends_the_connection() {
+    let f = MemFabric::new();
+    let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20049);
+    // A READ of 4096 bytes into a Write chunk, then two NULLs queued behind it (one credit
+    // until the first reply).
+    let (msg, result, reply) = read_spec(&mut c, 4096);
+    // The bytes after the result buffer must never change.
+    let after = MemRef::new(result.mr, result.offset + 4096, 4096);
+    assert!(c.mem.write(after, &[0x5a; 4096]));
+    submit(
+        &mut c,
+        bad,
+        &CallSpec {
+            user: 1,
+            xid: 1,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::READ,
+            msg,
+            args: &[],
+            results: &[result],
+            reply,
+        },
+    );
+    for x in 2..4 {
+        let (msg, reply) = null_spec(&mut c);
+        submit(
+            &mut c,
+            bad,
+            &CallSpec {
+                user: u64::from(x),
+                xid: x,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::NULL,
+                msg,
+                args: &[],
+                results: &[],
+                reply,
+            },
+        );
+    }
+    let (w, _) = raw_server_call(&mut c, &mut h);
+    let seg = w.expect("a Write chunk offered");
+    assert_eq!(seg.length, 4096);
+    raw_write(&mut h, hq, seg, 8192);
+    until_closed(&mut c, &mut s, &mut h, bad);
+    assert_eq!(
+        c.get(after),
+        vec![0x5a; 4096],
+        "nothing written past the chunk"
+    );
+    after_fault(&mut c, &mut s, &mut h, good, bad, &[1, 2, 3]);
+}
+
+#[test]
+fn e2e_fault_write_into_a_read_only_chunk_is_a_protection_error() {
+    let f = MemFabric::new();
+    let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20050);
+    // A WRITE whose 4000 data bytes travel in a Read chunk (remote read only).
+    let data = pattern(4, 4000);
+    let msg = c.put(&be(&[4, 4000]));
+    let piece = c.put(&data);
+    let reply = c.alloc(64);
+    submit(
+        &mut c,
+        bad,
+        &CallSpec {
+            user: 1,
+            xid: 1,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::WRITE,
+            msg,
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 8,
+            }],
+            results: &[],
+            reply,
+        },
+    );
+    let (_, r) = raw_server_call(&mut c, &mut h);
+    let seg = r.expect("a Read chunk offered");
+    raw_write(&mut h, hq, seg, 16);
+    until_closed(&mut c, &mut s, &mut h, bad);
+    assert!(c.get(piece) == data, "the read-only chunk is untouched");
+    let _ = hq;
+    after_fault(&mut c, &mut s, &mut h, good, bad, &[1]);
+}
+
+/// A client node, a server node, and two connections between them, each as (client's id,
+/// server's id): the good one and the one that will fail.
+type Rig = (Node<Soft>, Node<Soft>, (ConnId, ConnId), (ConnId, ConnId));
+
+/// Client node `c` with two connections to server node `s`: (good, bad) on each side.
+fn rig_two(f: &MemFabric, shared: bool, port: u16) -> Rig {
+    let mut c = node(soft(f), 2);
+    let mut s = if shared {
+        node_shared(soft(f), 1)
+    } else {
+        node(soft(f), 2)
+    };
+    let g = connect(&mut c, &mut s, SocketAddr::from(([10, 0, 3, 1], port)));
+    let b = connect(&mut c, &mut s, SocketAddr::from(([10, 0, 3, 2], port)));
+    // One call each first: both connections have their real credits.
+    echo_works(&mut c, &mut s, g.0, 1, 64);
+    echo_works(&mut c, &mut s, b.0, 2, 64);
+    drive(&mut c, &mut s, "warm-up replies done", |_, s| {
+        s.events
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::ReplyDone { .. }))
+            .count()
+            == 2
+    });
+    c.events.clear();
+    s.events.clear();
+    (c, s, g, b)
+}
+
+/// Drives until both ends of `bad` have ended; then checks the calls `xids` of `bad` failed
+/// once, the good call `gxid` succeeded, every pool count is back, and `good` still works.
+#[allow(clippy::too_many_arguments)]
+fn after_disconnect(
+    f: &MemFabric,
+    port: u16,
+    c: &mut Node<Soft>,
+    s: &mut Node<Soft>,
+    good: (ConnId, ConnId),
+    bad: (ConnId, ConnId),
+    xids: &[u32],
+    gxid: u32,
+    sends: usize,
+) -> usize {
+    drive(c, s, "both ends of the faulty connection end", |c, s| {
+        closed(c, bad.0) && closed(s, bad.1)
+    });
+    drive(c, s, "the good call", |c, _| {
+        c.events
+            .iter()
+            .any(|(_, e)| matches!(e, Event::CallDone(d) if d.xid == gxid))
+    });
+    for _ in 0..50 {
+        c.poll();
+        s.poll();
+        serve(s);
+    }
+    assert_failed_once(c, bad.0, xids);
+    let d = take_done(c, gxid).unwrap();
+    assert_eq!(d.status, CallStatus::Ok);
+    // The server reports each call it took in exactly once: aborted (before its reply)
+    // or a reply outcome, never both (the warm-up call's report was cleared).
+    let mut ends: Vec<rpcrdma_dataplane::ServeId> = s
+        .events
+        .iter()
+        .filter(|(id, _)| *id == bad.1)
+        .filter_map(|(_, e)| match e {
+            Event::ServeAborted { id } | Event::ReplyDone { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect();
+    let n = ends.len();
+    ends.sort_by_key(|id| id.to_u32());
+    ends.dedup();
+    assert_eq!(ends.len(), n, "a call reported twice: {:?}", s.events);
+    let received = s.drv.connection(bad.1).unwrap().stats().calls_received;
+    assert_eq!(n as u64, received - 1, "every call taken in is reported");
+    let aborted = s
+        .events
+        .iter()
+        .filter(|(id, e)| *id == bad.1 && matches!(e, Event::ServeAborted { .. }))
+        .count();
+    let c_blocks = c.drv.free_blocks();
+    let s_blocks = s.drv.free_blocks();
+    c.drv.remove(bad.0).unwrap();
+    s.drv.remove(bad.1).unwrap();
+    assert_eq!(c.drv.free_blocks(), c_blocks + 1);
+    assert_eq!(s.drv.free_blocks(), s_blocks + 1);
+    drive(c, s, "shared send buffers back", |_, s| {
+        s.drv.free_send_buffers() == sends
+    });
+    if sends > 0 {
+        assert_srq_posted(f, s, SocketAddr::from(([10, 0, 3, 1], port)), 16);
+    }
+    echo_works(c, s, good.0, 950, 40_000);
+    assert_eq!(c.drv.connection(good.0).unwrap().recv_posted(), 6);
+    if sends == 0 {
+        assert_eq!(s.drv.connection(good.1).unwrap().recv_posted(), 6);
+    }
+    aborted
+}
+
+/// The good connection's call, in flight while the fault happens.
+fn good_call(c: &mut Node<Soft>, good: ConnId, xid: u32) {
+    let data = pattern(xid, 3000);
+    let msg = c.put(&be(&[3000]));
+    let piece = c.put(&data);
+    let (result, reply) = (c.alloc(3000), c.alloc(64));
+    submit(
+        c,
+        good,
+        &CallSpec {
+            user: u64::from(xid),
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::ECHO,
+            msg,
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 4,
+            }],
+            results: &[result],
+            reply,
+        },
+    );
+}
+
+#[test]
+fn e2e_fault_disconnect_during_rdma_read() {
+    for shared in [false, true] {
+        let f = MemFabric::new();
+        let (mut c, mut s, good, bad) = rig_two(&f, shared, 20051);
+        let sends = s.drv.free_send_buffers();
+        // WRITE of 768 KiB: the server pulls it with RDMA Read.
+        let big = 768u32 << 10;
+        c.bump = c.base;
+        let msg = c.put(&be(&[11, big]));
+        let piece = c.put(&pattern(11, big as usize));
+        let reply = c.alloc(64);
+        submit(
+            &mut c,
+            bad.0,
+            &CallSpec {
+                user: 10,
+                xid: 10,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::WRITE,
+                msg,
+                args: &[ArgPiece {
+                    mem: piece,
+                    xdr_pos: 8,
+                }],
+                results: &[],
+                reply,
+            },
+        );
+        let (nmsg, nreply) = null_spec(&mut c);
+        let null = CallSpec {
+            user: 11,
+            xid: 11,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::NULL,
+            msg: nmsg,
+            args: &[],
+            results: &[],
+            reply: nreply,
+        };
+        submit(&mut c, bad.0, &null);
+        good_call(&mut c, good.0, 12);
+        // Run until the server has posted its RDMA Read, and not a step further on the
+        // client (which would answer it).
+        let start = Instant::now();
+        while s.drv.connection(bad.1).unwrap().stats().read_bytes == 0 {
+            c.poll();
+            s.poll();
+            serve(&mut s);
+            assert!(start.elapsed() < Duration::from_secs(30));
+        }
+        // The link drops under the client's queue pair.
+        let qp = qp_of(&c, bad.0);
+        c.drv.provider_mut().disconnect(qp).unwrap();
+        let aborted = after_disconnect(&f, 20051, &mut c, &mut s, good, bad, &[10, 11], 12, sends);
+        // The WRITE was cut off while its arguments were being pulled (the NULL behind it
+        // may have been aborted too, or answered).
+        assert!((1..=2).contains(&aborted), "shared {shared}");
+    }
+}
+
+#[test]
+fn e2e_fault_disconnect_during_rdma_write() {
+    for shared in [false, true] {
+        let f = MemFabric::new();
+        let (mut c, mut s, good, bad) = rig_two(&f, shared, 20052);
+        let sends = s.drv.free_send_buffers();
+        // READ of 768 KiB: the server pushes it with RDMA Write into the Write chunk.
+        let big = 768u32 << 10;
+        c.bump = c.base;
+        let (msg, result, reply) = read_spec(&mut c, big);
+        submit(
+            &mut c,
+            bad.0,
+            &CallSpec {
+                user: 20,
+                xid: 20,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::READ,
+                msg,
+                args: &[],
+                results: &[result],
+                reply,
+            },
+        );
+        good_call(&mut c, good.0, 21);
+        // Run until the server has posted its RDMA Writes and the reply, and not a step
+        // further on the client (which would take them in).
+        let start = Instant::now();
+        while s.drv.connection(bad.1).unwrap().stats().write_bytes == 0 {
+            c.poll();
+            s.poll();
+            serve(&mut s);
+            assert!(start.elapsed() < Duration::from_secs(30));
+        }
+        let qp = qp_of(&c, bad.0);
+        c.drv.provider_mut().disconnect(qp).unwrap();
+        let aborted = after_disconnect(&f, 20052, &mut c, &mut s, good, bad, &[20], 21, sends);
+        // The READ was cut off after its reply was posted: a reply outcome, not an abort.
+        assert_eq!(aborted, 0, "shared {shared}");
+    }
+}
+
+/// Proves the shared receive queue of server node `s` has exactly `n` buffers posted: raw
+/// clients send `n + 1` calls that are never accepted, so each one that arrives keeps its
+/// buffer; exactly `n` arrive, and the last call finds no buffer (its connection ends). The
+/// raw connections are then closed, which gives the buffers back.
+fn assert_srq_posted(f: &MemFabric, s: &mut Node<Soft>, addr: SocketAddr, n: usize) {
+    let per = template().credits as usize;
+    let mut raws = Vec::new();
+    let mut left = n + 1;
+    let mut xid = 5000u32;
+    while left > 0 {
+        let k = left.min(per);
+        let (mut h, qp, sc) = connect_raw_client(f, s, addr);
+        for i in 0..k {
+            let mut m = be(&[xid, 1, 4, 0, 0, 0, 0]);
+            m.extend(be(&[xid, 0, 2, BULK_PROG, 1, 1, 0, 0, 0, 0]));
+            let off = 100_000 + 4096 * i;
+            h.fill(off, &m);
+            let sge = h.sge(off, m.len());
+            h.p.post_send(
+                qp,
+                &rpcrdma_verbs::SendWr {
+                    wr_id: u64::from(xid),
+                    op: SendOp::Send,
+                    sg: &[sge],
+                    signaled: true,
+                },
+            )
+            .unwrap();
+            xid += 1;
+        }
+        raws.push((h, sc));
+        left -= k;
+    }
+    let ids: Vec<ConnId> = raws.iter().map(|r| r.1).collect();
+    let arrived = |s: &Node<Soft>| {
+        s.events
+            .iter()
+            .filter(|(id, e)| ids.contains(id) && matches!(e, Event::IncomingCall(_)))
+            .count()
+    };
+    let start = Instant::now();
+    while arrived(s) < n {
+        for (h, _) in &mut raws {
+            hstep(h);
+        }
+        s.poll();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "only {} of {n} calls found a posted receive",
+            arrived(s)
+        );
+    }
+    // Let the last call land if a buffer were there for it (a counted number of rounds).
+    for _ in 0..200 {
+        for (h, _) in &mut raws {
+            hstep(h);
+        }
+        s.poll();
+    }
+    assert_eq!(arrived(s), n, "exactly {n} receives were posted");
+    for &id in &ids {
+        s.drv.close(id, CloseReason::Requested, &mut s.mem);
+        s.drv.remove(id).unwrap();
+    }
+    s.events.retain(|(id, _)| !ids.contains(id));
 }

@@ -605,6 +605,10 @@ pub struct Connection {
     serves: Vec<responder::Serve>,
     serve_free: Vec<u32>,
     grant: u32,
+    /// The highest grant this side has advertised: a peer may still act on it after a
+    /// lowered grant, until it has seen a reply carrying the new one (R8166-3.3.1-f), and
+    /// nothing tells the responder when that is; so the overrun check uses this.
+    grant_peak: u32,
     in_process: u32,
     reads: VecDeque<responder::PendingRead>,
     reads_out: u32,
@@ -674,6 +678,7 @@ impl Connection {
                 .collect(),
             serve_free: (0..2 * cfg.recv_slots).rev().collect(),
             grant,
+            grant_peak: grant,
             in_process: 0,
             reads: VecDeque::with_capacity(32),
             reads_out: 0,
@@ -699,10 +704,13 @@ impl Connection {
 
     /// Changes the credits requested (and, on a server, granted) from the next message on
     /// (R8166-3.3.1-f). Every receive buffer stays posted, so a raised grant is always
-    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them.
+    /// covered by posted receives (R8166-3.3.1-g); it never exceeds them. After a lowered
+    /// grant the peer may keep as many calls outstanding as the highest grant it was ever
+    /// sent (it cannot have seen the new one yet); only more than that is an overrun.
     pub fn set_credits(&mut self, credits: u32) {
         self.cfg.credits = credits.clamp(1, self.cfg.recv_slots);
         self.grant = Self::grant_for(&self.cfg);
+        self.grant_peak = self.grant_peak.max(self.grant);
     }
 
     /// The grant this side sends as responder.
@@ -1368,7 +1376,7 @@ impl Connection {
     /// Moves queued calls out while credits allow, and RDMA Reads while ORD allows.
     fn pump(&mut self, env: &mut impl Env) {
         // Calls may hold send buffers up to what the responder side's grant leaves free.
-        let call_room = self.cfg.send_slots.saturating_sub(self.grant + 1);
+        let call_room = self.cfg.send_slots.saturating_sub(self.grant_peak + 1);
         while self.closed.is_none()
             && self.in_flight < self.credit_limit()
             && self.call_sends < call_room

@@ -310,8 +310,9 @@ impl Connection {
         env: &mut impl Env,
     ) -> bool {
         self.stats.calls_received += 1;
-        // The peer may not have more calls outstanding than granted (R8166-3.3.1-b).
-        if self.in_process >= self.grant {
+        // The peer may not have more calls outstanding than granted (R8166-3.3.1-b); after
+        // a lowered grant it may still be using the higher one it last saw.
+        if self.in_process >= self.grant_peak {
             self.close(CloseReason::CreditOverrun);
             return true;
         }

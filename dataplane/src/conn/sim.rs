@@ -295,6 +295,10 @@ pub struct Pair {
     pub now: Instant,
     /// Sends that found no posted receive (R8166-2.3.2-b).
     pub rnr: u32,
+    /// Calls `b` accepted whose arguments are still being placed.
+    pending: Vec<(ServeId, super::IncomingCall, MemRef)>,
+    /// Calls `b` holds with their arguments in place, not yet answered.
+    ready: Vec<(ServeId, u32)>,
 }
 
 impl Pair {
@@ -304,6 +308,8 @@ impl Pair {
             b: Side::new(b),
             now: Instant::now(),
             rnr: 0,
+            pending: Vec::new(),
+            ready: Vec::new(),
         };
         p.run();
         p
@@ -490,8 +496,21 @@ impl Pair {
 }
 
 /// An RDMATEST-style server for the `b` side: ECHO/READ/WRITE/NULL with DDP results, and
-/// program 0x40000000 ("bulk") whose procedure 1 echoes without any DDP.
+/// program 0x40000000 ("bulk") whose procedure 1 echoes without any DDP. Answers every call
+/// as soon as its arguments are in place, until nothing moves.
 pub fn serve(p: &mut Pair) {
+    for _ in 0..100_000 {
+        if intake(p) == 0 {
+            return;
+        }
+        while answer_ready(p, 0) {}
+    }
+    panic!("serve did not settle");
+}
+
+/// Runs both sides and takes in every call that reached `b` (accepting it into fresh app
+/// memory), without answering; returns how many calls have their arguments in place.
+pub fn intake(p: &mut Pair) -> usize {
     for _ in 0..100_000 {
         p.run();
         let Some(pos) =
@@ -499,35 +518,39 @@ pub fn serve(p: &mut Pair) {
                 .iter()
                 .position(|e| matches!(e, Event::IncomingCall(_) | Event::ArgsReady { .. }))
         else {
-            return;
+            return p.ready.len();
         };
         match p.b.events.remove(pos) {
             Some(Event::IncomingCall(c)) => {
                 let buf = p.b.alloc(c.args_len.max(4));
-                PENDING.with(|m| m.borrow_mut().push((c.id, c, buf)));
-                p.b.conn
-                    .accept_call(c.id, buf, &mut p.b.env)
-                    .expect("accept");
+                p.pending.push((c.id, c, buf));
+                if let Err(e) = p.b.conn.accept_call(c.id, buf, &mut p.b.env) {
+                    panic!("accept: {e:?} (server closed: {:?})", p.b.conn.closed());
+                }
             }
-            Some(Event::ArgsReady { id, args_len }) => {
-                let (c, buf) = PENDING.with(|m| {
-                    let mut m = m.borrow_mut();
-                    let i = m.iter().position(|e| e.0 == id).expect("known call");
-                    let e = m.remove(i);
-                    (e.1, e.2)
-                });
-                let args = p.b.get(buf.prefix(args_len).unwrap());
-                answer(p, id, c.prog, c.proc_, &args, buf);
-            }
+            Some(Event::ArgsReady { id, args_len }) => p.ready.push((id, args_len)),
             _ => {}
         }
     }
-    panic!("serve did not settle");
+    panic!("intake did not settle");
 }
 
-thread_local! {
-    static PENDING: std::cell::RefCell<Vec<(ServeId, super::IncomingCall, MemRef)>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+/// Answers the `k`-th (modulo their number) of the calls `b` holds ready; false if none.
+pub fn answer_ready(p: &mut Pair, k: usize) -> bool {
+    if p.ready.is_empty() {
+        return false;
+    }
+    let (id, args_len) = p.ready.remove(k % p.ready.len());
+    let i = p
+        .pending
+        .iter()
+        .position(|e| e.0 == id)
+        .expect("known call");
+    let (_, c, buf) = p.pending.remove(i);
+    let args = p.b.get(buf.prefix(args_len).unwrap());
+    answer(p, id, c.prog, c.proc_, &args, buf);
+    p.run();
+    true
 }
 
 pub const BULK_PROG: u32 = 0x4000_0000;

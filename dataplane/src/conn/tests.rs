@@ -734,8 +734,258 @@ fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
     r.extend(be(&[4096]));
     p.inject(false, &r);
     assert_eq!(done(&mut p)[0].status, CallStatus::BadReply);
-    // libevpl bug list: a returned length above the chunk is refused too.
     assert_eq!(p.a.env.live_windows(), 0);
+}
+
+/// A READ of 4096 bytes into a Write chunk; returns the segment the client offered.
+fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::Segment) {
+    let msg = p.a.put(&be(&[count, 1]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    call(p, &spec);
+    let sent = p.a.sent.last().unwrap().clone();
+    let v1::Body::Msg(c) = header(&sent).body else {
+        panic!()
+    };
+    let seg = c.writes.iter().next().unwrap().segments().next().unwrap();
+    (result, seg)
+}
+
+#[test]
+fn r8166_3_4_6_c_returned_write_length_above_the_chunk_is_bad_reply() {
+    // libevpl bug list: "returned Write-chunk lengths ignored". The echo names the right
+    // handle and offset, but claims one byte more than the chunk holds (the inline length
+    // word agrees, so only the chunk check can catch it).
+    let mut p = Pair::default_pair();
+    let (result, seg) = read_with_write_chunk(&mut p, 1, 4096);
+    let mut r = be(&[1, 1, 8, 0, 0, 1, 1, seg.handle, 4097]);
+    r.extend(seg.offset.to_be_bytes());
+    r.extend(be(&[0, 0]));
+    r.extend(rpcmsg::reply_header(1, 0));
+    r.extend(be(&[4097]));
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply));
+    assert!(d[0].results().iter().all(|&(_, used)| used == 0));
+    assert_eq!(
+        p.a.env.live_windows(),
+        0,
+        "the chunk is fenced all the same"
+    );
+    // The same echo with the true length is accepted: the check is on the length alone.
+    let (result2, seg) = read_with_write_chunk(&mut p, 2, 4096);
+    let mut r = be(&[2, 1, 8, 0, 0, 1, 1, seg.handle, 4096]);
+    r.extend(seg.offset.to_be_bytes());
+    r.extend(be(&[0, 0]));
+    r.extend(rpcmsg::reply_header(2, 0));
+    r.extend(be(&[4096]));
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].results()),
+        (CallStatus::Ok, &[(4, 4096)][..])
+    );
+    assert_ne!(result, result2);
+}
+
+#[test]
+fn r8166_4_5_3_b_reply_chunk_too_small_is_err_chunk() {
+    // libevpl bug list: "undersized Reply chunk not answered with ERR_CHUNK". The peer
+    // offers a 100-byte Reply chunk for a READ of 3000 bytes with no Write chunk: the
+    // reply fits neither inline (1024) nor the chunk.
+    let mut p = Pair::default_pair();
+    let land = p.a.alloc(100);
+    let seg =
+        p.a.env
+            .expose(land, rpcrdma_verbs::Access::REMOTE_WRITE)
+            .unwrap();
+    let mut m = be(&[5, 1, 8, 0, 0, 0, 1, 1, seg.handle, 100]);
+    m.extend(seg.offset.to_be_bytes());
+    m.extend(rpcmsg::call_header(5, RDMATEST_PROG, 1, rdmatest::READ));
+    m.extend(be(&[3000, 1]));
+    p.inject(true, &m);
+    serve(&mut p);
+    assert_eq!(p.b.sent.last().unwrap(), &be(&[5, 1, 8, 4, 2]));
+    assert!(
+        !p.b.log.iter().any(|w| matches!(w, Work::Write { .. })),
+        "nothing written into the chunk"
+    );
+    assert_eq!(p.a.get(land), vec![0; 100]);
+    assert!(p.b.events.iter().any(|e| matches!(
+        e,
+        Event::ReplyDone {
+            status: ReplyStatus::ErrChunk,
+            ..
+        }
+    )));
+    assert_eq!(p.b.conn.closed(), None);
+
+    // Through our own requester: a 2000-byte reply buffer makes a Reply chunk of 24 + 2000
+    // bytes; the server's 3000-byte result does not fit it, and the app sees ErrChunk.
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[3000, 1]));
+    let reply = p.a.alloc(2000);
+    let spec = CallSpec {
+        user: 1,
+        xid: 6,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    assert_eq!(
+        c.reply.unwrap().length(),
+        24 + 2000,
+        "a Reply chunk was offered"
+    );
+    serve(&mut p);
+    assert_eq!(p.b.sent.last().unwrap(), &be(&[6, 1, 8, 4, 2]));
+    assert!(!p.b.log.iter().any(|w| matches!(w, Work::Write { .. })));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::ErrChunk));
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+#[test]
+fn impl_7_2_1_1_a_wrapping_lengths_and_offsets_are_header_errors() {
+    // libevpl bug list: "32-bit overflow in XDR bounds checks". Each header below has a
+    // sum that wraps (32-bit chunk lengths, 64-bit segment ends): each is a header error
+    // answered with ERR_CHUNK before any RDMA operation, and the connection stays.
+    let mut p = Pair::default_pair();
+    let wcall = |xid: u32, n: u32| {
+        let mut c = rpcmsg::call_header(xid, RDMATEST_PROG, 1, rdmatest::WRITE).to_vec();
+        c.extend(be(&[5, n]));
+        c
+    };
+    let seg = |h: u32, len: u32, off: u64| {
+        let mut v = be(&[h, len]);
+        v.extend(off.to_be_bytes());
+        v
+    };
+    let cases: Vec<(u32, Vec<u8>)> = vec![
+        // Two segments of one read chunk whose lengths sum to 2^32 + 4 (wraps to 4).
+        (1, {
+            let mut m = be(&[1, 1, 8, 0, 1, 48]);
+            m.extend(seg(0x77, 0x8000_0000, 0));
+            m.extend(be(&[1, 48]));
+            m.extend(seg(0x77, 0x8000_0004, 0x1000));
+            m.extend(be(&[0, 0, 0]));
+            m.extend(wcall(1, 4));
+            m
+        }),
+        // A PZRC whose two segments wrap the same way (a Long call of "8 bytes").
+        (2, {
+            let mut m = be(&[2, 1, 8, 1, 1, 0]);
+            m.extend(seg(0x77, 0xffff_fffc, 0));
+            m.extend(be(&[1, 0]));
+            m.extend(seg(0x77, 12, 0x1000));
+            m.extend(be(&[0, 0, 0]));
+            m
+        }),
+        // A read segment whose offset + length wraps 64 bits.
+        (3, {
+            let mut m = be(&[3, 1, 8, 0, 1, 48]);
+            m.extend(seg(0x77, 1500, u64::MAX - 100));
+            m.extend(be(&[0, 0, 0]));
+            m.extend(wcall(3, 1500));
+            m
+        }),
+        // A Write chunk whose segment count times 16 wraps 32 bits (0x1000_0001 * 16 = 16).
+        (4, {
+            let mut m = be(&[4, 1, 8, 0, 0, 1, 0x1000_0001]);
+            m.extend(seg(0x77, 4096, 0));
+            m.extend(be(&[0, 0]));
+            m.extend(rpcmsg::call_header(4, RDMATEST_PROG, 1, rdmatest::READ));
+            m.extend(be(&[4096, 1]));
+            m
+        }),
+        // A Reply chunk segment whose offset + length wraps 64 bits.
+        (5, {
+            let mut m = be(&[5, 1, 8, 0, 0, 0, 1, 1]);
+            m.extend(seg(0x77, 8192, u64::MAX - 8000));
+            m.extend(rpcmsg::call_header(5, RDMATEST_PROG, 1, rdmatest::READ));
+            m.extend(be(&[3000, 1]));
+            m
+        }),
+    ];
+    for (xid, m) in &cases {
+        let before = p.b.sent.len();
+        p.inject(true, m);
+        serve(&mut p);
+        assert_eq!(p.b.sent.len(), before + 1, "case {xid}: one answer");
+        assert_eq!(
+            p.b.sent[before],
+            be(&[*xid, 1, 8, 4, 2]),
+            "case {xid}: ERR_CHUNK"
+        );
+    }
+    // A data chunk at position 2^32 - 4, whose end wraps 32 bits: decoded (the decoder
+    // computes ends in 64 bits), then refused by the reassembly plan as lying outside the
+    // call: GARBAGE_ARGS, the call is not executed (AMB-12).
+    let cases: Vec<(u32, Vec<u8>)> = vec![(6, {
+        let mut m = be(&[6, 1, 8, 0, 1, 0xffff_fffc]);
+        m.extend(seg(0x77, 8, 0));
+        m.extend(be(&[1, 48]));
+        m.extend(seg(0x77, 8, 0x100));
+        m.extend(be(&[0, 0, 0]));
+        m.extend(wcall(6, 8));
+        m
+    })];
+    for (xid, m) in &cases {
+        p.inject(true, m);
+        serve(&mut p);
+        assert_eq!(
+            &p.b.sent.last().unwrap()[28..],
+            &rpcmsg::reply_header(*xid, rpcmsg::GARBAGE_ARGS)[..]
+        );
+    }
+    assert!(
+        !p.b.log
+            .iter()
+            .any(|w| matches!(w, Work::Read { .. } | Work::Write { .. })),
+        "no RDMA operation on a wrapped range"
+    );
+    assert!(!p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::IncomingCall(_))));
+    assert_eq!(p.b.conn.closed(), None);
+    // An RPC credential whose length wraps the header offset: not a call, GARBAGE_ARGS.
+    let mut rpc = be(&[7, 0, 2, RDMATEST_PROG, 1, 0, 1, 0xffff_fff8]);
+    rpc.extend(be(&[0, 0, 0, 0]));
+    let mut m = be(&[7, 1, 8, 0, 0, 0, 0]);
+    m.extend(&rpc);
+    p.inject(true, &m);
+    serve(&mut p);
+    assert_eq!(
+        &p.b.sent.last().unwrap()[28..],
+        &rpcmsg::reply_header(7, rpcmsg::GARBAGE_ARGS)[..]
+    );
+    assert_eq!(p.b.conn.closed(), None);
+    // The connection still serves a real call.
+    bulk(&mut p, 8, &[1; 8], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
 }
 
 #[test]
@@ -1074,70 +1324,360 @@ fn amb_11_reply_for_unknown_xid_dropped() {
 mod props {
     use super::*;
     use proptest::prelude::*;
+    use rpcrdma_proto::cm::PrivateData;
+
+    /// The RDMATEST calls of the mix, by transfer mode (TESTPROG.md).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Kind {
+        /// NULL: short both ways.
+        Null,
+        /// ECHO with the data as a DDP-eligible argument and a result buffer: inline, or a
+        /// Read chunk and a Write chunk from ddp_threshold on.
+        EchoDdp,
+        /// ECHO with the data left in the reduced XDR and no result buffer: a Long call and
+        /// a Long reply when large.
+        EchoLong,
+        /// READ into a result buffer: a Write chunk from ddp_threshold on.
+        ReadDdp,
+        /// READ without a result buffer: the result inline or in the Reply chunk.
+        ReadLong,
+        /// WRITE with the data as a DDP-eligible argument: a Read chunk when large.
+        WriteDdp,
+        /// WRITE with the data inline in the reduced XDR: a Long call when large.
+        WriteLong,
+    }
+
+    const KINDS: [Kind; 7] = [
+        Kind::Null,
+        Kind::EchoDdp,
+        Kind::EchoLong,
+        Kind::ReadDdp,
+        Kind::ReadLong,
+        Kind::WriteDdp,
+        Kind::WriteLong,
+    ];
+
+    /// One step of a mix: a call to submit, then what the test does before the next one.
+    #[derive(Clone, Copy, Debug)]
+    struct Op {
+        kind: Kind,
+        len: u32,
+        /// Extra reply-buffer bytes (changes whether a Reply chunk is offered).
+        slack: u32,
+        /// 0..=2 submit on (calls pile up), 3 run, 4 answer one held call, 5 answer all
+        /// held calls in a random order, 6 change the requested credits, 7 change the grant.
+        then: u8,
+        arg: u32,
+    }
+
+    #[derive(Clone, Debug)]
+    struct Mix {
+        /// Send and receive sizes: client send, client receive, server send, server receive.
+        sizes: [u32; 4],
+        credits: u32,
+        grant: u32,
+        shared: bool,
+        remote_inv: bool,
+        ops: Vec<Op>,
+    }
+
+    /// What a call must come back with.
+    struct Want {
+        xid: u32,
+        kind: Kind,
+        len: u32,
+        data: Vec<u8>,
+        result: Option<MemRef>,
+        reply: MemRef,
+    }
+
+    fn round4(n: u32) -> u32 {
+        n.div_ceil(4) * 4
+    }
+
+    fn padded(words: &[u32], data: &[u8]) -> Vec<u8> {
+        let mut v = be(words);
+        v.extend(data);
+        v.resize(
+            v.len() + (round4(data.len() as u32) as usize - data.len()),
+            0,
+        );
+        v
+    }
+
+    fn submit(p: &mut Pair, xid: u32, op: &Op) -> (Want, bool) {
+        let n = op.len;
+        let seed = xid.wrapping_mul(7);
+        let data = pattern(seed, n as usize);
+        let mut args: Vec<ArgPiece> = Vec::new();
+        let mut results: Vec<MemRef> = Vec::new();
+        let (proc_, msg, reply_need, want_data) = match op.kind {
+            Kind::Null => (rdmatest::NULL, Vec::new(), 0, Vec::new()),
+            Kind::EchoDdp => {
+                args.push(ArgPiece {
+                    mem: p.a.put(&data),
+                    xdr_pos: 4,
+                });
+                results.push(p.a.alloc(n));
+                let need = if n >= 1024 { 4 } else { 4 + round4(n) };
+                (rdmatest::ECHO, be(&[n]), need, data.clone())
+            }
+            Kind::EchoLong => (
+                rdmatest::ECHO,
+                padded(&[n], &data),
+                4 + round4(n),
+                data.clone(),
+            ),
+            Kind::ReadDdp => {
+                results.push(p.a.alloc(n));
+                let need = if n >= 1024 { 4 } else { 4 + round4(n) };
+                (rdmatest::READ, be(&[n, seed]), need, data.clone())
+            }
+            Kind::ReadLong => (rdmatest::READ, be(&[n, seed]), 4 + round4(n), data.clone()),
+            Kind::WriteDdp => {
+                args.push(ArgPiece {
+                    mem: p.a.put(&data),
+                    xdr_pos: 8,
+                });
+                (rdmatest::WRITE, be(&[seed, n]), 4, Vec::new())
+            }
+            Kind::WriteLong => (rdmatest::WRITE, padded(&[seed, n], &data), 4, Vec::new()),
+        };
+        let msg = p.a.put(&msg);
+        let reply = p.a.alloc(reply_need + op.slack);
+        let spec = CallSpec {
+            user: u64::from(xid),
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_,
+            msg,
+            args: &args,
+            results: &results,
+            reply,
+        };
+        let mut queued = false;
+        for _ in 0..1000 {
+            match p.a.conn.submit_call(&spec, &mut p.a.env) {
+                Ok(()) => {
+                    queued = true;
+                    break;
+                }
+                // Every call slot is taken: let the server answer one, then retry.
+                Err(SubmitError::Busy) => {
+                    sim::intake(p);
+                    sim::answer_ready(p, xid as usize);
+                }
+                Err(e) => panic!("submit {xid}: {e:?}"),
+            }
+        }
+        let want = Want {
+            xid,
+            kind: op.kind,
+            len: n,
+            data: want_data,
+            result: results.first().copied(),
+            reply,
+        };
+        (want, queued)
+    }
+
+    fn check(p: &Pair, w: &Want, d: &CallDone) {
+        let ctx = format!("xid {} {:?} len {}: {d:?}", w.xid, w.kind, w.len);
+        assert_eq!(
+            (d.user, d.status, d.rpc_stat),
+            (u64::from(w.xid), CallStatus::Ok, 0),
+            "{ctx}"
+        );
+        let got =
+            p.a.get(w.reply.prefix(d.reply_len).expect("reply_len fits"));
+        let n = w.len;
+        match w.kind {
+            Kind::Null => assert_eq!(d.reply_len, 0, "{ctx}"),
+            Kind::WriteDdp | Kind::WriteLong => {
+                // The server counted every byte as matching pattern(seed).
+                assert_eq!(got, be(&[n]), "{ctx}");
+            }
+            Kind::EchoDdp | Kind::ReadDdp => {
+                let (pos, used) = d.results()[0];
+                if used > 0 {
+                    // Through the Write chunk: the reply holds only the length word.
+                    assert_eq!((pos, used, d.reply_len), (4, n, 4), "{ctx}");
+                    assert!(p.a.get(w.result.unwrap()) == w.data, "{ctx}: chunk bytes");
+                } else {
+                    assert!(n < 1024, "{ctx}: a large result went inline");
+                    assert!(got == padded(&[n], &w.data), "{ctx}: inline bytes");
+                }
+            }
+            Kind::EchoLong | Kind::ReadLong => {
+                assert!(got == padded(&[n], &w.data), "{ctx}: reply bytes");
+            }
+        }
+    }
+
+    /// Runs a mix; returns the most calls seen in flight at once and both sides' counters.
+    fn run_mix(m: &Mix) -> (u32, Stats, Stats) {
+        let [cs, cr, ss, sr] = m.sizes;
+        let mut client = sim::config(Role::Client, 8);
+        client.credits = m.credits;
+        client.send_size = cs;
+        client.recv_size = cr;
+        client.shared_send = m.shared;
+        client.peer = Some(PrivateData {
+            remote_invalidate: false,
+            send_size: ss,
+            recv_size: sr,
+        });
+        let mut server = sim::config(Role::Server, 8);
+        server.credits = m.grant;
+        server.send_size = ss;
+        server.recv_size = sr;
+        server.shared_recv = m.shared;
+        server.shared_send = m.shared;
+        server.peer = Some(PrivateData {
+            remote_invalidate: m.remote_inv,
+            send_size: cs,
+            recv_size: cr,
+        });
+        let mut p = Pair::new(sim::sized(client), sim::sized(server));
+        // R8166-3.3.2-a: each side's threshold is min(own send, peer receive).
+        assert_eq!(p.a.conn.thresholds(), (cs.min(sr), ss.min(cr)));
+        assert_eq!(p.b.conn.thresholds().0, ss.min(cr));
+        let mut wants = Vec::new();
+        let mut max_in_flight = 0;
+        for (k, op) in m.ops.iter().enumerate() {
+            let xid = 100 + k as u32;
+            let (w, queued) = submit(&mut p, xid, op);
+            assert!(queued, "call {xid} never found a free slot");
+            wants.push(w);
+            match op.then {
+                0..=2 => {}
+                3 => p.run(),
+                4 => {
+                    sim::intake(&mut p);
+                    sim::answer_ready(&mut p, op.arg as usize);
+                }
+                5 => {
+                    sim::intake(&mut p);
+                    let mut r = op.arg as usize;
+                    while sim::answer_ready(&mut p, r) {
+                        r = r.wrapping_mul(31).wrapping_add(7);
+                    }
+                }
+                // R8166-3.3.1-f: either side changes its value mid-run.
+                6 => p.a.conn.set_credits(1 + op.arg % 8),
+                _ => p.b.conn.set_credits(1 + op.arg % 8),
+            }
+            max_in_flight = max_in_flight.max(p.a.conn.calls_in_flight());
+            assert!(p.a.conn.calls_in_flight() <= 8);
+        }
+        // Drain: the server answers what it holds, newest first.
+        for _ in 0..10_000 {
+            max_in_flight = max_in_flight.max(p.a.conn.calls_in_flight());
+            let ready = sim::intake(&mut p);
+            if ready == 0 {
+                break;
+            }
+            sim::answer_ready(&mut p, ready - 1);
+        }
+        assert_eq!(p.a.conn.closed(), None);
+        assert_eq!(p.b.conn.closed(), None);
+        let d = done(&mut p);
+        // Every call exactly once, each with its own reply.
+        assert_eq!(d.len(), wants.len(), "{d:?}");
+        for w in &wants {
+            let mine: Vec<&CallDone> = d.iter().filter(|c| c.xid == w.xid).collect();
+            assert_eq!(mine.len(), 1, "xid {}", w.xid);
+            check(&p, w, mine[0]);
+        }
+        assert_eq!(p.a.conn.calls_in_flight(), 0);
+        assert_eq!(p.rnr, 0, "a Send found no posted receive");
+        assert_eq!(p.a.env.live_windows(), 0, "exposed memory left valid");
+        if m.shared {
+            // Every shared receive and send buffer went back to its pool.
+            assert_eq!(p.b.posted_len(), 16);
+            assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+            assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
+        } else {
+            assert_eq!(p.b.conn.recv_posted(), p.b.conn.config().recv_slots);
+        }
+        (max_in_flight, p.a.conn.stats(), p.b.conn.stats())
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        (
+            0usize..7,
+            prop_oneof![0u32..64, 900u32..1300, 1300u32..9000, 9000u32..40_000],
+            prop_oneof![Just(0u32), 1u32..4096],
+            0u8..8,
+            any::<u32>(),
+        )
+            .prop_map(|(k, len, slack, then, arg)| Op {
+                kind: KINDS[k],
+                len: if KINDS[k] == Kind::Null { 0 } else { len },
+                slack: slack & !3,
+                then,
+                arg,
+            })
+    }
+
+    fn size() -> impl Strategy<Value = u32> {
+        (256u32..=2048).prop_map(|w| w * 4)
+    }
+
+    #[test]
+    fn prop_every_call_gets_its_reply_fixed_mix_keeps_many_in_flight() {
+        // Every kind at sizes around the thresholds, eight calls submitted before any answer.
+        let ops: Vec<Op> = (0..21)
+            .map(|k| Op {
+                kind: KINDS[k % 7],
+                len: [0, 1020, 1024, 1028, 3000, 20_000, 50][k % 7] + k as u32,
+                slack: 0,
+                then: if k % 8 == 7 { 5 } else { 0 },
+                arg: k as u32,
+            })
+            .collect();
+        let m = Mix {
+            sizes: [2048, 4096, 3072, 1024],
+            credits: 8,
+            grant: 8,
+            shared: false,
+            remote_inv: true,
+            ops,
+        };
+        for shared in [false, true] {
+            let (depth, a, b) = run_mix(&Mix {
+                shared,
+                ..m.clone()
+            });
+            assert_eq!(depth, 8, "eight calls in flight at once");
+            // Every transfer mode was used: short, Read chunk, Write chunk, Long call, Long
+            // reply (R8166-3.5).
+            assert!(a.short_sent > 0 && b.short_sent > 0, "{a:?} {b:?}");
+            assert!(a.read_chunks > 0 && b.read_bytes > 0, "{a:?} {b:?}");
+            assert!(a.write_chunks > 0 && b.write_bytes > 0, "{a:?} {b:?}");
+            assert!(a.long_calls > 0 && b.long_replies > 0, "{a:?} {b:?}");
+            assert_eq!((a.calls_sent, b.replies_sent), (21, 21));
+        }
+    }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        #![proptest_config(ProptestConfig::with_cases(64))]
 
-        /// Random mixes of RDMATEST calls under random credits and thresholds: every call
-        /// gets exactly its reply with its bytes intact.
+        /// Random mixes of RDMATEST calls of every procedure and transfer mode, several in
+        /// flight, answered in random order, under random credits and grants (changed
+        /// mid-run) and random inline thresholds on both sides: every call gets exactly its
+        /// reply with its bytes intact, and every buffer and key comes back.
         #[test]
         fn prop_every_call_gets_its_reply(
-            sizes in proptest::collection::vec(0usize..70_000, 1..12),
-            credits in 1u32..6,
-            grant in 1u32..6,
-            send_kib in 1u32..5,
+            sizes in [size(), size(), size(), size()],
+            credits in 1u32..=8,
+            grant in 1u32..=8,
             shared in any::<bool>(),
+            remote_inv in any::<bool>(),
+            ops in proptest::collection::vec(op(), 1..24),
         ) {
-            let mut client = sim::config(Role::Client, credits);
-            client.send_size = send_kib * 1024;
-            let mut server = sim::config(Role::Server, grant);
-            server.shared_recv = shared;
-            server.shared_send = shared;
-            client.shared_send = shared;
-            let mut p = Pair::new(client, server);
-            let mut want = Vec::new();
-            for (k, &n) in sizes.iter().enumerate() {
-                let data = pattern(k as u32, n);
-                if k % 2 == 0 {
-                    let (result, reply) = echo(&mut p, k as u32, &data);
-                    want.push((k as u32, data, Some(result), reply));
-                } else {
-                    let r = bulk(&mut p, k as u32, &data[..n.min(20_000)], 20_100);
-                    want.push((k as u32, data[..n.min(20_000)].to_vec(), None, r));
-                }
-                p.run();
-                serve(&mut p);
-            }
-            serve(&mut p);
-            let d = done(&mut p);
-            prop_assert_eq!(d.len(), sizes.len());
-            for (xid, data, result, reply) in want {
-                let c = d.iter().find(|c| c.xid == xid).unwrap();
-                prop_assert_eq!(c.status, CallStatus::Ok);
-                match result {
-                    Some(res) => {
-                        let (pos, used) = c.results()[0];
-                        if used > 0 {
-                            prop_assert_eq!(pos, 4);
-                            prop_assert_eq!(p.a.get(res.prefix(used).unwrap()), data);
-                        } else {
-                            let r = p.a.get(reply.prefix(c.reply_len).unwrap());
-                            prop_assert_eq!(&r[4..4 + data.len()], &data[..]);
-                        }
-                    }
-                    None => {
-                        prop_assert_eq!(p.a.get(reply.prefix(c.reply_len).unwrap()), data);
-                    }
-                }
-            }
-            prop_assert_eq!(p.rnr, 0);
-            prop_assert_eq!(p.a.env.live_windows(), 0);
-            if shared {
-                // Every shared receive and send buffer went back to its pool.
-                prop_assert_eq!(p.b.posted_len(), 16);
-                prop_assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
-                prop_assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
-            }
+            run_mix(&Mix { sizes, credits, grant, shared, remote_inv, ops });
         }
 
         /// Hostile replies (random bytes after a plausible header for an outstanding XID)
@@ -1231,6 +1771,40 @@ fn r8166_3_3_1_f_lowered_grant_obeyed_from_next_reply() {
     assert_eq!(p.a.conn.calls_in_flight(), 3);
     serve(&mut p);
     assert_eq!(done(&mut p).len(), 10);
+}
+
+#[test]
+fn r8166_3_3_1_f_calls_sent_under_the_old_grant_are_not_an_overrun() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 0, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 1);
+    assert_eq!(p.a.conn.credit_limit(), 8);
+    // The server lowers its grant while the client, which has only seen 8, sends 8 calls.
+    p.b.conn.set_credits(2);
+    for x in 1..9 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.conn.calls_in_flight(), 8);
+    assert_eq!(sim::intake(&mut p), 8, "all eight taken in");
+    assert_eq!(
+        p.b.conn.closed(),
+        None,
+        "a conforming peer is not an overrun"
+    );
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 8);
+    // From the lowered grant's replies on, the client keeps to 2.
+    assert_eq!(p.a.conn.credit_limit(), 2);
+    for x in 9..15 {
+        bulk(&mut p, x, &[0; 4], 64);
+    }
+    p.run();
+    assert_eq!(p.a.conn.calls_in_flight(), 2);
+    serve(&mut p);
+    assert_eq!(done(&mut p).len(), 6);
 }
 
 #[test]
