@@ -80,9 +80,10 @@ pub fn rdma_devices(dir: &Path) -> Result<Vec<String>, String> {
 }
 
 /// Checks the provider: built in, devices present and enough locked memory (the soft provider
-/// pins nothing and needs neither). Root is held to the limit too: rdma-core's umem code lets
-/// CAP_IPC_LOCK pass, but Linux `siw` counts every registration against RLIMIT_MEMLOCK for
-/// everyone, so a daemon that starts must be able to register what it is configured for.
+/// pins nothing and needs neither). The kernel's umem code lets a process with CAP_IPC_LOCK
+/// (root, or a container granted it) register past RLIMIT_MEMLOCK, but Linux `siw` counts every
+/// registration against the limit for everyone: with CAP_IPC_LOCK the limit is checked only
+/// when the device used is a siw device.
 pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
     if cfg.provider.kind != ProviderKind::Ibv {
         return Ok(());
@@ -103,10 +104,40 @@ pub fn check_provider(cfg: &Config) -> Result<(), StartError> {
             )));
         }
     }
+    let dev = cfg
+        .provider
+        .ibv
+        .device
+        .as_deref()
+        .or(devs.first().map(String::as_str))
+        .unwrap_or("");
+    if has_ipc_lock(&std::fs::read_to_string("/proc/self/status").unwrap_or_default())
+        && !is_siw(Path::new("/sys/class/infiniband"), dev)
+    {
+        return Ok(());
+    }
     match memlock_problem(memlock_limit(), registered_bytes(cfg)) {
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// Whether the effective capabilities in `/proc/self/status` text include CAP_IPC_LOCK (14).
+fn has_ipc_lock(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 14) != 0)
+}
+
+/// Whether RDMA device `dev` (in `dir`, normally `/sys/class/infiniband`) is a `siw` device:
+/// an iWARP RNIC with no PCI device behind it. Hardware iWARP NICs have one; rxe has none but is
+/// InfiniBand-typed, and its pins go through the umem code, which honours CAP_IPC_LOCK.
+fn is_siw(dir: &Path, dev: &str) -> bool {
+    let pci = dir.join(dev).join("device/vendor").exists();
+    !pci && std::fs::read_to_string(dir.join(dev).join("node_type"))
+        .is_ok_and(|t| t.contains("RNIC"))
 }
 
 /// Makes `path` free for a new socket: refuses if a process accepts on it, removes a stale
@@ -150,6 +181,35 @@ pub fn bind_admin(path: &Path) -> Result<UnixListener, StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipc_lock_read_from_effective_capabilities() {
+        assert!(has_ipc_lock("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(has_ipc_lock("CapEff:\t0000000000004000\n"));
+        assert!(!has_ipc_lock("CapEff:\t0000000000000000\n"));
+        assert!(!has_ipc_lock("CapPrm:\t0000000000004000\n"));
+        assert!(!has_ipc_lock("CapEff:\tzz\n"));
+    }
+
+    #[test]
+    fn siw_is_an_rnic_without_a_pci_device() {
+        let dir = std::env::temp_dir().join(format!("rpcrdmad-ib-{}", std::process::id()));
+        let mk = |dev: &str, node: &str, pci: bool| {
+            std::fs::create_dir_all(dir.join(dev).join("device")).unwrap();
+            std::fs::write(dir.join(dev).join("node_type"), node).unwrap();
+            if pci {
+                std::fs::write(dir.join(dev).join("device/vendor"), "0x8086\n").unwrap();
+            }
+        };
+        mk("siw0", "4: RNIC\n", false);
+        mk("rxe0", "1: CA\n", false);
+        mk("iwp1", "4: RNIC\n", true);
+        assert!(is_siw(&dir, "siw0"));
+        assert!(!is_siw(&dir, "rxe0"), "rxe pins through umem");
+        assert!(!is_siw(&dir, "iwp1"), "a PCI iWARP NIC");
+        assert!(!is_siw(&dir, "none"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn memlock_below_need_says_how_to_raise_it() {

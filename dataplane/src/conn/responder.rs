@@ -488,7 +488,10 @@ impl Connection {
         let Ok(call) = CallHeader::parse(head) else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
         };
-        let xid_ok = self.serves.get(i as usize).is_some_and(|s| s.xid == call.xid);
+        let xid_ok = self
+            .serves
+            .get(i as usize)
+            .is_some_and(|s| s.xid == call.xid);
         if call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS && xid_ok {
             // Apps receive arguments only (ABI v1 carries no credential), so no app could
             // verify a GSS call: refuse it as a server without GSS does, before anything of it

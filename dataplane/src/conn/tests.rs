@@ -2581,7 +2581,16 @@ fn gss_write_call(xid: u32, service: u32, pos: u32) -> Vec<u8> {
     // RPC call, rpc_gss_cred_vers_1_t {version 1, RPCSEC_GSS_DATA, seq 1, service, handle<4>},
     // an 8-byte verifier, then the WRITE arguments' length word.
     m.extend(be(&[xid, 0, 2, RDMATEST_PROG, 1, rdmatest::WRITE]));
-    m.extend(be(&[proto::rpc::RPCSEC_GSS, 24, 1, 0, 1, service, 4, 0xfeed_f00d]));
+    m.extend(be(&[
+        proto::rpc::RPCSEC_GSS,
+        24,
+        1,
+        0,
+        1,
+        service,
+        4,
+        0xfeed_f00d,
+    ]));
     m.extend(be(&[proto::rpc::RPCSEC_GSS, 8, 0x0102_0304, 0x0506_0708]));
     m.extend(be(&[4096]));
     m
