@@ -869,6 +869,13 @@ impl Daemon {
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,
                     apps_detached: t.apps_detached,
+                    regions: t.regions,
+                    region_bytes: t.region_bytes,
+                    rpcs_in_flight: t.rpcs_in_flight,
+                    send_buffers_free: t.buffers.send_free,
+                    send_buffers: t.buffers.send_total,
+                    recv_buffers_free: t.buffers.recv_free,
+                    recv_buffers: t.buffers.recv_total,
                 }
             })
             .collect()
@@ -995,6 +1002,8 @@ impl Daemon {
             long_replies: c.engine.long_replies,
             errors_sent: c.engine.errors_sent,
             errors_received: c.engine.errors_received,
+            errors_sent_by_code: c.engine.errors_sent_by.into(),
+            errors_received_by_code: c.engine.errors_received_by.into(),
             credit_stalls: c.engine.credit_stalls,
         }
     }
