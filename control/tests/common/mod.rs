@@ -336,7 +336,9 @@ pub fn shm_testapp() -> PathBuf {
             let mut cmd = Command::new(env!("CARGO"));
             cmd.args(["build", "-q", "-p", "rpcrdma-shm", "--bin", "shm-testapp"])
                 .arg("--manifest-path")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"));
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+                .arg("--target-dir")
+                .arg(dir.parent().expect("target directory"));
             if dir.ends_with("release") {
                 cmd.arg("--release");
             }
