@@ -266,6 +266,18 @@ pub struct ConnCounters {
     pub long_calls: u64,
     /// Long replies sent (Reply chunk).
     pub long_replies: u64,
+    /// Short (inline) messages sent.
+    pub short_sent: u64,
+    /// Read chunks offered.
+    pub read_chunks: u64,
+    /// Write chunks offered.
+    pub write_chunks: u64,
+    /// Local invalidations posted.
+    pub invalidations: u64,
+    /// Local invalidations skipped: the peer used Send With Invalidate.
+    pub remote_invalidations: u64,
+    /// Messages dropped (too short, header errors in replies, unknown XIDs).
+    pub dropped: u64,
     /// RDMA_ERROR messages sent.
     pub errors_sent: u64,
     /// RDMA_ERROR messages received.

@@ -165,7 +165,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         }
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 11] = [
+    let per_conn: [(&str, &str, Conn); 19] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -183,6 +183,36 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         ("credit_stalls", "calls that waited for a credit", |c| {
             c.engine.credit_stalls
         }),
+        ("short_sent", "short (inline) messages sent", |c| {
+            c.engine.short_sent
+        }),
+        (
+            "long_calls",
+            "long calls sent (Position-zero Read chunk)",
+            |c| c.engine.long_calls,
+        ),
+        ("long_replies", "long replies sent (Reply chunk)", |c| {
+            c.engine.long_replies
+        }),
+        ("read_chunks", "Read chunks offered", |c| {
+            c.engine.read_chunks
+        }),
+        ("write_chunks", "Write chunks offered", |c| {
+            c.engine.write_chunks
+        }),
+        ("invalidations", "local invalidations posted", |c| {
+            c.engine.invalidations
+        }),
+        (
+            "remote_invalidations",
+            "invalidations done by the peer's Send With Invalidate",
+            |c| c.engine.remote_invalidations,
+        ),
+        (
+            "dropped",
+            "messages dropped (too short, bad replies, unknown XIDs)",
+            |c| c.engine.dropped,
+        ),
     ];
     for (name, help, pick) in per_conn {
         let metric = format!("rpcrdmad_conn_{name}_total");
