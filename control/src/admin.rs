@@ -157,6 +157,45 @@ pub struct ThreadStatus {
     pub bad_submissions: u64,
     /// Apps detached so far.
     pub apps_detached: u64,
+    /// Memory regions registered with the provider (buffer pool, app arenas).
+    pub regions: usize,
+    /// Bytes of those regions.
+    pub region_bytes: u64,
+    /// RPCs the engine carries for apps (calls awaiting replies, calls being served).
+    pub rpcs_in_flight: usize,
+    /// Send buffers free.
+    pub send_buffers_free: u64,
+    /// Send buffers in the pool.
+    pub send_buffers: u64,
+    /// Receive buffers free (posted, or in unused pool blocks).
+    pub recv_buffers_free: u64,
+    /// Receive buffers in the pool.
+    pub recv_buffers: u64,
+}
+
+/// RDMA_ERROR messages of one direction, by error code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ErrorsByCode {
+    /// ERR_VERS and RDMA2_ERR_VERS.
+    pub err_vers: u64,
+    /// ERR_CHUNK (version 1).
+    pub err_chunk: u64,
+    /// RDMA2_ERR_BAD_HEADER.
+    pub bad_header: u64,
+    /// RDMA2_ERR_INVAL_OPTION.
+    pub inval_option: u64,
+}
+
+impl From<rpcrdma_dataplane::ErrorCounts> for ErrorsByCode {
+    fn from(e: rpcrdma_dataplane::ErrorCounts) -> Self {
+        ErrorsByCode {
+            err_vers: e.vers,
+            err_chunk: e.chunk,
+            bad_header: e.bad_header,
+            inval_option: e.inval_option,
+        }
+    }
 }
 
 /// One connection (`conns`, `conn show`).
@@ -227,10 +266,26 @@ pub struct ConnCounters {
     pub long_calls: u64,
     /// Long replies sent (Reply chunk).
     pub long_replies: u64,
+    /// Short (inline) messages sent.
+    pub short_sent: u64,
+    /// Read chunks offered.
+    pub read_chunks: u64,
+    /// Write chunks offered.
+    pub write_chunks: u64,
+    /// Local invalidations posted.
+    pub invalidations: u64,
+    /// Local invalidations skipped: the peer used Send With Invalidate.
+    pub remote_invalidations: u64,
+    /// Messages dropped (too short, header errors in replies, unknown XIDs).
+    pub dropped: u64,
     /// RDMA_ERROR messages sent.
     pub errors_sent: u64,
     /// RDMA_ERROR messages received.
     pub errors_received: u64,
+    /// RDMA_ERROR messages sent, by code.
+    pub errors_sent_by_code: ErrorsByCode,
+    /// RDMA_ERROR messages received, by code.
+    pub errors_received_by_code: ErrorsByCode,
     /// Times a call waited for a credit.
     pub credit_stalls: u64,
 }

@@ -873,6 +873,13 @@ impl Daemon {
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,
                     apps_detached: t.apps_detached,
+                    regions: t.regions,
+                    region_bytes: t.region_bytes,
+                    rpcs_in_flight: t.rpcs_in_flight,
+                    send_buffers_free: t.buffers.send_free,
+                    send_buffers: t.buffers.send_total,
+                    recv_buffers_free: t.buffers.recv_free,
+                    recv_buffers: t.buffers.recv_total,
                 }
             })
             .collect()
@@ -997,8 +1004,16 @@ impl Daemon {
             rdma_write_bytes: c.engine.write_bytes,
             long_calls: c.engine.long_calls,
             long_replies: c.engine.long_replies,
+            short_sent: c.engine.short_sent,
+            read_chunks: c.engine.read_chunks,
+            write_chunks: c.engine.write_chunks,
+            invalidations: c.engine.invalidations,
+            remote_invalidations: c.engine.remote_invalidations,
+            dropped: c.engine.dropped,
             errors_sent: c.engine.errors_sent,
             errors_received: c.engine.errors_received,
+            errors_sent_by_code: c.engine.errors_sent_by.into(),
+            errors_received_by_code: c.engine.errors_received_by.into(),
             credit_stalls: c.engine.credit_stalls,
         }
     }

@@ -101,16 +101,71 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             t.idle_ns as f64 / 1e9
         );
     }
-    header(&mut out, "rpcrdmad_apps", "gauge", "apps attached");
+    type Gauge = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
+    let gauges: [(&str, &str, Gauge); 5] = [
+        ("apps", "apps attached", |t| t.apps as u64),
+        (
+            "app_ops",
+            "app operations in flight (calls, replies, posted receive buffers)",
+            |t| t.app_ops as u64,
+        ),
+        (
+            "rpcs_in_flight",
+            "RPCs the engine carries for apps (sent or being served)",
+            |t| t.rpcs_in_flight as u64,
+        ),
+        (
+            "regions",
+            "memory regions registered (buffer pool, app arenas)",
+            |t| t.regions as u64,
+        ),
+        ("region_bytes", "bytes of registered memory regions", |t| {
+            t.region_bytes
+        }),
+    ];
+    for (name, help, pick) in gauges {
+        let metric = format!("rpcrdmad_{name}");
+        header(&mut out, &metric, "gauge", help);
+        for s in snaps {
+            let _ = writeln!(
+                out,
+                "{metric}{{thread=\"{}\"}} {}",
+                s.thread.index,
+                pick(&s.thread)
+            );
+        }
+    }
+    header(
+        &mut out,
+        "rpcrdmad_buffers",
+        "gauge",
+        "buffers in the poll thread's send and receive pools",
+    );
+    header(
+        &mut out,
+        "rpcrdmad_buffers_free",
+        "gauge",
+        "free buffers (receive: posted) of the send and receive pools",
+    );
     for s in snaps {
-        let _ = writeln!(
-            out,
-            "rpcrdmad_apps{{thread=\"{}\"}} {}",
-            s.thread.index, s.thread.apps
-        );
+        let b = &s.thread.buffers;
+        for (pool, free, total) in [
+            ("send", b.send_free, b.send_total),
+            ("recv", b.recv_free, b.recv_total),
+        ] {
+            let i = s.thread.index;
+            let _ = writeln!(
+                out,
+                "rpcrdmad_buffers{{thread=\"{i}\",pool=\"{pool}\"}} {total}"
+            );
+            let _ = writeln!(
+                out,
+                "rpcrdmad_buffers_free{{thread=\"{i}\",pool=\"{pool}\"}} {free}"
+            );
+        }
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 11] = [
+    let per_conn: [(&str, &str, Conn); 19] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -128,6 +183,36 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         ("credit_stalls", "calls that waited for a credit", |c| {
             c.engine.credit_stalls
         }),
+        ("short_sent", "short (inline) messages sent", |c| {
+            c.engine.short_sent
+        }),
+        (
+            "long_calls",
+            "long calls sent (Position-zero Read chunk)",
+            |c| c.engine.long_calls,
+        ),
+        ("long_replies", "long replies sent (Reply chunk)", |c| {
+            c.engine.long_replies
+        }),
+        ("read_chunks", "Read chunks offered", |c| {
+            c.engine.read_chunks
+        }),
+        ("write_chunks", "Write chunks offered", |c| {
+            c.engine.write_chunks
+        }),
+        ("invalidations", "local invalidations posted", |c| {
+            c.engine.invalidations
+        }),
+        (
+            "remote_invalidations",
+            "invalidations done by the peer's Send With Invalidate",
+            |c| c.engine.remote_invalidations,
+        ),
+        (
+            "dropped",
+            "messages dropped (too short, bad replies, unknown XIDs)",
+            |c| c.engine.dropped,
+        ),
     ];
     for (name, help, pick) in per_conn {
         let metric = format!("rpcrdmad_conn_{name}_total");
@@ -147,6 +232,42 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
                     c.info.id,
                     pick(&c.info)
                 );
+            }
+        }
+    }
+    type Codes = fn(&rpcrdma_dataplane::poll::ConnInfo) -> rpcrdma_dataplane::ErrorCounts;
+    let errors: [(&str, &str, Codes); 2] = [
+        ("sent", "RDMA_ERROR messages sent", |c| {
+            c.engine.errors_sent_by
+        }),
+        ("received", "RDMA_ERROR messages received", |c| {
+            c.engine.errors_received_by
+        }),
+    ];
+    for (dir, help, pick) in errors {
+        let metric = format!("rpcrdmad_conn_errors_{dir}_total");
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help} on this connection, by error code"),
+        );
+        for s in snaps {
+            for c in s.conns() {
+                let peer = esc(&peer_of(s.thread.index, c.info.id));
+                let e = pick(&c.info);
+                for (code, n) in [
+                    ("err_vers", e.vers),
+                    ("err_chunk", e.chunk),
+                    ("bad_header", e.bad_header),
+                    ("inval_option", e.inval_option),
+                ] {
+                    let _ = writeln!(
+                        out,
+                        "{metric}{{thread=\"{}\",conn=\"{}\",peer=\"{peer}\",code=\"{code}\"}} {n}",
+                        s.thread.index, c.info.id,
+                    );
+                }
             }
         }
     }
@@ -178,6 +299,9 @@ mod tests {
         let mut s = Snapshot::with_capacity(2);
         s.thread.totals.calls_out = 7;
         s.thread.busy_ns = 1_500_000_000;
+        s.thread.regions = 3;
+        s.thread.buffers.recv_free = 60;
+        s.thread.buffers.recv_total = 64;
         s.n = 1;
         s.conns[0].info = ConnInfo {
             id: 3,
@@ -185,6 +309,7 @@ mod tests {
             calls_out: 7,
             ..ConnInfo::default()
         };
+        s.conns[0].info.engine.errors_sent_by.chunk = 2;
         for ns in [4_000, 15_000, 15_000, 3_000_000] {
             s.conns[0].latency.record(ns);
         }
@@ -227,6 +352,33 @@ mod tests {
         assert_eq!(at(20e-6), Some(3.0));
         assert_eq!(at(1e-3), Some(3.0));
         assert_eq!(at(5e-3), Some(4.0));
+        let gauge = |name: &str, label: Option<(&str, &str)>| {
+            parsed
+                .samples
+                .iter()
+                .find(|m| m.metric == name && label.is_none_or(|(k, v)| m.labels.get(k) == Some(v)))
+                .map(|m| m.value.clone())
+        };
+        assert!(matches!(
+            gauge("rpcrdmad_regions", None),
+            Some(prometheus_parse::Value::Gauge(v)) if v == 3.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_buffers_free", Some(("pool", "recv"))),
+            Some(prometheus_parse::Value::Gauge(v)) if v == 60.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_buffers", Some(("pool", "recv"))),
+            Some(prometheus_parse::Value::Gauge(v)) if v == 64.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_conn_errors_sent_total", Some(("code", "err_chunk"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 2.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_conn_errors_sent_total", Some(("code", "err_vers"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 0.0
+        ));
         let busy = parsed
             .samples
             .iter()

@@ -210,6 +210,29 @@ fn metrics_endpoint_serves_prometheus_text_with_counters_and_histograms() {
         .samples
         .iter()
         .any(|s| s.metric == "rpcrdmad_thread_busy_seconds_total"));
+    // Resource gauges: the buffer pool and this client's arena are registered.
+    assert!(
+        matches!(value("rpcrdmad_regions"), Some(prometheus_parse::Value::Gauge(v)) if v == 2.0)
+    );
+    assert!(matches!(value("rpcrdmad_apps"), Some(prometheus_parse::Value::Gauge(v)) if v == 1.0));
+    for pool in ["send", "recv"] {
+        let total = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == "rpcrdmad_buffers" && s.labels.get("pool") == Some(pool));
+        assert!(
+            matches!(total.map(|s| &s.value), Some(prometheus_parse::Value::Gauge(v)) if *v > 0.0),
+            "{pool}: {total:?}"
+        );
+    }
+    // Errors by code: one series per code, none sent on a healthy connection.
+    let chunk = scrape.samples.iter().find(|s| {
+        s.metric == "rpcrdmad_conn_errors_sent_total" && s.labels.get("code") == Some("err_chunk")
+    });
+    assert!(
+        matches!(chunk.map(|s| &s.value), Some(prometheus_parse::Value::Counter(v)) if *v == 0.0),
+        "{chunk:?}"
+    );
 }
 
 #[test]
@@ -404,6 +427,8 @@ fn sigint_stops_like_sigterm_and_human_tables_print() {
     for (args, header) in [
         (&["conns"][..], "PEER-INLINE(S/R)"),
         (&["stats"][..], "CALLS-OUT"),
+        (&["stats"][..], "RECV-BUFS(FREE/ALL)"),
+        (&["stats"][..], "SENT-CHUNK"),
         (&["latency"][..], "P99-US"),
         (&["conn", "show", "0"][..], "counters:"),
     ] {

@@ -113,6 +113,13 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
     let t = call.submit().expect("submit");
     let r = c.wait(t, T).expect("long ECHO");
     assert_eq!(r.body, xdr_opaque(&data));
+    // Each transfer mode is counted on the requester.
+    let s = a.ctl_json(&["stats"]);
+    let c0 = &s["conns"][0];
+    assert!(c0["read-chunks"].as_u64() >= Some(2), "{c0}");
+    assert!(c0["write-chunks"].as_u64() >= Some(2), "{c0}");
+    assert!(c0["long-calls"].as_u64() >= Some(1), "{c0}");
+    assert!(c0["short-sent"].as_u64() >= Some(3), "{c0}");
 }
 
 fn start_v2(name: &str, peer: Option<(&str, u16)>) -> Daemon {

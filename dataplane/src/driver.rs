@@ -190,6 +190,20 @@ struct SendShared {
     free: Vec<u32>,
 }
 
+/// Free and total buffers of a driver's send and receive pools (see
+/// [`Driver::buffer_counts`]); a quiet driver has every buffer free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BufferCounts {
+    /// Send buffers not holding a message.
+    pub send_free: u64,
+    /// Send buffers in the pool.
+    pub send_total: u64,
+    /// Receive buffers posted (waiting for a message) or in unused pool blocks.
+    pub recv_free: u64,
+    /// Receive buffers in the pool.
+    pub recv_total: u64,
+}
+
 /// Pool block of a connection whose buffers are all shared.
 const NO_BLOCK: u32 = u32::MAX;
 
@@ -209,6 +223,8 @@ pub struct Driver<P: Provider> {
     tmpl: ConnTemplate,
     block_len: u32,
     free_blocks: Vec<u32>,
+    /// Buffers posted to the shared receive queue now.
+    srq_posted: u32,
     conns: Vec<Option<Entry>>,
     gens: Vec<u32>,
     wcs: Vec<WorkCompletion>,
@@ -322,6 +338,7 @@ impl<P: Provider> Driver<P> {
             tmpl,
             block_len,
             free_blocks: (0..blocks).rev().collect(),
+            srq_posted: 0,
             conns: Vec::new(),
             gens: Vec::new(),
             wcs: vec![WorkCompletion::default(); 64],
@@ -402,6 +419,7 @@ impl<P: Provider> Driver<P> {
         let sge = sge(&self.regions, buf).ok_or(DriverError::BadId)?;
         self.p
             .post_srq_recv(sh.srq, (SRQ_CONN << 48) | u64::from(i), &[sge])?;
+        self.srq_posted += 1;
         Ok(())
     }
 
@@ -446,6 +464,37 @@ impl<P: Provider> Driver<P> {
     /// Shared send buffers free now (none without a shared send pool).
     pub fn free_send_buffers(&self) -> usize {
         self.send_shared.as_ref().map_or(0, |s| s.free.len())
+    }
+
+    /// Free and total buffers of the send and receive pools (for statistics: walks the
+    /// connections). Per-connection blocks count whole: an unused block's buffers are free.
+    pub fn buffer_counts(&self) -> BufferCounts {
+        let t = &self.tmpl;
+        let blocks = u64::from(self.pool.len / self.block_len.max(1));
+        let free_blocks = self.free_blocks.len() as u64;
+        let live = || self.conns.iter().flatten().map(|e| &e.conn);
+        let (send_free, send_total) = match &self.send_shared {
+            Some(s) => (s.free.len() as u64, u64::from(s.pool.len / s.stride.max(1))),
+            None => (
+                free_blocks * u64::from(t.send_slots())
+                    + live().map(|c| u64::from(c.send_free())).sum::<u64>(),
+                blocks * u64::from(t.send_slots()),
+            ),
+        };
+        let (recv_free, recv_total) = match &self.shared {
+            Some(sh) => (u64::from(self.srq_posted), u64::from(sh.count)),
+            None => (
+                free_blocks * u64::from(t.recv_slots)
+                    + live().map(|c| u64::from(c.recv_posted())).sum::<u64>(),
+                blocks * u64::from(t.recv_slots),
+            ),
+        };
+        BufferCounts {
+            send_free,
+            send_total,
+            recv_free,
+            recv_total,
+        }
     }
 
     /// The provider (for connection management: listen, connect, accept, poll_cm).
@@ -774,6 +823,9 @@ impl<P: Provider> Driver<P> {
     fn on_shared_recv(&mut self, now: Instant, wc: &WorkCompletion, mem: &mut impl Memory) {
         let i = wc.wr_id as u32;
         let Some(sh) = self.shared else { return };
+        if i < sh.count {
+            self.srq_posted = self.srq_posted.saturating_sub(1);
+        }
         let buf = sh.pool.sub(i.saturating_mul(sh.size), sh.size);
         let conn = self.by_qp.get(&wc.qp).copied();
         match (buf, conn) {
@@ -828,7 +880,9 @@ impl<P: Provider> Driver<P> {
                     let wr = (SRQ_CONN << 48) | i;
                     let ok = sge(&self.regions, buf)
                         .is_some_and(|s| self.p.post_srq_recv(sh.srq, wr, &[s]).is_ok());
-                    if !ok {
+                    if ok {
+                        self.srq_posted += 1;
+                    } else {
                         e.conn
                             .close(CloseReason::Local("shared receive repost failed"));
                     }

@@ -51,9 +51,11 @@ pub mod rpcmsg;
 
 pub use conn::{
     ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, Completion, ConfigError, ConnConfig,
-    Connection, Event, IncomingCall, OptionalMsg, ReplySpec, ReplyStatus, ResultPiece, Role,
-    ServeId, Stats, SubmitError, Tag, Work,
+    Connection, ErrorCounts, Event, IncomingCall, OptionalMsg, ReplySpec, ReplyStatus, ResultPiece,
+    Role, ServeId, Stats, SubmitError, Tag, Work,
 };
-pub use driver::{from_serve_tag, serve_tag, ConnId, ConnTemplate, Driver, DriverError};
+pub use driver::{
+    from_serve_tag, serve_tag, BufferCounts, ConnId, ConnTemplate, Driver, DriverError,
+};
 pub use mem::{Env, MemRef, Memory, VecMemory};
 pub mod poll;

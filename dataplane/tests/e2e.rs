@@ -646,6 +646,14 @@ fn e2e_shared_pools_return_every_buffer() {
     drive(&mut c, &mut s, "send completions", |c, s| {
         c.drv.free_send_buffers() == 24 && s.drv.free_send_buffers() == 24
     });
+    // The statistics say the same: every send buffer free, every shared receive posted.
+    drive(&mut c, &mut s, "receives reposted", |c, s| {
+        [c.drv.buffer_counts(), s.drv.buffer_counts()]
+            .iter()
+            .all(|b| b.send_free == b.send_total && b.recv_free == b.recv_total)
+    });
+    let b = s.drv.buffer_counts();
+    assert_eq!((b.send_total, b.recv_total), (24, 16));
     s.drv.close(sconn, CloseReason::Requested, &mut s.mem);
     assert_eq!(s.drv.free_send_buffers(), 24);
 }

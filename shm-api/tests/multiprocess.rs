@@ -398,6 +398,7 @@ fn c_example_client_runs_against_the_harness() {
     assert!(st.success(), "C example did not compile");
     let out = std::process::Command::new(&exe)
         .arg(&path)
+        .arg("loopback")
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&exe);

@@ -257,6 +257,60 @@ fn human(req: &Request, r: &Value) -> String {
                 ),
             );
             out.push('\n');
+            let codes = ["err-vers", "err-chunk", "bad-header", "inval-option"];
+            let errors: Vec<Vec<String>> = r["conns"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|c| {
+                            let mut row = vec![s(&c["id"]), s(&c["peer"])];
+                            for dir in ["errors-sent-by-code", "errors-received-by-code"] {
+                                row.extend(codes.iter().map(|k| s(&c[dir][*k])));
+                            }
+                            row
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            out += &table::render(
+                &[
+                    "CONN",
+                    "PEER",
+                    "SENT-VERS",
+                    "SENT-CHUNK",
+                    "SENT-BADHDR",
+                    "SENT-INVOPT",
+                    "RECV-VERS",
+                    "RECV-CHUNK",
+                    "RECV-BADHDR",
+                    "RECV-INVOPT",
+                ],
+                &errors,
+            );
+            out.push('\n');
+            let mut threads = rows(
+                &r["threads"],
+                &[
+                    "index",
+                    "busy-polls",
+                    "idle-polls",
+                    "parks",
+                    "apps",
+                    "app-ops",
+                    "rpcs-in-flight",
+                    "regions",
+                    "region-bytes",
+                    "send-buffers-free",
+                    "recv-buffers-free",
+                    "bad-submissions",
+                    "apps-detached",
+                ],
+            );
+            let totals = rows(&r["threads"], &["send-buffers", "recv-buffers"]);
+            for (t, tot) in threads.iter_mut().zip(&totals) {
+                t[9] = format!("{}/{}", t[9], tot[0]);
+                t[10] = format!("{}/{}", t[10], tot[1]);
+            }
             out += &table::render(
                 &[
                     "THREAD",
@@ -264,21 +318,16 @@ fn human(req: &Request, r: &Value) -> String {
                     "IDLE-POLLS",
                     "PARKS",
                     "APPS",
+                    "APP-OPS",
+                    "RPCS",
+                    "REGIONS",
+                    "REGION-BYTES",
+                    "SEND-BUFS(FREE/ALL)",
+                    "RECV-BUFS(FREE/ALL)",
                     "BAD-SUBMISSIONS",
                     "APPS-DETACHED",
                 ],
-                &rows(
-                    &r["threads"],
-                    &[
-                        "index",
-                        "busy-polls",
-                        "idle-polls",
-                        "parks",
-                        "apps",
-                        "bad-submissions",
-                        "apps-detached",
-                    ],
-                ),
+                &threads,
             );
             out
         }

@@ -220,3 +220,133 @@ pub fn signal_pid(id: u32, sig: &str) {
     let pid = Pid::from_raw(i32::try_from(id).expect("pid")).expect("non-zero pid");
     kill_process(pid, sig).expect("kill");
 }
+
+/// The resource counts of a daemon's first poll thread that must return to a baseline when
+/// an app goes away (`rpcrdmactl stats --json`, `threads[0]`).
+pub const RESOURCE_KEYS: [&str; 9] = [
+    "apps",
+    "app-ops",
+    "rpcs-in-flight",
+    "regions",
+    "region-bytes",
+    "send-buffers-free",
+    "send-buffers",
+    "recv-buffers-free",
+    "recv-buffers",
+];
+
+/// The daemon's resource counts now.
+pub fn counts(d: &Daemon) -> std::collections::BTreeMap<&'static str, u64> {
+    let s = d.ctl_json(&["stats"]);
+    let t = &s["threads"][0];
+    RESOURCE_KEYS
+        .iter()
+        .map(|&k| {
+            let v = t[k]
+                .as_u64()
+                .unwrap_or_else(|| panic!("stats has no {k}: {s}"));
+            (k, v)
+        })
+        .collect()
+}
+
+/// The counts once the daemon is quiet: nothing in flight, every pool buffer free.
+pub fn settled(d: &Daemon) -> std::collections::BTreeMap<&'static str, u64> {
+    let c = eventually(30, || {
+        let c = counts(d);
+        (c["rpcs-in-flight"] == 0
+            && c["send-buffers-free"] == c["send-buffers"]
+            && c["recv-buffers-free"] == c["recv-buffers"])
+            .then_some(c)
+    });
+    c.unwrap_or_else(|| panic!("never quiet: {:?}\n{}", counts(d), d.log()))
+}
+
+/// Waits until the counts equal `base` again (at most `secs`); panics with both otherwise.
+pub fn back_to(d: &Daemon, base: &std::collections::BTreeMap<&'static str, u64>, secs: u64) {
+    let ok = eventually(secs, || (counts(d) == *base).then_some(()));
+    assert!(
+        ok.is_some(),
+        "counts did not return to the baseline\nbase {base:?}\nnow  {:?}\n{}",
+        counts(d),
+        d.log()
+    );
+}
+
+/// A child process we started, killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct App(pub Child);
+
+impl App {
+    /// Starts `cmd` with its stdout piped and waits for its first line, which must start
+    /// with `ready` (it is returned).
+    pub fn start(cmd: &mut Command, ready: &str) -> (App, String) {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn app");
+        let out = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)
+            .expect("read the app's first line");
+        let app = App(child);
+        assert!(line.starts_with(ready), "app said {line:?}, not {ready:?}");
+        (app, line)
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) {
+        signal_pid(self.0.id(), "KILL");
+        let _ = self.0.wait();
+    }
+
+    /// Whether it still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        if self.alive() {
+            self.kill9();
+        }
+    }
+}
+
+/// An `rdmatest serve` process on `app_socket` (an RDMATEST server app).
+pub fn rdmatest_serve(app_socket: &Path) -> App {
+    App::start(
+        Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+            .arg("serve")
+            .arg(app_socket),
+        "serving",
+    )
+    .0
+}
+
+/// The path of shm-api's `shm-testapp` (hostile and other test roles), built on first use
+/// with the cargo that builds these tests (a binary of another package is not an artifact
+/// of this one).
+pub fn shm_testapp() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = Path::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+                .parent()
+                .expect("profile directory")
+                .to_path_buf();
+            let mut cmd = Command::new(env!("CARGO"));
+            cmd.args(["build", "-q", "-p", "rpcrdma-shm", "--bin", "shm-testapp"])
+                .arg("--manifest-path")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+                .arg("--target-dir")
+                .arg(dir.parent().expect("target directory"));
+            if dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            let st = cmd.status().expect("run cargo build");
+            assert!(st.success(), "cargo build of shm-testapp failed");
+            let exe = dir.join("shm-testapp");
+            assert!(exe.exists(), "{} missing", exe.display());
+            exe
+        })
+        .clone()
+}

@@ -532,6 +532,10 @@ pub struct Stats {
     pub errors_sent: u64,
     /// Error messages received.
     pub errors_received: u64,
+    /// Error messages sent, by code (they add up to `errors_sent`).
+    pub errors_sent_by: ErrorCounts,
+    /// Error messages received, by code (they add up to `errors_received`).
+    pub errors_received_by: ErrorCounts,
     /// Messages dropped silently (too short, header errors in replies, unknown XIDs).
     pub dropped: u64,
     /// Times a call waited for a credit.
@@ -540,6 +544,38 @@ pub struct Stats {
     pub invalidations: u64,
     /// Local invalidations skipped because the peer used Send With Invalidate.
     pub remote_invalidations: u64,
+}
+
+/// RDMA_ERROR / RDMA2_ERROR messages counted by error code.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorCounts {
+    /// ERR_VERS (version 1, or a bare ERR_VERS of an unknown version) and RDMA2_ERR_VERS.
+    pub vers: u64,
+    /// ERR_CHUNK (version 1).
+    pub chunk: u64,
+    /// RDMA2_ERR_BAD_HEADER (version two).
+    pub bad_header: u64,
+    /// RDMA2_ERR_INVAL_OPTION (version two).
+    pub inval_option: u64,
+}
+
+impl ErrorCounts {
+    /// Counts one error of `code`.
+    #[inline]
+    pub fn count(&mut self, code: &proto::ErrorCode) {
+        let n = match code {
+            proto::ErrorCode::Vers { .. } => &mut self.vers,
+            proto::ErrorCode::Chunk => &mut self.chunk,
+            proto::ErrorCode::BadHeader => &mut self.bad_header,
+            proto::ErrorCode::InvalOption => &mut self.inval_option,
+        };
+        *n += 1;
+    }
+
+    /// All errors counted.
+    pub fn total(&self) -> u64 {
+        self.vers + self.chunk + self.bad_header + self.inval_option
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -784,6 +820,11 @@ impl Connection {
         self.recv_posted
     }
 
+    /// Send slots free now (with a shared send pool, slots hold no buffer while free).
+    pub fn send_free(&self) -> u32 {
+        self.send_free.len() as u32
+    }
+
     /// The RPC-over-RDMA version this side's calls use.
     pub fn version(&self) -> u32 {
         self.vers
@@ -1006,6 +1047,7 @@ impl Connection {
         let mut b = [0u8; 28];
         let Ok(n) = e.emit(&mut b) else { return };
         self.stats.errors_sent += 1;
+        self.stats.errors_sent_by.count(&e.code);
         self.send_bytes(SendOwner::Bare, b.get(..n).unwrap_or(&[]), env);
     }
 
@@ -1143,10 +1185,13 @@ impl Connection {
                     ),
                     v1::Body::Nomsg(c) => self.on_nomsg(now, slot, 1, h.xid, credit, c, inv, env),
                     v1::Body::Error(e) => {
-                        let status = match e {
-                            v1::ErrorBody::Vers { .. } => CallStatus::ErrVers,
-                            v1::ErrorBody::Chunk => CallStatus::ErrChunk,
+                        let (status, code) = match e {
+                            v1::ErrorBody::Vers { low, high } => {
+                                (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
+                            }
+                            v1::ErrorBody::Chunk => (CallStatus::ErrChunk, proto::ErrorCode::Chunk),
                         };
+                        self.count_error_received(&code);
                         self.on_error_reply(h.xid, status, env);
                         false
                     }
@@ -1182,10 +1227,18 @@ impl Connection {
                     self.on_nomsg(now, slot, 2, h.xid, h.credit, chunks, inv, env)
                 }
                 v2::Body::Error(e) => {
-                    let status = match e {
-                        v2::ErrorBody::Vers { .. } => CallStatus::ErrVers,
-                        _ => CallStatus::ErrChunk,
+                    let (status, code) = match e {
+                        v2::ErrorBody::Vers { low, high } => {
+                            (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
+                        }
+                        v2::ErrorBody::BadHeader => {
+                            (CallStatus::ErrChunk, proto::ErrorCode::BadHeader)
+                        }
+                        v2::ErrorBody::InvalOption => {
+                            (CallStatus::ErrChunk, proto::ErrorCode::InvalOption)
+                        }
                     };
+                    self.count_error_received(&code);
                     self.on_error_reply(h.xid, status, env);
                     false
                 }
@@ -1195,10 +1248,19 @@ impl Connection {
                 }
             },
             Message::ErrVers(e) => {
+                self.count_error_received(&proto::ErrorCode::Vers {
+                    low: e.low,
+                    high: e.high,
+                });
                 self.on_error_reply(e.xid, CallStatus::ErrVers, env);
                 false
             }
         }
+    }
+
+    fn count_error_received(&mut self, code: &proto::ErrorCode) {
+        self.stats.errors_received += 1;
+        self.stats.errors_received_by.count(code);
     }
 
     fn reject_direction(&mut self, xid: u32, direction: MsgType, env: &mut impl Env) {

@@ -565,8 +565,8 @@ impl Connection {
 
     /// An RDMA_ERROR for one of our calls: a permanent error (R8166-4.5-e), except that a
     /// version-two call answered ERR_VERS is resent as version 1 (V2-5.2-a).
+    /// The caller has counted the error (by code) in the statistics.
     pub(super) fn on_error_reply(&mut self, xid: u32, status: CallStatus, _env: &mut impl Env) {
-        self.stats.errors_received += 1;
         if self.take_ghost(xid, None) {
             return;
         }

@@ -954,6 +954,7 @@ impl Connection {
         let mut b = [0u8; 28];
         let Ok(n) = e.emit(&mut b) else { return };
         self.stats.errors_sent += 1;
+        self.stats.errors_sent_by.count(&e.code);
         let silent = !matches!(s.state, State::Ready);
         self.serve_send(
             i,

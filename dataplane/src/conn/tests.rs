@@ -341,6 +341,12 @@ fn r8166_4_5_3_b_reply_too_large_without_reply_chunk_is_err_chunk() {
     )));
     let d = done(&mut p);
     assert_eq!(d[0].status, CallStatus::ErrChunk);
+    let chunk = crate::ErrorCounts {
+        chunk: 1,
+        ..Default::default()
+    };
+    assert_eq!(p.b.conn.stats().errors_sent_by, chunk);
+    assert_eq!(p.a.conn.stats().errors_received_by, chunk);
     // No RDMA Write overran anything (R8166-8.1.4-b).
     assert!(!p.b.log.iter().any(|w| matches!(w, Work::Write { .. })));
 }
@@ -1309,6 +1315,14 @@ fn v2_3_1_b_optional_messages_surface_and_unknown_get_inval_option() {
     p.b.conn.reject_optional(55, &mut p.b.env);
     p.run();
     assert_eq!(p.b.sent[0].clone(), be(&[55, 2, 8, 4, 3]));
+    // Counted by code on both sides.
+    let inval = crate::ErrorCounts {
+        inval_option: 1,
+        ..Default::default()
+    };
+    assert_eq!(p.b.conn.stats().errors_sent_by, inval);
+    assert_eq!(p.a.conn.stats().errors_received_by, inval);
+    assert_eq!(p.a.conn.stats().errors_received, 1);
 }
 
 #[test]
@@ -2118,6 +2132,9 @@ fn r8166_4_5_f_undecodable_error_dropped_and_amb_2_err_vers_any_version() {
     assert!(done(&mut p).is_empty());
     p.inject(false, &be(&[1, 7, 1, 4, 1, 1, 1]));
     assert_eq!(done(&mut p)[0].status, CallStatus::ErrVers);
+    // Only the decodable error is counted, as ERR_VERS.
+    let s = p.a.conn.stats();
+    assert_eq!((s.errors_received, s.errors_received_by.vers), (1, 1));
 }
 
 #[test]
@@ -2324,6 +2341,9 @@ fn v2_4_2_b_and_4_2_3_a_v2_header_errors_get_bad_header() {
         .concat(),
     );
     assert_eq!(p.b.sent, vec![be(&[6, 2, 8, 4, 2]), be(&[6, 2, 8, 4, 2])]);
+    let s = p.b.conn.stats();
+    assert_eq!((s.errors_sent, s.errors_sent_by.bad_header), (2, 2));
+    assert_eq!(s.errors_sent_by.total(), 2);
 }
 
 #[test]

@@ -142,6 +142,16 @@ pub struct ThreadStats {
     pub bad_submissions: u64,
     /// Apps detached (closed, crashed, stalled).
     pub apps_detached: u64,
+    /// Memory regions registered with the provider now (the buffer pool, the apps' arenas,
+    /// and the arenas of gone apps the engine may still touch).
+    pub regions: usize,
+    /// Bytes of those regions.
+    pub region_bytes: u64,
+    /// RPCs the engine carries for apps now: calls sent and not yet answered, plus calls
+    /// received and not yet answered.
+    pub rpcs_in_flight: usize,
+    /// Free and total buffers of the send and receive pools.
+    pub buffers: crate::driver::BufferCounts,
     /// Totals over every connection this thread has had (closed ones included).
     pub totals: Totals,
 }

@@ -1242,6 +1242,10 @@ impl<P: Provider> PollThread<P> {
         self.stats.apps = t.apps;
         self.stats.app_ops = t.ops;
         self.stats.bad_submissions = t.bad_submissions;
+        self.stats.regions = self.mem.regs.len();
+        self.stats.region_bytes = self.mem.regs.iter().map(|r| r.mr().len).sum();
+        self.stats.rpcs_in_flight = self.started.len() + self.serving.len();
+        self.stats.buffers = self.drv.buffer_counts();
         snap.thread = self.stats;
         snap.n = 0;
         for i in 0..self.slots.len() {

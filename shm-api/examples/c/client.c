@@ -1,7 +1,9 @@
 /*
  * A C ONC RPC client of RDMATEST through rpcrdmad's shared-memory rings (header-only binding).
  * Build: cc -std=c11 -I shm-api/include shm-api/examples/c/client.c -o rdmatest-client
- * Run:   ./rdmatest-client /path/to/daemon.sock   (prints "NULL ok", "ECHO ok", "READ ok")
+ * Run:   ./rdmatest-client /path/to/app.sock PEER   (prints "NULL ok", "ECHO ok", "READ ok")
+ * PEER is the name of a configured peer of the daemon ([[peers]] name) with an RDMATEST server
+ * app behind it.
  */
 #include "rpcrdma.h"
 
@@ -36,16 +38,16 @@ int main(int argc, char **argv)
     struct rr_cqe c;
     int peer, r;
 
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s <socket>\n", argv[0]);
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s <app-socket> <peer>\n", argv[0]);
         return 2;
     }
     if ((r = rr_connect(argv[1], &app)) < 0) {
         fprintf(stderr, "connect: %s\n", strerror(-r));
         return 1;
     }
-    if ((peer = rr_peer_index(&app, "loopback")) < 0) {
-        fprintf(stderr, "no peer\n");
+    if ((peer = rr_peer_index(&app, argv[2])) < 0) {
+        fprintf(stderr, "the daemon has no peer named \"%s\"\n", argv[2]);
         return 1;
     }
 

@@ -3,7 +3,8 @@
 //! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time), `callback` (serves RDMATEST_CB PING as a backchannel program),
 //! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
-//! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon).
+//! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon;
+//! some of its calls are well-formed and reach the peer, so it leaves with calls in flight).
 use rpcrdma_shm::abi::{op, Cqe, Sqe};
 use rpcrdma_shm::attach::connect;
 use rpcrdma_shm::client::ReplyBuilder;
@@ -115,7 +116,9 @@ impl Rng {
     }
 }
 
-/// One hostile attachment per round: valid-index random descriptors, then random indices and scribbles.
+/// One hostile attachment per round: valid-index random descriptors (a quarter of them
+/// well-formed calls of unserved programs with garbage messages), then random indices and
+/// scribbles.
 fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
     let mut rng = Rng(seed | 1);
     for _ in 0..rounds {
@@ -174,6 +177,24 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
             };
             if d.opcode == op::REPLY {
                 d.target = rng.below(1 << 20) as u32;
+            }
+            if rng.below(4) == 0 {
+                // A well-formed call to peer 0 of an unserved program whose message is
+                // arena garbage: it passes validation and crosses the wire (a daemon's peer
+                // answers it), so the app may die or scribble with calls in flight.
+                d = Sqe {
+                    opcode: op::CALL,
+                    flags: (rng.below(2) as u8) * rpcrdma_shm::abi::flag::XID_APP,
+                    n_args: 0,
+                    n_results: 0,
+                    target: 0,
+                    msg_off: rng.below(arena - 4096) as u32,
+                    msg_len: rng.below(2048) as u32,
+                    reply_off: rng.below(arena - 8192) as u32,
+                    reply_len: 4096,
+                    reserved: [0; 3],
+                    ..d
+                };
             }
             let slot = l.sq_offset as usize + 128 + (tail & (g.sq_entries - 1)) as usize * 64;
             // SAFETY: the slot lies in our mapping's submission ring.

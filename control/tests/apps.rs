@@ -1,0 +1,257 @@
+//! Apps as real separate processes against real `rpcrdmad` processes (soft provider on
+//! loopback): apps killed with `kill -9` mid-call, hostile apps scribbling on their rings, and
+//! the C example client. The daemon's resource counts (`rpcrdmactl stats`: apps, app
+//! operations, RPCs in flight, registered regions and bytes, free pool buffers) must return
+//! to their baseline, and other apps must keep working.
+
+mod common;
+
+use common::{back_to, counts, eventually, rdmatest_serve, settled, xdr_opaque, App, Daemon};
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::Client;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Generous: calls may queue behind one-second SLEEPs in a single-threaded server app.
+const T: Option<Duration> = Some(Duration::from_secs(60));
+
+/// Daemon B (serving side) and daemon A with B as its peer "server", connected.
+fn pair(name: &str) -> (Daemon, Daemon) {
+    let start = |n: String, peer: Option<(&str, u16)>| {
+        let dir = common::tmpdir(&n);
+        let port = common::free_port();
+        let text = common::config(&dir, port, peer, "").replace("max-apps = 4", "max-apps = 16");
+        Daemon::start_with(dir, port, &text)
+    };
+    let b = start(format!("{name}-b"), None);
+    let a = start(format!("{name}-a"), Some(("server", b.port)));
+    a.wait_peer_up("server");
+    (a, b)
+}
+
+/// One RDMATEST ECHO through A to B's server app, checked.
+fn echo(c: &mut Client, peer: u32, i: u32, a: &Daemon, b: &Daemon) {
+    let data = pattern(i, 1 + (i as usize * 37) % 3000);
+    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("ECHO {i}: {e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.accept_stat, 0, "ECHO {i}");
+    assert_eq!(r.body, xdr_opaque(&data), "ECHO {i}");
+}
+
+fn daemon_alive(d: &mut Daemon) -> bool {
+    d.child
+        .as_mut()
+        .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+}
+
+#[test]
+fn kill9_calling_app_with_calls_in_flight_returns_regions_ops_and_buffers_to_baseline() {
+    let (a, b) = pair("k9call");
+    let _server = rdmatest_serve(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 0, &a, &b);
+    let base_a = settled(&a);
+    let base_b = settled(&b);
+    // The buffer pool and this client's arena.
+    assert_eq!((base_a["apps"], base_a["regions"]), (1, 2), "{base_a:?}");
+
+    // Another app submits four one-second SLEEPs and is killed while they are in flight.
+    let (mut victim, _) = App::start(
+        Command::new(env!("CARGO_BIN_EXE_rdmatest"))
+            .arg("inflight")
+            .arg(&a.app)
+            .args(["server", "4"]),
+        "submitted",
+    );
+    let busy = eventually(30, || {
+        let n = counts(&a);
+        (n["apps"] == 2 && n["rpcs-in-flight"] == 4).then_some(n)
+    })
+    .unwrap_or_else(|| panic!("the calls never showed: {:?}\n{}", counts(&a), a.log()));
+    assert_eq!(busy["regions"], base_a["regions"] + 1);
+    assert_eq!(
+        busy["region-bytes"],
+        base_a["region-bytes"] + 4 * 1024 * 1024
+    );
+    // Each call in flight holds a send buffer (its tail is the reply's landing area).
+    assert_eq!(
+        busy["send-buffers"] - busy["send-buffers-free"],
+        4,
+        "{busy:?}"
+    );
+    victim.kill9();
+
+    // The other app keeps working while the dead app's calls finish at B.
+    for i in 1..=5 {
+        echo(&mut c, peer, i, &a, &b);
+    }
+    back_to(&a, &base_a, 60);
+    back_to(&b, &base_b, 60);
+    let s = a.ctl_json(&["stats"]);
+    assert_eq!(s["threads"][0]["apps-detached"], 1);
+    echo(&mut c, peer, 6, &a, &b);
+}
+
+#[test]
+fn kill9_serving_app_with_calls_delivered_returns_regions_ops_and_buffers_to_baseline() {
+    let (a, b) = pair("k9serve");
+    assert_eq!((counts(&b)["apps"], counts(&b)["regions"]), (0, 1));
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    // A first reply (PROG_UNAVAIL: nobody serves yet) brings B's full credit grant, so the
+    // calls below go out together rather than one at a time.
+    let t = c
+        .call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    assert_eq!(c.wait(t, T).expect("NULL").accept_stat, 1);
+    let base_a = settled(&a);
+    let base_b = settled(&b);
+
+    // Four one-second SLEEPs: the server app handles one and holds the others delivered.
+    let mut server = rdmatest_serve(&b.app);
+    let tickets: Vec<_> = (0..4)
+        .map(|_| {
+            let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
+            call.args().put_u32(1_000_000);
+            call.submit().expect("submit")
+        })
+        .collect();
+    let busy = eventually(30, || {
+        let n = counts(&b);
+        (n["rpcs-in-flight"] == 4).then_some(n)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "calls never delivered: {:?}\nB: {}\nA: {}",
+            counts(&b),
+            b.ctl_json(&["stats"]),
+            a.ctl_json(&["stats"])
+        )
+    });
+    assert_eq!(busy["apps"], 1);
+    assert_eq!(busy["regions"], base_b["regions"] + 1);
+    assert!(busy["app-ops"] > base_b["app-ops"], "{busy:?}");
+    server.kill9();
+
+    // Every call is answered (SYSTEM_ERR for those the dead server held), none hangs.
+    let mut failed = 0;
+    for t in tickets {
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert!(matches!(r.accept_stat, 0 | 5), "{}", r.accept_stat);
+        failed += u32::from(r.accept_stat == 5);
+    }
+    assert!(failed >= 1, "the server died with calls delivered");
+    back_to(&b, &base_b, 60);
+    back_to(&a, &base_a, 60);
+
+    // A new server app: calls work again.
+    let _server = rdmatest_serve(&b.app);
+    echo(&mut c, peer, 1, &a, &b);
+}
+
+#[test]
+fn hostile_apps_cannot_crash_the_real_daemon_counts_return_and_others_keep_working() {
+    let (mut a, b) = pair("hostile");
+    let _server = rdmatest_serve(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 0, &a, &b);
+    let base_a = settled(&a);
+    let base_b = settled(&b);
+    let exe = common::shm_testapp();
+
+    // Three hostile apps, three attachments each: random descriptors (some reach B as calls
+    // of unknown programs), racing slot rewrites, random ring indices, header scribbles.
+    let mut hostiles: Vec<App> = (1..=3)
+        .map(|seed: u32| {
+            let child = Command::new(&exe)
+                .arg("hostile")
+                .arg(&a.app)
+                .args([seed.to_string(), "3".into()])
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn hostile app");
+            App(child)
+        })
+        .collect();
+    let bound = Instant::now() + Duration::from_secs(300);
+    let mut i = 1;
+    while hostiles.iter_mut().any(App::alive) || i < 100 {
+        assert!(
+            Instant::now() < bound,
+            "hostile apps still running after 300 s"
+        );
+        echo(&mut c, peer, i, &a, &b);
+        i += 1;
+    }
+    for h in &mut hostiles {
+        assert!(h.0.wait().expect("wait").success(), "a hostile app failed");
+    }
+    assert!(daemon_alive(&mut a), "the daemon died:\n{}", a.log());
+    back_to(&a, &base_a, 60);
+    back_to(&b, &base_b, 60);
+    let s = a.ctl_json(&["stats"]);
+    let t = &s["threads"][0];
+    assert!(t["bad-submissions"].as_u64() > Some(1000), "{t}");
+    assert!(t["apps-detached"].as_u64() >= Some(9), "{t}");
+    // Some hostile calls were well-formed and crossed the wire (B answered PROG_UNAVAIL).
+    let calls_in = b.ctl_json(&["stats"])["conns"][0]["calls-in"].as_u64();
+    assert!(calls_in > Some(u64::from(i)), "B saw {calls_in:?} calls");
+    echo(&mut c, peer, i, &a, &b);
+}
+
+#[test]
+fn c_example_client_runs_against_real_daemons() {
+    let (a, b) = pair("cexample");
+    let _server = rdmatest_serve(&b.app);
+    let base_a = settled(&a);
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../shm-api");
+    let exe = std::env::temp_dir().join(format!("rpcrdma-c-client-e2e-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(format!("{dir}/include"))
+        .arg(format!("{dir}/examples/c/client.c"))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "the C example did not compile");
+    let run = |peer: &str| {
+        Command::new(&exe)
+            .arg(&a.app)
+            .arg(peer)
+            .output()
+            .expect("run")
+    };
+    let out = run("server");
+    let wrong = run("nobody");
+    let usage = Command::new(&exe).arg(&a.app).output().expect("run");
+    let _ = std::fs::remove_file(&exe);
+
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "C client failed: {text}{}\nA:\n{}\nB:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log(),
+        b.log()
+    );
+    assert_eq!(text, "NULL ok\nECHO ok\nREAD ok\n");
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("no peer named \"nobody\""));
+    assert_eq!(usage.status.code(), Some(2));
+    // Three calls went through A and B; the C app's attachments are gone again.
+    let s = a.ctl_json(&["stats"]);
+    assert_eq!(s["conns"][0]["replies-in"], 3);
+    assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 3);
+    back_to(&a, &base_a, 60);
+}
