@@ -89,6 +89,8 @@ struct Slot {
     in_flight: u32,
     notify_idle: bool,
     v2_confirmed: bool,
+    /// Why the engine ended the connection, if it did (reported with [`Event::Down`]).
+    closed: Option<CloseReason>,
 }
 
 /// A call being served: where its arguments go, then which app op answers it.
@@ -688,6 +690,10 @@ impl<P: Provider> PollThread<P> {
             },
             ConnEvent::Closed(reason) => {
                 if let Some(i) = slot {
+                    self.slots[i].closed = Some(reason);
+                    if reason == CloseReason::NoAnswer {
+                        tracing::debug!(conn = i, "no answer to the first version-two call");
+                    }
                     let s = &mut self.slots[i].stats.info;
                     if matches!(reason, CloseReason::CreditOverrun) {
                         s.protocol_errors += 1;
@@ -792,13 +798,15 @@ impl<P: Provider> PollThread<P> {
         .emit()
     }
 
-    /// A queue pair with its engine connection (receives posted) in a free slot.
+    /// A queue pair with its engine connection (receives posted, speaking at most
+    /// `version`) in a free slot.
     fn open(
         &mut self,
         role: Role,
         peer: Option<u32>,
         remote: Option<SocketAddr>,
         pd: Option<CmData>,
+        version: u32,
     ) -> Result<usize, String> {
         let i = self.free_slot().ok_or("no free connection slot")?;
         let init = self.tmpl.qp_init(self.pd, self.drv.cq());
@@ -807,7 +815,11 @@ impl<P: Provider> PollThread<P> {
             .provider_mut()
             .create_qp(&init)
             .map_err(|e| format!("create queue pair: {e}"))?;
-        let conn = match self.drv.add_connection(qp, role, pd, &mut self.mem) {
+        let version = version.clamp(1, self.tmpl.version.max(1));
+        let conn = match self
+            .drv
+            .add_connection_version(qp, role, pd, version, &mut self.mem)
+        {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.drv.provider_mut().destroy_qp(qp);
@@ -815,12 +827,16 @@ impl<P: Provider> PollThread<P> {
             }
         };
         let t = self.spec.transport;
+        let _ = self.drv.configure(conn, |c| {
+            c.set_first_reply_timeout(t.v2_first_reply_timeout)
+        });
         let s = &mut self.slots[i];
         s.qp = Some(qp);
         s.conn = Some(conn);
         s.in_flight = 0;
         s.notify_idle = false;
         s.v2_confirmed = false;
+        s.closed = None;
         let id = s.stats.info.id;
         s.stats.info = ConnInfo {
             id,
@@ -882,7 +898,8 @@ impl<P: Provider> PollThread<P> {
                     let _ = self.drv.provider_mut().reject(req, &[]);
                     return;
                 }
-                let i = match self.open(Role::Server, None, None, peer_pd) {
+                let version = self.spec.transport.version;
+                let i = match self.open(Role::Server, None, None, peer_pd, version) {
                     Ok(i) => i,
                     Err(_) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
@@ -945,6 +962,10 @@ impl<P: Provider> PollThread<P> {
                 };
                 let conn = self.slots[i].stats.info.id;
                 let was = self.slots[i].stats.info.state;
+                let reason = match self.slots[i].closed {
+                    Some(CloseReason::NoAnswer) => Reason::NoAnswer,
+                    _ => Reason::Disconnected,
+                };
                 let peer = self.close_slot(i);
                 if was == ConnState::Connecting {
                     if let Some(peer) = peer {
@@ -955,11 +976,7 @@ impl<P: Provider> PollThread<P> {
                     }
                 } else {
                     self.stats.totals.conns_closed += 1;
-                    self.emit(Event::Down {
-                        conn,
-                        peer,
-                        reason: Reason::Disconnected,
-                    });
+                    self.emit(Event::Down { conn, peer, reason });
                 }
             }
         }
@@ -1132,11 +1149,15 @@ impl<P: Provider> PollThread<P> {
                     let _ = self.drv.provider_mut().close_listener(l);
                 }
             }
-            Command::Connect { peer, addr } => {
+            Command::Connect {
+                peer,
+                addr,
+                version,
+            } => {
                 if self.draining.is_some() {
                     return;
                 }
-                let i = match self.open(Role::Client, Some(peer), Some(addr), None) {
+                let i = match self.open(Role::Client, Some(peer), Some(addr), None, version) {
                     Ok(i) => i,
                     Err(e) => {
                         self.emit(Event::ConnectFailed {
@@ -1216,6 +1237,16 @@ impl<P: Provider> PollThread<P> {
                             c.set_peer_takes_invalidate(b);
                         }
                     });
+                }
+            }
+            Command::ApplyOwn { conn, rbsiz } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    let _ = self.drv.configure(c, |c| c.set_own_receive_size(rbsiz));
+                }
+            }
+            Command::CapPeer { conn, rbsiz } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    let _ = self.drv.configure(c, |c| c.set_peer_receive_cap(rbsiz));
                 }
             }
             Command::NotifyIdle { conn } => {
