@@ -783,9 +783,10 @@ mod tests {
             let (o, acts) = exchange(&mut a, &mut b, vec![Value::RbSiz(size)], false);
             assert_eq!(o.done, vec![format!("rbsiz={size}")]);
             let own = pos(&acts, |x| *x == Action::OwnRbsiz(size));
-            let resp = pos(&acts, |x| {
-                matches!(x, Action::Send { opttype, .. } if *opttype == ROPT_RESPXCH)
-            });
+            let resp = pos(
+                &acts,
+                |x| matches!(x, Action::Send { opttype, .. } if *opttype == ROPT_RESPXCH),
+            );
             assert!(own < resp, "{acts:?}");
         }
         // A size beyond the posted buffers is rejected and nothing is applied (XCH-3-c).

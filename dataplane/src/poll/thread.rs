@@ -89,8 +89,6 @@ struct Slot {
     in_flight: u32,
     notify_idle: bool,
     v2_confirmed: bool,
-    /// Why the engine ended the connection, if it did (reported with [`Event::Down`]).
-    closed: Option<CloseReason>,
 }
 
 /// A call being served: where its arguments go, then which app op answers it.
@@ -690,10 +688,6 @@ impl<P: Provider> PollThread<P> {
             },
             ConnEvent::Closed(reason) => {
                 if let Some(i) = slot {
-                    self.slots[i].closed = Some(reason);
-                    if reason == CloseReason::NoAnswer {
-                        tracing::debug!(conn = i, "no answer to the first version-two call");
-                    }
                     let s = &mut self.slots[i].stats.info;
                     if matches!(reason, CloseReason::CreditOverrun) {
                         s.protocol_errors += 1;
@@ -836,7 +830,6 @@ impl<P: Provider> PollThread<P> {
         s.in_flight = 0;
         s.notify_idle = false;
         s.v2_confirmed = false;
-        s.closed = None;
         let id = s.stats.info.id;
         s.stats.info = ConnInfo {
             id,
@@ -962,7 +955,11 @@ impl<P: Provider> PollThread<P> {
                 };
                 let conn = self.slots[i].stats.info.id;
                 let was = self.slots[i].stats.info.state;
-                let reason = match self.slots[i].closed {
+                // The engine may have ended it (its Closed event can still be queued).
+                let ended = self.slots[i]
+                    .conn
+                    .and_then(|c| self.drv.connection(c)?.closed());
+                let reason = match ended {
                     Some(CloseReason::NoAnswer) => Reason::NoAnswer,
                     _ => Reason::Disconnected,
                 };
