@@ -2168,3 +2168,27 @@ fn amb_33_configured_first_reply_timeout_and_version_1_after_it() {
     serve(&mut p);
     assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
 }
+
+#[test]
+fn xch_3_e_own_rbsiz_set_before_confirmation_survives_it() {
+    let mut client = sim::config(Role::Client, 8);
+    let mut server = sim::config(Role::Server, 8);
+    for c in [&mut client, &mut server] {
+        c.version = 2;
+        c.recv_size = 8192;
+    }
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    // The server announces 2048 before the first call confirms version two: confirmation
+    // must not put its threshold back to the 4096 default.
+    p.b.conn.set_own_receive_size(2048);
+    bulk(&mut p, 1, &[0; 8], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+    assert_eq!(p.b.conn.thresholds().1, 2048);
+    assert_eq!(
+        p.a.conn.thresholds().1,
+        4096,
+        "the default where nothing was set"
+    );
+}
