@@ -131,6 +131,9 @@ pub struct PeerStatus {
     pub failures: u32,
     /// Milliseconds until the next attempt (backoff).
     pub retry_in_ms: Option<u64>,
+    /// RPC-over-RDMA version offered to this peer: 1 once it is marked version-1-only
+    /// because it never answered version two (AMB-33).
+    pub version: u32,
 }
 
 /// One poll thread.

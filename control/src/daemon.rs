@@ -69,6 +69,9 @@ struct PeerState {
     delay: Duration,
     failures: u32,
     phase: PeerPhase,
+    /// The peer never answered our first version-two call: it is spoken to in version 1
+    /// until the daemon restarts (AMB-33, V2-5.2-b).
+    v1_only: bool,
 }
 
 /// The running daemon's control-thread state.
@@ -203,6 +206,9 @@ impl Daemon {
                 recv_buffer_size: cfg.pools.recv_buffer_size,
                 ird: u16::try_from(ird).unwrap_or(u16::MAX),
                 ord: u16::try_from(ord).unwrap_or(u16::MAX),
+                v2_first_reply_timeout: Duration::from_millis(u64::from(
+                    t.v2_first_message_timeout_ms,
+                )),
             },
             max_conns,
             max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
@@ -261,6 +267,7 @@ impl Daemon {
                 delay: Duration::from_millis(u64::from(p.reconnect_initial_ms)),
                 failures: 0,
                 phase: PeerPhase::Stopped,
+                v1_only: false,
             })
             .collect();
         let mut d = Daemon {
@@ -373,9 +380,18 @@ impl Daemon {
             return;
         };
         p.phase = PeerPhase::Connecting;
-        debug!(peer = %p.name, %addr, "connecting");
+        let version = if p.v1_only {
+            1
+        } else {
+            self.cfg.transport.version
+        };
+        debug!(peer = %p.name, %addr, version, "connecting");
         let peer = i as u32;
-        self.send(Command::Connect { peer, addr });
+        self.send(Command::Connect {
+            peer,
+            addr,
+            version,
+        });
     }
 
     fn peer_failed(&mut self, i: usize, why: &str) {
@@ -412,7 +428,10 @@ impl Daemon {
                 };
                 info!(conn, peer = %name, "connection up");
                 self.remote_of.insert((thread, conn), name);
-                if self.cfg.transport.version == 2 {
+                let v1_only = peer
+                    .and_then(|p| self.peers.get(p as usize))
+                    .is_some_and(|p| p.v1_only);
+                if self.cfg.transport.version == 2 && !v1_only {
                     let t = &self.cfg.transport;
                     let policy = Policy {
                         rbsiz: t.inline_recv,
@@ -433,8 +452,22 @@ impl Daemon {
                 let name = self.remote_of.remove(&(thread, conn)).unwrap_or_default();
                 self.xchar.remove(&conn);
                 info!(conn, peer = %name, ?reason, "connection down");
-                if let Some(p) = peer {
-                    self.peer_failed(p as usize, "connection lost");
+                match (peer, reason) {
+                    (Some(p), poll::Reason::NoAnswer) if self.draining.is_none() => {
+                        // AMB-33: a deployed v1 server drops version-two messages silently.
+                        // Reconnect at once, speaking version 1 to this peer from now on.
+                        if let Some(ps) = self.peers.get_mut(p as usize) {
+                            ps.v1_only = true;
+                            warn!(
+                                peer = %ps.name,
+                                timeout_ms = self.cfg.transport.v2_first_message_timeout_ms,
+                                "no answer to version 2: reconnecting with version 1 (AMB-33)"
+                            );
+                        }
+                        self.connect_peer(p as usize);
+                    }
+                    (Some(p), _) => self.peer_failed(p as usize, "connection lost"),
+                    (None, _) => {}
                 }
             }
             Event::AppAttached { pid } => {
@@ -461,7 +494,7 @@ impl Daemon {
                     if !x.view().initxch_sent {
                         let a = x.initxch();
                         debug!(conn, "version two confirmed: sending INITXCH");
-                        self.act(conn, 0, vec![a]);
+                        self.act(conn, 0, a);
                     }
                 }
             }
@@ -526,6 +559,8 @@ impl Daemon {
                     rbsiz: Some(r),
                     reqreminv: None,
                 },
+                Action::OwnRbsiz(rbsiz) => Command::ApplyOwn { conn, rbsiz },
+                Action::PeerRbsizCap(rbsiz) => Command::CapPeer { conn, rbsiz },
                 Action::PeerReqRemInv(v) => Command::ApplyPeer {
                     conn,
                     rbsiz: None,
@@ -554,7 +589,7 @@ impl Daemon {
             let mut acts = Vec::new();
             for v in vals {
                 match x.set(v) {
-                    Ok(a) => acts.push(a),
+                    Ok(a) => acts.extend(a),
                     Err(e) => return Response::err(e),
                 }
             }
@@ -563,7 +598,7 @@ impl Daemon {
             return Response::ok(view);
         }
         let (xid, a) = x.request(vals);
-        self.act(conn, 0, vec![a]);
+        self.act(conn, 0, a);
         let deadline = Instant::now() + Duration::from_secs(3);
         loop {
             self.drain_events();
@@ -571,6 +606,12 @@ impl Daemon {
                 return Response::ok(o);
             }
             if Instant::now() > deadline {
+                let acts = self
+                    .xchar
+                    .get_mut(&conn)
+                    .map(|x| x.abandon(xid))
+                    .unwrap_or_default();
+                self.act(conn, 0, acts);
                 return Response::err(
                     "no RESPXCH within 3 s (the peer may not support REQXCH: it keeps its values)",
                 );
@@ -920,6 +961,11 @@ impl Daemon {
                             PeerPhase::Stopped => ("stopped", None, None),
                         };
                         PeerStatus {
+                            version: if p.v1_only {
+                                1
+                            } else {
+                                self.cfg.transport.version
+                            },
                             name: p.name.clone(),
                             address: p.address.clone(),
                             state: state.into(),

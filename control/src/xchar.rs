@@ -157,6 +157,12 @@ pub enum Action {
     },
     /// The peer's receive size changed: our inline threshold follows.
     PeerRbsiz(u32),
+    /// Our receive size is about to be announced: the engine applies it first (the
+    /// threshold for what the peer sends, which decides our Reply chunks).
+    OwnRbsiz(u32),
+    /// While our REQXCH lowering the peer's RBSIZ is outstanding, what we send is capped at
+    /// the value asked (XCH-3.1-d); `None` lifts the cap.
+    PeerRbsizCap(Option<u32>),
     /// The peer's REQREMINV changed: whether our replies may use Send With Invalidate.
     PeerReqRemInv(bool),
     /// Answer the message with RDMA2_ERR_INVAL_OPTION (unsupported or undecodable).
@@ -195,6 +201,8 @@ pub struct XcharView {
     pub pending_local: Vec<String>,
     /// Changes we asked of the peer that are pending.
     pub pending_peer: Vec<String>,
+    /// Our send limit while a request lowering the peer's RBSIZ is outstanding (XCH-3.1-d).
+    pub peer_rbsiz_cap: Option<u32>,
     /// Unknown characteristics ignored.
     pub unknown_ignored: u64,
 }
@@ -212,6 +220,15 @@ pub struct ConnXchar {
     /// Changes of ours the peer asked for that wait for quiescence.
     local_pending: Vec<Value>,
     answers: Vec<(u32, RespOutcome)>,
+}
+
+/// The smallest RBSIZ among `vals`.
+fn min_rbsiz<'a>(vals: impl Iterator<Item = &'a Value>) -> Option<u32> {
+    vals.filter_map(|v| match v {
+        Value::RbSiz(n) => Some(*n),
+        _ => None,
+    })
+    .min()
 }
 
 fn encode(op: &Operation<'_>) -> Vec<u8> {
@@ -255,8 +272,14 @@ impl ConnXchar {
     }
 
     /// Our INITXCH: RBSIZ, REQREMINV, BRS; BRS never changes, REQREMINV only if allowed,
-    /// RBSIZ only if the policy leaves room (XCH-4.1-b).
-    pub fn initxch(&mut self) -> Action {
+    /// RBSIZ only if the policy leaves room (XCH-4.1-b). The engine applies our RBSIZ
+    /// before the message goes out.
+    pub fn initxch(&mut self) -> Vec<Action> {
+        let own = Action::OwnRbsiz(self.view.local.rbsiz);
+        vec![own, self.initxch_msg()]
+    }
+
+    fn initxch_msg(&mut self) -> Action {
         let p = self.policy;
         let start = [
             Xchar::RbSiz(self.view.local.rbsiz),
@@ -283,22 +306,43 @@ impl ConnXchar {
         }
     }
 
-    /// Our REQXCH for `want`; the answer is collected by [`ConnXchar::take_answer`].
-    pub fn request(&mut self, want: Vec<Value>) -> (u32, Action) {
+    /// Our REQXCH for `want`; the answer is collected by [`ConnXchar::take_answer`]. A
+    /// lower RBSIZ asked of the peer caps what we send from now on (XCH-3.1-d): the cap
+    /// comes first among the actions.
+    pub fn request(&mut self, want: Vec<Value>) -> (u32, Vec<Action>) {
         let vals: Vec<Xchar<'_>> = want.iter().map(Value::as_xchar).collect();
         let body = encode(&Operation::ReqXch {
             want: XcharSpec::from_values(&vals),
         });
         let xid = self.xid();
         self.asked.push((xid, want));
-        (
+        let mut out: Vec<Action> = self.recap().into_iter().collect();
+        out.push(Action::Send {
             xid,
-            Action::Send {
-                xid,
-                opttype: ROPT_REQXCH,
-                body,
-            },
-        )
+            opttype: ROPT_REQXCH,
+            body,
+        });
+        (xid, out)
+    }
+
+    /// Gives up on our request `xid` (no RESPXCH came: the peer may not support REQXCH,
+    /// XCH-3-d): it counts as rejected, and a send cap it set is lifted.
+    pub fn abandon(&mut self, xid: u32) -> Vec<Action> {
+        self.asked.retain(|(x, _)| *x != xid);
+        self.recap().into_iter().collect()
+    }
+
+    /// The cap on what we send: the lowest RBSIZ we asked of the peer that is still
+    /// outstanding (awaiting RESPXCH, or pending until UPDXCH with pendclr), if below what
+    /// the peer announced. An action when it changed.
+    fn recap(&mut self) -> Option<Action> {
+        let asked = self.asked.iter().flat_map(|(_, w)| w.iter());
+        let cap =
+            min_rbsiz(asked.chain(self.peer_pending.iter())).filter(|&c| c < self.view.peer.rbsiz);
+        (cap != self.view.peer_rbsiz_cap).then(|| {
+            self.view.peer_rbsiz_cap = cap;
+            Action::PeerRbsizCap(cap)
+        })
     }
 
     /// The RESPXCH outcome of our request `xid`, once it arrived.
@@ -307,11 +351,14 @@ impl ConnXchar {
         Some(self.answers.swap_remove(i).1)
     }
 
-    /// An operator-initiated change of ours, announced with an unsolicited UPDXCH.
-    pub fn set(&mut self, v: Value) -> Result<Action, String> {
+    /// An operator-initiated change of ours, announced with an unsolicited UPDXCH (a new
+    /// RBSIZ is applied by the engine first).
+    pub fn set(&mut self, v: Value) -> Result<Vec<Action>, String> {
+        let mut out = Vec::new();
         match &v {
             Value::RbSiz(n) if (self.policy.min_rbsiz..=self.allowed_rbsiz()).contains(n) => {
                 self.view.local.rbsiz = *n;
+                out.push(Action::OwnRbsiz(*n));
             }
             Value::RbSiz(n) => {
                 return Err(format!(
@@ -329,7 +376,8 @@ impl ConnXchar {
             Value::Brs(_) => return Err("brs is fixed for the connection".into()),
             Value::Other(..) => {}
         }
-        Ok(self.update(&v, false))
+        out.push(self.update(&v, false));
+        Ok(out)
     }
 
     fn update(&mut self, v: &Value, pendclr: bool) -> Action {
@@ -390,10 +438,13 @@ impl ConnXchar {
                     out.extend(self.learn(&x));
                 }
                 if !self.view.initxch_sent {
-                    out.push(self.initxch());
+                    out.extend(self.initxch());
                 }
+                // A cap at or above the peer's new size no longer binds.
+                out.extend(self.recap());
             }
             Operation::ReqXch { want } => {
+                let before = self.view.local.rbsiz;
                 let mut done = [0u32; MAX_ITEMS / 32];
                 let mut rej = [0u32; MAX_ITEMS / 32];
                 let mut pend = [0u32; MAX_ITEMS / 32];
@@ -406,12 +457,17 @@ impl ConnXchar {
                     };
                     // Beyond MAX_ITEMS the index cannot be encoded: the request is refused whole.
                     if !subset_insert(set, i) {
+                        self.view.local.rbsiz = before;
                         out.push(Action::Reject);
                         return out;
                     }
                 }
                 if !self.local_pending.is_empty() {
                     out.push(Action::NotifyWhenIdle);
+                }
+                // The engine uses a changed RBSIZ before the RESPXCH reports it.
+                if self.view.local.rbsiz != before {
+                    out.push(Action::OwnRbsiz(self.view.local.rbsiz));
                 }
                 out.push(Action::Send {
                     xid,
@@ -444,6 +500,7 @@ impl ConnXchar {
                     }
                 }
                 self.view.pending_peer = self.peer_pending.iter().map(Value::name).collect();
+                out.extend(self.recap());
                 self.answers.push((xid, o));
             }
             Operation::UpdXch { now, pendclr } => {
@@ -453,6 +510,8 @@ impl ConnXchar {
                     self.peer_pending.retain(|v| v.as_xchar().which() != which);
                     self.view.pending_peer = self.peer_pending.iter().map(Value::name).collect();
                 }
+                // While a lower RBSIZ is still pending, a larger update does not lift the cap.
+                out.extend(self.recap());
             }
         }
         out
@@ -537,7 +596,7 @@ mod tests {
         busy: bool,
     ) -> (RespOutcome, Vec<Action>) {
         let (xid, req) = a.request(want);
-        let (x, t, body) = sent(&req);
+        let (x, t, body) = sent(req.last().expect("REQXCH"));
         let acts = b.on_message(x, t, &body, busy);
         let resp = acts
             .iter()
@@ -567,7 +626,13 @@ mod tests {
             true,
         );
         let mut b = ConnXchar::new(policy(), false);
-        let (x, t, body) = sent(&a.initxch());
+        let init = a.initxch();
+        assert_eq!(
+            init[0],
+            Action::OwnRbsiz(4096),
+            "applied before it is announced"
+        );
+        let (x, t, body) = sent(&init[1]);
         assert_eq!(t, ROPT_INITXCH);
         let acts = b.on_message(x, t, &body, false);
         assert!(acts.contains(&Action::PeerRbsiz(4096)));
@@ -686,7 +751,13 @@ mod tests {
     #[test]
     fn operator_set_announces_unsolicited_update_within_bounds() {
         let mut a = ConnXchar::new(policy(), true);
-        let (_, t, body) = sent(&a.set(Value::RbSiz(8192)).expect("allowed"));
+        let acts = a.set(Value::RbSiz(8192)).expect("allowed");
+        assert_eq!(
+            acts[0],
+            Action::OwnRbsiz(8192),
+            "XCH-3-e: applied before UPDXCH"
+        );
+        let (_, t, body) = sent(&acts[1]);
         assert_eq!(t, ROPT_UPDXCH);
         assert_eq!(
             Operation::parse(t, &body).expect("decodes"),
@@ -697,6 +768,77 @@ mod tests {
         );
         assert!(a.set(Value::RbSiz(16384)).is_err());
         assert!(a.set(Value::Brs(BkReqSup::None)).is_err());
+    }
+
+    /// Position of the first action matching `f`.
+    fn pos(acts: &[Action], f: impl Fn(&Action) -> bool) -> usize {
+        acts.iter().position(f).expect("action present")
+    }
+
+    #[test]
+    fn xch_3_e_own_rbsiz_is_applied_before_the_respxch_announcing_it() {
+        let mut a = ConnXchar::new(policy(), true);
+        let mut b = ConnXchar::new(policy(), false);
+        for size in [2048, 8192] {
+            let (o, acts) = exchange(&mut a, &mut b, vec![Value::RbSiz(size)], false);
+            assert_eq!(o.done, vec![format!("rbsiz={size}")]);
+            let own = pos(&acts, |x| *x == Action::OwnRbsiz(size));
+            let resp = pos(
+                &acts,
+                |x| matches!(x, Action::Send { opttype, .. } if *opttype == ROPT_RESPXCH),
+            );
+            assert!(own < resp, "{acts:?}");
+        }
+        // A size beyond the posted buffers is rejected and nothing is applied (XCH-3-c).
+        let (o, acts) = exchange(&mut a, &mut b, vec![Value::RbSiz(16384)], false);
+        assert_eq!(o.rejected, vec!["rbsiz=16384"]);
+        assert!(!acts.iter().any(|x| matches!(x, Action::OwnRbsiz(_))));
+    }
+
+    #[test]
+    fn xch_3_1_d_asking_a_lower_rbsiz_caps_sends_until_settled() {
+        let mut a = ConnXchar::new(policy(), true);
+        // Asked: the cap comes before the REQXCH leaves.
+        let (xid, acts) = a.request(vec![Value::RbSiz(2048)]);
+        assert_eq!(acts[0], Action::PeerRbsizCap(Some(2048)));
+        assert!(matches!(acts[1], Action::Send { opttype, .. } if opttype == ROPT_REQXCH));
+        assert_eq!(a.view().peer_rbsiz_cap, Some(2048));
+        // Pending: still capped; an update above it while pending does not lift the cap.
+        let resp = encode(&Operation::RespXch {
+            done: XcharSubset::EMPTY,
+            rej: XcharSubset::EMPTY,
+            pend: XcharSubset::from_words(&[1]),
+        });
+        let acts = a.on_message(xid, ROPT_RESPXCH, &resp, false);
+        assert!(!acts.iter().any(|x| matches!(x, Action::PeerRbsizCap(_))));
+        let upd = |v, pendclr| {
+            encode(&Operation::UpdXch {
+                now: Xchar::RbSiz(v),
+                pendclr,
+            })
+        };
+        let acts = a.on_message(9, ROPT_UPDXCH, &upd(8192, false), false);
+        assert_eq!(acts, vec![Action::PeerRbsiz(8192)]);
+        assert_eq!(a.view().peer_rbsiz_cap, Some(2048));
+        // Settled (UPDXCH with pendclr): the announced size rules again.
+        let acts = a.on_message(10, ROPT_UPDXCH, &upd(2048, true), false);
+        assert_eq!(
+            acts,
+            vec![Action::PeerRbsiz(2048), Action::PeerRbsizCap(None)]
+        );
+        // Rejected: the cap is lifted.
+        let (xid, _) = a.request(vec![Value::RbSiz(1024)]);
+        let resp = encode(&Operation::RespXch {
+            done: XcharSubset::EMPTY,
+            rej: XcharSubset::from_words(&[1]),
+            pend: XcharSubset::EMPTY,
+        });
+        let acts = a.on_message(xid, ROPT_RESPXCH, &resp, false);
+        assert_eq!(acts, vec![Action::PeerRbsizCap(None)]);
+        // No answer at all (XCH-3-d): abandoning the request lifts it too.
+        let (xid, acts) = a.request(vec![Value::RbSiz(1024)]);
+        assert_eq!(acts[0], Action::PeerRbsizCap(Some(1024)));
+        assert_eq!(a.abandon(xid), vec![Action::PeerRbsizCap(None)]);
     }
 
     #[test]

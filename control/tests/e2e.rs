@@ -413,3 +413,77 @@ fn write_of_1_and_4_mib_through_a_read_chunk_between_two_daemons() {
         assert_eq!(r.body, (len as u32 - 5).to_be_bytes(), "WRITE {len}");
     }
 }
+
+/// ECHO of 3000 bytes (a reply between the lowered 2048 and the default 4096), data intact.
+fn echo_3000(c: &mut Client, peer: u32, seed: u32, a: &Daemon, b: &Daemon) {
+    let data = pattern(seed, 3000);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    call.max_reply(3200);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("ECHO {seed}: {e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.accept_stat, 0);
+    assert_eq!(r.body, xdr_opaque(&data), "ECHO {seed} intact");
+}
+
+fn long_counts(a: &Daemon, b: &Daemon) -> (u64, u64) {
+    let sa = a.ctl_json(&["stats"]);
+    let sb = b.ctl_json(&["stats"]);
+    (
+        sa["conns"][0]["long-calls"].as_u64().expect("long-calls"),
+        sb["conns"][0]["long-replies"]
+            .as_u64()
+            .expect("long-replies"),
+    )
+}
+
+#[test]
+fn xch_3_e_lowered_rbsiz_reaches_the_engines_between_two_daemons() {
+    let b = start_v2("rbsiz-b", None);
+    let a = start_v2("rbsiz-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL");
+    let exchanged = common::eventually(10, || {
+        (xchar_of(&a)["initxch-received"] == true && xchar_of(&b)["initxch-received"] == true)
+            .then_some(())
+    });
+    assert!(exchanged.is_some(), "no INITXCH\nA:\n{}", a.log());
+
+    // RBSIZ 4096 both ways: the call and its reply go inline.
+    echo_3000(&mut c, peer, 1, &a, &b);
+    assert_eq!(long_counts(&a, &b), (0, 0));
+
+    // The operator lowers A's RBSIZ to 2048 (UPDXCH): A's engine offers a Reply chunk for
+    // replies that may exceed 2048, and B, told, uses it.
+    let a_id = a.ctl_json(&["conns"])[0]["id"].to_string();
+    let v = a.ctl_json(&["xchar", "set", &a_id, "rbsiz=2048"]);
+    assert_eq!(v["local"]["rbsiz"], 2048);
+    let told = common::eventually(10, || (xchar_of(&b)["peer"]["rbsiz"] == 2048).then_some(()));
+    assert!(told.is_some());
+    echo_3000(&mut c, peer, 2, &a, &b);
+    assert_eq!(long_counts(&a, &b), (0, 1), "reply through the Reply chunk");
+
+    // A asks B to lower its RBSIZ to 2048 (REQXCH, done): A's 3000-byte call now goes as a
+    // Long call.
+    let o = a.ctl_json(&["xchar", "request", &a_id, "rbsiz=2048"]);
+    assert_eq!(o["done"], serde_json::json!(["rbsiz=2048"]));
+    let x = xchar_of(&a);
+    assert_eq!(x["peer"]["rbsiz"], 2048);
+    assert!(x["peer-rbsiz-cap"].is_null(), "{x}");
+    echo_3000(&mut c, peer, 3, &a, &b);
+    assert_eq!(long_counts(&a, &b), (1, 2), "Long call and Reply chunk");
+    let conn = &a.ctl_json(&["conns"])[0];
+    assert_eq!(
+        (conn["inline-send"].as_u64(), conn["inline-recv"].as_u64()),
+        (Some(2048), Some(2048))
+    );
+}

@@ -519,6 +519,21 @@ impl<P: Provider> Driver<P> {
         peer: Option<PrivateData>,
         mem: &mut impl Memory,
     ) -> Result<ConnId, DriverError> {
+        let version = self.tmpl.version;
+        self.add_connection_version(qp, role, peer, version, mem)
+    }
+
+    /// [`add_connection`](Self::add_connection) speaking at most `version` (1 or 2) instead
+    /// of the template's: the owner reconnects with version 1 to a peer that never answered
+    /// version two (AMB-33, V2-5.2-b).
+    pub fn add_connection_version(
+        &mut self,
+        qp: QpId,
+        role: Role,
+        peer: Option<PrivateData>,
+        version: u32,
+        mem: &mut impl Memory,
+    ) -> Result<ConnId, DriverError> {
         let shared_send = self.send_shared.is_some();
         let block = if shared_send {
             NO_BLOCK
@@ -542,7 +557,7 @@ impl<P: Provider> Driver<P> {
         };
         let cfg = ConnConfig {
             role,
-            version: t.version,
+            version,
             credits: t.credits,
             send_pool: if shared_send {
                 MemRef::new(self.pool.mr, self.pool.offset, 0)

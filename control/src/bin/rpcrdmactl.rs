@@ -131,13 +131,16 @@ fn human(req: &Request, r: &Value) -> String {
                 s(&r["apps"]),
             );
             out += &table::render(
-                &["PEER", "ADDRESS", "STATE", "CONN", "FAILURES", "RETRY-MS"],
+                &[
+                    "PEER", "ADDRESS", "STATE", "VERS", "CONN", "FAILURES", "RETRY-MS",
+                ],
                 &rows(
                     &r["peers"],
                     &[
                         "name",
                         "address",
                         "state",
+                        "version",
                         "conn",
                         "failures",
                         "retry-in-ms",

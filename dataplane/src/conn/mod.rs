@@ -608,6 +608,11 @@ pub struct Connection {
     v2_confirmed: bool,
     /// The peer's XCHAR_RBSIZ, once learned.
     peer_rbsiz: Option<u32>,
+    /// Cap on what this side sends while its REQXCH lowering the peer's RBSIZ is
+    /// outstanding (XCH-3.1-d); `u32::MAX` when none.
+    peer_cap: u32,
+    /// The XCHAR_RBSIZ this side announced, once set (version two).
+    own_rbsiz: Option<u32>,
     /// When the first version-two call was seen going out (set at the next timer run).
     first_sent: Option<Instant>,
     first_pending: bool,
@@ -677,6 +682,8 @@ impl Connection {
             peer_takes_inv: peer_inv,
             v2_confirmed: false,
             peer_rbsiz: None,
+            peer_cap: u32::MAX,
+            own_rbsiz: None,
             first_sent: None,
             first_pending: false,
             first_timeout: V2_FIRST_REPLY_TIMEOUT,
@@ -762,10 +769,11 @@ impl Connection {
     /// Inline threshold for what this side sends now: 1024 until version two is confirmed
     /// (V2-5-b), then as learned.
     fn threshold(&self) -> u32 {
+        let t = self.send_threshold.min(self.peer_cap);
         if self.vers == v2::VERSION && !self.v2_confirmed {
-            self.send_threshold.min(DEFAULT_INLINE)
+            t.min(DEFAULT_INLINE)
         } else {
-            self.send_threshold
+            t
         }
     }
 
@@ -782,7 +790,10 @@ impl Connection {
             .cfg
             .send_size
             .min(self.peer_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
-        self.recv_threshold = self.cfg.recv_size.min(V2_DEFAULT_INLINE);
+        self.recv_threshold = self
+            .cfg
+            .recv_size
+            .min(self.own_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
     }
 
     /// Whether [`handle_timeout`](Self::handle_timeout) has anything to do.
@@ -1357,10 +1368,27 @@ impl Connection {
         }
     }
 
-    /// Sets the receive size this side announced in XCHAR_RBSIZ (version two): the
+    /// Sets the receive size this side announces in XCHAR_RBSIZ (version two): the
     /// threshold for what the peer sends, which decides when calls offer a Reply chunk.
+    /// Call it before the INITXCH, RESPXCH or UPDXCH announcing the size is sent, so that
+    /// no call leaves expecting an inline reply larger than the peer may send (XCH-3-e).
+    /// Receives are always posted at the configured receive size, which bounds the value:
+    /// raising up to it needs no re-post (XCH-3.1-a, XCH-3.1-c hold by construction).
     pub fn set_own_receive_size(&mut self, rbsiz: u32) {
-        self.recv_threshold = self.cfg.recv_size.min(rbsiz.max(DEFAULT_INLINE));
+        let r = self.cfg.recv_size.min(rbsiz.max(DEFAULT_INLINE));
+        self.recv_threshold = r;
+        if self.vers == v2::VERSION {
+            self.own_rbsiz = Some(r);
+        }
+    }
+
+    /// Caps what this side sends at `cap` bytes while its REQXCH asking the peer to lower
+    /// its XCHAR_RBSIZ is outstanding (XCH-3.1-d: from the moment it asks until the request
+    /// is rejected or settled); `None` lifts the cap. The cap applies on top of the peer's
+    /// announced size ([`set_peer_receive_size`](Self::set_peer_receive_size)), so an
+    /// update above it changes nothing while the request is pending.
+    pub fn set_peer_receive_cap(&mut self, cap: Option<u32>) {
+        self.peer_cap = cap.map_or(u32::MAX, |c| c.max(DEFAULT_INLINE));
     }
 
     /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer

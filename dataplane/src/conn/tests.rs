@@ -2638,3 +2638,198 @@ fn r8166_8_2_2_a_gss_integrity_and_privacy_calls_are_refused_never_reduced() {
         assert_eq!(p.b.conn.closed(), None, "the connection stays up");
     }
 }
+
+/// A confirmed version-two pair whose receive buffers are posted at 8192 bytes (the policy
+/// maximum, `recv-buffer-size`) and whose sends may be as large; each side knows the other
+/// announced `rbsiz` (as after INITXCH).
+fn v2_pair_8k(rbsiz: u32) -> Pair {
+    let mut client = sim::config(Role::Client, 8);
+    let mut server = sim::config(Role::Server, 8);
+    for c in [&mut client, &mut server] {
+        c.version = 2;
+        c.send_size = 8192;
+        c.recv_size = 8192;
+    }
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    bulk(&mut p, 1, &[0; 8], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+    for s in [&mut p.a, &mut p.b] {
+        s.conn.set_own_receive_size(rbsiz);
+        s.conn.set_peer_receive_size(rbsiz);
+    }
+    p
+}
+
+/// A bulk echo of `len` bytes (reply up to `len + 100`); returns the bytes of its last Send
+/// from `a`, and checks the reply came back intact.
+fn bulk_echo(p: &mut Pair, xid: u32, len: usize) -> Vec<u8> {
+    let data = pattern(xid, len);
+    let reply = bulk(p, xid, &data, len as u32 + 100);
+    p.run();
+    let sent = p.a.sent.last().expect("a call went out").clone();
+    serve(p);
+    let d = done(p);
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].status, d[0].reply_len), (CallStatus::Ok, len as u32));
+    assert_eq!(
+        p.a.get(reply.prefix(len as u32).unwrap()),
+        data,
+        "bytes intact"
+    );
+    sent
+}
+
+fn chunks_of(bytes: &[u8]) -> (u32, bool, usize) {
+    let d = proto::decode(bytes, &proto::Limits::DEFAULT).expect("decodes");
+    match d.message {
+        Message::V2(h) => match h.body {
+            v2::Body::Msg { chunks, .. } => {
+                (v2::RDMA2_MSG, chunks.reply.is_some(), chunks.reads.len())
+            }
+            v2::Body::Nomsg { chunks, .. } => {
+                (v2::RDMA2_NOMSG, chunks.reply.is_some(), chunks.reads.len())
+            }
+            other => panic!("not a call: {other:?}"),
+        },
+        m => panic!("not v2: {m:?}"),
+    }
+}
+
+#[test]
+fn xch_3_1_c_raised_rbsiz_up_to_the_posted_size_needs_no_repost() {
+    let mut p = v2_pair_8k(4096);
+    assert_eq!(p.b.conn.thresholds().1, 4096);
+    let posted = p.b.log.len();
+    // Raise 4096 -> 8192: every receive the server ever posted already holds 8192 bytes
+    // (XCH-3.1-a), so it may tell the peer at once (XCH-3.1-c), with no repost.
+    p.b.conn.set_own_receive_size(8192);
+    assert_eq!(p.b.log.len(), posted, "nothing posted by the raise");
+    assert!(p
+        .b
+        .log
+        .iter()
+        .all(|w| !matches!(w, Work::Recv { buf, .. } if buf.len < 8192)));
+    assert_eq!(p.b.conn.thresholds().1, 8192);
+    // The client learns it (UPDXCH): a 6000-byte call goes inline and lands intact.
+    p.a.conn.set_peer_receive_size(8192);
+    let (proc_, _, _) = chunks_of(&bulk_echo(&mut p, 2, 6000));
+    assert_eq!(proc_, v2::RDMA2_MSG);
+    // A size beyond the posted receives is never assumed.
+    p.b.conn.set_own_receive_size(16384);
+    assert_eq!(p.b.conn.thresholds().1, 8192);
+    assert!(p.b.log[posted..]
+        .iter()
+        .all(|w| !matches!(w, Work::Recv { buf, .. } if buf.len < 8192)));
+}
+
+#[test]
+fn xch_3_e_lowered_own_rbsiz_offers_reply_chunks_without_disturbing_the_peer() {
+    let mut p = v2_pair_8k(8192);
+    // At 8192 a 6000-byte reply comes inline: no Reply chunk offered.
+    let (_, reply_chunk, _) = chunks_of(&bulk_echo(&mut p, 2, 6000));
+    assert!(!reply_chunk);
+    // The client lowers its RBSIZ to 4096 (applied before its UPDXCH goes out): from now on
+    // its calls offer a Reply chunk for replies that may exceed 4096.
+    p.a.conn.set_own_receive_size(4096);
+    assert_eq!(p.a.conn.thresholds().1, 4096);
+    // The server has not heard yet and answers inline at 8192: the client's receives are
+    // still 8192 bytes, so the reply lands intact (the peer is not disturbed).
+    let (_, reply_chunk, _) = chunks_of(&bulk_echo(&mut p, 3, 6000));
+    assert!(reply_chunk);
+    let last = p.b.sent.last().unwrap();
+    assert_eq!(proto::Fixed::peek(last).unwrap().proc, v2::RDMA2_MSG);
+    // Once it has (UPDXCH), the server uses the offered Reply chunk.
+    p.b.conn.set_peer_receive_size(4096);
+    let replies_before = p.b.conn.stats().long_replies;
+    let (_, reply_chunk, _) = chunks_of(&bulk_echo(&mut p, 4, 6000));
+    assert!(reply_chunk);
+    assert_eq!(p.b.conn.stats().long_replies, replies_before + 1);
+    let last = p.b.sent.last().unwrap();
+    assert_eq!(proto::Fixed::peek(last).unwrap().proc, v2::RDMA2_NOMSG);
+}
+
+#[test]
+fn xch_3_1_d_requester_sends_within_the_asked_size_until_settled() {
+    let mut p = v2_pair_8k(8192);
+    assert_eq!(chunks_of(&bulk_echo(&mut p, 2, 6000)).0, v2::RDMA2_MSG);
+    // The client asks the server to lower its RBSIZ to 2048: from that moment it sends no
+    // more than 2048 inline, before any answer.
+    p.a.conn.set_peer_receive_cap(Some(2048));
+    assert_eq!(p.a.conn.thresholds().0, 2048);
+    let (proc_, _, reads) = chunks_of(&bulk_echo(&mut p, 3, 3000));
+    assert_eq!(proc_, v2::RDMA2_NOMSG, "a Long call");
+    assert!(reads >= 1, "its message in a Position-zero Read chunk");
+    // An update above the asked value while the request is pending changes nothing.
+    p.a.conn.set_peer_receive_size(8192);
+    assert_eq!(p.a.conn.thresholds().0, 2048);
+    assert_eq!(chunks_of(&bulk_echo(&mut p, 4, 3000)).0, v2::RDMA2_NOMSG);
+    // Rejected (or settled above): the limit is the announced size again.
+    p.a.conn.set_peer_receive_cap(None);
+    assert_eq!(p.a.conn.thresholds().0, 8192);
+    assert_eq!(chunks_of(&bulk_echo(&mut p, 5, 6000)).0, v2::RDMA2_MSG);
+    // Done at 2048: the announced size and the cap agree.
+    p.a.conn.set_peer_receive_cap(Some(2048));
+    p.a.conn.set_peer_receive_size(2048);
+    p.a.conn.set_peer_receive_cap(None);
+    assert_eq!(p.a.conn.thresholds().0, 2048);
+    assert_eq!(chunks_of(&bulk_echo(&mut p, 6, 3000)).0, v2::RDMA2_NOMSG);
+}
+
+#[test]
+fn amb_33_configured_first_reply_timeout_and_version_1_after_it() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    let t = Duration::from_millis(300);
+    p.a.conn.set_first_reply_timeout(t);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    let t0 = p.now;
+    p.a.conn.handle_timeout(t0);
+    assert_eq!(p.a.conn.poll_timeout(), Some(t0 + t));
+    p.a.conn.handle_timeout(t0 + t);
+    assert_eq!(p.a.conn.closed(), Some(CloseReason::NoAnswer));
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::Closed), "once");
+    // The reconnect speaks version 1 and has no timer.
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 1;
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(client, server);
+    bulk(&mut p, 2, &[0; 4], 64);
+    p.run();
+    assert!(!p.a.conn.wants_timer());
+    assert_eq!(proto::Fixed::peek(&p.a.sent[0]).unwrap().vers, 1);
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+}
+
+#[test]
+fn xch_3_e_own_rbsiz_set_before_confirmation_survives_it() {
+    let mut client = sim::config(Role::Client, 8);
+    let mut server = sim::config(Role::Server, 8);
+    for c in [&mut client, &mut server] {
+        c.version = 2;
+        c.recv_size = 8192;
+    }
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    // The server announces 2048 before the first call confirms version two: confirmation
+    // must not put its threshold back to the 4096 default.
+    p.b.conn.set_own_receive_size(2048);
+    bulk(&mut p, 1, &[0; 8], 64);
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+    assert_eq!(p.b.conn.thresholds().1, 2048);
+    assert_eq!(
+        p.a.conn.thresholds().1,
+        4096,
+        "the default where nothing was set"
+    );
+}

@@ -62,6 +62,9 @@ pub struct TransportSpec {
     pub ird: u16,
     /// RDMA Reads this side issues in flight (ORD).
     pub ord: u16,
+    /// How long a version-two connection waits for the answer to its first call before it
+    /// ends with [`Reason::NoAnswer`] (AMB-33).
+    pub v2_first_reply_timeout: Duration,
 }
 
 /// Everything a poll thread needs to start.
@@ -105,6 +108,9 @@ pub enum Command {
         peer: u32,
         /// Address of the peer's listener.
         addr: SocketAddr,
+        /// RPC-over-RDMA version to speak (at most [`TransportSpec::version`]; 1 for a peer
+        /// that never answered version two, AMB-33).
+        version: u32,
     },
     /// Disconnect connection `conn`.
     Close {
@@ -150,6 +156,22 @@ pub enum Command {
         /// Whether the peer takes Send With Invalidate on our replies.
         reqreminv: Option<bool>,
     },
+    /// Apply the XCHAR_RBSIZ we are about to announce (before the message announcing it is
+    /// sent: queue this command first).
+    ApplyOwn {
+        /// Connection id.
+        conn: u32,
+        /// Our receive size (the threshold for what the peer sends).
+        rbsiz: u32,
+    },
+    /// Cap what we send while our REQXCH lowering the peer's RBSIZ is outstanding
+    /// (XCH-3.1-d); `None` lifts it.
+    CapPeer {
+        /// Connection id.
+        conn: u32,
+        /// The cap.
+        rbsiz: Option<u32>,
+    },
     /// Send [`Event::Idle`] once no call of `conn` is in flight.
     NotifyIdle {
         /// Connection id.
@@ -171,6 +193,9 @@ pub enum Reason {
     ConnectError,
     /// The connection ended (either side, or transport loss).
     Disconnected,
+    /// A version-two connection got no answer to its first call in time (AMB-33): the
+    /// peer may be a version-1 server that drops version-two messages silently.
+    NoAnswer,
     /// The engine terminated it (protocol error); the text says why.
     Protocol(&'static str),
     /// A local resource could not be created; the text says which.

@@ -793,13 +793,15 @@ impl<P: Provider> PollThread<P> {
         .emit()
     }
 
-    /// A queue pair with its engine connection (receives posted) in a free slot.
+    /// A queue pair with its engine connection (receives posted, speaking at most
+    /// `version`) in a free slot.
     fn open(
         &mut self,
         role: Role,
         peer: Option<u32>,
         remote: Option<SocketAddr>,
         pd: Option<CmData>,
+        version: u32,
     ) -> Result<usize, String> {
         let i = self.free_slot().ok_or("no free connection slot")?;
         let init = self.tmpl.qp_init(self.pd, self.drv.cq());
@@ -808,7 +810,11 @@ impl<P: Provider> PollThread<P> {
             .provider_mut()
             .create_qp(&init)
             .map_err(|e| format!("create queue pair: {e}"))?;
-        let conn = match self.drv.add_connection(qp, role, pd, &mut self.mem) {
+        let version = version.clamp(1, self.tmpl.version.max(1));
+        let conn = match self
+            .drv
+            .add_connection_version(qp, role, pd, version, &mut self.mem)
+        {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.drv.provider_mut().destroy_qp(qp);
@@ -816,6 +822,9 @@ impl<P: Provider> PollThread<P> {
             }
         };
         let t = self.spec.transport;
+        let _ = self.drv.configure(conn, |c| {
+            c.set_first_reply_timeout(t.v2_first_reply_timeout)
+        });
         let s = &mut self.slots[i];
         s.qp = Some(qp);
         s.conn = Some(conn);
@@ -883,7 +892,8 @@ impl<P: Provider> PollThread<P> {
                     let _ = self.drv.provider_mut().reject(req, &[]);
                     return;
                 }
-                let i = match self.open(Role::Server, None, None, peer_pd) {
+                let version = self.spec.transport.version;
+                let i = match self.open(Role::Server, None, None, peer_pd, version) {
                     Ok(i) => i,
                     Err(_) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
@@ -946,6 +956,14 @@ impl<P: Provider> PollThread<P> {
                 };
                 let conn = self.slots[i].stats.info.id;
                 let was = self.slots[i].stats.info.state;
+                // The engine may have ended it (its Closed event can still be queued).
+                let ended = self.slots[i]
+                    .conn
+                    .and_then(|c| self.drv.connection(c)?.closed());
+                let reason = match ended {
+                    Some(CloseReason::NoAnswer) => Reason::NoAnswer,
+                    _ => Reason::Disconnected,
+                };
                 let peer = self.close_slot(i);
                 if was == ConnState::Connecting {
                     if let Some(peer) = peer {
@@ -956,11 +974,7 @@ impl<P: Provider> PollThread<P> {
                     }
                 } else {
                     self.stats.totals.conns_closed += 1;
-                    self.emit(Event::Down {
-                        conn,
-                        peer,
-                        reason: Reason::Disconnected,
-                    });
+                    self.emit(Event::Down { conn, peer, reason });
                 }
             }
         }
@@ -1138,11 +1152,15 @@ impl<P: Provider> PollThread<P> {
                     let _ = self.drv.provider_mut().close_listener(l);
                 }
             }
-            Command::Connect { peer, addr } => {
+            Command::Connect {
+                peer,
+                addr,
+                version,
+            } => {
                 if self.draining.is_some() {
                     return;
                 }
-                let i = match self.open(Role::Client, Some(peer), Some(addr), None) {
+                let i = match self.open(Role::Client, Some(peer), Some(addr), None, version) {
                     Ok(i) => i,
                     Err(e) => {
                         self.emit(Event::ConnectFailed {
@@ -1222,6 +1240,16 @@ impl<P: Provider> PollThread<P> {
                             c.set_peer_takes_invalidate(b);
                         }
                     });
+                }
+            }
+            Command::ApplyOwn { conn, rbsiz } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    let _ = self.drv.configure(c, |c| c.set_own_receive_size(rbsiz));
+                }
+            }
+            Command::CapPeer { conn, rbsiz } => {
+                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                    let _ = self.drv.configure(c, |c| c.set_peer_receive_cap(rbsiz));
                 }
             }
             Command::NotifyIdle { conn } => {
