@@ -7,33 +7,84 @@ use std::net::SocketAddr;
 /// Largest latency a histogram records (longer ones saturate): 60 s in nanoseconds.
 pub const LATENCY_MAX_NS: u64 = 60_000_000_000;
 
-/// A fixed-range latency histogram in nanoseconds (3 significant digits, never resizes).
-#[derive(Debug, Clone)]
-pub struct Histo(pub Histogram<u64>);
+/// Smallest latency the histogram tells apart from zero: 1 µs (values are nanoseconds;
+/// shorter ones share the first bucket).
+pub const LATENCY_RESOLUTION_NS: u64 = 1_000;
+
+/// Significant decimal digits kept (2: every value within 1 %).
+pub const LATENCY_SIGFIG: u8 = 2;
+
+/// A fixed-range latency histogram in nanoseconds (1 µs..=60 s, 2 significant digits,
+/// about 21 KiB; never resizes), allocated only for connection slots that are used: a
+/// poll thread sized for 1000 connections does not hold 1000 histograms before they
+/// connect. `None` reads as empty.
+#[derive(Debug, Clone, Default)]
+pub struct Histo(Option<Box<Histogram<u64>>>);
 
 impl Histo {
-    /// An empty histogram of 1 ns..=[`LATENCY_MAX_NS`].
+    /// An allocated, empty histogram of [`LATENCY_RESOLUTION_NS`]..=[`LATENCY_MAX_NS`].
     pub fn new() -> Histo {
-        // Constant bounds that hdrhistogram accepts (low >= 1, high >= 2 * low, sigfig <= 5).
-        Histo(Histogram::new_with_bounds(1, LATENCY_MAX_NS, 3).expect("valid constant bounds"))
+        Histo(Some(Box::new(Self::fresh())))
     }
 
-    /// Records one latency (clamped to the range; never allocates).
+    fn fresh() -> Histogram<u64> {
+        // Constant bounds that hdrhistogram accepts (low >= 1, high >= 2 * low, sigfig <= 5).
+        Histogram::new_with_bounds(LATENCY_RESOLUTION_NS, LATENCY_MAX_NS, LATENCY_SIGFIG)
+            .expect("valid constant bounds")
+    }
+
+    /// Allocates the histogram if this slot has none yet, and empties it (call when a
+    /// connection is set up, never per message).
+    pub fn ensure_empty(&mut self) {
+        match self.0.as_mut() {
+            Some(h) => h.reset(),
+            None => self.0 = Some(Box::new(Self::fresh())),
+        }
+    }
+
+    /// The histogram, if allocated.
+    pub fn get(&self) -> Option<&Histogram<u64>> {
+        self.0.as_deref()
+    }
+
+    /// Samples recorded.
+    pub fn len(&self) -> u64 {
+        self.get().map_or(0, Histogram::len)
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records one latency (clamped to the range; never allocates: a slot without a
+    /// histogram drops the sample).
     #[inline]
     pub fn record(&mut self, ns: u64) {
-        self.0.saturating_record(ns.clamp(1, LATENCY_MAX_NS));
+        if let Some(h) = self.0.as_mut() {
+            h.saturating_record(ns.clamp(1, LATENCY_MAX_NS));
+        }
     }
 
-    /// Replaces the contents with `other`'s (same bounds: no allocation).
+    /// Replaces the contents with `other`'s: no allocation when this one is allocated
+    /// already (same bounds); otherwise allocates once (snapshot buffers, control path).
     pub fn copy_from(&mut self, other: &Histo) {
-        self.0.reset();
-        let _ = self.0.add(&other.0);
+        match (self.0.as_mut(), other.get()) {
+            (Some(d), Some(s)) => {
+                d.reset();
+                let _ = d.add(s);
+            }
+            (Some(d), None) => d.reset(),
+            (None, Some(s)) => self.0 = Some(Box::new(s.clone())),
+            (None, None) => {}
+        }
     }
-}
 
-impl Default for Histo {
-    fn default() -> Self {
-        Histo::new()
+    /// Bytes the histogram holds on the heap (0 when not allocated).
+    pub fn heap_bytes(&self) -> usize {
+        self.get().map_or(0, |h| {
+            std::mem::size_of::<Histogram<u64>>() + h.distinct_values() * std::mem::size_of::<u64>()
+        })
     }
 }
 
