@@ -5,7 +5,12 @@
 //! [`Event`]s out (followed by a call of the `notify` hook so the control thread's `mio` loop
 //! wakes). Counters and latency histograms live on the poll thread; the control thread reads
 //! them by sending a [`Snapshot`] buffer it allocated, which the poll thread fills and returns
-//! (no lock, no allocation on the poll thread).
+//! (no lock; the only allocation is a latency histogram for a connection the buffer has none
+//! for yet, at snapshot time, never per message).
+//!
+//! Buffers: one shared receive queue and one shared send pool per thread, sized by
+//! [`PoolPlan`] from [`PoolSpec`]; each connection's credits are capped to its share of the
+//! receive queue (see `dataplane/README.md`).
 
 mod pools;
 mod stats;

@@ -58,8 +58,40 @@ pub struct PoolPlan {
 }
 
 impl PoolPlan {
+    /// The template each of `max_conns` connections gets from `recv_buffers` shared
+    /// receives (credits capped to its share); the error says why none fits.
+    pub fn template_for(
+        t: &TransportSpec,
+        recv_buffers: u32,
+        max_conns: u32,
+        max_call_size: u32,
+    ) -> Result<ConnTemplate, String> {
+        let max_conns = max_conns.max(1);
+        let share = recv_buffers / max_conns;
+        let (credits, bc) = divide_share(t.credits, t.backchannel_credits, share).ok_or_else(|| {
+            format!(
+                "{recv_buffers} receive buffers cannot give each of {max_conns} connections one credit{} and {SPARE_RECEIVES} spare",
+                if t.backchannel_credits > 0 { ", one backchannel credit" } else { "" },
+            )
+        })?;
+        Ok(ConnTemplate {
+            version: t.version,
+            credits,
+            // Calls queued beyond the grant wait in the engine (they hold no buffer); more
+            // wait in the poll thread. Per-call state is ~1 KiB, so this follows the capped
+            // credits, not the configured ones.
+            max_calls: credits.saturating_mul(2),
+            send_size: t.inline_send,
+            recv_size: t.inline_recv.max(t.recv_buffer_size),
+            recv_slots: credits + bc,
+            ddp_threshold: t.ddp_threshold,
+            max_reads: u32::from(t.ord).max(1),
+            max_call_size,
+        })
+    }
+
     /// The plan for `max_conns` connections of transport `t` with pools `p`; the error says
-    /// which setting cannot work.
+    /// which setting cannot work. The send pool must hold `max_conns × tmpl.send_slots()`.
     pub fn new(
         t: &TransportSpec,
         p: PoolSpec,
@@ -67,26 +99,8 @@ impl PoolPlan {
         max_call_size: u32,
     ) -> Result<PoolPlan, String> {
         let max_conns = max_conns.max(1);
-        let share = p.recv_buffers / max_conns;
-        let (credits, bc) = divide_share(t.credits, t.backchannel_credits, share).ok_or_else(|| {
-            format!(
-                "{} receive buffers cannot give each of {max_conns} connections one credit{} and {SPARE_RECEIVES} spare",
-                p.recv_buffers,
-                if t.backchannel_credits > 0 { ", one backchannel credit" } else { "" },
-            )
-        })?;
-        let tmpl = ConnTemplate {
-            version: t.version,
-            credits,
-            // Calls queued beyond the grant wait in the engine (they hold no buffer).
-            max_calls: t.credits.max(1).saturating_mul(2),
-            send_size: t.inline_send,
-            recv_size: t.inline_recv.max(t.recv_buffer_size),
-            recv_slots: credits + bc,
-            ddp_threshold: t.ddp_threshold,
-            max_reads: u32::from(t.ord).max(1),
-            max_call_size,
-        };
+        let tmpl = Self::template_for(t, p.recv_buffers, max_conns, max_call_size)?;
+        let credits = tmpl.credits;
         let plan = PoolPlan {
             tmpl,
             max_conns,
