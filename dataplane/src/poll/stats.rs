@@ -7,19 +7,21 @@ use std::net::SocketAddr;
 /// Largest latency a histogram records (longer ones saturate): 60 s in nanoseconds.
 pub const LATENCY_MAX_NS: u64 = 60_000_000_000;
 
-/// Smallest latency the histogram tells apart from zero: 1 µs (values are nanoseconds;
-/// shorter ones share the first bucket).
-pub const LATENCY_RESOLUTION_NS: u64 = 1_000;
+/// Smallest latency the histogram records (values are nanoseconds).
+pub const LATENCY_RESOLUTION_NS: u64 = 1;
 
-/// Significant decimal digits kept (2: every value within 1 %).
+/// Significant decimal digits kept (2: every value within 1 %, at every magnitude).
 pub const LATENCY_SIGFIG: u8 = 2;
 
-/// A fixed-range latency histogram in nanoseconds (1 µs..=60 s, 2 significant digits,
-/// about 21 KiB; never resizes), allocated only for connection slots that are used: a
-/// poll thread sized for 1000 connections does not hold 1000 histograms before they
+/// Counts per bucket (32 bits: saturate at 4 billion samples of one value).
+pub type Count = u32;
+
+/// A fixed-range latency histogram in nanoseconds (1 ns..=60 s, 2 significant digits,
+/// 32-bit counts: about 15 KiB; never resizes), allocated only for connection slots that are
+/// used: a poll thread sized for 1000 connections does not hold 1000 histograms before they
 /// connect. `None` reads as empty.
 #[derive(Debug, Clone, Default)]
-pub struct Histo(Option<Box<Histogram<u64>>>);
+pub struct Histo(Option<Box<Histogram<Count>>>);
 
 impl Histo {
     /// An allocated, empty histogram of [`LATENCY_RESOLUTION_NS`]..=[`LATENCY_MAX_NS`].
@@ -27,7 +29,7 @@ impl Histo {
         Histo(Some(Box::new(Self::fresh())))
     }
 
-    fn fresh() -> Histogram<u64> {
+    fn fresh() -> Histogram<Count> {
         // Constant bounds that hdrhistogram accepts (low >= 1, high >= 2 * low, sigfig <= 5).
         Histogram::new_with_bounds(LATENCY_RESOLUTION_NS, LATENCY_MAX_NS, LATENCY_SIGFIG)
             .expect("valid constant bounds")
@@ -43,7 +45,7 @@ impl Histo {
     }
 
     /// The histogram, if allocated.
-    pub fn get(&self) -> Option<&Histogram<u64>> {
+    pub fn get(&self) -> Option<&Histogram<Count>> {
         self.0.as_deref()
     }
 
@@ -57,7 +59,7 @@ impl Histo {
         self.len() == 0
     }
 
-    /// Records one latency (clamped to the range; never allocates: a slot without a
+    /// Records one latency (clamped to the range, counts saturate; never allocates: a slot without a
     /// histogram drops the sample).
     #[inline]
     pub fn record(&mut self, ns: u64) {
@@ -83,7 +85,8 @@ impl Histo {
     /// Bytes the histogram holds on the heap (0 when not allocated).
     pub fn heap_bytes(&self) -> usize {
         self.get().map_or(0, |h| {
-            std::mem::size_of::<Histogram<u64>>() + h.distinct_values() * std::mem::size_of::<u64>()
+            std::mem::size_of::<Histogram<Count>>()
+                + h.distinct_values() * std::mem::size_of::<Count>()
         })
     }
 }
@@ -247,5 +250,40 @@ impl Snapshot {
     /// The valid connection entries.
     pub fn conns(&self) -> &[ConnStats] {
         self.conns.get(..self.n).unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_lazy_small_and_within_one_percent() {
+        let mut unused = Histo::default();
+        unused.record(5_000);
+        assert!(
+            unused.is_empty() && unused.heap_bytes() == 0,
+            "no slot, no sample"
+        );
+        let mut h = Histo::default();
+        h.ensure_empty();
+        for ns in [800, 4_000, 15_000, 15_000, 3_000_000, 120_000_000_000] {
+            h.record(ns);
+        }
+        let g = h.get().expect("allocated");
+        assert_eq!(g.len(), 6);
+        let p50 = g.value_at_quantile(0.5) as f64;
+        assert!((p50 - 15_000.0).abs() / 15_000.0 < 0.01, "{p50}");
+        assert!(
+            g.max() as f64 >= LATENCY_MAX_NS as f64 * 0.99,
+            "saturates at 60 s"
+        );
+        assert!(h.heap_bytes() < 16 << 10, "{} bytes", h.heap_bytes());
+        let mut copy = Histo::default();
+        copy.copy_from(&h);
+        assert_eq!(copy.len(), 6);
+        h.ensure_empty();
+        copy.copy_from(&h);
+        assert!(copy.is_empty());
     }
 }
