@@ -20,7 +20,10 @@ fn row(conns: u32, recv_buffers: u32) {
         inline: 4096,
         recv_buffers,
         calls: 2,
+        overcommit: None,
+        guard_secs: 600,
     });
+    assert_eq!((f.failed, f.closed), (0, 0), "every connection kept and served");
     let d = |a: u64, b: u64| mib(a.saturating_sub(b));
     println!(
         "| {conns} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} / {:.1} / {:.1} / {:.1} | {}/{conns} ({}) |",

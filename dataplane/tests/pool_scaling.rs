@@ -11,13 +11,18 @@ mod scale;
 use rpcrdma_dataplane::poll::{divide_share, PoolPlan, PoolSpec, SPARE_RECEIVES};
 
 /// The goal: 1000 connections, 32 credits and 4 KiB inline each, receive memory
-/// under 64 MiB: 12288 receive buffers of 4 KiB (48 MiB).
+/// under 64 MiB: 12288 receive buffers of 4 KiB (48 MiB). Each connection submits 24 calls at
+/// once, twice its grant (11), so every grant is in use together: 11000 receives taken
+/// at the same time. The soft provider ends a connection whose Send finds no receive posted
+/// (DDP_NO_BUFFER), so an over-committed queue would close connections here.
 const GOAL: scale::Scenario = scale::Scenario {
     conns: 1000,
     credits: 32,
     inline: 4096,
     recv_buffers: 12288,
-    calls: 2,
+    calls: 22,
+    overcommit: None,
+    guard_secs: 600,
 };
 
 #[test]
@@ -26,6 +31,7 @@ fn r8166_3_3_1_f_thousand_connections_share_one_receive_queue_under_64_mib_all_s
     // Every connection made its calls and got its replies, bytes intact.
     assert_eq!(f.served, GOAL.conns);
     assert_eq!(f.replies, u64::from(GOAL.conns) * u64::from(GOAL.calls));
+    assert_eq!((f.failed, f.closed), (0, 0));
     // Receive memory is the shared queue's buffers, computed from the configuration.
     assert_eq!(f.recv_registered, 12288 * 4096);
     assert!(f.recv_registered < 64 << 20);
@@ -33,6 +39,28 @@ fn r8166_3_3_1_f_thousand_connections_share_one_receive_queue_under_64_mib_all_s
     assert!(f.recv_per_connection_blocks > 64 << 20);
     // Each connection's grant is its share of the queue less the spare: 12288 / 1000 = 12.
     assert_eq!(f.credits, 12 - SPARE_RECEIVES);
+}
+
+#[test]
+fn r8166_3_3_1_g_overcommitted_shared_queue_loses_connections() {
+    // The negative control of the test above: 200 connections granted 11 credits each on a
+    // queue of 600 receives (their fair share is 3): Sends find no receive and the soft
+    // provider ends those connections (DDP_NO_BUFFER); their calls fail.
+    let f = scale::run(scale::Scenario {
+        conns: 200,
+        credits: 32,
+        inline: 4096,
+        recv_buffers: 600,
+        calls: 22,
+        overcommit: Some(11),
+        guard_secs: 20,
+    });
+    eprintln!(
+        "overcommitted: {} served, {} closed, {} failed",
+        f.served, f.closed, f.failed
+    );
+    assert!(f.closed > 0 && f.failed > 0, "{f:?}");
+    assert!(f.served < 200, "{f:?}");
 }
 
 #[test]
