@@ -23,7 +23,11 @@ fn row(conns: u32, recv_buffers: u32) {
         overcommit: None,
         guard_secs: 600,
     });
-    assert_eq!((f.failed, f.closed), (0, 0), "every connection kept and served");
+    assert_eq!(
+        (f.failed, f.closed),
+        (0, 0),
+        "every connection kept and served"
+    );
     let d = |a: u64, b: u64| mib(a.saturating_sub(b));
     println!(
         "| {conns} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} / {:.1} / {:.1} / {:.1} | {}/{conns} ({}) |",
