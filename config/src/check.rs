@@ -477,30 +477,80 @@ fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {
             format!("at least {need_recv}"),
         );
     }
-    // Each connection posts one receive per credit, one per backchannel credit and one spare for
-    // one-way v2 optional messages (AMB-19); it may have as many Sends outstanding.
-    let per_conn = u64::from(t.credits) + u64::from(t.backchannel_credits) + 1;
-    let need = per_conn * u64::from(p.connections);
-    for (key, have) in [
-        ("send-buffers", p.send_buffers),
-        ("recv-buffers", p.recv_buffers),
-    ] {
-        if u64::from(have) < need {
-            s.cross(
-                p!("pools", key),
-                &[
-                    p!("pools", "connections"),
-                    p!("transport", "credits"),
-                    p!("transport", "backchannel-credits"),
-                ],
-                format!(
-                    "`pools.{key}` = {have} is too few for {} connection(s) x ({} credits + {} backchannel credits + 1 spare)",
-                    p.connections, t.credits, t.backchannel_credits
-                ),
-                format!("at least {need}"),
-            );
-        }
+    // One shared receive queue per poll thread: each connection slot owns
+    // `recv-buffers / connections` of its buffers, one kept spare for one-way v2 optional
+    // messages (AMB-19), the rest its credits and backchannel credits, scaled down to fit
+    // (the grant never exceeds the receives posted, R8166-3.3.1-g/h).
+    let conns = p.connections.max(1);
+    let share = p.recv_buffers / conns;
+    let also = [
+        p!("pools", "connections"),
+        p!("transport", "credits"),
+        p!("transport", "backchannel-credits"),
+    ];
+    let Some((credits, bc)) = divide_share(t.credits, t.backchannel_credits, share) else {
+        let min = 2 + u64::from(t.backchannel_credits > 0);
+        s.cross(
+            p!("pools", "recv-buffers"),
+            &also,
+            format!(
+                "`pools.recv-buffers` = {} cannot give each of {} connection(s) one credit{} and one spare receive",
+                p.recv_buffers,
+                p.connections,
+                if t.backchannel_credits > 0 { ", one backchannel credit" } else { "" }
+            ),
+            format!("at least {}", min * u64::from(conns)),
+        );
+        return;
+    };
+    if (credits, bc) != (t.credits, t.backchannel_credits) {
+        let full = (u64::from(t.credits) + u64::from(t.backchannel_credits) + 1) * u64::from(conns);
+        s.warn(
+            p!("pools", "recv-buffers"),
+            format!(
+                "`pools.recv-buffers` = {} shared by {} connection(s) caps each connection at {credits} credits and {bc} backchannel credits (configured {} and {})",
+                p.recv_buffers, p.connections, t.credits, t.backchannel_credits
+            ),
+            format!("{full} buffers give every connection its full credits"),
+        );
     }
+    // The shared send pool covers what every connection may have in flight at once: calls up
+    // to its credits plus answers to calls in progress, plus one.
+    let per_conn = u64::from(credits) + u64::from(credits + bc) + 1;
+    let need = per_conn * u64::from(conns);
+    if u64::from(p.send_buffers) < need {
+        s.cross(
+            p!("pools", "send-buffers"),
+            &also,
+            format!(
+                "`pools.send-buffers` = {} is too few for {} connection(s) x ({credits} calls in flight + {} calls in progress + 1)",
+                p.send_buffers, p.connections, credits + bc
+            ),
+            format!("at least {need}"),
+        );
+    }
+}
+
+/// Forward and backward credits each connection gets from `share` shared receive buffers:
+/// all of them if the share holds them plus one spare, else both scaled down (at least one
+/// each, backchannel only if configured); `None` if the share is too small. The poll thread
+/// applies the same rule (`rpcrdma_dataplane::poll::divide_share`; a test in the control
+/// crate checks they agree).
+pub fn divide_share(credits: u32, backchannel: u32, share: u32) -> Option<(u32, u32)> {
+    let credits = credits.max(1);
+    let avail = share.checked_sub(1)?;
+    if avail >= credits.saturating_add(backchannel) {
+        return Some((credits, backchannel));
+    }
+    let bc = if backchannel == 0 {
+        0
+    } else {
+        let scaled = u64::from(avail) * u64::from(backchannel)
+            / (u64::from(credits) + u64::from(backchannel));
+        (scaled as u32).clamp(1, backchannel)
+    };
+    let fwd = avail.checked_sub(bc).filter(|&f| f >= 1)?;
+    Some((fwd.min(credits), bc))
 }
 
 /// Parses `ip:port`, `[v6]:port` or a bare IP (port 20049).

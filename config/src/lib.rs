@@ -11,7 +11,7 @@ mod diag;
 mod load;
 mod schema;
 
-pub use check::{parse_address, HostFacts};
+pub use check::{divide_share, parse_address, HostFacts};
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use schema::*;
 

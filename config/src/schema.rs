@@ -307,13 +307,14 @@ impl Default for Xcharext {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Pools {
-    /// Connections the pools are sized for.
+    /// Connections the pools are sized for (each gets `recv-buffers / connections` receives).
     pub connections: u32,
-    /// Registered send buffers.
+    /// Registered send buffers, one pool shared by the thread's connections.
     pub send_buffers: u32,
-    /// Bytes per send buffer; at least `transport.inline-send`.
+    /// Bytes per send buffer; at least `transport.inline-send` (buffers are registered at
+    /// `inline-send` plus a 128-byte engine tail).
     pub send_buffer_size: u32,
-    /// Registered receive buffers.
+    /// Registered receive buffers, one shared receive queue for the thread's connections.
     pub recv_buffers: u32,
     /// Bytes per receive buffer; at least `transport.inline-recv` and `transport.xcharext.max-rbsiz`.
     pub recv_buffer_size: u32,
@@ -323,8 +324,8 @@ impl Default for Pools {
     fn default() -> Self {
         Self {
             connections: 4,
-            send_buffers: 512,
-            send_buffer_size: 8192,
+            send_buffers: 1024,
+            send_buffer_size: 4096,
             recv_buffers: 512,
             recv_buffer_size: 8192,
         }

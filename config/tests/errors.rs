@@ -345,14 +345,14 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         "send-buffers = 10",
         "pools.send-buffers",
         16,
-        "at least 292",
+        "at least 548",
     ),
     (
         "[pools]",
-        "recv-buffers = 291",
+        "recv-buffers = 11",
         "pools.recv-buffers",
         16,
-        "at least 292",
+        "at least 12",
     ),
     (
         "[pools]",

@@ -110,14 +110,25 @@ fn cross_field_error_on_an_unset_key_points_at_the_key_that_set_it_off() {
 
 #[test]
 fn pool_errors_from_raised_credits_point_at_credits() {
-    let errs = errors("[pools]\nsend-buffer-size = 8192\n[transport]\ncredits = 200\n");
+    // 200 credits on 4 connections with receives for all of them: the 1024 default send
+    // buffers cannot cover 4 x (200 + 208 + 1) (an error located at the credits).
+    let errs = errors("[pools]\nrecv-buffers = 99999\n[transport]\ncredits = 200\n");
     let got: Vec<_> = errs
         .iter()
         .map(|e| (e.path.as_str(), e.line, e.column))
         .collect();
-    assert_eq!(
-        got,
-        [("pools.send-buffers", 4, 11), ("pools.recv-buffers", 4, 11)]
+    assert_eq!(got, [("pools.send-buffers", 4, 11)]);
+    // With the 512 default receives the credits are capped instead (a warning), and the
+    // default send pool covers the capped credits.
+    assert!(errors("[transport]\ncredits = 200\n").is_empty());
+    let w = warnings("[transport]\ncredits = 200\n");
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert_eq!(w[0].path, "pools.recv-buffers");
+    // share 128: 1 spare, 127 split 200:8 -> 4 backchannel, 123 forward.
+    assert!(
+        w[0].message.contains("123 credits and 4 backchannel"),
+        "{}",
+        w[0]
     );
 }
 
@@ -158,14 +169,45 @@ fn v2_4_2_2_a_version_two_needs_a_backchannel() {
 }
 
 #[test]
-fn pools_must_cover_credits_times_connections() {
-    // 2 x (10 + 2 + 1) = 26 buffers needed.
+fn r8166_3_3_1_g_shared_receives_cover_every_grant() {
+    // 2 x (10 + 2 + 1) = 26 receives give full credits; 2 x (10 + 12 + 1) = 46 sends.
     let base = "[transport]\ncredits = 10\nbackchannel-credits = 2\n[pools]\nconnections = 2\n";
-    assert!(errors(&format!("{base}send-buffers = 26\nrecv-buffers = 26\n")).is_empty());
-    let errs = errors(&format!("{base}send-buffers = 25\nrecv-buffers = 25\n"));
+    let full = format!("{base}send-buffers = 46\nrecv-buffers = 26\n");
+    assert!(errors(&full).is_empty() && warnings(&full).is_empty());
+    // 25 receives: share 12, 11 after the spare split 10:2 -> 1 backchannel, 10 forward
+    // (a warning); the sends needed shrink to 2 x (10 + 11 + 1) = 44.
+    let capped = format!("{base}send-buffers = 44\nrecv-buffers = 25\n");
+    assert!(errors(&capped).is_empty(), "{:#?}", errors(&capped));
+    let w = warnings(&capped);
+    assert!(
+        w[0].message.contains("10 credits and 1 backchannel"),
+        "{}",
+        w[0]
+    );
+    // Sends short of what the capped credits may hold in flight: an error.
+    let errs = errors(&format!("{base}send-buffers = 43\nrecv-buffers = 25\n"));
     let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
-    assert_eq!(paths, ["pools.send-buffers", "pools.recv-buffers"]);
-    assert_eq!(errs[0].hint.as_deref(), Some("at least 26"));
+    assert_eq!(paths, ["pools.send-buffers"]);
+    assert_eq!(errs[0].hint.as_deref(), Some("at least 44"));
+    // Fewer than one credit, one backchannel credit and one spare each: an error.
+    let errs = errors(&format!("{base}send-buffers = 46\nrecv-buffers = 5\n"));
+    let paths: Vec<_> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["pools.recv-buffers"]);
+    assert_eq!(errs[0].hint.as_deref(), Some("at least 6"));
+}
+
+#[test]
+fn divide_share_never_gives_more_than_the_share() {
+    for share in 0..200u32 {
+        for (c, b) in [(1, 0), (32, 0), (32, 8), (64, 8), (200, 8), (4096, 4096)] {
+            if let Some((f, k)) = rpcrdma_config::divide_share(c, b, share) {
+                assert!(f + k < share, "{c} {b} {share}: spare kept");
+                assert!(f >= 1 && f <= c && k <= b && (b == 0 || k >= 1));
+            } else {
+                assert!(share < 2 + u32::from(b > 0));
+            }
+        }
+    }
 }
 
 #[test]

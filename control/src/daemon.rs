@@ -9,7 +9,7 @@ use mio::net::{TcpListener, UnixListener};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
 use rpcrdma_dataplane::poll::{
-    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot,
+    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, PoolSpec, Snapshot,
     TransportSpec,
 };
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -211,6 +211,10 @@ impl Daemon {
                 )),
             },
             max_conns,
+            pools: PoolSpec {
+                recv_buffers: cfg.pools.recv_buffers,
+                send_buffers: cfg.pools.send_buffers,
+            },
             max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
             app_socket: app_path,
             geometry: rpcrdma_shm::abi::Geometry {
@@ -1065,26 +1069,19 @@ impl Daemon {
     }
 
     fn latency_row(&self, t: usize, c: &rpcrdma_dataplane::poll::ConnStats) -> LatencyRow {
-        let h = &c.latency.0;
+        let h = c.latency.get().filter(|h| !h.is_empty());
         let us = |ns: u64| ns as f64 / 1000.0;
-        let empty = h.is_empty();
-        let q = |p: f64| {
-            if empty {
-                0.0
-            } else {
-                us(h.value_at_quantile(p))
-            }
-        };
+        let q = |p: f64| h.map_or(0.0, |h| us(h.value_at_quantile(p)));
         LatencyRow {
             id: c.info.id,
             peer: self.name_of(t, c.info.id),
-            count: h.len(),
-            mean_us: if empty { 0.0 } else { h.mean() / 1000.0 },
+            count: c.latency.len(),
+            mean_us: h.map_or(0.0, |h| h.mean() / 1000.0),
             p50_us: q(0.5),
             p90_us: q(0.9),
             p99_us: q(0.99),
             p999_us: q(0.999),
-            max_us: if empty { 0.0 } else { us(h.max()) },
+            max_us: h.map_or(0.0, |h| us(h.max())),
         }
     }
 }

@@ -22,18 +22,20 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 
 /// Writes one histogram (`_bucket`, `_sum`, `_count`) of nanosecond samples as seconds.
 fn histogram(out: &mut String, name: &str, labels: &str, h: &Histo) {
-    let h = &h.0;
+    // A connection slot that never carried a call has no histogram: all zeros.
+    let h = h.get();
     for le in BUCKETS {
         let ns = (le * 1e9) as u64;
-        let n = h.count_between(0, ns);
+        let n = h.map_or(0, |h| h.count_between(0, ns));
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
     }
-    let total = h.len();
+    let total = h.map_or(0, |h| h.len());
     let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-    let sum_ns: f64 = h
-        .iter_recorded()
-        .map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64)
-        .sum();
+    let sum_ns: f64 = h.map_or(0.0, |h| {
+        h.iter_recorded()
+            .map(|v| v.value_iterated_to() as f64 * v.count_at_value() as f64)
+            .sum()
+    });
     let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum_ns / 1e9);
     let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
 }
@@ -310,6 +312,7 @@ mod tests {
             ..ConnInfo::default()
         };
         s.conns[0].info.engine.errors_sent_by.chunk = 2;
+        s.conns[0].latency.ensure_empty();
         for ns in [4_000, 15_000, 15_000, 3_000_000] {
             s.conns[0].latency.record(ns);
         }

@@ -48,8 +48,13 @@ pub enum StartError {
 pub fn registered_bytes(cfg: &Config) -> u64 {
     let p = &cfg.pools;
     let threads = cfg.cpu.poll_cores.len().max(1) as u64;
-    let pools = u64::from(p.send_buffers) * u64::from(p.send_buffer_size)
-        + u64::from(p.recv_buffers) * u64::from(p.recv_buffer_size);
+    // What each poll thread registers (`rpcrdma_dataplane::poll::PoolPlan`): the shared send
+    // pool at `inline-send` plus the engine's 128-byte tail per buffer, page aligned, then the
+    // shared receive queue's buffers.
+    let t = &cfg.transport;
+    let send = u64::from(p.send_buffers) * (u64::from(t.inline_send) + 128);
+    let pools = send.div_ceil(4096) * 4096
+        + u64::from(p.recv_buffers) * u64::from(p.recv_buffer_size.max(t.inline_recv));
     pools * threads + u64::from(cfg.apps.max_apps) * cfg.apps.arena_size
 }
 
@@ -181,6 +186,45 @@ pub fn bind_admin(path: &Path) -> Result<UnixListener, StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpcrdma_dataplane::poll::{PoolPlan, PoolSpec, TransportSpec};
+
+    #[test]
+    fn checker_and_poll_thread_divide_receives_alike_and_memlock_counts_the_pools() {
+        for share in 0..300u32 {
+            for (c, b) in [(1, 0), (32, 0), (32, 8), (64, 8), (128, 8), (4096, 4096)] {
+                assert_eq!(
+                    rpcrdma_config::divide_share(c, b, share),
+                    rpcrdma_dataplane::poll::divide_share(c, b, share),
+                    "credits {c}, backchannel {b}, share {share}"
+                );
+            }
+        }
+        let mut cfg = Config::default();
+        cfg.apps.max_apps = 1;
+        let t = &cfg.transport;
+        let spec = TransportSpec {
+            version: t.version,
+            inline_send: t.inline_send,
+            inline_recv: t.inline_recv,
+            credits: t.credits,
+            backchannel_credits: t.backchannel_credits,
+            ddp_threshold: t.ddp_threshold,
+            remote_invalidation: t.remote_invalidation,
+            recv_buffer_size: cfg.pools.recv_buffer_size,
+            ird: 16,
+            ord: 16,
+            v2_first_reply_timeout: rpcrdma_dataplane::conn::V2_FIRST_REPLY_TIMEOUT,
+        };
+        let pools = PoolSpec {
+            recv_buffers: cfg.pools.recv_buffers,
+            send_buffers: cfg.pools.send_buffers,
+        };
+        let plan = PoolPlan::new(&spec, pools, cfg.pools.connections, 1 << 20).expect("plan");
+        assert_eq!(
+            registered_bytes(&cfg),
+            plan.registered_len() + cfg.apps.arena_size
+        );
+    }
 
     #[test]
     fn ipc_lock_read_from_effective_capabilities() {

@@ -21,7 +21,7 @@ use crate::mem::{Env, MemRef, Memory};
 use crate::{CallSpec, ReplySpec};
 
 /// Per-connection settings the driver applies to every connection it creates.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnTemplate {
     /// Highest RPC-over-RDMA version (1 or 2).
     pub version: u32,

@@ -21,7 +21,8 @@
 //! Buffers: [`Driver::new`] cuts one pool region into per-connection blocks of send and
 //! receive buffers; [`Driver::new_shared`] gives all connections one shared receive queue
 //! and, optionally, one shared send pool, so memory follows the messages in flight rather
-//! than connections × credits.
+//! than connections × credits. The poll thread uses the shared form, sized by
+//! [`poll::PoolPlan`].
 //!
 //! How a poll loop that owns an `rpcrdma_shm::daemon::AppTable` maps onto this API (each app
 //! arena registered once; `MemRef { mr: arena_mr, offset: arena_base + range.off(), len }`):

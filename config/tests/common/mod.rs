@@ -57,7 +57,7 @@ pub fn full_sample() -> Config {
     };
     c.pools = Pools {
         connections: 2,
-        send_buffers: 64,
+        send_buffers: 72,
         send_buffer_size: 8192,
         recv_buffers: 64,
         recv_buffer_size: 16384,

@@ -5,13 +5,21 @@
 //! [`Event`]s out (followed by a call of the `notify` hook so the control thread's `mio` loop
 //! wakes). Counters and latency histograms live on the poll thread; the control thread reads
 //! them by sending a [`Snapshot`] buffer it allocated, which the poll thread fills and returns
-//! (no lock, no allocation on the poll thread).
+//! (no lock; the only allocation is a latency histogram for a connection the buffer has none
+//! for yet, at snapshot time, never per message).
+//!
+//! Buffers: one shared receive queue and one shared send pool per thread, sized by
+//! [`PoolPlan`] from [`PoolSpec`]; each connection's credits are capped to its share of the
+//! receive queue (see `dataplane/README.md`).
 
+mod pools;
 mod stats;
 mod thread;
 
+pub use pools::{divide_share, PoolPlan, SPARE_RECEIVES};
 pub use stats::{
     ConnInfo, ConnState, ConnStats, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS,
+    LATENCY_RESOLUTION_NS, LATENCY_SIGFIG,
 };
 pub use thread::PollThread;
 
@@ -67,6 +75,16 @@ pub struct TransportSpec {
     pub v2_first_reply_timeout: Duration,
 }
 
+/// Buffer pools of a poll thread (shared by all its connections; see [`PoolPlan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Buffers of the shared receive queue (`TransportSpec::recv_buffer_size` bytes each).
+    pub recv_buffers: u32,
+    /// Buffers of the shared send pool (`TransportSpec::inline_send` bytes plus the engine's
+    /// 128-byte tail each).
+    pub send_buffers: u32,
+}
+
 /// Everything a poll thread needs to start.
 #[derive(Debug, Clone)]
 pub struct PollSpec {
@@ -78,8 +96,10 @@ pub struct PollSpec {
     pub idle: IdleSpec,
     /// Connection settings.
     pub transport: TransportSpec,
-    /// Most connections (bounds every table).
+    /// Most connections (bounds every table; each gets `recv_buffers / max_conns` receives).
     pub max_conns: u32,
+    /// Shared receive queue and send pool sizes.
+    pub pools: PoolSpec,
     /// Most apps attached at once.
     pub max_apps: u16,
     /// App attach socket.

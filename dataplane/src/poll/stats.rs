@@ -7,33 +7,87 @@ use std::net::SocketAddr;
 /// Largest latency a histogram records (longer ones saturate): 60 s in nanoseconds.
 pub const LATENCY_MAX_NS: u64 = 60_000_000_000;
 
-/// A fixed-range latency histogram in nanoseconds (3 significant digits, never resizes).
-#[derive(Debug, Clone)]
-pub struct Histo(pub Histogram<u64>);
+/// Smallest latency the histogram records (values are nanoseconds).
+pub const LATENCY_RESOLUTION_NS: u64 = 1;
+
+/// Significant decimal digits kept (2: every value within 1 %, at every magnitude).
+pub const LATENCY_SIGFIG: u8 = 2;
+
+/// Counts per bucket (32 bits: saturate at 4 billion samples of one value).
+pub type Count = u32;
+
+/// A fixed-range latency histogram in nanoseconds (1 ns..=60 s, 2 significant digits,
+/// 32-bit counts: about 15 KiB; never resizes), allocated only for connection slots that are
+/// used: a poll thread sized for 1000 connections does not hold 1000 histograms before they
+/// connect. `None` reads as empty.
+#[derive(Debug, Clone, Default)]
+pub struct Histo(Option<Box<Histogram<Count>>>);
 
 impl Histo {
-    /// An empty histogram of 1 ns..=[`LATENCY_MAX_NS`].
+    /// An allocated, empty histogram of [`LATENCY_RESOLUTION_NS`]..=[`LATENCY_MAX_NS`].
     pub fn new() -> Histo {
-        // Constant bounds that hdrhistogram accepts (low >= 1, high >= 2 * low, sigfig <= 5).
-        Histo(Histogram::new_with_bounds(1, LATENCY_MAX_NS, 3).expect("valid constant bounds"))
+        Histo(Some(Box::new(Self::fresh())))
     }
 
-    /// Records one latency (clamped to the range; never allocates).
+    fn fresh() -> Histogram<Count> {
+        // Constant bounds that hdrhistogram accepts (low >= 1, high >= 2 * low, sigfig <= 5).
+        Histogram::new_with_bounds(LATENCY_RESOLUTION_NS, LATENCY_MAX_NS, LATENCY_SIGFIG)
+            .expect("valid constant bounds")
+    }
+
+    /// Allocates the histogram if this slot has none yet, and empties it (call when a
+    /// connection is set up, never per message).
+    pub fn ensure_empty(&mut self) {
+        match self.0.as_mut() {
+            Some(h) => h.reset(),
+            None => self.0 = Some(Box::new(Self::fresh())),
+        }
+    }
+
+    /// The histogram, if allocated.
+    pub fn get(&self) -> Option<&Histogram<Count>> {
+        self.0.as_deref()
+    }
+
+    /// Samples recorded.
+    pub fn len(&self) -> u64 {
+        self.get().map_or(0, Histogram::len)
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records one latency (clamped to the range, counts saturate; never allocates: a slot without a
+    /// histogram drops the sample).
     #[inline]
     pub fn record(&mut self, ns: u64) {
-        self.0.saturating_record(ns.clamp(1, LATENCY_MAX_NS));
+        if let Some(h) = self.0.as_mut() {
+            h.saturating_record(ns.clamp(1, LATENCY_MAX_NS));
+        }
     }
 
-    /// Replaces the contents with `other`'s (same bounds: no allocation).
+    /// Replaces the contents with `other`'s: no allocation when this one is allocated
+    /// already (same bounds); otherwise allocates once (snapshot buffers, control path).
     pub fn copy_from(&mut self, other: &Histo) {
-        self.0.reset();
-        let _ = self.0.add(&other.0);
+        match (self.0.as_mut(), other.get()) {
+            (Some(d), Some(s)) => {
+                d.reset();
+                let _ = d.add(s);
+            }
+            (Some(d), None) => d.reset(),
+            (None, Some(s)) => self.0 = Some(Box::new(s.clone())),
+            (None, None) => {}
+        }
     }
-}
 
-impl Default for Histo {
-    fn default() -> Self {
-        Histo::new()
+    /// Bytes the histogram holds on the heap (0 when not allocated).
+    pub fn heap_bytes(&self) -> usize {
+        self.get().map_or(0, |h| {
+            std::mem::size_of::<Histogram<Count>>()
+                + h.distinct_values() * std::mem::size_of::<Count>()
+        })
     }
 }
 
@@ -206,5 +260,40 @@ impl Snapshot {
     /// The valid connection entries.
     pub fn conns(&self) -> &[ConnStats] {
         self.conns.get(..self.n).unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_lazy_small_and_within_one_percent() {
+        let mut unused = Histo::default();
+        unused.record(5_000);
+        assert!(
+            unused.is_empty() && unused.heap_bytes() == 0,
+            "no slot, no sample"
+        );
+        let mut h = Histo::default();
+        h.ensure_empty();
+        for ns in [800, 4_000, 15_000, 15_000, 3_000_000, 120_000_000_000] {
+            h.record(ns);
+        }
+        let g = h.get().expect("allocated");
+        assert_eq!(g.len(), 6);
+        let p50 = g.value_at_quantile(0.5) as f64;
+        assert!((p50 - 15_000.0).abs() / 15_000.0 < 0.01, "{p50}");
+        assert!(
+            g.max() as f64 >= LATENCY_MAX_NS as f64 * 0.99,
+            "saturates at 60 s"
+        );
+        assert!(h.heap_bytes() < 16 << 10, "{} bytes", h.heap_bytes());
+        let mut copy = Histo::default();
+        copy.copy_from(&h);
+        assert_eq!(copy.len(), 6);
+        h.ensure_empty();
+        copy.copy_from(&h);
+        assert!(copy.is_empty());
     }
 }

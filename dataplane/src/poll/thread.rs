@@ -1,9 +1,9 @@
 //! The poll loop: provider completions and CM events, app rings, commands, idle policy.
 
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
-use super::{Command, Event, IdleSpec, PollSpec, Reason};
+use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason};
 use crate::conn::{CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId};
-use crate::driver::{from_serve_tag, serve_tag, ConnId, ConnTemplate, Driver};
+use crate::driver::{from_serve_tag, serve_tag, ConnId, Driver};
 use crate::mem::{MemRef, Memory};
 use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
@@ -120,7 +120,6 @@ pub struct PollThread<P: Provider> {
     drv: Driver<P>,
     mem: Mem,
     pd: PdId,
-    tmpl: ConnTemplate,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
     bell: UnixStream,
@@ -179,33 +178,28 @@ impl<P: Provider> PollThread<P> {
         bell: UnixStream,
         notify: Box<dyn Fn() + Send>,
     ) -> Result<PollThread<P>, StartError> {
-        let t = spec.transport;
-        let tmpl = ConnTemplate {
-            version: t.version,
-            credits: t.credits,
-            max_calls: t.credits.saturating_mul(2),
-            send_size: t.inline_send,
-            recv_size: t.inline_recv.max(t.recv_buffer_size),
-            recv_slots: t.credits + t.backchannel_credits,
-            ddp_threshold: t.ddp_threshold,
-            max_reads: u32::from(t.ord).max(1),
+        // One shared receive queue and one shared send pool for every connection, each
+        // connection's credits capped to its share of the queue (see `PoolPlan`).
+        let plan = match PoolPlan::new(
+            &spec.transport,
+            spec.pools,
+            spec.max_conns,
             // A call is delivered into one receive buffer of the serving app's arena, so the
             // arena bounds the largest call (a fixed 1 MiB refused a 1 MiB WRITE's args).
-            max_call_size: spec.geometry.arena_size,
+            spec.geometry.arena_size,
+        ) {
+            Ok(p) => p,
+            Err(e) => return Err((format!("buffer pools: {e}"), notify)),
         };
-        let Some(block) = tmpl.block_len() else {
-            return Err(("connection buffers too large".into(), notify));
-        };
-        let pool_len = u64::from(block) * u64::from(spec.max_conns.max(1));
-        let Ok(pool_len) = usize::try_from(pool_len) else {
+        let tmpl = plan.tmpl;
+        let Ok(pool_len) = usize::try_from(plan.registered_len()) else {
             return Err(("buffer pool too large".into(), notify));
         };
         let setup = (|| -> Result<_, String> {
             let pd = provider.alloc_pd().map_err(|e| e.to_string())?;
-            let depth = spec
-                .max_conns
-                .saturating_mul(tmpl.qp_init(pd, Default::default()).max_send_wr + tmpl.recv_slots);
-            let cq = provider.create_cq(depth).map_err(|e| e.to_string())?;
+            let cq = provider
+                .create_cq(plan.cq_depth(pd))
+                .map_err(|e| e.to_string())?;
             let pool = Mapped::anonymous(pool_len).map_err(|e| format!("buffer pool: {e}"))?;
             let pool = Registered::new(&mut provider, pd, pool, rw()).map_err(|e| e.to_string())?;
             Ok((pd, cq, pool))
@@ -214,12 +208,19 @@ impl<P: Provider> PollThread<P> {
             Ok(x) => x,
             Err(e) => return Err((format!("provider: {e}"), notify)),
         };
-        let mr = pool.mr();
-        let whole = MemRef::new(mr.id, 0, u32::try_from(mr.len).unwrap_or(u32::MAX));
-        let drv = match Driver::new(provider, cq, mr, whole, tmpl) {
+        let drv = match plan.driver(provider, cq, pd, pool.mr()) {
             Ok(d) => d,
             Err(e) => return Err((format!("engine: {e}"), notify)),
         };
+        tracing::info!(
+            connections = plan.max_conns,
+            credits = tmpl.credits,
+            receives_per_connection = plan.share(),
+            recv_buffers = plan.recv_buffers,
+            send_buffers = plan.send_buffers,
+            registered_bytes = plan.registered_len(),
+            "buffer pools registered"
+        );
         let peers = u32::try_from(spec.peers.len()).unwrap_or(u32::MAX);
         let apps = match AppListener::bind(&spec.app_socket, spec.geometry, spec.peers.clone()) {
             Ok(l) => l,
@@ -263,7 +264,6 @@ impl<P: Provider> PollThread<P> {
             drv,
             mem: Mem { regs: vec![pool] },
             pd,
-            tmpl,
             commands,
             events,
             bell,
@@ -804,13 +804,14 @@ impl<P: Provider> PollThread<P> {
         version: u32,
     ) -> Result<usize, String> {
         let i = self.free_slot().ok_or("no free connection slot")?;
-        let init = self.tmpl.qp_init(self.pd, self.drv.cq());
+        // With the thread's shared receive queue attached.
+        let init = self.drv.qp_init(self.pd);
         let qp = self
             .drv
             .provider_mut()
             .create_qp(&init)
             .map_err(|e| format!("create queue pair: {e}"))?;
-        let version = version.clamp(1, self.tmpl.version.max(1));
+        let version = version.clamp(1, self.spec.transport.version.max(1));
         let conn = match self
             .drv
             .add_connection_version(qp, role, pd, version, &mut self.mem)
@@ -840,11 +841,11 @@ impl<P: Provider> PollThread<P> {
             client: role == Role::Client,
             inline_send: t.inline_send,
             inline_recv: t.inline_recv,
-            credits_offered: t.credits,
+            credits_offered: self.drv.connection(conn).map_or(0, |c| c.grant()),
             peer_private: pd.map(|p| (p.send_size, p.recv_size, p.remote_invalidate)),
             ..ConnInfo::default()
         };
-        s.stats.latency.0.reset();
+        s.stats.latency.ensure_empty();
         Ok(i)
     }
 

@@ -1,0 +1,226 @@
+//! How a poll thread sizes its buffers: one shared receive queue of `recv_buffers` buffers
+//! and one shared send pool of `send_buffers` buffers, both registered once, for every
+//! connection of the thread.
+//!
+//! Receive memory is `recv_buffers × recv_size`, whatever the number of connections. The
+//! grants stay covered by posted receives (R8166-3.3.1-g/h) because each connection slot
+//! owns a fixed share of the queue: `recv_buffers / max_conns` buffers, one of them kept
+//! spare (a version-two optional message, AMB-19), the rest split between forward credits and
+//! backchannel credits. When the share is smaller than the configured credits, every
+//! connection's grant (and request) is capped to fit: the sum of grants never exceeds the
+//! receives posted, and every connection keeps at least one credit, so all are served.
+//! The send pool must cover what those capped shares can have in flight at once, so a
+//! connection never finds it empty.
+
+use super::{PoolSpec, TransportSpec};
+use crate::conn::SLOT_TAIL;
+use crate::driver::{ConnTemplate, Driver, DriverError};
+use crate::mem::MemRef;
+use rpcrdma_verbs::{CqId, Mr, PdId, Provider};
+
+/// Receives each connection keeps unassigned (a version-two optional message, AMB-19).
+pub const SPARE_RECEIVES: u32 = 1;
+
+/// Forward and backward credits a connection gets from a share of `share` receive buffers,
+/// given the configured `credits` and `backchannel` credits: all of them when the share holds
+/// them plus [`SPARE_RECEIVES`]; otherwise both are scaled down in proportion (backchannel
+/// at least 1 if configured, forward at least 1). `None`: the share cannot hold one forward
+/// credit (and one backchannel credit, if configured) plus the spare.
+pub fn divide_share(credits: u32, backchannel: u32, share: u32) -> Option<(u32, u32)> {
+    let credits = credits.max(1);
+    let avail = share.checked_sub(SPARE_RECEIVES)?;
+    if avail >= credits.saturating_add(backchannel) {
+        return Some((credits, backchannel));
+    }
+    let bc = if backchannel == 0 {
+        0
+    } else {
+        let scaled = u64::from(avail) * u64::from(backchannel)
+            / (u64::from(credits) + u64::from(backchannel));
+        (scaled as u32).clamp(1, backchannel)
+    };
+    let fwd = avail.checked_sub(bc).filter(|&f| f >= 1)?;
+    Some((fwd.min(credits), bc))
+}
+
+/// A poll thread's buffer plan: the per-connection template (credits capped to the share)
+/// and where the send pool and the shared receive queue lie in one registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolPlan {
+    /// Template every connection is created with (`credits`, `recv_slots` = its share).
+    pub tmpl: ConnTemplate,
+    /// Connection slots the shares are cut for.
+    pub max_conns: u32,
+    /// Buffers of the shared receive queue.
+    pub recv_buffers: u32,
+    /// Buffers of the shared send pool.
+    pub send_buffers: u32,
+}
+
+impl PoolPlan {
+    /// The template each of `max_conns` connections gets from `recv_buffers` shared
+    /// receives (credits capped to its share); the error says why none fits.
+    pub fn template_for(
+        t: &TransportSpec,
+        recv_buffers: u32,
+        max_conns: u32,
+        max_call_size: u32,
+    ) -> Result<ConnTemplate, String> {
+        let max_conns = max_conns.max(1);
+        let share = recv_buffers / max_conns;
+        let (credits, bc) = divide_share(t.credits, t.backchannel_credits, share).ok_or_else(|| {
+            format!(
+                "{recv_buffers} receive buffers cannot give each of {max_conns} connections one credit{} and {SPARE_RECEIVES} spare",
+                if t.backchannel_credits > 0 { ", one backchannel credit" } else { "" },
+            )
+        })?;
+        Ok(ConnTemplate {
+            version: t.version,
+            credits,
+            // Calls queued beyond the grant wait in the engine (they hold no buffer); more
+            // wait in the poll thread. Per-call state is ~1 KiB, so this follows the capped
+            // credits, not the configured ones.
+            max_calls: credits.saturating_mul(2),
+            send_size: t.inline_send,
+            recv_size: t.inline_recv.max(t.recv_buffer_size),
+            recv_slots: credits + bc,
+            ddp_threshold: t.ddp_threshold,
+            max_reads: u32::from(t.ord).max(1),
+            max_call_size,
+        })
+    }
+
+    /// The plan for `max_conns` connections of transport `t` with pools `p`; the error says
+    /// which setting cannot work. The send pool must hold `max_conns × tmpl.send_slots()`.
+    pub fn new(
+        t: &TransportSpec,
+        p: PoolSpec,
+        max_conns: u32,
+        max_call_size: u32,
+    ) -> Result<PoolPlan, String> {
+        let max_conns = max_conns.max(1);
+        let tmpl = Self::template_for(t, p.recv_buffers, max_conns, max_call_size)?;
+        let credits = tmpl.credits;
+        let plan = PoolPlan {
+            tmpl,
+            max_conns,
+            recv_buffers: p.recv_buffers,
+            send_buffers: p.send_buffers,
+        };
+        let need_send = u64::from(tmpl.send_slots()) * u64::from(max_conns);
+        if u64::from(p.send_buffers) < need_send {
+            return Err(format!(
+                "{} send buffers are fewer than {max_conns} connections x {} (calls in flight plus answers, at {credits} credits)",
+                p.send_buffers,
+                tmpl.send_slots()
+            ));
+        }
+        if plan.registered_len() > u64::from(u32::MAX) {
+            return Err("buffer pools larger than 4 GiB".into());
+        }
+        Ok(plan)
+    }
+
+    /// Bytes of one send buffer (the largest Send plus the engine's tail).
+    pub fn send_stride(&self) -> u32 {
+        self.tmpl.send_size + SLOT_TAIL
+    }
+
+    /// Bytes of the shared send pool.
+    pub fn send_len(&self) -> u64 {
+        u64::from(self.send_buffers) * u64::from(self.send_stride())
+    }
+
+    /// Bytes of the shared receive queue's buffers.
+    pub fn recv_len(&self) -> u64 {
+        u64::from(self.recv_buffers) * u64::from(self.tmpl.recv_size)
+    }
+
+    /// Bytes to register: send pool, then receive buffers (page aligned).
+    pub fn registered_len(&self) -> u64 {
+        self.recv_offset() + self.recv_len()
+    }
+
+    fn recv_offset(&self) -> u64 {
+        self.send_len().div_ceil(4096) * 4096
+    }
+
+    /// Receive buffers posted per connection slot at most (its grant and calls in
+    /// progress); their sum over the slots never exceeds [`recv_buffers`](Self::recv_buffers).
+    pub fn share(&self) -> u32 {
+        self.tmpl.recv_slots
+    }
+
+    /// Completion queue entries for the thread: every connection's send queue plus the
+    /// shared receive queue.
+    pub fn cq_depth(&self, pd: PdId) -> u32 {
+        let per_qp = self.tmpl.qp_init(pd, CqId::default()).max_send_wr;
+        self.max_conns
+            .saturating_mul(per_qp)
+            .saturating_add(self.recv_buffers)
+    }
+
+    /// A driver over `provider` with this plan's shared pools carved from `region`
+    /// (registered, at least [`registered_len`](Self::registered_len) bytes, local write
+    /// and remote read and write).
+    pub fn driver<P: Provider>(
+        &self,
+        provider: P,
+        cq: CqId,
+        pd: PdId,
+        region: Mr,
+    ) -> Result<Driver<P>, DriverError> {
+        let bad = || DriverError::Config(crate::ConfigError("buffer pools exceed their region"));
+        let send_len = u32::try_from(self.send_len()).map_err(|_| bad())?;
+        let recv_len = u32::try_from(self.recv_len()).map_err(|_| bad())?;
+        let send = MemRef::new(region.id, 0, send_len);
+        let recv = MemRef::new(region.id, self.recv_offset(), recv_len);
+        Driver::new_shared(
+            provider,
+            cq,
+            pd,
+            region,
+            send,
+            true,
+            recv,
+            self.recv_buffers,
+            self.tmpl,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_credits_when_the_share_holds_them() {
+        assert_eq!(divide_share(32, 8, 41), Some((32, 8)));
+        assert_eq!(divide_share(32, 0, 100), Some((32, 0)));
+    }
+
+    #[test]
+    fn small_shares_scale_both_directions_and_keep_one_each() {
+        // 12 buffers: 1 spare, 11 split 32:8 -> 2 backchannel, 9 forward.
+        assert_eq!(divide_share(32, 8, 12), Some((9, 2)));
+        assert_eq!(divide_share(32, 8, 3), Some((1, 1)));
+        assert_eq!(divide_share(32, 0, 2), Some((1, 0)));
+        assert_eq!(divide_share(32, 8, 2), None);
+        assert_eq!(divide_share(32, 0, 1), None);
+    }
+
+    #[test]
+    fn shares_never_exceed_the_queue() {
+        for conns in [1u32, 7, 100, 1000] {
+            for bufs in [conns * 2, conns * 3 + 5, 12288, 40000] {
+                for (c, b) in [(32, 0), (32, 8), (1, 1), (64, 8)] {
+                    if let Some((f, k)) = divide_share(c, b, bufs / conns) {
+                        let per = f + k + SPARE_RECEIVES;
+                        assert!(u64::from(per) * u64::from(conns) <= u64::from(bufs));
+                        assert!(f >= 1 && f <= c && k <= b);
+                    }
+                }
+            }
+        }
+    }
+}
