@@ -594,6 +594,38 @@ pub fn rdma_toward_the_connecting_side<H: Harness>(h: &mut H) {
     );
 }
 
+/// A peer's RDMA Read of a large exposure that starts mid-page: every byte arrives, in
+/// order (an NFS server reading a WRITE's data from a client's buffer: hundreds of KiB, at
+/// whatever offset the application's buffer has).
+pub fn rdma_read_of_a_large_unaligned_exposure<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let (off, len) = (600_003usize, 400_000usize);
+    let data = pattern(11, len);
+    p.a.fill(off, &data);
+    let qa = p.a.qp();
+    let rkey =
+        p.a.p
+            .expose(qa, p.a.mr.id, off as u64, len as u64, Access::REMOTE_READ)
+            .expect("expose");
+    let sg = [p.b.sge(100_000, len)];
+    p.b.post(
+        4,
+        SendOp::RdmaRead {
+            remote_addr: p.a.mr.addr_at(off as u64),
+            rkey,
+        },
+        &sg,
+        true,
+    );
+    p.wait("large read", |p| p.b.wc(4).is_some());
+    let w = p.b.wc(4).unwrap();
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, len as u32));
+    let got = p.b.mem(100_000, len);
+    if let Some(i) = (0..len).find(|&i| got[i] != data[i]) {
+        panic!("read bytes differ from byte {i} of {len} (exposure at region offset {off})");
+    }
+}
+
 /// Send with Invalidate reports the key at the receiver and the key is dead afterwards.
 pub fn send_with_invalidate<H: Harness>(h: &mut H) {
     let mut p = connect(h, false);
@@ -933,7 +965,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@t $harness;
             cm_private_data_and_reject, send_recv_matching_and_ordering,
             send_gather_and_large_message, write_then_send_visibility, rdma_read,
-            rdma_toward_the_connecting_side,
+            rdma_toward_the_connecting_side, rdma_read_of_a_large_unaligned_exposure,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, shared_receive_queue);
