@@ -227,6 +227,16 @@ impl Daemon {
                 },
                 notify,
             ),
+            ProviderKind::Mem => poll::spawn_mem(
+                spec,
+                rpcrdma_verbs::soft::SoftConfig {
+                    crc: s.crc,
+                    mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
+                    fpdu_size: None,
+                    ..rpcrdma_verbs::soft::SoftConfig::default()
+                },
+                notify,
+            ),
             #[cfg(feature = "ibv")]
             ProviderKind::Ibv => {
                 let i = &cfg.provider.ibv;
@@ -924,7 +934,7 @@ impl Daemon {
                     pid: std::process::id(),
                     uptime_s: self.started.elapsed().as_secs(),
                     config: self.opts.config_path.display().to_string(),
-                    provider: "soft".into(),
+                    provider: format!("{:?}", self.cfg.provider.kind).to_lowercase(),
                     state: if self.draining.is_some() {
                         "draining"
                     } else {
