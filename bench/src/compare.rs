@@ -4,6 +4,7 @@
 use crate::case::{Case, Mode, Proc};
 use crate::report::{CaseSummary, Environment, Percentiles};
 use crate::run::{self, CaseResult, RunOptions, Stop};
+use crate::target::Target;
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use rpcrdma_shm::abi::{status, Geometry};
@@ -95,6 +96,8 @@ pub struct Row {
     pub workload: String,
     /// The implementation.
     pub path: Impl,
+    /// Which of our targets (its [`OursTarget::label`]) for `ours` rows; `None` otherwise.
+    pub target: Option<String>,
     /// Our case name (for `ours` and `raw-ring`).
     pub case: Option<String>,
     /// Calls completed intact.
@@ -112,6 +115,8 @@ pub struct Row {
 pub struct Ratio {
     /// The workload.
     pub workload: String,
+    /// Our target (the numerator).
+    pub target: String,
     /// The denominator.
     pub versus: Impl,
     /// p50 ratio.
@@ -135,6 +140,17 @@ pub struct Goal {
     pub measured: String,
     /// `Some(true)` met, `Some(false)` not met, `None` not measurable in this run.
     pub met: Option<bool>,
+    /// The target judged, when the goal is about one.
+    pub target: Option<String>,
+}
+
+/// One of our targets measured in the run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OursTarget {
+    /// Its name in rows, ratios and goals (`rpcrdmad soft`, `rpcrdmad mem`, `loopback`, …).
+    pub label: String,
+    /// What is known about it.
+    pub info: crate::target::TargetInfo,
 }
 
 /// The compare document.
@@ -142,8 +158,10 @@ pub struct Goal {
 pub struct CompareDoc {
     /// [`SCHEMA`].
     pub schema: String,
-    /// Where it ran (the target is "ours").
+    /// Where it ran (its target is the first of `targets`).
     pub environment: Environment,
+    /// Our targets, in the order they were measured.
+    pub targets: Vec<OursTarget>,
     /// Measured phase per row (s).
     pub duration_s: f64,
     /// Rows.
@@ -183,12 +201,13 @@ pub fn workloads() -> Vec<(&'static str, Case, &'static str, u32)> {
     ]
 }
 
-/// A row from one of our runs.
-pub fn row_of(workload: &str, path: Impl, r: &CaseResult) -> Row {
+/// A row from one of our runs (`target`: which of ours, `None` for the raw ring).
+pub fn row_of(workload: &str, path: Impl, target: Option<&str>, r: &CaseResult) -> Row {
     let s = CaseSummary::of(r);
     Row {
         workload: workload.into(),
         path,
+        target: target.map(str::to_string),
         case: Some(s.name),
         count: s.count,
         calls_per_s: s.calls_per_s,
@@ -213,6 +232,7 @@ pub fn row_of_samples(
         Row {
             workload: workload.into(),
             path: Impl::Libtirpc,
+            target: None,
             case: None,
             count: samples.len() as u64,
             calls_per_s: rate,
@@ -241,6 +261,7 @@ pub fn ratio(ours: &Row, other: &Row) -> Ratio {
     };
     Ratio {
         workload: ours.workload.clone(),
+        target: ours.target.clone().unwrap_or_else(|| "ours".into()),
         versus: other.path,
         p50: div(a.p50 as f64, b.p50 as f64),
         p90: div(a.p90 as f64, b.p90 as f64),
@@ -254,69 +275,94 @@ fn find<'a>(rows: &'a [Row], w: &str, p: Impl) -> Option<&'a Row> {
     rows.iter().find(|r| r.workload == w && r.path == p)
 }
 
-/// The issue's three goals, judged on `rows`; `ours_kind` is the target kind and `provider` its provider.
-pub fn goals(rows: &[Row], ours_kind: &str, provider: Option<&str>) -> Vec<Goal> {
+fn find_ours<'a>(rows: &'a [Row], w: &str, target: &str) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.workload == w && r.path == Impl::Ours && r.target.as_deref() == Some(target))
+}
+
+const GOAL_RING: &str = "app<->app NULL p50 <= 3x the raw ring";
+const GOAL_SOFT: &str = "soft-iWARP NULL p50 <= 0.7x libtirpc TCP";
+const GOAL_READ: &str = "1 MiB READ GB/s >= libtirpc TCP";
+
+fn goal(goal: &str, target: Option<&str>, measured: String, met: Option<bool>) -> Goal {
+    Goal {
+        goal: goal.into(),
+        measured,
+        met,
+        target: target.map(str::to_string),
+    }
+}
+
+/// Whether a target is rpcrdmad on the soft provider (the soft-iWARP goal's subject).
+fn is_soft(t: &OursTarget) -> bool {
+    t.info.kind == "daemons" && t.info.provider.as_deref() == Some("soft")
+}
+
+/// The issue's three goals, judged on `rows` for each of `targets`: the raw-ring and READ goals
+/// per target, the soft-iWARP goal for each soft-provider daemon target (n/a without one).
+pub fn goals(rows: &[Row], targets: &[OursTarget]) -> Vec<Goal> {
     let mut g = Vec::new();
     let ring = find(rows, "NULL", Impl::RawRing);
-    let ours_null = find(rows, "NULL", Impl::Ours);
-    g.push(match (ring, ours_null) {
-        (Some(r), Some(o)) => {
-            let x = div(o.round_trip_ns.p50 as f64, r.round_trip_ns.p50 as f64);
-            // Our path includes a ring round trip, so a ratio below 1 means the limit was not measured.
-            let bogus = x < 1.0;
-            Goal {
-                goal: "app<->app NULL p50 <= 3x the raw ring".into(),
-                measured: if bogus {
-                    format!("{x:.2}x ({ours_kind}): the raw ring measured slower than ours, the host is too busy; rerun")
-                } else {
-                    format!("{x:.2}x ({ours_kind})")
-                },
-                met: (!bogus).then_some(x <= 3.0),
-            }
-        }
-        _ => Goal {
-            goal: "app<->app NULL p50 <= 3x the raw ring".into(),
-            measured: "not measured".into(),
-            met: None,
-        },
-    });
     let tirpc_null = find(rows, "NULL", Impl::Libtirpc);
-    let soft = ours_kind == "daemons" && provider == Some("soft");
-    g.push(match (soft, ours_null, tirpc_null) {
-        (true, Some(o), Some(t)) => {
-            let x = div(o.round_trip_ns.p50 as f64, t.round_trip_ns.p50 as f64);
-            Goal {
-                goal: "soft-iWARP NULL p50 <= 0.7x libtirpc TCP".into(),
-                measured: format!("{x:.2}x"),
-                met: Some(x <= 0.7),
-            }
-        }
-        _ => Goal {
-            goal: "soft-iWARP NULL p50 <= 0.7x libtirpc TCP".into(),
-            measured: format!(
-                "not measured: needs rpcrdmad on the soft provider (this run: {ours_kind})"
-            ),
-            met: None,
-        },
-    });
-    let ours_read = find(rows, "READ 1 MiB", Impl::Ours);
     let tirpc_read = find(rows, "READ 1 MiB", Impl::Libtirpc);
-    g.push(match (ours_read, tirpc_read) {
-        (Some(o), Some(t)) => Goal {
-            goal: "1 MiB READ GB/s >= libtirpc TCP".into(),
-            measured: format!(
-                "{:.2} GB/s vs {:.2} GB/s ({ours_kind})",
-                o.mb_per_s / 1e3,
-                t.mb_per_s / 1e3
+    for t in targets {
+        let l = t.label.as_str();
+        let ours_null = find_ours(rows, "NULL", l);
+        g.push(match (ring, ours_null) {
+            (Some(r), Some(o)) => {
+                let x = div(o.round_trip_ns.p50 as f64, r.round_trip_ns.p50 as f64);
+                // Our path includes a ring round trip, so a ratio below 1 means the limit was not measured.
+                let bogus = x < 1.0;
+                let measured = if bogus {
+                    format!("{x:.2}x ({l}): the raw ring measured slower than ours, the host is too busy; rerun")
+                } else {
+                    format!("{x:.2}x ({l})")
+                };
+                goal(GOAL_RING, Some(l), measured, (!bogus).then_some(x <= 3.0))
+            }
+            _ => goal(GOAL_RING, Some(l), format!("not measured ({l})"), None),
+        });
+    }
+    let mut soft_judged = false;
+    for t in targets.iter().filter(|t| is_soft(t)) {
+        soft_judged = true;
+        let l = t.label.as_str();
+        g.push(match (find_ours(rows, "NULL", l), tirpc_null) {
+            (Some(o), Some(tt)) => {
+                let x = div(o.round_trip_ns.p50 as f64, tt.round_trip_ns.p50 as f64);
+                goal(GOAL_SOFT, Some(l), format!("{x:.2}x ({l})"), Some(x <= 0.7))
+            }
+            _ => goal(GOAL_SOFT, Some(l), format!("not measured ({l})"), None),
+        });
+    }
+    if !soft_judged {
+        let kinds: Vec<String> = targets.iter().map(|t| t.label.clone()).collect();
+        g.push(goal(
+            GOAL_SOFT,
+            None,
+            format!(
+                "not measured: needs rpcrdmad on the soft provider (this run: {})",
+                kinds.join(", ")
             ),
-            met: Some(o.mb_per_s >= t.mb_per_s),
-        },
-        _ => Goal {
-            goal: "1 MiB READ GB/s >= libtirpc TCP".into(),
-            measured: "not measured".into(),
-            met: None,
-        },
-    });
+            None,
+        ));
+    }
+    for t in targets {
+        let l = t.label.as_str();
+        g.push(match (find_ours(rows, "READ 1 MiB", l), tirpc_read) {
+            (Some(o), Some(tt)) => goal(
+                GOAL_READ,
+                Some(l),
+                format!(
+                    "{:.2} GB/s vs {:.2} GB/s ({l})",
+                    o.mb_per_s / 1e3,
+                    tt.mb_per_s / 1e3
+                ),
+                Some(o.mb_per_s >= tt.mb_per_s),
+            ),
+            _ => goal(GOAL_READ, Some(l), format!("not measured ({l})"), None),
+        });
+    }
     g
 }
 
@@ -324,26 +370,48 @@ fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
 }
 
+/// The name of a row's path in the table: the target's label for ours.
+fn path_label(r: &Row) -> &str {
+    match (r.path, &r.target) {
+        (Impl::Ours, Some(t)) => t,
+        (p, _) => p.label(),
+    }
+}
+
 /// The compare table: rows grouped by workload, then ratios, then goals.
 pub fn table(doc: &CompareDoc) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Round-trip times in µs, one call in flight, {:.1} s per row; ours = {} ({})",
-        doc.duration_s, doc.environment.target.kind, doc.environment.target.socket
+        "Round-trip times in µs, one call in flight, {:.1} s per row",
+        doc.duration_s
     );
+    for t in &doc.targets {
+        let i = &t.info;
+        let _ = writeln!(
+            s,
+            "  {}: {} ({}), peer {}{}",
+            t.label,
+            i.kind,
+            i.socket,
+            i.peer,
+            i.idle
+                .as_ref()
+                .map_or(String::new(), |x| format!(", idle {x}"))
+        );
+    }
     let _ = writeln!(
         s,
-        "{:<12} {:<14} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+        "{:<12} {:<16} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
         "workload", "path", "count", "calls/s", "MB/s", "min", "p50", "p90", "p99", "p99.9", "max"
     );
     for r in &doc.rows {
         let p = &r.round_trip_ns;
         let _ = writeln!(
             s,
-            "{:<12} {:<14} {:>8} {:>9.0} {:>8.1} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
+            "{:<12} {:<16} {:>8} {:>9.0} {:>8.1} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
             r.workload,
-            r.path.label(),
+            path_label(r),
             r.count,
             r.calls_per_s,
             r.mb_per_s,
@@ -361,14 +429,15 @@ pub fn table(doc: &CompareDoc) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<12} {:<14} {:>8} {:>8} {:>8} {:>8} {:>11}",
-        "workload", "versus", "p50", "p90", "p99", "p99.9", "throughput"
+        "{:<12} {:<16} {:<14} {:>8} {:>8} {:>8} {:>8} {:>11}",
+        "workload", "ours", "versus", "p50", "p90", "p99", "p99.9", "throughput"
     );
     for r in &doc.ratios {
         let _ = writeln!(
             s,
-            "{:<12} {:<14} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>11.2}",
+            "{:<12} {:<16} {:<14} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>11.2}",
             r.workload,
+            r.target,
             r.versus.label(),
             r.p50,
             r.p90,
@@ -377,7 +446,7 @@ pub fn table(doc: &CompareDoc) -> String {
             r.throughput
         );
     }
-    let _ = writeln!(s, "\nGoals (issue 7)");
+    let _ = writeln!(s, "\nGoals (issues 5 and 7)");
     for g in &doc.goals {
         let verdict = match g.met {
             Some(true) => "MET",
@@ -407,18 +476,86 @@ pub struct CompareOptions {
     pub ring_spin: Duration,
     /// How long the raw-ring echo side busy-polls before parking.
     pub ring_echo_spin: Duration,
-    /// The `rpcrdma-bench` binary (for its `ring-echo` subcommand).
+    /// The `rpcrdma-bench` binary (for its `ring-echo`, `loopback` and `serve` subcommands).
     pub exe: std::path::PathBuf,
+    /// How long our apps busy-poll before sleeping.
+    pub app_spin: Duration,
+    /// How long the loopback harness busy-polls before parking (loopback targets).
+    pub harness_spin: Duration,
+}
+
+/// How a target is named in `skipped` when it could not be measured.
+fn describe(t: &Target) -> String {
+    match t {
+        Target::Attach { socket, .. } => format!("attach {}", socket.display()),
+        Target::Loopback => "loopback".into(),
+        Target::Daemons { configs, .. } => format!(
+            "rpcrdmad --config {}",
+            configs
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}
+
+/// `label`, or `label #n` when an earlier target already has it.
+fn unique_label(label: String, taken: &[OursTarget]) -> String {
+    let n = taken
+        .iter()
+        .filter(|t| t.label == label || t.label.starts_with(&format!("{label} #")))
+        .count();
+    if n == 0 {
+        label
+    } else {
+        format!("{label} #{}", n + 1)
+    }
+}
+
+/// Measures every workload on one target (opened here and stopped before returning, so the
+/// next target runs alone).
+fn measure_target(
+    opts: &CompareOptions,
+    ro: &RunOptions,
+    t0: Instant,
+    target: &Target,
+    taken: &[OursTarget],
+) -> anyhow::Result<(OursTarget, Vec<Row>, Vec<Series>)> {
+    let session = target.open(&opts.exe, opts.app_spin, opts.harness_spin)?;
+    let (mut client, peer, name) =
+        crate::attach(&session.socket, &session.info.peer, opts.app_spin)?;
+    let mut info = session.info.clone();
+    info.peer = name;
+    let label = unique_label(info.label(), taken);
+    let (mut rows, mut hists) = (Vec::new(), Vec::new());
+    for (w, case, _, _) in workloads() {
+        let r = run::run_case(&mut client, peer, case, ro, t0)?;
+        if r.errors > 0 {
+            anyhow::bail!(
+                "{label} {w}: {} calls failed: {}",
+                r.errors,
+                r.first_error.unwrap_or_default()
+            );
+        }
+        rows.push(row_of(w, Impl::Ours, Some(&label), &r));
+        hists.push((format!("{label} {w}"), r.hist));
+    }
+    drop(client);
+    drop(session);
+    Ok((OursTarget { label, info }, rows, hists))
 }
 
 /// A named round-trip histogram for the plot.
 pub type Series = (String, Histogram<u64>);
 
-/// Runs everything; `ours` is an attached client of the target under test with its peer index.
+/// Runs everything: the raw ring, libtirpc, then each of `targets` in turn (each started,
+/// measured and stopped before the next). A target that cannot be measured is listed under
+/// `skipped`; the run fails only when none could be. `env.target` becomes the first target's.
 pub fn compare(
     opts: &CompareOptions,
-    env: Environment,
-    ours: (&mut Client, u32),
+    mut env: Environment,
+    targets: &[Target],
 ) -> anyhow::Result<(CompareDoc, Vec<Series>)> {
     let ro = RunOptions {
         warmup: opts.warmup,
@@ -466,7 +603,7 @@ pub fn compare(
         let _ = child.wait();
         let _ = std::fs::remove_file(&sock);
         let r = res?;
-        rows.push(row_of("NULL", Impl::RawRing, &r));
+        rows.push(row_of("NULL", Impl::RawRing, None, &r));
         hists.push(("raw ring NULL".to_string(), r.hist));
     }
 
@@ -489,37 +626,46 @@ pub fn compare(
         Err(e) => skipped.push(format!("libtirpc: {e:#}")),
     }
 
-    // 3. Ours.
-    let (client, peer) = ours;
-    for (label, case, _, _) in &wl {
-        let r = run::run_case(client, peer, *case, &ro, t0)?;
-        if r.errors > 0 {
-            anyhow::bail!(
-                "ours {label}: {} calls failed: {}",
-                r.errors,
-                r.first_error.unwrap_or_default()
-            );
+    // 3. Ours, one target at a time.
+    let mut ours = Vec::new();
+    let mut first_err = None;
+    for t in targets {
+        match measure_target(opts, &ro, t0, t, &ours) {
+            Ok((target, r, h)) => {
+                ours.push(target);
+                rows.extend(r);
+                hists.extend(h);
+            }
+            Err(e) => {
+                skipped.push(format!("{}: {e:#}", describe(t)));
+                first_err.get_or_insert(e);
+            }
         }
-        rows.push(row_of(label, Impl::Ours, &r));
-        hists.push((format!("ours {label}"), r.hist));
     }
+    if ours.is_empty() {
+        return Err(first_err.unwrap_or_else(|| anyhow::anyhow!("no target to compare")));
+    }
+    env.target = ours[0].info.clone();
 
     let mut ratios = Vec::new();
     for (label, _, _, _) in &wl {
-        if let Some(o) = find(&rows, label, Impl::Ours) {
-            for p in [Impl::RawRing, Impl::Libtirpc] {
-                if let Some(t) = find(&rows, label, p) {
-                    ratios.push(ratio(o, t));
+        for t in &ours {
+            if let Some(o) = find_ours(&rows, label, &t.label) {
+                for p in [Impl::RawRing, Impl::Libtirpc] {
+                    if let Some(theirs) = find(&rows, label, p) {
+                        ratios.push(ratio(o, theirs));
+                    }
                 }
             }
         }
     }
-    let goals = goals(&rows, &env.target.kind, env.target.provider.as_deref());
+    let goals = goals(&rows, &ours);
     rows.sort_by_key(|r| wl.iter().position(|w| w.0 == r.workload));
     Ok((
         CompareDoc {
             schema: SCHEMA.into(),
             environment: env,
+            targets: ours,
             duration_s: opts.duration.as_secs_f64(),
             rows,
             ratios,
@@ -534,11 +680,13 @@ pub fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::TargetInfo;
 
     fn row(w: &str, path: Impl, p50: u64, mb: f64) -> Row {
         Row {
             workload: w.into(),
             path,
+            target: (path == Impl::Ours).then(|| "rpcrdmad soft".to_string()),
             case: None,
             count: 10,
             calls_per_s: 100.0,
@@ -553,6 +701,25 @@ mod tests {
         }
     }
 
+    fn ours_row(target: &str, w: &str, p50: u64, mb: f64) -> Row {
+        Row {
+            target: Some(target.into()),
+            ..row(w, Impl::Ours, p50, mb)
+        }
+    }
+
+    fn target(kind: &str, provider: Option<&str>) -> OursTarget {
+        let info = TargetInfo {
+            kind: kind.into(),
+            provider: provider.map(str::to_string),
+            ..TargetInfo::default()
+        };
+        OursTarget {
+            label: info.label(),
+            info,
+        }
+    }
+
     #[test]
     fn ratios_divide_ours_by_theirs_per_percentile() {
         let r = ratio(
@@ -562,6 +729,7 @@ mod tests {
         assert_eq!((r.p50, r.p90, r.p99, r.p99_9), (3.0, 3.0, 3.0, 3.0));
         assert_eq!(r.throughput, 0.5);
         assert_eq!(r.versus, Impl::Libtirpc);
+        assert_eq!(r.target, "rpcrdmad soft");
         let null = ratio(
             &row("NULL", Impl::Ours, 10, 0.0),
             &row("NULL", Impl::RawRing, 0, 0.0),
@@ -582,12 +750,18 @@ mod tests {
             row("READ 1 MiB", Impl::Ours, 1, 900.0),
             row("READ 1 MiB", Impl::Libtirpc, 1, 1000.0),
         ];
-        let g = goals(&rows, "daemons", Some("soft"));
+        let soft = [target("daemons", Some("soft"))];
+        let g = goals(&rows, &soft);
         assert_eq!(g.len(), 3);
         assert_eq!(g[0].met, Some(true), "3.00x is within 3x");
         assert_eq!(g[1].met, Some(true), "0.30x is within 0.7x");
         assert_eq!(g[2].met, Some(false), "0.9 GB/s < 1.0 GB/s");
-        let l = goals(&rows, "loopback", None);
+        assert!(g
+            .iter()
+            .all(|g| g.target.as_deref() == Some("rpcrdmad soft")));
+        let lb = [target("loopback", None)];
+        let l = goals(&rows, &lb);
+        assert_eq!(l[0].met, None, "no loopback rows");
         assert_eq!(l[1].met, None, "the soft-iWARP goal needs a soft daemon");
         assert!(l[1].measured.contains("loopback"));
         let inverted = goals(
@@ -595,17 +769,67 @@ mod tests {
                 row("NULL", Impl::RawRing, 5_000, 0.0),
                 row("NULL", Impl::Ours, 3_000, 0.0),
             ],
-            "loopback",
-            None,
+            &soft,
         );
         assert_eq!(
             inverted[0].met, None,
             "a ring slower than our path is a failed measurement"
         );
         assert!(inverted[0].measured.contains("rerun"));
-        let none = goals(&rows[2..3], "loopback", None);
+        let none = goals(&rows[2..3], &soft);
         assert_eq!(none[0].met, None);
         assert_eq!(none[2].met, None);
+    }
+
+    #[test]
+    fn goals_are_judged_per_target_and_soft_only_on_soft_daemons() {
+        let rows = vec![
+            row("NULL", Impl::RawRing, 1_000, 0.0),
+            row("NULL", Impl::Libtirpc, 10_000, 0.0),
+            row("READ 1 MiB", Impl::Libtirpc, 1, 1000.0),
+            ours_row("rpcrdmad soft", "NULL", 5_000, 0.0),
+            ours_row("rpcrdmad soft", "READ 1 MiB", 1, 1200.0),
+            ours_row("rpcrdmad mem", "NULL", 2_000, 0.0),
+            ours_row("rpcrdmad mem", "READ 1 MiB", 1, 800.0),
+        ];
+        let ts = [
+            target("daemons", Some("soft")),
+            target("daemons", Some("mem")),
+        ];
+        let g = goals(&rows, &ts);
+        let verdict = |goal: &str, t: &str| {
+            g.iter()
+                .find(|x| x.goal == goal && x.target.as_deref() == Some(t))
+                .unwrap_or_else(|| panic!("{goal} for {t}: {g:#?}"))
+                .met
+        };
+        assert_eq!(verdict(GOAL_RING, "rpcrdmad soft"), Some(false), "5x");
+        assert_eq!(verdict(GOAL_RING, "rpcrdmad mem"), Some(true), "2x");
+        assert_eq!(verdict(GOAL_SOFT, "rpcrdmad soft"), Some(true), "0.5x");
+        assert!(
+            !g.iter()
+                .any(|x| x.goal == GOAL_SOFT && x.target.as_deref() == Some("rpcrdmad mem")),
+            "the soft-iWARP goal is not judged on the mem provider"
+        );
+        assert_eq!(verdict(GOAL_READ, "rpcrdmad soft"), Some(true));
+        assert_eq!(verdict(GOAL_READ, "rpcrdmad mem"), Some(false));
+        assert_eq!(g.len(), 5);
+    }
+
+    #[test]
+    fn equal_target_labels_are_numbered() {
+        let mut taken = vec![target("daemons", Some("soft"))];
+        let l = unique_label("rpcrdmad soft".into(), &taken);
+        assert_eq!(l, "rpcrdmad soft #2");
+        taken.push(OursTarget {
+            label: l,
+            info: TargetInfo::default(),
+        });
+        assert_eq!(
+            unique_label("rpcrdmad soft".into(), &taken),
+            "rpcrdmad soft #3"
+        );
+        assert_eq!(unique_label("rpcrdmad mem".into(), &taken), "rpcrdmad mem");
     }
 
     #[test]
@@ -614,19 +838,21 @@ mod tests {
             row("NULL", Impl::RawRing, 1_000, 0.0),
             row("NULL", Impl::Ours, 4_000, 0.0),
         ];
+        let ts = vec![target("daemons", Some("soft"))];
         let doc = CompareDoc {
             schema: SCHEMA.into(),
             environment: Environment::here(Default::default(), 0, None),
             duration_s: 1.0,
             ratios: vec![ratio(&rows[1], &rows[0])],
-            goals: goals(&rows, "loopback", None),
+            goals: goals(&rows, &ts),
+            targets: ts,
             rows,
             skipped: vec!["libtirpc: no rpcgen".into()],
             svg: None,
         };
         let t = table(&doc);
-        assert!(t.contains("NULL         raw ring"));
-        assert!(t.contains("NULL         ours"));
+        assert!(t.contains("NULL         raw ring"), "{t}");
+        assert!(t.contains("NULL         rpcrdmad soft"), "{t}");
         assert!(t.contains("    4.00"), "{t}");
         assert!(t.contains("[NOT MET] app<->app NULL p50 <= 3x the raw ring — 4.00x"));
         assert!(t.contains("[  n/a  ]"));

@@ -29,7 +29,7 @@ enum Cmd {
     Run(RunArgs),
     /// Attaches to a daemon socket and serves RDMATEST (every procedure) until stopped.
     Serve(ServeArgs),
-    /// Raw ring vs libtirpc TCP vs ours: NULL, ECHO 64 B / 1 MiB, READ 1 MiB; ratios and goals.
+    /// Raw ring vs libtirpc TCP vs each of our targets: NULL, ECHO 64 B / 1 MiB, READ 1 MiB; ratios and goals.
     Compare(CompareArgs),
     /// Test harness standing in for the daemon (routes calls between local apps).
     #[command(hide = true)]
@@ -56,9 +56,9 @@ struct TargetArgs {
     #[arg(long, value_name = "SOCKET", conflicts_with = "spawn_daemons")]
     attach: Option<PathBuf>,
     /// Start `rpcrdmad --config FILE` for each file (comma-separated; the bench attaches to the first, the
-    /// RDMATEST server to the last).
-    #[arg(long, value_name = "CFG[,CFG]", value_delimiter = ',')]
-    spawn_daemons: Vec<PathBuf>,
+    /// RDMATEST server to the last). `compare` takes it more than once: one target per occurrence.
+    #[arg(long, value_name = "CFG[,CFG]", value_parser = parse_configs)]
+    spawn_daemons: Vec<Configs>,
     /// The daemon binary for --spawn-daemons.
     #[arg(long, default_value = "rpcrdmad")]
     rpcrdmad: PathBuf,
@@ -74,26 +74,56 @@ struct TargetArgs {
     harness_spin_us: u64,
 }
 
+/// One `--spawn-daemons` value: the config files of one target.
+#[derive(Debug, Clone)]
+struct Configs(Vec<PathBuf>);
+
+/// Parses one `--spawn-daemons` value: comma-separated config files.
+fn parse_configs(s: &str) -> Result<Configs, String> {
+    let v: Vec<PathBuf> = s
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if v.is_empty() {
+        return Err("no config file".into());
+    }
+    Ok(Configs(v))
+}
+
 impl TargetArgs {
-    fn target(&self) -> Target {
+    /// Every target named: one per `--spawn-daemons`, or the attached socket, or the loopback harness.
+    fn targets(&self) -> Vec<Target> {
         if let Some(s) = &self.attach {
-            Target::Attach {
+            vec![Target::Attach {
                 socket: s.clone(),
                 peer: self.peer.clone(),
-            }
+            }]
         } else if !self.spawn_daemons.is_empty() {
-            Target::Daemons {
-                rpcrdmad: self.rpcrdmad.clone(),
-                configs: self.spawn_daemons.clone(),
-                peer: self.peer.clone(),
-            }
+            self.spawn_daemons
+                .iter()
+                .map(|configs| Target::Daemons {
+                    rpcrdmad: self.rpcrdmad.clone(),
+                    configs: configs.0.clone(),
+                    peer: self.peer.clone(),
+                })
+                .collect()
         } else {
-            Target::Loopback
+            vec![Target::Loopback]
         }
     }
 
+    /// The one target of `run`.
+    fn target(&self) -> anyhow::Result<Target> {
+        let mut t = self.targets();
+        if t.len() != 1 {
+            anyhow::bail!("`run` takes one --spawn-daemons (`compare` takes several)");
+        }
+        Ok(t.remove(0))
+    }
+
     fn open(&self) -> anyhow::Result<(Session, Environment)> {
-        let t = self.target();
+        let t = self.target()?;
         let s = t.open(
             &std::env::current_exe()?,
             Duration::from_micros(self.spin_us),
@@ -252,11 +282,12 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
 }
 
 fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
-    let (session, env) = a.target.open()?;
-    let spin = Duration::from_micros(a.target.spin_us);
-    let (mut client, peer, name) = attach(&session.socket, &env.target.peer, spin)?;
-    let mut env = env;
-    env.target.peer = name;
+    let targets = a.target.targets();
+    let harness = targets
+        .iter()
+        .any(|t| matches!(t, Target::Loopback))
+        .then_some(a.target.harness_spin_us);
+    let env = Environment::here(Default::default(), a.target.spin_us, harness);
     let out = OutFiles::new(&a.out, "compare", SystemTime::now())?;
     let opts = CompareOptions {
         warmup: a.warmup,
@@ -266,8 +297,10 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         ring_spin: Duration::from_micros(a.ring_spin_us),
         ring_echo_spin: Duration::from_micros(a.ring_echo_spin_us),
         exe: std::env::current_exe()?,
+        app_spin: Duration::from_micros(a.target.spin_us),
+        harness_spin: Duration::from_micros(a.target.harness_spin_us),
     };
-    let (mut doc, hists) = compare::compare(&opts, env, (&mut client, peer))?;
+    let (mut doc, hists) = compare::compare(&opts, env, &targets)?;
     let svg = out.with("svg");
     let series: Vec<(String, &hdrhistogram::Histogram<u64>)> =
         hists.iter().map(|(n, h)| (n.clone(), h)).collect();
@@ -288,7 +321,6 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
             svg.display()
         );
     }
-    drop(session);
     Ok(())
 }
 

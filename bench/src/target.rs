@@ -59,6 +59,31 @@ pub struct TargetInfo {
     pub rpcrdma_version: Option<u32>,
     /// `rpcrdmad --version`, when known.
     pub daemon_version: Option<String>,
+    /// The daemon's `cpu.idle` policy, when known (e.g. `spin`, `backoff 1000/100us/10000us`).
+    pub idle: Option<String>,
+}
+
+impl TargetInfo {
+    /// A short name for tables: `rpcrdmad soft`, `rpcrdmad mem`, `loopback`, `attach`.
+    pub fn label(&self) -> String {
+        match (self.kind.as_str(), &self.provider) {
+            ("daemons", Some(p)) => format!("rpcrdmad {p}"),
+            ("daemons", None) => "rpcrdmad".into(),
+            (k, _) => k.to_string(),
+        }
+    }
+}
+
+/// The idle policy of a daemon config, as [`TargetInfo::idle`] records it.
+pub fn idle_of(cfg: &rpcrdma_config::Config) -> String {
+    let i = &cfg.cpu.idle;
+    match i.policy {
+        rpcrdma_config::IdlePolicy::Spin => "spin".into(),
+        rpcrdma_config::IdlePolicy::Backoff => format!(
+            "backoff: spin {} polls, sleep <= {} us, park after {} us",
+            i.spin_polls, i.backoff_max_us, i.park_after_us
+        ),
+    }
 }
 
 /// A reachable target; stops the processes it started when dropped.
@@ -273,6 +298,7 @@ impl Target {
                         credits: Some(t.credits),
                         rpcrdma_version: Some(t.version),
                         daemon_version: version,
+                        idle: Some(idle_of(&client)),
                     },
                     children: Vec::new(),
                     cleanup: Vec::new(),

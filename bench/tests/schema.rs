@@ -184,3 +184,115 @@ fn compare_json_matches_the_documented_schema_both_ways() {
         .iter()
         .all(|r| r["count"].as_u64().unwrap() > 0));
 }
+
+/// A stand-in for `rpcrdmad` (its documented CLI: `--version`, `--config FILE`) that plays the daemon
+/// with the bench's loopback harness on the config's app socket.
+fn fake_daemon(dir: &std::path::Path) -> std::path::PathBuf {
+    let fake = dir.join("rpcrdmad");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'rpcrdmad stand-in 0.0'; exit 0; }}\n\
+             sock=$(sed -n 's/^app-socket *= *\"\\(.*\\)\"/\\1/p' \"$2\")\nexec {} loopback \"$sock\"\n",
+            env!("CARGO_BIN_EXE_rpcrdma-bench")
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&fake).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&fake, perm).unwrap();
+    fake
+}
+
+#[test]
+fn compare_measures_every_spawned_target_in_one_run_with_ratios_and_goals_per_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = fake_daemon(dir.path());
+    let cfg = |name: &str, kind: &str| {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "[daemon]\napp-socket = \"{d}/{name}.sock\"\nadmin-socket = \"{d}/{name}-admin.sock\"\n\
+                 [provider]\nkind = \"{kind}\"\n",
+                d = dir.path().display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let (soft, mem) = (cfg("soft", "soft"), cfg("mem", "mem"));
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
+        .args([
+            "compare",
+            "--json",
+            "--warmup",
+            "20ms",
+            "--duration",
+            "100ms",
+        ])
+        .arg("--no-progress")
+        .arg("--spawn-daemons")
+        .arg(&soft)
+        .arg("--spawn-daemons")
+        .arg(&mem)
+        .arg("--rpcrdmad")
+        .arg(&fake)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check(&doc, "rpcrdma-bench/compare/1");
+    let labels: Vec<&str> = doc["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["rpcrdmad soft", "rpcrdmad mem"]);
+    assert_eq!(doc["environment"]["target"]["provider"], "soft");
+    assert_eq!(
+        doc["skipped"].as_array().unwrap().len(),
+        0,
+        "{}",
+        doc["skipped"]
+    );
+    let rows = doc["rows"].as_array().unwrap();
+    // Raw ring NULL, four libtirpc rows, four rows per target.
+    assert_eq!(rows.len(), 13);
+    for l in &labels {
+        let mine: Vec<_> = rows.iter().filter(|r| r["target"] == *l).collect();
+        assert_eq!(mine.len(), 4, "{l}");
+        assert!(mine
+            .iter()
+            .all(|r| r["path"] == "ours" && r["count"].as_u64() > Some(0)));
+        let ratios = doc["ratios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["target"] == *l)
+            .count();
+        assert_eq!(
+            ratios, 5,
+            "{l}: NULL vs ring and libtirpc, three more vs libtirpc"
+        );
+    }
+    let goals = doc["goals"].as_array().unwrap();
+    // Ring and READ goals for each target, the soft-iWARP goal for the soft one only.
+    assert_eq!(goals.len(), 5, "{goals:#?}");
+    let soft_goals: Vec<_> = goals
+        .iter()
+        .filter(|g| g["goal"].as_str().unwrap().starts_with("soft-iWARP"))
+        .collect();
+    assert_eq!(soft_goals.len(), 1);
+    assert_eq!(soft_goals[0]["target"], "rpcrdmad soft");
+    // The plot has a line per target and workload.
+    let svg = std::fs::read_to_string(doc["svg"].as_str().unwrap()).unwrap();
+    assert!(svg.contains("rpcrdmad mem NULL") && svg.contains("rpcrdmad soft READ 1 MiB"));
+}

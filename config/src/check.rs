@@ -179,6 +179,7 @@ pub(crate) fn run(
     pools(&mut s, &cfg.pools, &cfg.transport);
     listeners(&mut s, &cfg.listeners);
     peers(&mut s, &cfg.peers);
+    mem_wiring(&mut s, cfg);
     apps(&mut s, &cfg.apps);
     s.out
 }
@@ -624,6 +625,63 @@ fn peers(s: &mut Sink<'_, '_>, ps: &[Peer]) {
                 format!("at least {}", p.reconnect_initial_ms),
             );
         }
+    }
+}
+
+/// The in-memory provider's fabric lives inside one daemon: it cannot be mixed with another
+/// provider, and each peer must be one of the daemon's own listeners.
+fn mem_wiring(s: &mut Sink<'_, '_>, cfg: &Config) {
+    let mem = cfg.provider.kind == ProviderKind::Mem;
+    let mixed = |p: Option<ProviderKind>| p.is_some_and(|p| (p == ProviderKind::Mem) != mem);
+    const MIXED: &str =
+        "the in-memory provider cannot be mixed with another provider in one daemon";
+    let hint = "leave `provider` out here (it then follows `provider.kind`)".to_string();
+    for (i, l) in cfg.listeners.iter().enumerate() {
+        if mixed(l.provider) {
+            s.error(p!("listeners", [i], "provider"), MIXED.into(), hint.clone());
+        }
+    }
+    for (i, p) in cfg.peers.iter().enumerate() {
+        if mixed(p.provider) {
+            s.error(p!("peers", [i], "provider"), MIXED.into(), hint.clone());
+        }
+    }
+    if !mem {
+        return;
+    }
+    let own: Vec<SocketAddr> = cfg
+        .listeners
+        .iter()
+        .filter_map(|l| parse_address(&l.address))
+        .filter(|a| a.port() != 0)
+        .collect();
+    for (i, p) in cfg.peers.iter().enumerate() {
+        let Some(addr) = parse_address(&p.address) else {
+            continue; // already reported
+        };
+        if own.contains(&addr) {
+            continue;
+        }
+        let hint = match own.first() {
+            None => "add a [[listeners]] entry with a fixed port and name it here".to_string(),
+            Some(_) => format!(
+                "one of this daemon's listeners: {}",
+                own.iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        s.cross(
+            p!("peers", [i], "address"),
+            &[p!("provider", "kind")],
+            format!(
+                "peer {:?} at {addr} names no listener of this daemon; with provider.kind = \"mem\" \
+                 peers connect through memory to the daemon's own listeners",
+                p.name
+            ),
+            hint,
+        );
     }
 }
 

@@ -263,7 +263,7 @@ fn enum_hint(path: &str) -> Option<String> {
         "log-format" => "`human` or `json`",
         "log-level" => "one of `error`, `warn`, `info`, `debug`, `trace`",
         "policy" => "`spin` or `backoff`",
-        "kind" | "provider" => "`soft` or `ibv`",
+        "kind" | "provider" => "`soft`, `ibv` or `mem`",
         _ => return None,
     };
     Some(format!("expected {values}"))

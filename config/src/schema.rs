@@ -144,6 +144,9 @@ pub enum ProviderKind {
     Soft,
     /// An RDMA NIC through rdma-core (libibverbs).
     Ibv,
+    /// The soft provider over an in-memory fabric inside the daemon: its peers connect to its
+    /// own listeners through memory (no socket on the data path; for tests and benchmarks).
+    Mem,
 }
 
 impl ProviderKind {
@@ -152,6 +155,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Soft => "soft",
             ProviderKind::Ibv => "ibv",
+            ProviderKind::Mem => "mem",
         }
     }
 }

@@ -26,7 +26,12 @@ fn every_deploy_toml_passes_the_checker_without_findings() {
     names.sort();
     assert_eq!(
         names,
-        ["demo-client.toml", "demo-server.toml", "rpcrdmad.toml"]
+        [
+            "demo-client.toml",
+            "demo-mem.toml",
+            "demo-server.toml",
+            "rpcrdmad.toml"
+        ]
     );
     for name in names {
         load(&name);
@@ -64,6 +69,26 @@ fn demo_pair_uses_soft_provider_distinct_sockets_and_client_peer_reaches_server(
     let target = parse_address(&peer.address).expect("peer address");
     assert!(s.contains(&target), "{target} is a server listener {s:?}");
     assert!(target.ip().is_loopback());
+}
+
+#[test]
+fn mem_demo_is_one_daemon_whose_peer_is_its_own_listener() {
+    let c = load("demo-mem.toml");
+    assert_eq!(c.provider.kind, ProviderKind::Mem);
+    let own: Vec<_> = c
+        .listeners
+        .iter()
+        .filter_map(|l| parse_address(&l.address))
+        .collect();
+    let peer = c
+        .peers
+        .iter()
+        .find(|p| p.name == "self")
+        .expect("peer `self`");
+    assert!(own.contains(&parse_address(&peer.address).expect("address")));
+    let server = load("demo-server.toml");
+    assert_ne!(c.daemon.app_socket, server.daemon.app_socket);
+    assert_ne!(c.daemon.metrics_listen, server.daemon.metrics_listen);
 }
 
 #[test]

@@ -112,7 +112,7 @@ fn unknown_enum_value_lists_allowed_values() {
         (
             "[provider]\nkind = \"rxe\"\n",
             "provider.kind",
-            "`soft` or `ibv`",
+            "`soft`, `ibv`, `mem`",
         ),
     ] {
         let errs = errors(text);

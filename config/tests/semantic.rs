@@ -340,6 +340,50 @@ fn listener_addresses_parse_with_default_port_and_are_unique() {
 }
 
 #[test]
+fn mem_provider_peers_must_name_one_of_the_daemons_own_listeners() {
+    let mem = "[provider]\nkind = \"mem\"\n[[listeners]]\naddress = \"127.0.0.1:20049\"\n";
+    let ok = format!("{mem}[[peers]]\nname = \"self\"\naddress = \"127.0.0.1\"\n");
+    let report = check(&ok, "t.toml", &HOST);
+    assert!(report.diagnostics.0.is_empty(), "{}", report.diagnostics);
+    assert_eq!(report.config.unwrap().provider.kind, ProviderKind::Mem);
+
+    let errs = errors(&format!(
+        "{mem}[[peers]]\nname = \"far\"\naddress = \"127.0.0.1:20050\"\n"
+    ));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "peers[0].address");
+    assert!(errs[0].message.contains("names no listener"), "{}", errs[0]);
+    assert!(
+        errs[0].hint.as_deref().unwrap().contains("127.0.0.1:20049"),
+        "{}",
+        errs[0]
+    );
+
+    // No listener at all: the hint says to add one.
+    let errs =
+        errors("[provider]\nkind = \"mem\"\n[[peers]]\nname = \"p\"\naddress = \"127.0.0.1\"\n");
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].hint.as_deref().unwrap().contains("[[listeners]]"));
+
+    // The same peer is fine on the soft provider (the listener is on another host).
+    assert!(errors("[[peers]]\nname = \"far\"\naddress = \"192.0.2.1\"\n").is_empty());
+}
+
+#[test]
+fn mem_provider_cannot_be_mixed_with_another_provider() {
+    let errs = errors(
+        "[provider]\nkind = \"mem\"\n[[listeners]]\naddress = \"127.0.0.1\"\nprovider = \"soft\"\n",
+    );
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "listeners[0].provider");
+    let errs = errors(
+        "[[listeners]]\naddress = \"127.0.0.1\"\n[[peers]]\nname = \"p\"\naddress = \"127.0.0.1\"\nprovider = \"mem\"\n",
+    );
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "peers[0].provider");
+}
+
+#[test]
 fn missing_required_peer_field_points_at_the_element() {
     let errs = errors("[[peers]]\nname = \"a\"\n");
     assert_eq!(errs.len(), 1);

@@ -187,7 +187,7 @@ impl Daemon {
         let t = &cfg.transport;
         let s = &cfg.provider.soft;
         let (ird, ord) = match cfg.provider.kind {
-            ProviderKind::Soft => (s.ird, s.ord),
+            ProviderKind::Soft | ProviderKind::Mem => (s.ird, s.ord),
             ProviderKind::Ibv => (cfg.provider.ibv.ird, cfg.provider.ibv.ord),
         };
         let max_conns = cfg.pools.connections.max(1);
@@ -237,6 +237,16 @@ impl Daemon {
                     crc: s.crc,
                     mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
                     fpdu_size: Some(s.fpdu_size as usize),
+                    ..rpcrdma_verbs::soft::SoftConfig::default()
+                },
+                notify,
+            ),
+            ProviderKind::Mem => poll::spawn_mem(
+                spec,
+                rpcrdma_verbs::soft::SoftConfig {
+                    crc: s.crc,
+                    mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
+                    fpdu_size: None,
                     ..rpcrdma_verbs::soft::SoftConfig::default()
                 },
                 notify,

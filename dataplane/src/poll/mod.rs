@@ -354,6 +354,20 @@ pub fn spawn_soft(
     })
 }
 
+/// Starts a poll thread with the soft provider on a fresh in-memory fabric of its own: its
+/// listeners and its connections to them are both ends of the same connection, so one daemon
+/// connects to itself with no socket on the data path (for tests and benchmarks).
+pub fn spawn_mem(
+    spec: PollSpec,
+    soft: rpcrdma_verbs::soft::SoftConfig,
+    notify: Box<dyn Fn() + Send>,
+) -> std::io::Result<PollHandle> {
+    spawn_with(spec, notify, move |_| {
+        let fabric = rpcrdma_verbs::soft::link::MemFabric::new();
+        Ok(rpcrdma_verbs::soft::SoftMem::memory(&fabric, soft))
+    })
+}
+
 /// Starts a poll thread with the rdma-core provider (an RDMA NIC, rxe or siw). The device
 /// decides what the configuration only asks for: Send With Invalidate is offered to peers
 /// (RFC 8797) only when the device can honour it on our exposures.

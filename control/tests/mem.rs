@@ -1,0 +1,163 @@
+//! One real `rpcrdmad` on the in-memory provider (`provider.kind = "mem"`): its peer "self" is
+//! its own listener, so an app calling "self" reaches an RDMATEST server app behind the
+//! listener as app → daemon → in-memory RDMA → daemon → app, with no socket on the data path.
+
+mod common;
+
+use common::{rdmatest_server, tmpdir, xdr_opaque, Daemon};
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::Client;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+/// A name on the daemon's in-memory fabric; nothing binds it, so any port will do.
+const PORT: u16 = 20049;
+
+fn mem_config(dir: &std::path::Path, peer_port: u16) -> String {
+    format!(
+        "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"debug\"\n\
+         [cpu.idle]\npolicy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
+         [provider]\nkind = \"mem\"\n\
+         [pools]\nconnections = 4\n\
+         [apps]\nmax-apps = 4\narena-size = 4194304\n\
+         [[listeners]]\naddress = \"127.0.0.1:{PORT}\"\n\
+         [[peers]]\nname = \"self\"\naddress = \"127.0.0.1:{peer_port}\"\nreconnect-initial-ms = 50\nreconnect-max-ms = 400\n",
+        d = dir.display()
+    )
+}
+
+#[test]
+fn mem_provider_carries_null_echo_and_every_chunk_mode_through_one_daemon() {
+    let dir = tmpdir("mem");
+    let text = mem_config(&dir, PORT);
+    let d = Daemon::start_with(dir, PORT, &text);
+    d.wait_peer_up("self");
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["provider"], "mem", "{status}");
+    rdmatest_server(&d.app);
+
+    let mut c = Client::connect(&d.app).expect("client attach");
+    let peer = c.peer("self").expect("peer table names `self`");
+    let fail = |what: &str, e: &dyn std::fmt::Debug| -> ! { panic!("{what}: {e:?}\n{}", d.log()) };
+
+    // NULL.
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    let r = c.wait(t, T).unwrap_or_else(|e| fail("NULL", &e));
+    assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+
+    // ECHO 64 B inline.
+    let data = pattern(64, 64);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).unwrap_or_else(|e| fail("ECHO 64", &e));
+    assert_eq!(r.accept_stat, 0);
+    assert_eq!(r.body, xdr_opaque(&data), "ECHO 64 B");
+
+    // Read chunk: WRITE with a DDP-eligible argument the responder pulls by RDMA Read; ten
+    // bytes spoiled, so the count proves the data arrived byte for byte.
+    let mut data = pattern(3, 30_000);
+    for x in &mut data[100..110] {
+        *x = !*x;
+    }
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::WRITE);
+    call.args().put_u32(3).put_ddp_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| fail("WRITE (read chunk)", &e));
+    assert_eq!(r.body, 29_990u32.to_be_bytes());
+
+    // Write chunk: READ into a result buffer the responder fills by RDMA Write.
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    call.args().put_u32(50_000).put_u32(9);
+    call.result_buffer(50_000);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| fail("READ (write chunk)", &e));
+    assert_eq!(r.body, xdr_opaque(&pattern(9, 50_000)));
+    assert_eq!(r.ddp_bytes, 50_000);
+
+    // Long call: a WRITE whose inline arguments exceed the inline threshold (Position-zero
+    // Read chunk).
+    let data = pattern(5, 20_000);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::WRITE);
+    call.args().put_u32(5).put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).unwrap_or_else(|e| fail("long call", &e));
+    assert_eq!(r.body, 20_000u32.to_be_bytes());
+
+    // Long reply: a READ whose inline reply exceeds the inline threshold (Reply chunk).
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+    call.args().put_u32(40_000).put_u32(11);
+    call.max_reply(48 << 10);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).unwrap_or_else(|e| fail("long reply", &e));
+    assert_eq!(r.body, xdr_opaque(&pattern(11, 40_000)));
+
+    // Both ends of the one connection are this daemon's: the caller's side sent six calls,
+    // the listener's side answered them and moved the chunk data by RDMA Read and Write.
+    let stats = d.ctl_json(&["stats"]);
+    let conns = stats["conns"].as_array().expect("conns");
+    let out = conns
+        .iter()
+        .find(|c| c["peer"] == "self")
+        .unwrap_or_else(|| panic!("no outgoing conn: {stats}"));
+    assert_eq!(out["calls-out"], 6, "{stats}");
+    assert_eq!(out["replies-in"], 6, "{stats}");
+    let inc = conns
+        .iter()
+        .find(|c| c["calls-in"] == 6)
+        .unwrap_or_else(|| panic!("no accepted conn answering: {stats}"));
+    assert_eq!(inc["replies-out"], 6, "{stats}");
+    assert!(
+        inc["rdma-read-bytes"].as_u64() >= Some(50_000),
+        "read chunk and long call pulled by RDMA Read: {stats}"
+    );
+    assert!(
+        inc["rdma-write-bytes"].as_u64() >= Some(50_000),
+        "write chunk pushed by RDMA Write: {stats}"
+    );
+    assert_eq!(out["long-calls"], 1, "{stats}");
+    assert_eq!(inc["long-replies"], 1, "{stats}");
+}
+
+#[test]
+fn check_config_refuses_a_mem_peer_that_names_no_own_listener() {
+    let dir = tmpdir("mem-check");
+    let cfg = dir.join("bad.toml");
+    std::fs::write(&cfg, mem_config(&dir, PORT + 1)).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+        .arg("--check-config")
+        .arg(&cfg)
+        .output()
+        .expect("run rpcrdmad");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("peers[0].address"), "{text}");
+    assert!(text.contains("names no listener of this daemon"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{PORT}")), "hint: {text}");
+
+    std::fs::write(&cfg, mem_config(&dir, PORT)).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+        .arg("--check-config")
+        .arg(&cfg)
+        .output()
+        .expect("run rpcrdmad");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
