@@ -65,6 +65,10 @@ struct TargetArgs {
     /// Peer name to call (default: the daemon's first peer).
     #[arg(long)]
     peer: Option<String>,
+    /// With --attach: the attached daemon's configuration file, so the results record the
+    /// provider, thresholds, credits, version and idle policy the run ran with.
+    #[arg(long, value_name = "FILE", requires = "attach")]
+    daemon_config: Option<PathBuf>,
     /// How long apps busy-poll before sleeping (µs). 0 is fastest on 2 cores, where a spinning app takes
     /// the core the harness or daemon needs.
     #[arg(long, default_value_t = 0)]
@@ -98,6 +102,7 @@ impl TargetArgs {
             vec![Target::Attach {
                 socket: s.clone(),
                 peer: self.peer.clone(),
+                config: self.daemon_config.clone(),
             }]
         } else if !self.spawn_daemons.is_empty() {
             self.spawn_daemons

@@ -21,6 +21,8 @@ pub enum Target {
         socket: PathBuf,
         /// Peer name to call (`None`: the first peer the daemon lists).
         peer: Option<String>,
+        /// The attached daemon's configuration file, read for the record of what the run ran on.
+        config: Option<PathBuf>,
     },
     /// Start a loopback harness and an RDMATEST server here (no daemon involved).
     Loopback,
@@ -72,6 +74,18 @@ impl TargetInfo {
             (k, _) => k.to_string(),
         }
     }
+}
+
+/// Records the provider, thresholds, credits, version and idle policy of the daemon `cfg`.
+fn record_config(info: &mut TargetInfo, cfg: &rpcrdma_config::Config) {
+    let t = &cfg.transport;
+    info.provider = Some(cfg.provider.kind.name().into());
+    info.inline_send = Some(t.inline_send);
+    info.inline_recv = Some(t.inline_recv);
+    info.ddp_threshold = Some(t.ddp_threshold);
+    info.credits = Some(t.credits);
+    info.rpcrdma_version = Some(t.version);
+    info.idle = Some(idle_of(cfg));
 }
 
 /// The idle policy of a daemon config, as [`TargetInfo::idle`] records it.
@@ -214,17 +228,29 @@ impl Target {
     ) -> anyhow::Result<Session> {
         let me = exe;
         match self {
-            Target::Attach { socket, peer } => Ok(Session {
-                socket: socket.clone(),
-                info: TargetInfo {
+            Target::Attach {
+                socket,
+                peer,
+                config,
+            } => {
+                let mut info = TargetInfo {
                     kind: "attach".into(),
                     socket: socket.display().to_string(),
                     peer: peer.clone().unwrap_or_default(),
                     ..TargetInfo::default()
-                },
-                children: Vec::new(),
-                cleanup: Vec::new(),
-            }),
+                };
+                if let Some(path) = config {
+                    let cfg = rpcrdma_config::from_path(path)
+                        .map_err(|e| anyhow::anyhow!("--daemon-config: {e}"))?;
+                    record_config(&mut info, &cfg);
+                }
+                Ok(Session {
+                    socket: socket.clone(),
+                    info,
+                    children: Vec::new(),
+                    cleanup: Vec::new(),
+                })
+            }
             Target::Loopback => {
                 let socket = temp_socket("loopback");
                 let mut s = Session {
@@ -284,22 +310,17 @@ impl Target {
                         }
                     },
                 };
-                let t = &client.transport;
+                let mut info = TargetInfo {
+                    kind: "daemons".into(),
+                    socket: client.daemon.app_socket.clone(),
+                    peer,
+                    daemon_version: version,
+                    ..TargetInfo::default()
+                };
+                record_config(&mut info, &client);
                 let mut s = Session {
                     socket: PathBuf::from(&client.daemon.app_socket),
-                    info: TargetInfo {
-                        kind: "daemons".into(),
-                        socket: client.daemon.app_socket.clone(),
-                        peer,
-                        provider: Some(format!("{:?}", client.provider.kind).to_lowercase()),
-                        inline_send: Some(t.inline_send),
-                        inline_recv: Some(t.inline_recv),
-                        ddp_threshold: Some(t.ddp_threshold),
-                        credits: Some(t.credits),
-                        rpcrdma_version: Some(t.version),
-                        daemon_version: version,
-                        idle: Some(idle_of(&client)),
-                    },
+                    info,
                     children: Vec::new(),
                     cleanup: Vec::new(),
                 };
@@ -350,5 +371,32 @@ mod tests {
         // shm-loopback's 8 MiB arena: a 1 MiB call (plus its XDR words) still fits one buffer.
         assert_eq!(recv_buffers_for(8 << 20), (2, 2 << 20));
         assert_eq!(recv_buffers_for(4 << 20), (2, 1 << 20));
+    }
+
+    #[test]
+    fn attach_with_daemon_config_records_what_the_run_ran_on() {
+        let cfg = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/demo-mem.toml");
+        let t = Target::Attach {
+            socket: "/nonexistent/app.sock".into(),
+            peer: Some("self".into()),
+            config: Some(cfg),
+        };
+        let s = t
+            .open(Path::new("rpcrdma-bench"), Duration::ZERO, Duration::ZERO)
+            .expect("attach needs nothing started");
+        let i = &s.info;
+        assert_eq!((i.kind.as_str(), i.peer.as_str()), ("attach", "self"));
+        assert_eq!(i.provider.as_deref(), Some("mem"));
+        assert!(i.inline_send.is_some() && i.credits.is_some() && i.rpcrdma_version.is_some());
+        assert!(i.idle.as_deref().is_some_and(|p| !p.is_empty()));
+        let bad = Target::Attach {
+            socket: "/nonexistent/app.sock".into(),
+            peer: None,
+            config: Some("/nonexistent/rpcrdmad.toml".into()),
+        };
+        let e = bad
+            .open(Path::new("rpcrdma-bench"), Duration::ZERO, Duration::ZERO)
+            .expect_err("a missing config is an error");
+        assert!(e.to_string().contains("--daemon-config"), "{e}");
     }
 }

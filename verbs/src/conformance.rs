@@ -626,6 +626,98 @@ pub fn rdma_read_of_a_large_unaligned_exposure<H: Harness>(h: &mut H) {
     }
 }
 
+/// What the daemon does with an app's buffer, on a shared file mapping (an app's arena is a
+/// memfd; tmpfs here): the peer RDMA-Writes into an exposure of it, the key is invalidated, the
+/// "app" writes new bytes through its own mapping of the file, and the peer RDMA-Reads them
+/// through a fresh exposure of the same bytes. The Read must return the new bytes (an NFS
+/// READ into a buffer, then a WRITE from it).
+pub fn rdma_on_a_shared_file_mapping_sees_the_apps_writes<H: Harness>(h: &mut H) {
+    use crate::mapped::{Mapped, Registered};
+    let mut p = connect(h, false);
+    let dir = ["/dev/shm", "/run"]
+        .iter()
+        .map(std::path::Path::new)
+        .find(|d| d.is_dir())
+        .map_or_else(std::env::temp_dir, |d| d.to_path_buf());
+    let path = dir.join(format!("rpcrdma-conformance-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("arena file");
+    let _ = std::fs::remove_file(&path);
+    let size = 2usize << 20;
+    file.set_len(size as u64).expect("size");
+    let fd = std::os::fd::AsFd::as_fd(&file);
+    let app = Mapped::shared(fd, size).expect("the app's mapping");
+    let ours = Mapped::shared(fd, size).expect("the daemon's mapping");
+    let arena = Registered::new(
+        &mut p.a.p,
+        p.a.pd,
+        ours,
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+    )
+    .expect("register the arena");
+    let mr = arena.mr();
+    let qa = p.a.qp();
+    let (off, len) = (5_000usize, 1_000_000usize);
+    // 1. The peer writes P1 into the buffer (a READ's Write chunk); a Send behind it.
+    let p1 = pattern(21, len);
+    p.b.fill(0, &p1);
+    let wkey =
+        p.a.p
+            .expose(qa, mr.id, off as u64, len as u64, Access::REMOTE_WRITE)
+            .expect("expose for write");
+    p.a.recv(60, &[p.a.sge(0, 64)]);
+    p.b.post(
+        61,
+        SendOp::RdmaWrite {
+            remote_addr: mr.addr_at(off as u64),
+            rkey: wkey,
+        },
+        &[p.b.sge(0, len)],
+        false,
+    );
+    p.b.post(62, SendOp::Send, &[p.b.sge(len, 16)], true);
+    p.wait("write, then send", |p| p.a.wc(60).is_some());
+    let mut got = vec![0u8; len];
+    assert!(app.read(off as u64, &mut got));
+    assert!(got == p1, "the app sees the peer's write");
+    p.a.post(63, SendOp::LocalInvalidate { rkey: wkey }, &[], true);
+    p.wait("invalidate", |p| p.a.wc(63).is_some());
+    // 2. The app writes P2 into the same bytes through its own mapping.
+    let p2 = pattern(22, len);
+    assert!(app.write(off as u64, &p2));
+    // 3. The peer reads them through a fresh exposure.
+    let rkey =
+        p.a.p
+            .expose(qa, mr.id, off as u64, len as u64, Access::REMOTE_READ)
+            .expect("expose for read");
+    p.b.post(
+        64,
+        SendOp::RdmaRead {
+            remote_addr: mr.addr_at(off as u64),
+            rkey,
+        },
+        &[p.b.sge(0, len)],
+        true,
+    );
+    p.wait("read", |p| p.b.wc(64).is_some());
+    assert_eq!(p.b.wc(64).unwrap().status, WcStatus::Success);
+    let read = p.b.mem(0, len);
+    if let Some(i) = (0..len).find(|&i| read[i] != p2[i]) {
+        let stale = read[i] == p1[i];
+        panic!(
+            "the peer read other bytes than the app wrote, from byte {i} of {len} (stale: {stale})"
+        );
+    }
+    p.a.post(65, SendOp::LocalInvalidate { rkey }, &[], true);
+    p.wait("invalidate", |p| p.a.wc(65).is_some());
+    let _ = arena.deregister(&mut p.a.p);
+}
+
 /// Send with Invalidate reports the key at the receiver and the key is dead afterwards.
 pub fn send_with_invalidate<H: Harness>(h: &mut H) {
     let mut p = connect(h, false);
@@ -966,6 +1058,7 @@ macro_rules! conformance_tests {
             cm_private_data_and_reject, send_recv_matching_and_ordering,
             send_gather_and_large_message, write_then_send_visibility, rdma_read,
             rdma_toward_the_connecting_side, rdma_read_of_a_large_unaligned_exposure,
+            rdma_on_a_shared_file_mapping_sees_the_apps_writes,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, shared_receive_queue);
