@@ -394,13 +394,13 @@ fn transport(s: &mut Sink<'_, '_>, t: &Transport) {
         p!("transport", "max-segments-per-chunk"),
         t.max_segments_per_chunk.into(),
         1,
-        256,
+        16,
     );
     s.range(
         p!("transport", "max-chunks-per-list"),
         t.max_chunks_per_list.into(),
         1,
-        64,
+        4,
     );
     let header = max_header_size(t.max_chunks_per_list, t.max_segments_per_chunk);
     if t.inline_send >= MIN_INLINE_SIZE && header > u64::from(t.inline_send) {

@@ -276,7 +276,7 @@ impl Default for Transport {
             credits: 64,
             backchannel_credits: 8,
             ddp_threshold: 1024,
-            max_segments_per_chunk: 8,
+            max_segments_per_chunk: 16,
             max_chunks_per_list: 4,
             remote_invalidation: true,
             v2_first_message_timeout_ms: 3000,

@@ -303,14 +303,14 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         "max-segments-per-chunk = 0",
         "transport.max-segments-per-chunk",
         26,
-        "1..=256",
+        "1..=16",
     ),
     (
         "[transport]",
-        "max-chunks-per-list = 65",
+        "max-chunks-per-list = 5",
         "transport.max-chunks-per-list",
         23,
-        "1..=64",
+        "1..=4",
     ),
     (
         "[transport]",

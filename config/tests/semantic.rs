@@ -267,11 +267,13 @@ fn cores_come_from_the_affinity_mask_not_a_count() {
 
 #[test]
 fn chunk_caps_whose_full_header_exceeds_inline_send_warn() {
-    // 4 chunks x 8 segments: 16 + (768 + 4) + (4 x 136 + 4) + 136 = 1472 bytes.
-    assert!(warnings("[transport]\ninline-send = 2048\n").is_empty());
+    // 4 chunks x 8 segments: 16 + (768 + 4) + (4 x 136 + 4) + 136 = 1472 bytes; the default
+    // 16 segments: 16 + (1536 + 4) + (4 x 264 + 4) + 264 = 2880 bytes.
+    assert!(warnings("[transport]\ninline-send = 2048\nmax-segments-per-chunk = 8\n").is_empty());
+    assert!(warnings("[transport]\ninline-send = 4096\n").is_empty());
     let w = warnings("[transport]\ninline-send = 1024\n");
     assert_eq!(w.len(), 1, "{w:#?}");
-    assert!(w[0].message.contains("1472 bytes"), "{}", w[0]);
+    assert!(w[0].message.contains("2880 bytes"), "{}", w[0]);
     assert_eq!(w[0].path, "transport.max-segments-per-chunk");
     assert_eq!(
         (w[0].line, w[0].column),

@@ -209,6 +209,8 @@ impl Daemon {
                 v2_first_reply_timeout: Duration::from_millis(u64::from(
                     t.v2_first_message_timeout_ms,
                 )),
+                max_segments_per_chunk: t.max_segments_per_chunk,
+                max_chunks_per_list: t.max_chunks_per_list,
             },
             max_conns,
             pools: PoolSpec {

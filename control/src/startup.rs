@@ -214,6 +214,8 @@ mod tests {
             ird: 16,
             ord: 16,
             v2_first_reply_timeout: rpcrdma_dataplane::conn::V2_FIRST_REPLY_TIMEOUT,
+            max_segments_per_chunk: 16,
+            max_chunks_per_list: 4,
         };
         let pools = PoolSpec {
             recv_buffers: cfg.pools.recv_buffers,

@@ -77,6 +77,8 @@ fn r8166_3_3_1_g_grants_summed_over_connections_never_exceed_the_receive_queue()
         ird: 16,
         ord: 16,
         v2_first_reply_timeout: rpcrdma_dataplane::conn::V2_FIRST_REPLY_TIMEOUT,
+        max_segments_per_chunk: 16,
+        max_chunks_per_list: 4,
     };
     for conns in [1u32, 10, 100, 1000, 4000] {
         for recv_buffers in [conns * 3, 4096, 12288, 65536] {

@@ -761,6 +761,19 @@ impl Connection {
         self.grant
     }
 
+    /// Lowers the caps on what a received header may carry: `segments` per chunk (and in the
+    /// whole Read list), `chunks` per list. Beyond them a call is answered ERR_CHUNK
+    /// (R8166-4.5.2-a); the engine's own capacity (`MAX_SEGS`, `MAX_RCHUNKS`, `MAX_WCHUNKS`)
+    /// bounds both.
+    pub fn set_chunk_caps(&mut self, segments: u32, chunks: u32) {
+        let seg = (segments as usize).clamp(1, MAX_SEGS);
+        let ch = chunks as usize;
+        self.limits.max_read_segments = seg;
+        self.limits.max_segments_per_chunk = seg;
+        self.limits.max_read_chunks = ch.clamp(1, MAX_RCHUNKS);
+        self.limits.max_write_chunks = ch.clamp(1, MAX_WCHUNKS);
+    }
+
     /// Sets how long a version-two call waits for the first answer (AMB-33).
     pub fn set_first_reply_timeout(&mut self, t: Duration) {
         self.first_timeout = t;

@@ -2833,3 +2833,37 @@ fn xch_3_e_own_rbsiz_set_before_confirmation_survives_it() {
         "the default where nothing was set"
     );
 }
+
+/// An RDMA_MSG bulk call whose Write list holds `chunks` chunks of `segs` segments each.
+fn call_with_write_list(xid: u32, chunks: u32, segs: u32) -> Vec<u8> {
+    let mut w = vec![xid, 1, 8, 0, 0];
+    for c in 0..chunks {
+        w.extend([1, segs]);
+        for s in 0..segs {
+            w.extend([0x100 + c * 16 + s, 512, 0, 0x4000 * (s + 1)]);
+        }
+    }
+    w.extend([0, 0]);
+    [be(&w), rpcmsg::call_header(xid, BULK_PROG, 1, 1).to_vec()].concat()
+}
+
+#[test]
+fn r8166_4_5_2_a_configured_chunk_caps_answer_err_chunk_beyond_them() {
+    let err_chunk = |xid| be(&[xid, 1, 8, 4, 2]);
+    let mut p = Pair::default_pair();
+    p.b.conn.set_chunk_caps(2, 1);
+    p.run();
+    // Within the caps: no transport error (the call itself is for the binding to judge).
+    p.inject(true, &call_with_write_list(1, 1, 2));
+    assert!(!p.b.sent.contains(&err_chunk(1)));
+    // One segment too many, one chunk too many: ERR_CHUNK, the connection stays.
+    p.inject(true, &call_with_write_list(2, 1, 3));
+    assert_eq!(p.b.sent.last(), Some(&err_chunk(2)));
+    p.inject(true, &call_with_write_list(3, 2, 1));
+    assert_eq!(p.b.sent.last(), Some(&err_chunk(3)));
+    assert_eq!(p.b.conn.closed(), None);
+    // The engine's capacity bounds a larger configuration: 3 segments pass once allowed.
+    p.b.conn.set_chunk_caps(1000, 1000);
+    p.inject(true, &call_with_write_list(4, 1, 3));
+    assert!(!p.b.sent.contains(&err_chunk(4)));
+}

@@ -73,6 +73,10 @@ pub struct TransportSpec {
     /// How long a version-two connection waits for the answer to its first call before it
     /// ends with [`Reason::NoAnswer`] (AMB-33).
     pub v2_first_reply_timeout: Duration,
+    /// Most segments a received chunk may carry (`transport.max-segments-per-chunk`).
+    pub max_segments_per_chunk: u32,
+    /// Most chunks a received list may carry (`transport.max-chunks-per-list`).
+    pub max_chunks_per_list: u32,
 }
 
 /// Buffer pools of a poll thread (shared by all its connections; see [`PoolPlan`]).

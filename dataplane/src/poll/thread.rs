@@ -824,7 +824,8 @@ impl<P: Provider> PollThread<P> {
         };
         let t = self.spec.transport;
         let _ = self.drv.configure(conn, |c| {
-            c.set_first_reply_timeout(t.v2_first_reply_timeout)
+            c.set_first_reply_timeout(t.v2_first_reply_timeout);
+            c.set_chunk_caps(t.max_segments_per_chunk, t.max_chunks_per_list);
         });
         let s = &mut self.slots[i];
         s.qp = Some(qp);

@@ -130,6 +130,8 @@ fn transport(s: &Scenario) -> TransportSpec {
         ird: 16,
         ord: 16,
         v2_first_reply_timeout: rpcrdma_dataplane::conn::V2_FIRST_REPLY_TIMEOUT,
+        max_segments_per_chunk: 16,
+        max_chunks_per_list: 4,
     }
 }
 
