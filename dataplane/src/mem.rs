@@ -3,6 +3,7 @@
 //! through an [`Env`] (the [`Driver`](crate::Driver) implements it over a provider).
 
 use rpcrdma_proto::Segment;
+use rpcrdma_verbs::mapped::Registered;
 use rpcrdma_verbs::{Access, MrId};
 
 /// A byte range of a registered region: `len` bytes at `offset` from the region's start.
@@ -188,5 +189,45 @@ impl Memory for VecMemory {
             }
             _ => false,
         }
+    }
+}
+
+/// Registered memory reached by [`MemRef`]s: a poll thread's buffer pools and its apps' arenas.
+#[derive(Debug, Default)]
+pub struct RegisteredMem {
+    /// The regions, each found by its `MrId`.
+    pub regs: Vec<Registered>,
+}
+
+impl RegisteredMem {
+    fn find(&self, mr: MrId) -> Option<&Registered> {
+        self.regs.iter().find(|r| r.mr().id == mr)
+    }
+}
+
+impl Memory for RegisteredMem {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        dst.len() <= at.len as usize
+            && self
+                .find(at.mr)
+                .is_some_and(|r| r.mem().read(at.offset, dst))
+    }
+
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        src.len() <= at.len as usize
+            && self
+                .find(at.mr)
+                .is_some_and(|r| r.mem().write(at.offset, src))
+    }
+
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        if from.len > to.len {
+            return false;
+        }
+        let (Some(a), Some(b)) = (self.find(from.mr), self.find(to.mr)) else {
+            return false;
+        };
+        a.mem()
+            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
     }
 }

@@ -4,7 +4,7 @@ use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason};
 use crate::conn::{CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId};
 use crate::driver::{from_serve_tag, serve_tag, ConnId, Driver};
-use crate::mem::{MemRef, Memory};
+use crate::mem::{MemRef, RegisteredMem};
 use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
 use rpcrdma_proto::cm::PrivateData as CmData;
@@ -40,45 +40,6 @@ const PROG_UNAVAIL: u32 = 1;
 const SYSTEM_ERR: u32 = 5;
 /// How long a drained thread keeps its apps attached so they can read their last completions.
 const DRAIN_LINGER: Duration = Duration::from_millis(200);
-
-/// Registered memory reached by [`MemRef`]: the buffer pool and the apps' regions.
-#[derive(Debug, Default)]
-struct Mem {
-    regs: Vec<Registered>,
-}
-
-impl Mem {
-    fn find(&self, mr: MrId) -> Option<&Registered> {
-        self.regs.iter().find(|r| r.mr().id == mr)
-    }
-}
-
-impl Memory for Mem {
-    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        dst.len() <= at.len as usize
-            && self
-                .find(at.mr)
-                .is_some_and(|r| r.mem().read(at.offset, dst))
-    }
-
-    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        src.len() <= at.len as usize
-            && self
-                .find(at.mr)
-                .is_some_and(|r| r.mem().write(at.offset, src))
-    }
-
-    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
-        if from.len > to.len {
-            return false;
-        }
-        let (Some(a), Some(b)) = (self.find(from.mr), self.find(to.mr)) else {
-            return false;
-        };
-        a.mem()
-            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
-    }
-}
 
 /// One connection slot (its index is the connection id the control thread sees).
 #[derive(Debug, Default)]
@@ -118,7 +79,7 @@ struct AppMem {
 pub struct PollThread<P: Provider> {
     spec: PollSpec,
     drv: Driver<P>,
-    mem: Mem,
+    mem: RegisteredMem,
     pd: PdId,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
@@ -262,7 +223,7 @@ impl<P: Provider> PollThread<P> {
             by_peer: vec![None; spec.peers.len()],
             spec,
             drv,
-            mem: Mem { regs: vec![pool] },
+            mem: RegisteredMem { regs: vec![pool] },
             pd,
             commands,
             events,

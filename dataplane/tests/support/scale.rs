@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::poll::{ConnStats, PoolPlan, PoolSpec, TransportSpec};
 use rpcrdma_dataplane::{
-    CallSpec, CallStatus, CloseReason, ConnId, Driver, Event, MemRef, Memory, ReplySpec, Role,
+    CallSpec, CallStatus, CloseReason, ConnId, Driver, Event, MemRef, Memory, RegisteredMem,
+    ReplySpec, Role,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_verbs::mapped::{Mapped, Registered};
@@ -72,45 +73,9 @@ pub struct Figures {
     pub rss_after: u64,
 }
 
-/// Registered memory reached by `MemRef`s (what the poll thread's `Mem` does).
-struct Mem {
-    regs: Vec<Registered>,
-}
-
-impl Mem {
-    fn find(&self, mr: MrId) -> Option<&Registered> {
-        self.regs.iter().find(|r| r.mr().id == mr)
-    }
-}
-
-impl Memory for Mem {
-    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        dst.len() <= at.len as usize
-            && self
-                .find(at.mr)
-                .is_some_and(|r| r.mem().read(at.offset, dst))
-    }
-    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        src.len() <= at.len as usize
-            && self
-                .find(at.mr)
-                .is_some_and(|r| r.mem().write(at.offset, src))
-    }
-    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
-        if from.len > to.len {
-            return false;
-        }
-        let (Some(a), Some(b)) = (self.find(from.mr), self.find(to.mr)) else {
-            return false;
-        };
-        a.mem()
-            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
-    }
-}
-
 struct Node {
     drv: Driver<SoftMem>,
-    mem: Mem,
+    mem: RegisteredMem,
     pd: PdId,
     /// App memory: one `slot`-byte range per (connection, call).
     app: MrId,
@@ -173,7 +138,7 @@ fn node(f: &MemFabric, s: &Scenario, app_len: usize) -> Node {
         drv,
         pd,
         app: app.mr().id,
-        mem: Mem {
+        mem: RegisteredMem {
             regs: vec![pool, app],
         },
         plan,
