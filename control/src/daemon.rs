@@ -96,7 +96,21 @@ pub struct Daemon {
     failed: Option<String>,
     apps_attached: u64,
     xchar: HashMap<u32, ConnXchar>,
+    /// `rpcrdmactl xchar request`s waiting for the peer's RESPXCH: answered from the control
+    /// loop when it arrives or the deadline passes, so the loop never blocks on a peer.
+    awaiting: Vec<AwaitingRespxch>,
 }
+
+/// An admin client waiting for the RESPXCH to its REQXCH.
+struct AwaitingRespxch {
+    client: std::os::unix::net::UnixStream,
+    conn: u32,
+    xid: u32,
+    deadline: Instant,
+}
+
+/// How long `xchar request` waits for the peer's RESPXCH.
+const RESPXCH_WAIT: Duration = Duration::from_secs(3);
 
 impl std::fmt::Debug for Daemon {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -297,6 +311,7 @@ impl Daemon {
             threads: vec![handle],
             latest: vec![Snapshot::with_capacity(max_conns as usize)],
             pending_snaps: 0,
+            awaiting: Vec::new(),
             max_conns: max_conns as usize,
             listeners: Vec::new(),
             peers,
@@ -589,51 +604,51 @@ impl Daemon {
         }
     }
 
-    fn xchar_request(&mut self, conn: u32, set: &[String], request: bool) -> Response {
+    /// The values of an `xchar` command and the connection's characteristics.
+    fn xchar_target(
+        &mut self,
+        conn: u32,
+        set: &[String],
+    ) -> Result<(Vec<Value>, &mut ConnXchar), Response> {
         let vals: Result<Vec<Value>, String> = set.iter().map(|s| Value::parse(s)).collect();
         let vals = match vals {
             Ok(v) if !v.is_empty() => v,
-            Ok(_) => return Response::err("nothing to change"),
-            Err(e) => return Response::err(e),
+            Ok(_) => return Err(Response::err("nothing to change")),
+            Err(e) => return Err(Response::err(e)),
         };
-        let Some(x) = self.xchar.get_mut(&conn) else {
-            return Response::err(format!(
+        match self.xchar.get_mut(&conn) {
+            Some(x) => Ok((vals, x)),
+            None => Err(Response::err(format!(
                 "connection {conn} does not speak version two (transport.version = 2 on both sides)"
-            ));
-        };
-        if !request {
-            let mut acts = Vec::new();
-            for v in vals {
-                match x.set(v) {
-                    Ok(a) => acts.extend(a),
-                    Err(e) => return Response::err(e),
-                }
-            }
-            let view = x.view().clone();
-            self.act(conn, 0, acts);
-            return Response::ok(view);
+            ))),
         }
+    }
+
+    /// `rpcrdmactl xchar set`: changes our characteristics and tells the peer (UPDXCH).
+    fn xchar_set(&mut self, conn: u32, set: &[String]) -> Response {
+        let (vals, x) = match self.xchar_target(conn, set) {
+            Ok(t) => t,
+            Err(r) => return r,
+        };
+        let mut acts = Vec::new();
+        for v in vals {
+            match x.set(v) {
+                Ok(a) => acts.extend(a),
+                Err(e) => return Response::err(e),
+            }
+        }
+        let view = x.view().clone();
+        self.act(conn, 0, acts);
+        Response::ok(view)
+    }
+
+    /// `rpcrdmactl xchar request`: sends a REQXCH; its XID (the admin loop answers the client
+    /// when the RESPXCH arrives), or the error to answer at once.
+    fn send_reqxch(&mut self, conn: u32, set: &[String]) -> Result<u32, Response> {
+        let (vals, x) = self.xchar_target(conn, set)?;
         let (xid, a) = x.request(vals);
         self.act(conn, 0, a);
-        let deadline = Instant::now() + Duration::from_secs(3);
-        loop {
-            self.drain_events();
-            if let Some(o) = self.xchar.get_mut(&conn).and_then(|x| x.take_answer(xid)) {
-                return Response::ok(o);
-            }
-            if Instant::now() > deadline {
-                let acts = self
-                    .xchar
-                    .get_mut(&conn)
-                    .map(|x| x.abandon(xid))
-                    .unwrap_or_default();
-                self.act(conn, 0, acts);
-                return Response::err(
-                    "no RESPXCH within 3 s (the peer may not support REQXCH: it keeps its values)",
-                );
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        Ok(xid)
     }
 
     fn drain_events(&mut self) {
@@ -684,6 +699,7 @@ impl Daemon {
                 }
             }
             self.drain_events();
+            self.answer_awaiting();
             self.retry_peers();
             if let Some(e) = self.failed.take() {
                 self.shutdown();
@@ -715,6 +731,9 @@ impl Daemon {
     fn next_timeout(&self) -> Duration {
         let now = Instant::now();
         let mut t = Duration::from_millis(500);
+        for w in &self.awaiting {
+            t = t.min(w.deadline.saturating_duration_since(now));
+        }
         for p in &self.peers {
             if let PeerPhase::Backoff(at) = p.phase {
                 t = t.min(at.saturating_duration_since(now));
@@ -822,17 +841,58 @@ impl Daemon {
         while let Ok((s, _)) = self.admin.accept() {
             let std: std::os::unix::net::UnixStream = s.into();
             let resp = match read_request(&std) {
+                Ok(Request::XcharRequest { conn, set }) => match self.send_reqxch(conn, &set) {
+                    Ok(xid) => {
+                        debug!(conn, xid, "REQXCH sent, awaiting the RESPXCH");
+                        self.awaiting.push(AwaitingRespxch {
+                            client: std,
+                            conn,
+                            xid,
+                            deadline: Instant::now() + RESPXCH_WAIT,
+                        });
+                        continue;
+                    }
+                    Err(resp) => resp,
+                },
                 Ok(req) => {
                     debug!(?req, "admin request");
                     self.handle(req)
                 }
                 Err(e) => Response::err(e),
             };
-            let mut line = serde_json::to_vec(&resp).unwrap_or_default();
-            line.push(b'\n');
-            let _ = std.set_nonblocking(false);
-            let _ = std.set_write_timeout(Some(CLIENT_TIMEOUT));
-            let _ = (&std).write_all(&line);
+            answer(&std, &resp);
+        }
+    }
+
+    /// Answers the `xchar request`s whose RESPXCH arrived, and those that waited too long (the
+    /// request is then abandoned: the peer may not support REQXCH and keeps its values).
+    fn answer_awaiting(&mut self) {
+        let now = Instant::now();
+        let mut k = 0;
+        while let Some(w) = self.awaiting.get(k) {
+            let (conn, xid, late) = (w.conn, w.xid, now > w.deadline);
+            let x = self.xchar.get_mut(&conn);
+            let resp = match x {
+                None => Some(Response::err(format!("connection {conn} went away"))),
+                Some(x) => match x.take_answer(xid) {
+                    Some(o) => Some(Response::ok(o)),
+                    None if late => {
+                        let acts = x.abandon(xid);
+                        self.act(conn, 0, acts);
+                        Some(Response::err(
+                            "no RESPXCH within 3 s (the peer may not support REQXCH: it keeps its values)",
+                        ))
+                    }
+                    None => None,
+                },
+            };
+            match resp {
+                Some(r) => {
+                    let w = self.awaiting.swap_remove(k);
+                    answer(&w.client, &r);
+                }
+                None => k += 1,
+            }
         }
     }
 
@@ -954,8 +1014,15 @@ impl Daemon {
                 self.send(Command::Close { conn });
                 return Response::ok(serde_json::json!({ "closing": conn }));
             }
-            Request::XcharRequest { conn, set } => return self.xchar_request(conn, &set, true),
-            Request::XcharSet { conn, set } => return self.xchar_request(conn, &set, false),
+            Request::XcharRequest { conn, set } => {
+                // The admin loop defers these (`accept_admin`); a request reaching here is only
+                // sent, and its outcome shows in `conns`.
+                return match self.send_reqxch(conn, &set) {
+                    Ok(xid) => Response::ok(serde_json::json!({ "sent-xid": xid })),
+                    Err(r) => r,
+                };
+            }
+            Request::XcharSet { conn, set } => return self.xchar_set(conn, &set),
             _ => {}
         }
         self.refresh();
@@ -1096,6 +1163,15 @@ impl Daemon {
             max_us: h.map_or(0.0, |h| us(h.max())),
         }
     }
+}
+
+/// Writes `resp` as one JSON line to an admin client (bounded by the client timeout).
+fn answer(s: &std::os::unix::net::UnixStream, resp: &Response) {
+    let mut line = serde_json::to_vec(resp).unwrap_or_default();
+    line.push(b'\n');
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
+    let _ = (&*s).write_all(&line);
 }
 
 fn read_request(s: &std::os::unix::net::UnixStream) -> Result<Request, String> {

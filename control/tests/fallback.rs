@@ -8,6 +8,10 @@
 //! a bare queue pair with receives posted on a completion queue of its own, which the peer
 //! reads and never answers; later connections are served by a version-1 `Driver` (RDMATEST
 //! NULL).
+//!
+//! The same peer, as a version-2 `Driver` that answers calls but never the optional messages
+//! (xcharext unsupported), shows `rpcrdmactl xchar request` giving up after its wait, while the
+//! daemon's control loop keeps answering other admin requests.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -91,13 +95,27 @@ struct Report {
     served: u32,
 }
 
-fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>) -> Report {
+/// How the test peer treats connections.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The first connection is silent; later ones are served in version 1.
+    SilentThenV1,
+    /// Every connection is served in version 2; optional messages (INITXCH, REQXCH) are
+    /// never answered.
+    V2WithoutXcharext,
+}
+
+fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -> Report {
     let p = SoftProvider::tcp(SoftConfig::default()).expect("soft provider");
     let Side {
         p, pd, cq, buf, mr, ..
     } = Side::new(p);
     let tmpl = ConnTemplate {
-        version: 1,
+        version: if mode == Mode::V2WithoutXcharext {
+            2
+        } else {
+            1
+        },
         credits: 4,
         max_calls: 8,
         send_size: 4096,
@@ -147,7 +165,7 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>) -> Report {
                 continue;
             };
             report.accepted += 1;
-            if report.accepted == 1 {
+            if report.accepted == 1 && mode == Mode::SilentThenV1 {
                 // The silent connection: receives posted, completions read, never answered.
                 let scq = drv.provider_mut().create_cq(64).expect("cq");
                 let mut init = drv.qp_init(pd);
@@ -225,7 +243,7 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let s = stop.clone();
-    let peer_thread = std::thread::spawn(move || peer(s, tx));
+    let peer_thread = std::thread::spawn(move || peer(s, tx, Mode::SilentThenV1));
     let port = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("peer listening");
@@ -296,5 +314,77 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
         !report.swallowed.is_empty() && report.swallowed.iter().all(|&v| v == 2),
         "the silent connection saw version-2 messages only: {report:?}"
     );
+    assert!(report.served >= 1, "{report:?}");
+}
+
+#[test]
+fn xch_3_d_unanswered_reqxch_gives_up_and_the_control_loop_keeps_serving() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = stop.clone();
+    let peer_thread = std::thread::spawn(move || peer(s, tx, Mode::V2WithoutXcharext));
+    let port = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("peer listening");
+    let dir = common::tmpdir("noxch-a");
+    let own = common::free_port();
+    let text = common::config(
+        &dir,
+        own,
+        Some(("server", port)),
+        "[transport]\nversion = 2\n",
+    );
+    let a = Daemon::start_with(dir, own, &text);
+    a.wait_peer_up("server");
+    // A version-two call confirms version two (the peer answers calls, not INITXCH).
+    let mut c = Client::connect(&a.app).expect("attach");
+    let server = c.peer("server").expect("peer");
+    let t = c
+        .call(server, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL in version 2");
+    let id = a.ctl_json(&["conns"])[0]["id"].to_string();
+    assert_eq!(a.ctl_json(&["conns"])[0]["version"], 2);
+
+    // The REQXCH is never answered; while its client waits, other admin requests are served.
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (o, sock) = (order.clone(), a.admin.clone());
+    let waiter = std::thread::spawn(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rpcrdmactl"))
+            .arg("--socket")
+            .arg(sock)
+            .args(["--json", "xchar", "request", &id, "rbsiz=8192"])
+            .output()
+            .expect("rpcrdmactl");
+        o.lock().expect("order").push("xchar");
+        out
+    });
+    let sent = common::eventually(10, || {
+        a.log().contains("awaiting the RESPXCH").then_some(())
+    });
+    assert!(sent.is_some(), "no REQXCH went out:\n{}", a.log());
+    assert_eq!(a.ctl_json(&["status"])["state"], "running");
+    order.lock().expect("order").push("status");
+    let out = waiter.join().expect("waiter");
+    assert_eq!(
+        *order.lock().expect("order"),
+        vec!["status", "xchar"],
+        "status answered while the REQXCH waited"
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("no RESPXCH"), "{text}");
+    // XCH-3-d: the request is effectively rejected; nothing is left pending.
+    let x = &a.ctl_json(&["conns"])[0]["xchar"];
+    assert!(
+        x["pending-peer"].as_array().is_some_and(Vec::is_empty),
+        "{x}"
+    );
+    // XCH-3-b: a peer that never sent INITXCH keeps the default RBSIZ in our records.
+    assert_eq!(x["peer"]["rbsiz"], 4096, "{x}");
+    stop.store(true, Ordering::Relaxed);
+    let report = peer_thread.join().expect("peer thread");
     assert!(report.served >= 1, "{report:?}");
 }
