@@ -674,73 +674,10 @@ fn e2e_hostile_peer_loses_only_its_connection() {
     let (gconn, _) = connect(&mut good, &mut s, addr);
 
     // The hostile client talks raw verbs.
-    let mut h = Side::new(SoftProvider::memory(&f, SoftConfig::default()));
-    let qp =
-        h.p.create_qp(&QpInit {
-            pd: h.pd,
-            send_cq: h.cq,
-            recv_cq: h.cq,
-            srq: None,
-            max_send_wr: 64,
-            max_recv_wr: 64,
-            max_sge: 1,
-        })
-        .unwrap();
-    for k in 0..16u64 {
-        let sge = h.sge(4096 * (k as usize + 1), 4096);
-        h.p.post_recv(qp, 1000 + k, &[sge]).unwrap();
-    }
-    let pd = template().private_data().emit();
-    let params = ConnParams {
-        private_data: &pd,
-        responder_resources: 16,
-        initiator_depth: 16,
-    };
-    h.p.connect(qp, addr, &params).unwrap();
-    let start = Instant::now();
-    let mut hconn = None;
-    while !h
-        .events
-        .iter()
-        .any(|e| matches!(e, CmEvent::Established { .. }))
-    {
-        hstep(&mut h);
-        s.poll();
-        if let Some(pos) =
-            s.cm.iter()
-                .position(|e| matches!(e, CmEvent::ConnectRequest { .. }))
-        {
-            let CmEvent::ConnectRequest { req, .. } = s.cm.remove(pos) else {
-                unreachable!()
-            };
-            let qb = s.qp();
-            hconn = Some(
-                s.drv
-                    .add_connection(qb, Role::Server, None, &mut s.mem)
-                    .unwrap(),
-            );
-            s.drv.provider_mut().accept(req, qb, &params).unwrap();
-        }
-        assert!(start.elapsed() < Duration::from_secs(30));
-    }
-    let hconn = hconn.unwrap();
+    let (mut h, qp, hconn) = connect_raw_client(&f, &mut s, addr);
     assert_eq!(s.drv.free_blocks(), 0);
-    let send = |h: &mut Side<rpcrdma_verbs::soft::SoftMem>, id: u64, bytes: &[u8]| {
-        h.fill(0, bytes);
-        let sge = h.sge(0, bytes.len());
-        h.p.post_send(
-            qp,
-            &rpcrdma_verbs::SendWr {
-                wr_id: id,
-                op: SendOp::Send,
-                sg: &[sge],
-                signaled: true,
-            },
-        )
-        .unwrap();
-    };
     // Malformed headers: answered with ERR_CHUNK, the connection stays.
-    send(&mut h, 1, &be(&[7, 1, 1, 9, 0, 0, 0, 7, 0]));
+    raw_send(&mut h, qp, 1, &be(&[7, 1, 1, 9, 0, 0, 0, 7, 0]));
     let start = Instant::now();
     while !h.wcs.iter().any(|w| w.wr_id >= 1000) {
         hstep(&mut h);
@@ -756,7 +693,7 @@ fn e2e_hostile_peer_loses_only_its_connection() {
     for x in 0..6u32 {
         let mut m = be(&[x, 1, 4, 0, 0, 0, 0, x, 0, 2, BULK_PROG, 1, 1, 0, 0, 0, 0]);
         m.extend(be(&[x]));
-        send(&mut h, 10 + u64::from(x), &m);
+        raw_send(&mut h, qp, 10 + u64::from(x), &m);
     }
     let start = Instant::now();
     while !s
