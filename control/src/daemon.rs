@@ -99,6 +99,8 @@ pub struct Daemon {
     /// `rpcrdmactl xchar request`s waiting for the peer's RESPXCH: answered from the control
     /// loop when it arrives or the deadline passes, so the loop never blocks on a peer.
     awaiting: Vec<AwaitingRespxch>,
+    /// Our XCHAR_REQREMINV: what the poll thread offers (configuration and device).
+    remote_invalidation: bool,
 }
 
 /// An admin client waiting for the RESPXCH to its REQXCH.
@@ -312,6 +314,7 @@ impl Daemon {
             latest: vec![Snapshot::with_capacity(max_conns as usize)],
             pending_snaps: 0,
             awaiting: Vec::new(),
+            remote_invalidation: false,
             max_conns: max_conns as usize,
             listeners: Vec::new(),
             peers,
@@ -339,7 +342,12 @@ impl Daemon {
         let mut started = false;
         while !started {
             match self.threads[0].recv() {
-                Some(Event::Started) => started = true,
+                Some(Event::Started {
+                    remote_invalidation,
+                }) => {
+                    self.remote_invalidation = remote_invalidation;
+                    started = true;
+                }
                 Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
                 Some(other) => self.on_event(0, other),
                 None if Instant::now() > deadline => {
@@ -445,7 +453,7 @@ impl Daemon {
 
     fn on_event(&mut self, thread: usize, ev: Event) {
         match ev {
-            Event::Started => {}
+            Event::Started { .. } => {}
             Event::Listening { .. } => {}
             Event::Up { conn, peer, remote } => {
                 let name = match peer.and_then(|p| self.peers.get_mut(p as usize)) {
@@ -469,7 +477,7 @@ impl Daemon {
                         buffer_size: t.inline_recv.max(self.cfg.pools.recv_buffer_size),
                         min_rbsiz: t.xcharext.min_rbsiz,
                         max_rbsiz: t.xcharext.max_rbsiz,
-                        reqreminv: false,
+                        reqreminv: self.remote_invalidation,
                         reqreminv_may_change: t.xcharext.reqreminv_may_change,
                     };
                     self.xchar

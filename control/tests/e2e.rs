@@ -122,12 +122,46 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
     assert!(c0["short-sent"].as_u64() >= Some(3), "{c0}");
 }
 
+/// A version-two daemon whose REQREMINV starts FALSE (`remote-invalidation = false`) and may be
+/// raised by a peer's REQXCH (the four-operations test raises it through a pending change).
 fn start_v2(name: &str, peer: Option<(&str, u16)>) -> Daemon {
+    start_v2_with(name, peer, "remote-invalidation = false\n")
+}
+
+fn start_v2_with(name: &str, peer: Option<(&str, u16)>, transport: &str) -> Daemon {
     let dir = common::tmpdir(name);
     let port = common::free_port();
-    let extra = "[transport]\nversion = 2\n[transport.xcharext]\nreqreminv-may-change = true\n";
-    let text = common::config(&dir, port, peer, extra);
+    let extra = format!(
+        "[transport]\nversion = 2\n{transport}[transport.xcharext]\nreqreminv-may-change = true\n"
+    );
+    let text = common::config(&dir, port, peer, &extra);
     Daemon::start_with(dir, port, &text)
+}
+
+#[test]
+fn xch_3_2_initxch_announces_reqreminv_from_configuration_and_device() {
+    // Defaults: remote invalidation on, and the soft provider honours it.
+    let b = start_v2_with("reqreminv-b", None, "");
+    let a = start_v2_with("reqreminv-a", Some(("server", b.port)), "");
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    c.wait(t, T).expect("NULL");
+    let seen = common::eventually(10, || {
+        let (xa, xb) = (xchar_of(&a), xchar_of(&b));
+        (xa["initxch-received"] == true && xb["initxch-received"] == true).then_some((xa, xb))
+    });
+    let (xa, xb) = seen.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}", a.log()));
+    assert_eq!(xa["local"]["reqreminv"], true, "{xa}");
+    assert_eq!(
+        xb["peer"]["reqreminv"], true,
+        "B recorded A's INITXCH: {xb}"
+    );
 }
 
 fn xchar_of(d: &Daemon) -> serde_json::Value {
@@ -157,6 +191,8 @@ fn xch_four_operations_end_to_end_between_two_daemons() {
         exchanged.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}\nB:\n{}", a.log(), b.log()));
     assert_eq!(xa["initxch-sent"], true);
     assert_eq!(xb["initxch-sent"], true);
+    // `remote-invalidation = false`: REQREMINV announced FALSE (XCH-3.2-a).
+    assert_eq!(xb["peer"]["reqreminv"], false, "{xb}");
     assert_eq!(xa["peer"]["rbsiz"], 4096);
     assert_eq!(xb["peer"]["brs"], "inline");
     // BRS never changes: marked in nochg.

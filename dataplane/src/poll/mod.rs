@@ -230,7 +230,12 @@ pub enum Reason {
 #[derive(Debug)]
 pub enum Event {
     /// The poll thread is running (its provider and attach socket are open).
-    Started,
+    Started {
+        /// Whether it offers peers Send With Invalidate: `transport.remote-invalidation` and
+        /// the device's ability to honour it on our exposures (the RFC 8797 flag, and our
+        /// XCHAR_REQREMINV in version two).
+        remote_invalidation: bool,
+    },
     /// A listener is bound (`Ok(actual address)`) or failed.
     Listening {
         /// Requested address.

@@ -253,7 +253,9 @@ impl<P: Provider> PollThread<P> {
 
     /// Runs until [`Command::Stop`].
     pub fn run(&mut self) {
-        self.emit(Event::Started);
+        self.emit(Event::Started {
+            remote_invalidation: self.spec.transport.remote_invalidation,
+        });
         let mut loops = 0u32;
         while !self.stop {
             let now = Instant::now();
