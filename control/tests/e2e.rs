@@ -122,12 +122,6 @@ fn large_echo_read_and_write_use_chunks_end_to_end() {
     assert!(c0["short-sent"].as_u64() >= Some(3), "{c0}");
 }
 
-/// A version-two daemon whose REQREMINV starts FALSE (`remote-invalidation = false`) and may be
-/// raised by a peer's REQXCH (the four-operations test raises it through a pending change).
-fn start_v2(name: &str, peer: Option<(&str, u16)>) -> Daemon {
-    start_v2_with(name, peer, "remote-invalidation = false\n")
-}
-
 fn start_v2_with(name: &str, peer: Option<(&str, u16)>, transport: &str) -> Daemon {
     let dir = common::tmpdir(name);
     let port = common::free_port();
@@ -138,11 +132,22 @@ fn start_v2_with(name: &str, peer: Option<(&str, u16)>, transport: &str) -> Daem
     Daemon::start_with(dir, port, &text)
 }
 
-#[test]
-fn xch_3_2_initxch_announces_reqreminv_from_configuration_and_device() {
-    // Defaults: remote invalidation on, and the soft provider honours it.
-    let b = start_v2_with("reqreminv-b", None, "");
-    let a = start_v2_with("reqreminv-a", Some(("server", b.port)), "");
+/// Two version-two daemons (`transport` added to both), A calling B's RDMATEST server, version
+/// two confirmed by a NULL call and INITXCH seen both ways: `(a, b, client, peer, A's and B's
+/// characteristics)`.
+fn v2_pair(
+    name: &str,
+    transport: &str,
+) -> (
+    Daemon,
+    Daemon,
+    Client,
+    u32,
+    serde_json::Value,
+    serde_json::Value,
+) {
+    let b = start_v2_with(&format!("{name}-b"), None, transport);
+    let a = start_v2_with(&format!("{name}-a"), Some(("server", b.port)), transport);
     a.wait_peer_up("server");
     rdmatest_server(&b.app);
     let mut c = Client::connect(&a.app).expect("attach");
@@ -152,11 +157,20 @@ fn xch_3_2_initxch_announces_reqreminv_from_configuration_and_device() {
         .submit()
         .expect("submit");
     c.wait(t, T).expect("NULL");
-    let seen = common::eventually(10, || {
+    // INITXCH both ways once version two is confirmed by a reply.
+    let exchanged = common::eventually(10, || {
         let (xa, xb) = (xchar_of(&a), xchar_of(&b));
         (xa["initxch-received"] == true && xb["initxch-received"] == true).then_some((xa, xb))
     });
-    let (xa, xb) = seen.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}", a.log()));
+    let (xa, xb) =
+        exchanged.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    (a, b, c, peer, xa, xb)
+}
+
+#[test]
+fn xch_3_2_initxch_announces_reqreminv_from_configuration_and_device() {
+    // Defaults: remote invalidation on, and the soft provider honours it.
+    let (_a, _b, _c, _peer, xa, xb) = v2_pair("reqreminv", "");
     assert_eq!(xa["local"]["reqreminv"], true, "{xa}");
     assert_eq!(
         xb["peer"]["reqreminv"], true,
@@ -170,25 +184,9 @@ fn xchar_of(d: &Daemon) -> serde_json::Value {
 
 #[test]
 fn xch_four_operations_end_to_end_between_two_daemons() {
-    let b = start_v2("xch-b", None);
-    let a = start_v2("xch-a", Some(("server", b.port)));
-    a.wait_peer_up("server");
-    rdmatest_server(&b.app);
-    let mut c = Client::connect(&a.app).expect("attach");
-    let peer = c.peer("server").expect("peer");
-    let t = c
-        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
-        .submit()
-        .expect("submit");
-    c.wait(t, T).expect("NULL");
-
-    // INITXCH both ways once version two is confirmed by a reply.
-    let exchanged = common::eventually(10, || {
-        let (xa, xb) = (xchar_of(&a), xchar_of(&b));
-        (xa["initxch-received"] == true && xb["initxch-received"] == true).then_some((xa, xb))
-    });
-    let (xa, xb) =
-        exchanged.unwrap_or_else(|| panic!("no INITXCH\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    // REQREMINV starts FALSE (`remote-invalidation = false`) so a REQXCH can raise it through a
+    // pending change.
+    let (a, b, mut c, peer, xa, xb) = v2_pair("xch", "remote-invalidation = false\n");
     assert_eq!(xa["initxch-sent"], true);
     assert_eq!(xb["initxch-sent"], true);
     // `remote-invalidation = false`: REQREMINV announced FALSE (XCH-3.2-a).
@@ -487,22 +485,7 @@ fn long_counts(a: &Daemon, b: &Daemon) -> (u64, u64) {
 
 #[test]
 fn xch_3_e_lowered_rbsiz_reaches_the_engines_between_two_daemons() {
-    let b = start_v2("rbsiz-b", None);
-    let a = start_v2("rbsiz-a", Some(("server", b.port)));
-    a.wait_peer_up("server");
-    rdmatest_server(&b.app);
-    let mut c = Client::connect(&a.app).expect("attach");
-    let peer = c.peer("server").expect("peer");
-    let t = c
-        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
-        .submit()
-        .expect("submit");
-    c.wait(t, T).expect("NULL");
-    let exchanged = common::eventually(10, || {
-        (xchar_of(&a)["initxch-received"] == true && xchar_of(&b)["initxch-received"] == true)
-            .then_some(())
-    });
-    assert!(exchanged.is_some(), "no INITXCH\nA:\n{}", a.log());
+    let (a, b, mut c, peer, _, _) = v2_pair("rbsiz", "remote-invalidation = false\n");
 
     // RBSIZ 4096 both ways: the call and its reply go inline.
     echo_3000(&mut c, peer, 1, &a, &b);
