@@ -238,15 +238,22 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -
     report
 }
 
-#[test]
-fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
+/// Starts the test peer in `mode` on its own thread: its stop flag, the thread (its report)
+/// and the port it listens on.
+fn start_peer(mode: Mode) -> (Arc<AtomicBool>, std::thread::JoinHandle<Report>, u16) {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
     let s = stop.clone();
-    let peer_thread = std::thread::spawn(move || peer(s, tx, Mode::SilentThenV1));
+    let thread = std::thread::spawn(move || peer(s, tx, mode));
     let port = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("peer listening");
+    (stop, thread, port)
+}
+
+#[test]
+fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
+    let (stop, peer_thread, port) = start_peer(Mode::SilentThenV1);
 
     let dir = common::tmpdir("fallback-a");
     let own = common::free_port();
@@ -319,13 +326,7 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
 
 #[test]
 fn xch_3_d_unanswered_reqxch_gives_up_and_the_control_loop_keeps_serving() {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let s = stop.clone();
-    let peer_thread = std::thread::spawn(move || peer(s, tx, Mode::V2WithoutXcharext));
-    let port = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("peer listening");
+    let (stop, peer_thread, port) = start_peer(Mode::V2WithoutXcharext);
     let dir = common::tmpdir("noxch-a");
     let own = common::free_port();
     let text = common::config(
