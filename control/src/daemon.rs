@@ -26,6 +26,8 @@ const ADMIN: Token = Token(0);
 const METRICS: Token = Token(1);
 const SIGNALS: Token = Token(2);
 const WAKER: Token = Token(3);
+/// The app attach socket (far from the admin clients' tokens).
+const APPS: Token = Token(1 << 30);
 
 /// How long start-up waits for the poll thread and its listeners.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,6 +74,8 @@ struct PeerState {
     /// The peer never answered our first version-two call: it is spoken to in version 1
     /// until the daemon restarts (AMB-33, V2-5.2-b).
     v1_only: bool,
+    /// The poll thread that connects to it.
+    thread: usize,
 }
 
 /// The running daemon's control-thread state.
@@ -83,13 +87,20 @@ pub struct Daemon {
     admin_path: PathBuf,
     metrics: Option<TcpListener>,
     signals: Signals,
+    /// Accepts apps; each goes to the poll thread with the fewest apps.
+    apps: rpcrdma_shm::attach::Listener,
     threads: Vec<PollHandle>,
+    /// Apps attached to each poll thread (from its events).
+    apps_on: Vec<usize>,
+    /// Routes global connection ids to their poll thread.
+    mesh: poll::Mesh,
     latest: Vec<Snapshot>,
     pending_snaps: usize,
     max_conns: usize,
     listeners: Vec<SocketAddr>,
     peers: Vec<PeerState>,
-    remote_of: HashMap<(usize, u32), String>,
+    /// Peer name (or remote address) of each connection, by global connection id.
+    remote_of: HashMap<u32, String>,
     started: Instant,
     draining: Option<Instant>,
     drained: usize,
@@ -140,8 +151,51 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StartError 
     move |source| StartError::Io { what, source }
 }
 
+/// Starts one poll thread on the configured provider.
+fn spawn_poll(
+    cfg: &Config,
+    spec: PollSpec,
+    port: poll::Port,
+    waker: Arc<Waker>,
+) -> Result<PollHandle, StartError> {
+    let s = &cfg.provider.soft;
+    let notify: Box<dyn Fn() + Send> = Box::new(move || {
+        let _ = waker.wake();
+    });
+    let soft = |fpdu_size| rpcrdma_verbs::soft::SoftConfig {
+        crc: s.crc,
+        mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
+        fpdu_size,
+        ..rpcrdma_verbs::soft::SoftConfig::default()
+    };
+    match cfg.provider.kind {
+        ProviderKind::Soft => {
+            poll::spawn_soft(spec, port, soft(Some(s.fpdu_size as usize)), notify)
+        }
+        ProviderKind::Mem => poll::spawn_mem(spec, port, soft(None), notify),
+        #[cfg(feature = "ibv")]
+        ProviderKind::Ibv => {
+            let i = &cfg.provider.ibv;
+            poll::spawn_ibv(
+                spec,
+                port,
+                rpcrdma_verbs::ibv::IbvConfig {
+                    device: i.device.clone(),
+                    port: u8::try_from(i.port).unwrap_or(1),
+                    gid_index: i.gid_index,
+                    ..rpcrdma_verbs::ibv::IbvConfig::default()
+                },
+                notify,
+            )
+        }
+        #[cfg(not(feature = "ibv"))]
+        ProviderKind::Ibv => return Err(StartError::NotBuilt(String::new())),
+    }
+    .map_err(io_err("spawn poll thread"))
+}
+
 impl Daemon {
-    /// Checks the host, binds every socket, starts the poll thread, opens listeners and
+    /// Checks the host, binds every socket, starts the poll threads, opens listeners and
     /// starts connecting to peers.
     pub fn start(cfg: Config, opts: Options) -> Result<Daemon, StartError> {
         startup::check_provider(&cfg)?;
@@ -194,12 +248,6 @@ impl Daemon {
             .map_err(io_err("register signals"))?;
         let waker = Arc::new(Waker::new(reg, WAKER).map_err(io_err("waker"))?);
 
-        if cfg.cpu.poll_cores.len() > 1 {
-            warn!(
-                cores = ?cfg.cpu.poll_cores,
-                "only one poll thread is implemented; using the first core"
-            );
-        }
         let t = &cfg.transport;
         let s = &cfg.provider.soft;
         let (ird, ord) = match cfg.provider.kind {
@@ -207,9 +255,35 @@ impl Daemon {
             ProviderKind::Ibv => (cfg.provider.ibv.ird, cfg.provider.ibv.ord),
         };
         let max_conns = cfg.pools.connections.max(1);
-        let spec = PollSpec {
+        let cores: Vec<Option<usize>> = if cfg.cpu.poll_cores.is_empty() {
+            vec![None]
+        } else {
+            cfg.cpu
+                .poll_cores
+                .iter()
+                .map(|&c| Some(c as usize))
+                .collect()
+        };
+        let mut mesh = poll::Mesh::new(cores.len(), max_conns, cfg.peers.len(), 4096)
+            .map_err(io_err("poll thread queues"))?;
+        let geometry = rpcrdma_shm::abi::Geometry {
+            sq_entries: cfg.apps.sq_entries,
+            cq_entries: cfg.apps.cq_entries,
+            arena_size: u32::try_from(cfg.apps.arena_size).unwrap_or(u32::MAX),
+            peers: 0,
+        };
+        let peer_names: Vec<String> = cfg.peers.iter().map(|p| p.name.clone()).collect();
+        let apps = rpcrdma_shm::attach::Listener::bind(&app_path, geometry, peer_names.clone())
+            .map_err(io_err(format!("app socket {}", app_path.display())))?;
+        reg.register(
+            &mut mio::unix::SourceFd(&std::os::fd::AsRawFd::as_raw_fd(&apps.as_fd())),
+            APPS,
+            Interest::READABLE,
+        )
+        .map_err(io_err("register app socket"))?;
+        let base = PollSpec {
             index: 0,
-            core: cfg.cpu.poll_cores.first().map(|&c| c as usize),
+            core: None,
             idle: idle_spec(&cfg),
             transport: TransportSpec {
                 version: t.version,
@@ -234,63 +308,30 @@ impl Daemon {
                 send_buffers: cfg.pools.send_buffers,
             },
             max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
-            app_socket: app_path,
-            geometry: rpcrdma_shm::abi::Geometry {
-                sq_entries: cfg.apps.sq_entries,
-                cq_entries: cfg.apps.cq_entries,
-                arena_size: u32::try_from(cfg.apps.arena_size).unwrap_or(u32::MAX),
-                peers: 0,
-            },
-            peers: cfg.peers.iter().map(|p| p.name.clone()).collect(),
+            geometry,
+            peers: peer_names,
             queue_depth: 256,
         };
-        let w = waker.clone();
-        let notify: Box<dyn Fn() + Send> = Box::new(move || {
-            let _ = w.wake();
-        });
-        let handle = match cfg.provider.kind {
-            ProviderKind::Soft => poll::spawn_soft(
-                spec,
-                rpcrdma_verbs::soft::SoftConfig {
-                    crc: s.crc,
-                    mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
-                    fpdu_size: Some(s.fpdu_size as usize),
-                    ..rpcrdma_verbs::soft::SoftConfig::default()
-                },
-                notify,
-            ),
-            ProviderKind::Mem => poll::spawn_mem(
-                spec,
-                rpcrdma_verbs::soft::SoftConfig {
-                    crc: s.crc,
-                    mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
-                    fpdu_size: None,
-                    ..rpcrdma_verbs::soft::SoftConfig::default()
-                },
-                notify,
-            ),
-            #[cfg(feature = "ibv")]
-            ProviderKind::Ibv => {
-                let i = &cfg.provider.ibv;
-                poll::spawn_ibv(
-                    spec,
-                    rpcrdma_verbs::ibv::IbvConfig {
-                        device: i.device.clone(),
-                        port: u8::try_from(i.port).unwrap_or(1),
-                        gid_index: i.gid_index,
-                        ..rpcrdma_verbs::ibv::IbvConfig::default()
-                    },
-                    notify,
-                )
-            }
-            #[cfg(not(feature = "ibv"))]
-            ProviderKind::Ibv => return Err(StartError::NotBuilt(String::new())),
+        let mut threads = Vec::with_capacity(cores.len());
+        for (index, core) in cores.into_iter().enumerate() {
+            let spec = PollSpec {
+                index,
+                core,
+                ..base.clone()
+            };
+            let port = mesh
+                .port(index)
+                .ok_or_else(|| StartError::PollThread("poll thread queues".into()))?;
+            threads.push(spawn_poll(&cfg, spec, port, waker.clone())?);
         }
-        .map_err(io_err("spawn poll thread"))?;
+        let threads_n = threads.len();
+        let n_listeners = cfg.listeners.len();
+        let mem = cfg.provider.kind == ProviderKind::Mem;
         let peers = cfg
             .peers
             .iter()
-            .map(|p| PeerState {
+            .enumerate()
+            .map(|(i, p)| PeerState {
                 name: p.name.clone(),
                 address: p.address.clone(),
                 addr: rpcrdma_config::parse_address(&p.address),
@@ -300,6 +341,13 @@ impl Daemon {
                 failures: 0,
                 phase: PeerPhase::Stopped,
                 v1_only: false,
+                // Peers after the listeners, round robin; the in-memory provider's fabric is
+                // its thread's alone, so there everything stays on thread 0.
+                thread: if mem {
+                    0
+                } else {
+                    (n_listeners + i) % threads_n
+                },
             })
             .collect();
         let mut d = Daemon {
@@ -310,11 +358,16 @@ impl Daemon {
             admin_path,
             metrics,
             signals,
-            threads: vec![handle],
-            latest: vec![Snapshot::with_capacity(max_conns as usize)],
+            apps_on: vec![0; threads_n],
+            apps,
+            latest: (0..threads_n)
+                .map(|_| Snapshot::with_capacity(max_conns as usize))
+                .collect(),
+            threads,
+            mesh,
             pending_snaps: 0,
             awaiting: Vec::new(),
-            remote_invalidation: false,
+            remote_invalidation: true,
             max_conns: max_conns as usize,
             listeners: Vec::new(),
             peers,
@@ -330,33 +383,46 @@ impl Daemon {
         Ok(d)
     }
 
-    fn send(&self, cmd: Command) {
-        if self.threads[0].send(cmd).is_err() {
-            warn!("poll thread command queue full; command dropped");
+    /// Sends `cmd` to poll thread `t`.
+    fn send_to(&self, t: usize, cmd: Command) {
+        match self.threads.get(t) {
+            Some(h) if h.send(cmd).is_ok() => {}
+            _ => warn!(
+                thread = t,
+                "poll thread command queue full; command dropped"
+            ),
         }
     }
 
-    /// Waits for the poll thread to start and every listener to bind.
+    /// Sends a command about connection `conn` to the poll thread owning it.
+    fn send(&self, conn: u32, cmd: Command) {
+        self.send_to(self.mesh.thread_of(conn), cmd);
+    }
+
+    /// Waits for every poll thread to start and every listener to bind.
     fn await_start(&mut self) -> Result<(), StartError> {
         let deadline = Instant::now() + START_TIMEOUT;
-        let mut started = false;
-        while !started {
-            match self.threads[0].recv() {
-                Some(Event::Started {
-                    remote_invalidation,
-                }) => {
-                    self.remote_invalidation = remote_invalidation;
-                    started = true;
+        for t in 0..self.threads.len() {
+            loop {
+                match self.threads[t].recv() {
+                    Some(Event::Started {
+                        remote_invalidation,
+                    }) => {
+                        self.remote_invalidation &= remote_invalidation;
+                        break;
+                    }
+                    Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
+                    Some(other) => self.on_event(t, other),
+                    None if Instant::now() > deadline => {
+                        return Err(StartError::PollThread(format!(
+                            "poll thread {t} did not start"
+                        )))
+                    }
+                    None if self.threads[t].is_finished() => {
+                        return Err(StartError::PollThread(format!("poll thread {t} exited")))
+                    }
+                    None => std::thread::sleep(Duration::from_millis(1)),
                 }
-                Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
-                Some(other) => self.on_event(0, other),
-                None if Instant::now() > deadline => {
-                    return Err(StartError::PollThread("poll thread did not start".into()))
-                }
-                None if self.threads[0].is_finished() => {
-                    return Err(StartError::PollThread("poll thread exited".into()))
-                }
-                None => std::thread::sleep(Duration::from_millis(1)),
             }
         }
         let addrs: Vec<(String, Option<SocketAddr>)> = self
@@ -365,17 +431,20 @@ impl Daemon {
             .iter()
             .map(|l| (l.address.clone(), rpcrdma_config::parse_address(&l.address)))
             .collect();
-        for (text, addr) in addrs {
+        let mem = self.cfg.provider.kind == ProviderKind::Mem;
+        for (k, (text, addr)) in addrs.into_iter().enumerate() {
             let Some(addr) = addr else {
                 return Err(StartError::PollThread(format!(
                     "bad listener address {text}"
                 )));
             };
-            self.send(Command::Listen { addr });
+            // Listeners round robin over the threads (connections stay where accepted).
+            let t = if mem { 0 } else { k % self.threads.len() };
+            self.send_to(t, Command::Listen { addr });
             loop {
-                match self.threads[0].recv() {
+                match self.threads[t].recv() {
                     Some(Event::Listening { result: Ok(a), .. }) => {
-                        info!(address = %a, "listening");
+                        info!(address = %a, thread = t, "listening");
                         self.listeners.push(a);
                         break;
                     }
@@ -383,7 +452,7 @@ impl Daemon {
                         return Err(StartError::PollThread(format!("listener {addr}: {e}")))
                     }
                     Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
-                    Some(other) => self.on_event(0, other),
+                    Some(other) => self.on_event(t, other),
                     None if Instant::now() > deadline => {
                         return Err(StartError::PollThread(format!(
                             "listener {addr}: no answer"
@@ -400,6 +469,7 @@ impl Daemon {
             admin = %self.admin_path.display(),
             app = %self.cfg.daemon.app_socket,
             metrics = ?self.cfg.daemon.metrics_listen,
+            poll_threads = self.threads.len(),
             "rpcrdmad started"
         );
         Ok(())
@@ -426,11 +496,15 @@ impl Daemon {
         };
         debug!(peer = %p.name, %addr, version, "connecting");
         let peer = i as u32;
-        self.send(Command::Connect {
-            peer,
-            addr,
-            version,
-        });
+        let t = p.thread;
+        self.send_to(
+            t,
+            Command::Connect {
+                peer,
+                addr,
+                version,
+            },
+        );
     }
 
     fn peer_failed(&mut self, i: usize, why: &str) {
@@ -466,7 +540,7 @@ impl Daemon {
                     None => remote.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
                 };
                 info!(conn, peer = %name, "connection up");
-                self.remote_of.insert((thread, conn), name);
+                self.remote_of.insert(conn, name);
                 let v1_only = peer
                     .and_then(|p| self.peers.get(p as usize))
                     .is_some_and(|p| p.v1_only);
@@ -488,7 +562,7 @@ impl Daemon {
                 self.peer_failed(peer as usize, &format!("connect failed: {reason:?}"));
             }
             Event::Down { conn, peer, reason } => {
-                let name = self.remote_of.remove(&(thread, conn)).unwrap_or_default();
+                let name = self.remote_of.remove(&conn).unwrap_or_default();
                 self.xchar.remove(&conn);
                 info!(conn, peer = %name, ?reason, "connection down");
                 match (peer, reason) {
@@ -511,9 +585,14 @@ impl Daemon {
             }
             Event::AppAttached { pid } => {
                 self.apps_attached += 1;
-                info!(?pid, "app attached");
+                info!(?pid, thread, "app attached");
             }
-            Event::AppDetached { pid, reason } => info!(?pid, reason, "app detached"),
+            Event::AppDetached { pid, reason } => {
+                if let Some(n) = self.apps_on.get_mut(thread) {
+                    *n = n.saturating_sub(1);
+                }
+                info!(?pid, thread, reason, "app detached");
+            }
             Event::Snapshot(s) => {
                 if let Some(slot) = self.latest.get_mut(thread) {
                     *slot = *s;
@@ -608,7 +687,7 @@ impl Daemon {
                 Action::Reject => Command::RejectOptional { conn, xid },
                 Action::NotifyWhenIdle => Command::NotifyIdle { conn },
             };
-            self.send(cmd);
+            self.send(conn, cmd);
         }
     }
 
@@ -701,6 +780,7 @@ impl Daemon {
             for ev in events.iter() {
                 match ev.token() {
                     ADMIN => self.accept_admin(),
+                    APPS => self.accept_apps(),
                     METRICS => self.accept_metrics(),
                     SIGNALS => self.on_signals(),
                     _ => {}
@@ -845,6 +925,39 @@ impl Daemon {
         Response::ok(outcome)
     }
 
+    /// Accepts waiting apps, each to the poll thread with the fewest (`apps.max-apps` is
+    /// the daemon's limit; beyond it the app's socket is closed at once).
+    fn accept_apps(&mut self) {
+        loop {
+            let att = match self.apps.accept() {
+                Ok(Some(a)) => a,
+                Ok(None) => return,
+                Err(e) => {
+                    debug!(error = %e, "app attach failed");
+                    continue;
+                }
+            };
+            let total: usize = self.apps_on.iter().sum();
+            if self.draining.is_some() || total >= self.cfg.apps.max_apps as usize {
+                warn!(pid = ?att.pid(), apps = total, "app refused: draining or apps.max-apps reached");
+                continue;
+            }
+            let t = (0..self.apps_on.len())
+                .min_by_key(|&t| self.apps_on[t])
+                .unwrap_or(0);
+            // Counted now, so a burst of attaches spreads before the threads report; a thread
+            // that cannot take the app answers `AppDetached`.
+            self.apps_on[t] += 1;
+            if self.threads[t]
+                .send(Command::Attach(Box::new(att)))
+                .is_err()
+            {
+                self.apps_on[t] -= 1;
+                warn!(thread = t, "poll thread command queue full; app refused");
+            }
+        }
+    }
+
     fn accept_admin(&mut self) {
         while let Ok((s, _)) = self.admin.accept() {
             let std: std::os::unix::net::UnixStream = s.into();
@@ -940,9 +1053,9 @@ impl Daemon {
         crate::metrics::render(&snaps, |t, c| self.name_of(t, c))
     }
 
-    fn name_of(&self, thread: usize, conn: u32) -> String {
+    fn name_of(&self, _thread: usize, conn: u32) -> String {
         self.remote_of
-            .get(&(thread, conn))
+            .get(&conn)
             .cloned()
             .unwrap_or_else(|| format!("conn{conn}"))
     }
@@ -1019,7 +1132,7 @@ impl Daemon {
                 if !self.all_conns().any(|(_, c)| c.info.id == conn) {
                     return Response::err(format!("no connection {conn}"));
                 }
-                self.send(Command::Close { conn });
+                self.send(conn, Command::Close { conn });
                 return Response::ok(serde_json::json!({ "closing": conn }));
             }
             Request::XcharRequest { conn, set } => {

@@ -424,13 +424,14 @@ fn sigint_stops_like_sigterm_and_human_tables_print() {
     let b = Daemon::start("int-b", None);
     let mut a = Daemon::start("int-a", Some(("server", b.port)));
     a.wait_peer_up("server");
+    let id = a.ctl_json(&["conns"])[0]["id"].to_string();
     for (args, header) in [
         (&["conns"][..], "PEER-INLINE(S/R)"),
         (&["stats"][..], "CALLS-OUT"),
         (&["stats"][..], "RECV-BUFS(FREE/ALL)"),
         (&["stats"][..], "SENT-CHUNK"),
         (&["latency"][..], "P99-US"),
-        (&["conn", "show", "0"][..], "counters:"),
+        (&["conn", "show", id.as_str()][..], "counters:"),
     ] {
         let out = a.ctl(args);
         assert!(out.status.success(), "{args:?}");

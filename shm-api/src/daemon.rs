@@ -61,6 +61,12 @@ pub struct TableConfig {
     pub max_ops_per_app: u16,
     /// Number of configured peers (a CALL's target must be below it).
     pub peers: u32,
+    /// XIDs the table assigns: `xid_first`, then steps of `xid_step` (tables of several
+    /// poll threads sharing a connection use the same step and different firsts, so their
+    /// XIDs never meet).
+    pub xid_first: u32,
+    /// See `xid_first` (at least 1).
+    pub xid_step: u32,
 }
 
 impl Default for TableConfig {
@@ -69,6 +75,8 @@ impl Default for TableConfig {
             max_apps: 64,
             max_ops_per_app: 512,
             peers: 1,
+            xid_first: 0x5348_0000,
+            xid_step: 1,
         }
     }
 }
@@ -240,6 +248,13 @@ pub struct RecvBuf {
     id: OpId,
     /// Where the arguments go in the serving app's arena.
     pub buf: ArenaRange,
+}
+
+impl RecvBuf {
+    /// The app whose buffer this is.
+    pub fn app(&self) -> AppId {
+        self.id.app
+    }
 }
 
 /// What was left when an app went away; the dataplane cancels these RPCs.
@@ -507,7 +522,7 @@ impl AppTable {
             apps: (0..cfg.max_apps).map(|_| None).collect(),
             gens: vec![0; usize::from(cfg.max_apps)],
             registry: Vec::new(),
-            next_xid: 0x5348_0000,
+            next_xid: cfg.xid_first.wrapping_sub(cfg.xid_step.max(1)),
             stats: TableStats::default(),
         })
     }
@@ -628,7 +643,7 @@ impl AppTable {
                 match Self::validate(
                     app,
                     &mut self.registry,
-                    &mut self.next_xid,
+                    (&mut self.next_xid, self.cfg.xid_step.max(1)),
                     self.cfg.peers,
                     &sqe,
                 ) {
@@ -647,7 +662,7 @@ impl AppTable {
     fn validate(
         app: &mut App,
         registry: &mut Vec<Registration>,
-        next_xid: &mut u32,
+        (next_xid, xid_step): (&mut u32, u32),
         peers: u32,
         s: &Sqe,
     ) -> Result<Option<Submission>, u32> {
@@ -673,7 +688,7 @@ impl AppTable {
                 let xid = if s.flags & flag::XID_APP != 0 {
                     s.xid
                 } else {
-                    *next_xid = next_xid.wrapping_add(1);
+                    *next_xid = next_xid.wrapping_add(xid_step);
                     *next_xid
                 };
                 let mut req = CallRequest {

@@ -52,6 +52,7 @@ pub struct Daemon {
 pub fn config(dir: &Path, port: u16, peer: Option<(&str, u16)>, extra: &str) -> String {
     let mut c = format!(
         "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"debug\"\n\
+         [cpu]\npoll-cores = [0, 1]\n\
          [cpu.idle]\npolicy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
          [provider]\nkind = \"soft\"\n\
          [pools]\nconnections = 4\n\
@@ -221,8 +222,8 @@ pub fn signal_pid(id: u32, sig: &str) {
     kill_process(pid, sig).expect("kill");
 }
 
-/// The resource counts of a daemon's first poll thread that must return to a baseline when
-/// an app goes away (`rpcrdmactl stats --json`, `threads[0]`).
+/// The resource counts of a daemon (summed over its poll threads) that must return to a
+/// baseline when an app goes away (`rpcrdmactl stats --json`, `threads`).
 pub const RESOURCE_KEYS: [&str; 9] = [
     "apps",
     "app-ops",
@@ -238,16 +239,31 @@ pub const RESOURCE_KEYS: [&str; 9] = [
 /// The daemon's resource counts now.
 pub fn counts(d: &Daemon) -> std::collections::BTreeMap<&'static str, u64> {
     let s = d.ctl_json(&["stats"]);
-    let t = &s["threads"][0];
     RESOURCE_KEYS
         .iter()
-        .map(|&k| {
-            let v = t[k]
-                .as_u64()
-                .unwrap_or_else(|| panic!("stats has no {k}: {s}"));
-            (k, v)
-        })
+        .map(|&k| (k, thread_sum(&s, k)))
         .collect()
+}
+
+/// The daemon's number of poll threads.
+pub fn threads(d: &Daemon) -> u64 {
+    let s = d.ctl_json(&["stats"]);
+    s["threads"].as_array().map_or(0, |t| t.len() as u64)
+}
+
+/// `key` of `rpcrdmactl stats --json` summed over the poll threads.
+pub fn thread_sum(stats: &serde_json::Value, key: &str) -> u64 {
+    let threads = stats["threads"]
+        .as_array()
+        .unwrap_or_else(|| panic!("stats has no threads: {stats}"));
+    threads
+        .iter()
+        .map(|t| {
+            t[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("stats has no {key}: {stats}"))
+        })
+        .sum()
 }
 
 /// The counts once the daemon is quiet: nothing in flight, every pool buffer free.

@@ -1,5 +1,7 @@
-//! The pinned poll thread: one provider (its CQs and its connection manager), the apps' rings
-//! and the per-connection engines, driven by one busy-polling loop (SPDK's reactor).
+//! The pinned poll threads: each has one provider (its CQs and its connection manager), the
+//! rings of the apps given to it and the engines of the connections it opened or accepted,
+//! driven by one busy-polling loop (SPDK's reactor). Threads hand calls to each other as
+//! messages through a [`Mesh`] of lock-free queues, never through a lock.
 //!
 //! The control thread talks to it only through two bounded lock-free queues: [`Command`]s in,
 //! [`Event`]s out (followed by a call of the `notify` hook so the control thread's `mio` loop
@@ -12,9 +14,12 @@
 //! [`PoolPlan`] from [`PoolSpec`]; each connection's credits are capped to its share of the
 //! receive queue (see `dataplane/README.md`).
 
+mod mesh;
 mod pools;
 mod stats;
 mod thread;
+
+pub use mesh::{Mesh, Port};
 
 pub use pools::{divide_share, PoolPlan, SPARE_RECEIVES};
 pub use stats::{
@@ -26,7 +31,6 @@ pub use thread::PollThread;
 use crossbeam_queue::ArrayQueue;
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -104,10 +108,8 @@ pub struct PollSpec {
     pub max_conns: u32,
     /// Shared receive queue and send pool sizes.
     pub pools: PoolSpec,
-    /// Most apps attached at once.
+    /// Most apps attached to this thread at once.
     pub max_apps: u16,
-    /// App attach socket.
-    pub app_socket: PathBuf,
     /// App region geometry (the peer table is filled from `peers`).
     pub geometry: rpcrdma_shm::abi::Geometry,
     /// Names of the configured peers, in the order apps address them.
@@ -126,7 +128,9 @@ pub enum Command {
     },
     /// Stop listening on every address.
     CloseListeners,
-    /// Connect configured peer `peer` (its index) to `addr`.
+    /// Take an app the control thread accepted (boxed: a rare, large message).
+    Attach(Box<rpcrdma_shm::attach::Attachment>),
+    /// Connect configured peer `peer` (its index) to `addr` (from this thread).
     Connect {
         /// Peer index.
         peer: u32,
@@ -355,23 +359,26 @@ impl PollHandle {
 /// Starts a poll thread with the soft (TCP) provider; `notify` is called after events are queued.
 pub fn spawn_soft(
     spec: PollSpec,
+    port: Port,
     soft: rpcrdma_verbs::soft::SoftConfig,
     notify: Box<dyn Fn() + Send>,
 ) -> std::io::Result<PollHandle> {
-    spawn_with(spec, notify, move |_| {
+    spawn_with(spec, port, notify, move |_| {
         rpcrdma_verbs::soft::SoftTcp::tcp(soft).map_err(|e| format!("soft provider: {e}"))
     })
 }
 
 /// Starts a poll thread with the soft provider on a fresh in-memory fabric of its own: its
 /// listeners and its connections to them are both ends of the same connection, so one daemon
-/// connects to itself with no socket on the data path (for tests and benchmarks).
+/// connects to itself with no socket on the data path (for tests and benchmarks). The fabric
+/// is the thread's alone: only its own connections reach its listeners.
 pub fn spawn_mem(
     spec: PollSpec,
+    port: Port,
     soft: rpcrdma_verbs::soft::SoftConfig,
     notify: Box<dyn Fn() + Send>,
 ) -> std::io::Result<PollHandle> {
-    spawn_with(spec, notify, move |_| {
+    spawn_with(spec, port, notify, move |_| {
         let fabric = rpcrdma_verbs::soft::link::MemFabric::new();
         Ok(rpcrdma_verbs::soft::SoftMem::memory(&fabric, soft))
     })
@@ -383,10 +390,11 @@ pub fn spawn_mem(
 #[cfg(feature = "ibv")]
 pub fn spawn_ibv(
     spec: PollSpec,
+    port: Port,
     ibv: rpcrdma_verbs::ibv::IbvConfig,
     notify: Box<dyn Fn() + Send>,
 ) -> std::io::Result<PollHandle> {
-    spawn_with(spec, notify, move |spec| {
+    spawn_with(spec, port, notify, move |spec| {
         let p =
             rpcrdma_verbs::ibv::IbvProvider::open(ibv).map_err(|e| format!("ibv provider: {e}"))?;
         spec.transport.remote_invalidation &= p.remote_invalidation();
@@ -405,14 +413,13 @@ pub fn spawn_ibv(
 /// be `Send`); `open` may adjust the spec to what the provider can do.
 fn spawn_with<P: rpcrdma_verbs::Provider + 'static>(
     mut spec: PollSpec,
+    port: Port,
     notify: Box<dyn Fn() + Send>,
     open: impl FnOnce(&mut PollSpec) -> Result<P, String> + Send + 'static,
 ) -> std::io::Result<PollHandle> {
     let commands = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
     let events = Arc::new(ArrayQueue::new(spec.queue_depth.max(4)));
-    let (doorbell, bell_rx) = UnixStream::pair()?;
-    doorbell.set_nonblocking(true)?;
-    bell_rx.set_nonblocking(true)?;
+    let doorbell = port.doorbell()?;
     let (c, e) = (commands.clone(), events.clone());
     let name = format!("rpcrdma-poll{}", spec.index);
     let thread = std::thread::Builder::new().name(name).spawn(move || {
@@ -429,7 +436,7 @@ fn spawn_with<P: rpcrdma_verbs::Provider + 'static>(
             Ok(p) => p,
             Err(err) => return fail(err, notify),
         };
-        match PollThread::new(spec, provider, c, e.clone(), bell_rx, notify) {
+        match PollThread::new(spec, provider, port, c, e.clone(), notify) {
             Ok(mut t) => t.run(),
             Err((err, notify)) => fail(err, notify),
         }

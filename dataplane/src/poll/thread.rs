@@ -1,5 +1,13 @@
-//! The poll loop: provider completions and CM events, app rings, commands, idle policy.
+//! The poll loop: provider completions and CM events, app rings, hops from other poll
+//! threads, commands, idle policy.
+//!
+//! A thread plays two parts, often for the same RPC: the *app side* (the apps the control
+//! thread gave it: their rings, their calls in flight, the calls they serve) and the
+//! *connection side* (its queue pairs and engines). The two talk only through [`Hop`]s, to
+//! another thread or to this one (see `mesh.rs`), so an app's call travels the same path
+//! whether its connection lives here or elsewhere.
 
+use super::mesh::{Hop, Port, Results};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason};
 use crate::conn::{CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId};
@@ -9,10 +17,10 @@ use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
 use rpcrdma_proto::cm::PrivateData as CmData;
 use rpcrdma_shm::abi::{status, ArenaRange, MAX_PIECES};
-use rpcrdma_shm::attach::Listener as AppListener;
+use rpcrdma_shm::attach::Attachment;
 use rpcrdma_shm::daemon::{
-    AppId, AppTable, CallOutcome, CallRequest, Detached, IncomingCall, OpId, RecvBuf, Submission,
-    TableConfig,
+    AppId, AppTable, CallOutcome, CallRequest, Detached, IncomingCall, OpId, PieceList, RecvBuf,
+    Submission, TableConfig,
 };
 use rpcrdma_verbs::mapped::{Mapped, Registered};
 use rpcrdma_verbs::{Access, CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
@@ -20,13 +28,14 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// App submissions taken per poll.
 const SUB_BATCH: usize = 32;
-/// Loop iterations between housekeeping rounds while busy (app attach and reap, commands).
+/// Hops taken from each other thread per poll.
+const HOP_BATCH: usize = 256;
+/// Loop iterations between housekeeping rounds while busy (app reap, commands).
 const HOUSEKEEPING_EVERY: u32 = 256;
 /// Longest park: the provider's sockets cannot wake a parked thread, so it looks again this often.
 const PARK_MAX: Duration = Duration::from_millis(2);
@@ -40,8 +49,11 @@ const PROG_UNAVAIL: u32 = 1;
 const SYSTEM_ERR: u32 = 5;
 /// How long a drained thread keeps its apps attached so they can read their last completions.
 const DRAIN_LINGER: Duration = Duration::from_millis(200);
+/// Bits of a call tag below the minting thread's index.
+const TAG_THREAD_SHIFT: u32 = 56;
 
-/// One connection slot (its index is the connection id the control thread sees).
+/// One connection slot (its index plus the thread's base is the connection id the control
+/// thread sees).
 #[derive(Debug, Default)]
 struct Slot {
     qp: Option<QpId>,
@@ -52,27 +64,57 @@ struct Slot {
     v2_confirmed: bool,
 }
 
-/// A call being served: where its arguments go, then which app op answers it.
+/// Connection side: a call this thread sent for an app (of this thread or another).
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    origin: usize,
+    op: OpId,
+    t0: Instant,
+    slot: u32,
+}
+
+/// Connection side: a call this thread received and handed to the thread of its serving app.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    tag: u64,
+    app_thread: usize,
+}
+
+/// The details of an incoming call the app side needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Inbound {
+    /// Call tag (minted by the connection side; its top byte names that thread).
+    pub tag: u64,
+    /// Peer index the serving app sees.
+    pub peer: u32,
+    /// Program.
+    pub prog: u32,
+    /// Version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// XID.
+    pub xid: u32,
+    /// Argument bytes.
+    pub args_len: u32,
+    /// Look up a callback program.
+    pub backchannel: bool,
+}
+
+/// App side: a call being served, by tag: where its arguments go, then which app op answers it.
 #[derive(Debug)]
 enum Serving {
-    Receiving {
-        app: AppId,
-        rb: RecvBuf,
-        prog: u32,
-        vers: u32,
-        proc_: u32,
-        xid: u32,
-    },
+    Receiving { rb: RecvBuf, call: Inbound },
     Delivered(OpId),
     Replying(OpId),
 }
 
-/// An app's registered region.
+/// An app's arena registered with this thread's provider (`owner`: the thread owning the app).
 #[derive(Debug)]
 struct AppMem {
+    owner: usize,
     app: AppId,
     mr: MrId,
-    arena: u64,
 }
 
 /// A poll thread's state; [`PollThread::run`] is its loop.
@@ -83,23 +125,36 @@ pub struct PollThread<P: Provider> {
     pd: PdId,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
-    bell: UnixStream,
+    port: Port,
+    /// Hops to this thread, handled in the same pass.
+    local: VecDeque<Hop>,
+    /// Hops another thread's full queue did not take yet, per thread.
+    outbox: Vec<VecDeque<Hop>>,
     notify: Box<dyn Fn() + Send>,
     table: AppTable,
-    apps: AppListener,
     app_mem: Vec<AppMem>,
     retired: Vec<(AppId, MrId)>,
     subs: Vec<(AppId, Submission)>,
-    waiting: VecDeque<(u32, CallRequest)>,
-    held_in: VecDeque<(ConnId, crate::IncomingCall)>,
-    started: HashMap<u64, (Instant, u32)>,
+    // App side.
+    /// Calls of our apps in flight, by op, with the thread of their connection.
+    pending: HashMap<u64, usize>,
     serving: HashMap<u64, Serving>,
+    held_in: VecDeque<(usize, Inbound)>,
+    /// Programs our apps serve, as told to the other threads.
+    announced: Vec<(u32, u32, bool, AppId)>,
+    // Connection side.
+    waiting: VecDeque<(u32, usize, CallRequest)>,
+    calls: HashMap<u64, Pending>,
+    next_token: u64,
+    served: HashMap<u64, Served>,
+    by_tag: HashMap<u64, u64>,
+    /// Programs served by apps of other threads: (prog, vers, backchannel, thread).
+    servers: Vec<(u32, u32, bool, usize)>,
     args: [ArgPiece; MAX_PIECES],
     results: [MemRef; MAX_PIECES],
     rpieces: [ResultPiece; MAX_PIECES],
     listeners: Vec<ListenerId>,
     slots: Vec<Slot>,
-    by_peer: Vec<Option<u32>>,
     stats: ThreadStats,
     idle: IdleState,
     draining: Option<Instant>,
@@ -129,14 +184,19 @@ fn rw() -> Access {
     Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
 }
 
+/// The thread that minted call tag `tag` (the connection side of the call).
+fn tag_thread(tag: u64) -> usize {
+    (tag >> TAG_THREAD_SHIFT) as usize
+}
+
 impl<P: Provider> PollThread<P> {
-    /// Opens the attach socket, registers the buffer pool and starts the engine's driver.
+    /// Registers the buffer pool and starts the engine's driver.
     pub fn new(
         spec: PollSpec,
         mut provider: P,
+        port: Port,
         commands: Arc<ArrayQueue<Command>>,
         events: Arc<ArrayQueue<Event>>,
-        bell: UnixStream,
         notify: Box<dyn Fn() + Send>,
     ) -> Result<PollThread<P>, StartError> {
         // One shared receive queue and one shared send pool for every connection, each
@@ -174,6 +234,7 @@ impl<P: Provider> PollThread<P> {
             Err(e) => return Err((format!("engine: {e}"), notify)),
         };
         tracing::info!(
+            thread = spec.index,
             connections = plan.max_conns,
             credits = tmpl.credits,
             receives_per_connection = plan.share(),
@@ -183,30 +244,28 @@ impl<P: Provider> PollThread<P> {
             "buffer pools registered"
         );
         let peers = u32::try_from(spec.peers.len()).unwrap_or(u32::MAX);
-        let apps = match AppListener::bind(&spec.app_socket, spec.geometry, spec.peers.clone()) {
-            Ok(l) => l,
-            Err(e) => {
-                return Err((
-                    format!("app socket {}: {e}", spec.app_socket.display()),
-                    notify,
-                ))
-            }
-        };
+        let all_conns = spec.max_conns.saturating_mul(port.threads() as u32);
         let table = match AppTable::new(TableConfig {
             max_apps: spec.max_apps,
-            // Peer indexes: the configured peers, then one per connection slot (the `peer` of
-            // an incoming call, so a serving app can call back on that connection).
-            peers: peers.saturating_add(spec.max_conns).max(1),
+            // Peer indexes: the configured peers, then one per connection of every thread (the
+            // `peer` of an incoming call, so a serving app can call back on that connection).
+            peers: peers.saturating_add(all_conns).max(1),
+            // XIDs this thread's apps get never equal another thread's on a shared connection.
+            xid_first: TableConfig::default()
+                .xid_first
+                .wrapping_add(port.me() as u32),
+            xid_step: port.threads() as u32,
             ..TableConfig::default()
         }) {
             Ok(t) => t,
             Err(e) => return Err((format!("app table: {e}"), notify)),
         };
+        let base = port.conn_base();
         let slots = (0..spec.max_conns)
-            .map(|id| Slot {
+            .map(|i| Slot {
                 stats: ConnStats {
                     info: ConnInfo {
-                        id,
+                        id: base.saturating_add(i),
                         ..ConnInfo::default()
                     },
                     ..ConnStats::default()
@@ -219,25 +278,32 @@ impl<P: Provider> PollThread<P> {
             core: spec.core,
             ..ThreadStats::default()
         };
+        let threads = port.threads();
         Ok(PollThread {
-            by_peer: vec![None; spec.peers.len()],
             spec,
             drv,
             mem: RegisteredMem { regs: vec![pool] },
             pd,
             commands,
             events,
-            bell,
+            port,
+            local: VecDeque::with_capacity(1024),
+            outbox: (0..threads).map(|_| VecDeque::new()).collect(),
             notify,
             table,
-            apps,
             app_mem: Vec::new(),
             retired: Vec::new(),
             subs: Vec::with_capacity(SUB_BATCH),
-            waiting: VecDeque::with_capacity(MAX_WAITING),
-            held_in: VecDeque::with_capacity(MAX_WAITING),
-            started: HashMap::with_capacity(8192),
+            pending: HashMap::with_capacity(8192),
             serving: HashMap::with_capacity(8192),
+            held_in: VecDeque::with_capacity(MAX_WAITING),
+            announced: Vec::new(),
+            waiting: VecDeque::with_capacity(MAX_WAITING),
+            calls: HashMap::with_capacity(8192),
+            next_token: 0,
+            served: HashMap::with_capacity(8192),
+            by_tag: HashMap::with_capacity(8192),
+            servers: Vec::new(),
             args: [ArgPiece::default(); MAX_PIECES],
             results: [MemRef::default(); MAX_PIECES],
             rpieces: [ResultPiece::default(); MAX_PIECES],
@@ -286,7 +352,7 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// One pass over the provider, the engine and the apps; true if anything happened.
+    /// One pass over the provider, the engine, the apps and the hops; true if anything happened.
     fn poll_once(&mut self, now: Instant) -> bool {
         let mut work = self.drv.poll(now, &mut self.mem) > 0;
         while let Some(ev) = self.drv.provider_mut().poll_cm() {
@@ -299,22 +365,18 @@ impl<P: Provider> PollThread<P> {
         }
         let held = self.waiting.len();
         for _ in 0..held {
-            let Some((slot, c)) = self.waiting.pop_front() else {
+            let Some((slot, origin, c)) = self.waiting.pop_front() else {
                 break;
             };
-            if self.table.call_request(c.id).is_some() {
-                self.send_call(slot, c, now);
-            }
+            self.send_call(slot, origin, c, now);
         }
         work |= self.waiting.len() < held;
         let held = self.held_in.len();
         for _ in 0..held {
-            let Some((conn, ic)) = self.held_in.pop_front() else {
+            let Some((from, call)) = self.held_in.pop_front() else {
                 break;
             };
-            if let Some(slot) = self.slot_of_conn(conn) {
-                self.dispatch_incoming(conn, Some(slot), ic);
-            }
+            self.app_incoming(from, call);
         }
         work |= self.held_in.len() < held;
         let mut subs = std::mem::take(&mut self.subs);
@@ -322,57 +384,250 @@ impl<P: Provider> PollThread<P> {
         self.table.poll_submissions(&mut subs, SUB_BATCH);
         work |= !subs.is_empty();
         for (app, s) in subs.drain(..) {
-            self.on_submission(app, s, now);
+            self.on_submission(app, s);
         }
         self.subs = subs;
+        work | self.poll_hops(now)
+    }
+
+    /// Hops from the other threads and from this one; true if any.
+    fn poll_hops(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        let me = self.port.me();
+        for to in 0..self.outbox.len() {
+            while let Some(h) = self.outbox[to].pop_front() {
+                if let Err(h) = self.port.push(to, h) {
+                    self.outbox[to].push_front(h);
+                    break;
+                }
+                work = true;
+            }
+        }
+        for from in 0..self.port.threads() {
+            if from == me {
+                continue;
+            }
+            for _ in 0..HOP_BATCH {
+                let Some(h) = self.port.pop(from) else {
+                    break;
+                };
+                work = true;
+                self.on_hop(from, h, now);
+            }
+        }
+        while let Some(h) = self.local.pop_front() {
+            work = true;
+            self.on_hop(me, h, now);
+        }
         work
     }
 
-    fn app_ref(&self, app: AppId, r: ArenaRange) -> Option<MemRef> {
-        let m = self.app_mem.iter().find(|m| m.app == app)?;
-        Some(MemRef::new(
-            m.mr,
-            m.arena.checked_add(u64::from(r.off()))?,
-            r.len(),
-        ))
+    /// Sends `hop` to thread `to` (this one included); never drops it.
+    fn hop(&mut self, to: usize, hop: Hop) {
+        if to == self.port.me() {
+            self.local.push_back(hop);
+            return;
+        }
+        let Some(out) = self.outbox.get_mut(to) else {
+            tracing::debug!(to, "hop to an unknown thread dropped");
+            return;
+        };
+        if !out.is_empty() {
+            out.push_back(hop);
+        } else if let Err(h) = self.port.push(to, hop) {
+            // Bounded in practice: hops answer operations in flight, which are bounded.
+            out.push_back(h);
+        }
     }
 
-    fn app_piece(&self, app: AppId, off: u32, len: u32) -> Option<MemRef> {
-        let m = self.app_mem.iter().find(|m| m.app == app)?;
-        Some(MemRef::new(m.mr, m.arena.checked_add(u64::from(off))?, len))
+    /// Sends `hop` to every other thread.
+    fn hop_others(&mut self, mut make: impl FnMut() -> Option<Hop>) {
+        for to in 0..self.port.threads() {
+            if to != self.port.me() {
+                if let Some(h) = make() {
+                    self.hop(to, h);
+                }
+            }
+        }
     }
 
-    /// The peer index apps use for connection slot `i` (after the configured peers).
-    fn conn_peer_index(&self, i: u32) -> u32 {
-        (self.by_peer.len() as u32).saturating_add(i)
+    fn on_hop(&mut self, from: usize, hop: Hop, now: Instant) {
+        match hop {
+            Hop::Call { conn, req } => self.conn_call(from, conn, req, now),
+            Hop::CallDone {
+                op,
+                status: code,
+                rpc_stat,
+                reply_len,
+                n,
+                results,
+            } => {
+                self.pending.remove(&op.to_u64());
+                if code != status::OK {
+                    self.stats.totals.call_errors += 1;
+                }
+                self.table.complete_call(
+                    op,
+                    CallOutcome {
+                        status: code,
+                        rpc_stat,
+                        reply_len,
+                        results: results.get(..usize::from(n)).unwrap_or(&[]),
+                    },
+                );
+            }
+            Hop::Incoming(call) => self.app_incoming(from, call),
+            Hop::Accept { tag, app, buf } => self.conn_accept(from, tag, app, buf),
+            Hop::Refuse { tag, accept_stat } => {
+                if let Some(stag) = self.by_tag.remove(&tag) {
+                    self.served.remove(&stag);
+                    let (conn, sid) = from_serve_tag(stag);
+                    let _ = self.drv.reject_call(conn, sid, accept_stat, &mut self.mem);
+                }
+            }
+            Hop::ArgsReady { tag, args_len } => self.app_args_ready(from, tag, args_len),
+            Hop::Reply {
+                tag,
+                app,
+                accept_stat,
+                msg,
+                results,
+            } => self.conn_reply(from, tag, app, accept_stat, msg, &results),
+            Hop::ReplyDone { tag, code } => {
+                if let Some(Serving::Replying(op)) = self.serving.remove(&tag) {
+                    self.table.complete_reply(op, code);
+                }
+            }
+            Hop::Aborted { tag } => match self.serving.remove(&tag) {
+                Some(Serving::Delivered(op)) => self.table.cancel_serving(op),
+                Some(Serving::Receiving { rb, .. }) => self.table.put_back_recv(rb),
+                Some(Serving::Replying(op)) => {
+                    self.table.complete_reply(op, status::TRANSPORT);
+                }
+                None => self.held_in.retain(|(_, c)| c.tag != tag),
+            },
+            Hop::FailServed { tag } => {
+                if let Some(&stag) = self.by_tag.get(&tag) {
+                    let (conn, sid) = from_serve_tag(stag);
+                    self.fail_served(conn, sid);
+                }
+            }
+            Hop::Arena {
+                app,
+                fd,
+                offset,
+                len,
+            } => {
+                let reg = Mapped::shared_range(fd.as_fd(), offset, len)
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| {
+                        Registered::new(self.drv.provider_mut(), self.pd, m, rw())
+                            .map_err(|e| e.to_string())
+                    });
+                match reg {
+                    Ok(reg) => {
+                        let mr = reg.mr();
+                        self.drv.add_region(mr);
+                        self.mem.regs.push(reg);
+                        self.app_mem.push(AppMem {
+                            owner: from,
+                            app,
+                            mr: mr.id,
+                        });
+                    }
+                    Err(err) => tracing::warn!(
+                        thread = self.spec.index,
+                        owner = from,
+                        %err,
+                        len,
+                        "cannot register another thread's app arena: its calls on this thread's connections will fail"
+                    ),
+                }
+            }
+            Hop::ArenaGone { app } => {
+                if let Some(k) = self
+                    .app_mem
+                    .iter()
+                    .position(|m| m.owner == from && m.app == app)
+                {
+                    let m = self.app_mem.swap_remove(k);
+                    self.deregister(m.mr);
+                }
+            }
+            Hop::Serve {
+                prog,
+                vers,
+                backchannel,
+                on,
+            } => {
+                self.servers
+                    .retain(|s| *s != (prog, vers, backchannel, from));
+                if on {
+                    self.servers.push((prog, vers, backchannel, from));
+                }
+            }
+        }
+    }
+
+    fn deregister(&mut self, mr: MrId) {
+        self.drv.remove_region(mr);
+        if let Some(i) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
+            let reg = self.mem.regs.swap_remove(i);
+            let _ = reg.deregister(self.drv.provider_mut());
+        }
+    }
+
+    /// `range` of the arena of app `app` of thread `owner`, as registered here.
+    fn app_ref(&self, owner: usize, app: AppId, r: ArenaRange) -> Option<MemRef> {
+        self.app_piece(owner, app, r.off(), r.len())
+    }
+
+    fn app_piece(&self, owner: usize, app: AppId, off: u32, len: u32) -> Option<MemRef> {
+        let m = self
+            .app_mem
+            .iter()
+            .find(|m| m.app == app && m.owner == owner)?;
+        // The arena is mapped from its first byte: arena offsets are mapping offsets.
+        Some(MemRef::new(m.mr, u64::from(off), len))
+    }
+
+    /// The peer index apps use for global connection id `conn` (after the configured peers).
+    fn conn_peer_index(&self, conn: u32) -> u32 {
+        (self.spec.peers.len() as u32).saturating_add(conn)
+    }
+
+    /// This thread's slot of global connection id `conn`.
+    fn local_slot(&self, conn: u32) -> Option<usize> {
+        let i = conn.checked_sub(self.port.conn_base())? as usize;
+        (i < self.slots.len()).then_some(i)
     }
 
     fn slot_of_conn(&self, conn: ConnId) -> Option<usize> {
         self.slots.iter().position(|s| s.conn == Some(conn))
     }
 
-    fn on_submission(&mut self, app: AppId, s: Submission, now: Instant) {
+    // ----- App side ---------------------------------------------------------------------
+
+    fn on_submission(&mut self, app: AppId, s: Submission) {
         match s {
             Submission::Call(c) => {
-                let configured = self.by_peer.len() as u32;
-                let slot = match c.peer.checked_sub(configured) {
+                let configured = self.spec.peers.len() as u32;
+                let conn = match c.peer.checked_sub(configured) {
                     // A connection addressed directly (backward-direction calls).
                     Some(i) => Some(i),
-                    None => self.by_peer.get(c.peer as usize).copied().flatten(),
-                }
-                .filter(|&i| {
-                    self.slots
-                        .get(i as usize)
-                        .is_some_and(|s| s.stats.info.state == ConnState::Up)
-                });
-                match slot {
-                    Some(i) if self.draining.is_none() => self.send_call(i, c, now),
+                    None => self.port.route(c.peer),
+                };
+                let to = conn.map(|g| (g, self.port.thread_of(g)));
+                match to {
+                    Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
+                        self.pending.insert(c.id.to_u64(), to);
+                        self.hop(to, Hop::Call { conn, req: c });
+                    }
                     _ => {
                         tracing::debug!(peer = c.peer, "call failed: no connection up to the peer");
-                        self.fail_call(c.id, status::TRANSPORT, None)
+                        self.fail_call(c.id, status::TRANSPORT);
                     }
                 }
-                let _ = app;
             }
             Submission::Reply(r) => {
                 // Only a call delivered to this very app may be answered (the tag is app data).
@@ -381,59 +636,175 @@ impl<P: Provider> PollThread<P> {
                     self.table.complete_reply(r.id, status::BAD_HANDLE);
                     return;
                 }
-                self.serving.remove(&r.tag);
-                let (conn, sid) = from_serve_tag(r.tag);
-                let rapp = r.id.app();
-                let Some(msg) = self.app_ref(rapp, r.msg) else {
-                    self.table.complete_reply(r.id, status::BAD_RANGE);
-                    return;
-                };
-                let mut n = 0;
-                for p in r.results.as_slice() {
-                    let (Some(mem), Some(dst)) =
-                        (self.app_piece(rapp, p.off, p.len), self.rpieces.get_mut(n))
-                    else {
-                        break;
-                    };
-                    *dst = ResultPiece {
-                        mem,
-                        xdr_pos: p.xdr_pos,
-                    };
-                    n += 1;
-                }
-                let spec = ReplySpec {
-                    accept_stat: r.accept_stat,
-                    msg,
-                    results: &self.rpieces[..n],
-                };
-                match self.drv.submit_reply(conn, sid, &spec, &mut self.mem) {
-                    Ok(()) => {
-                        self.serving.insert(r.tag, Serving::Replying(r.id));
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = ?e, "reply refused by the engine");
-                        self.table.complete_reply(r.id, status::TRANSPORT);
-                    }
-                }
+                self.serving.insert(r.tag, Serving::Replying(r.id));
+                self.hop(
+                    tag_thread(r.tag),
+                    Hop::Reply {
+                        tag: r.tag,
+                        app: r.id.app(),
+                        accept_stat: r.accept_stat,
+                        msg: r.msg,
+                        results: r.results,
+                    },
+                );
             }
-            Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+            Submission::Registered {
+                prog,
+                vers,
+                backchannel,
+            } => {
+                self.announced.push((prog, vers, backchannel, app));
+                self.hop_others(|| {
+                    Some(Hop::Serve {
+                        prog,
+                        vers,
+                        backchannel,
+                        on: true,
+                    })
+                });
+            }
+            Submission::Unregistered { .. } => self.sync_announced(),
         }
     }
 
-    /// Hands an app's call to the engine of connection slot `i` (held if every call slot is busy).
-    fn send_call(&mut self, i: u32, c: CallRequest, now: Instant) {
+    /// Tells the other threads about programs our apps no longer serve.
+    fn sync_announced(&mut self) {
+        let mut k = 0;
+        while let Some(&(prog, vers, backchannel, app)) = self.announced.get(k) {
+            let now = if backchannel {
+                self.table.lookup_backchannel(prog, vers)
+            } else {
+                self.table.lookup(prog, vers)
+            };
+            if now == Some(app) {
+                k += 1;
+                continue;
+            }
+            self.announced.swap_remove(k);
+            self.hop_others(|| {
+                Some(Hop::Serve {
+                    prog,
+                    vers,
+                    backchannel,
+                    on: false,
+                })
+            });
+        }
+    }
+
+    /// Fails a call of one of our apps before it reached a connection.
+    fn fail_call(&mut self, id: OpId, code: u32) {
+        self.stats.totals.call_errors += 1;
+        self.table.complete_call(
+            id,
+            CallOutcome {
+                status: code,
+                ..CallOutcome::default()
+            },
+        );
+    }
+
+    /// A call for a program our app serves: takes one of its receive buffers and asks the
+    /// connection side to place the arguments there. While every buffer of that app is busy
+    /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
+    fn app_incoming(&mut self, from: usize, call: Inbound) {
+        let (p, v) = (call.prog, call.vers);
+        let server = self.table.lookup(p, v).or_else(|| {
+            call.backchannel
+                .then(|| self.table.lookup_backchannel(p, v))
+                .flatten()
+        });
+        let Some(app) = server else {
+            return self.hop(
+                from,
+                Hop::Refuse {
+                    tag: call.tag,
+                    accept_stat: PROG_UNAVAIL,
+                },
+            );
+        };
+        match self.table.take_recv(app, call.args_len) {
+            Ok(rb) => {
+                let buf = rb.buf;
+                self.serving
+                    .insert(call.tag, Serving::Receiving { rb, call });
+                self.hop(
+                    from,
+                    Hop::Accept {
+                        tag: call.tag,
+                        app,
+                        buf,
+                    },
+                );
+            }
+            Err(_) if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING => {
+                self.held_in.push_back((from, call));
+            }
+            Err(_) => self.hop(
+                from,
+                Hop::Refuse {
+                    tag: call.tag,
+                    accept_stat: SYSTEM_ERR,
+                },
+            ),
+        }
+    }
+
+    fn app_args_ready(&mut self, from: usize, tag: u64, args_len: u32) {
+        let Some(Serving::Receiving { rb, call }) = self.serving.remove(&tag) else {
+            return;
+        };
+        let ic = IncomingCall {
+            peer: call.peer,
+            prog: call.prog,
+            vers: call.vers,
+            proc_: call.proc_,
+            xid: call.xid,
+            args_len,
+            tag,
+        };
+        match self.table.deliver_call(rb, ic) {
+            Ok(op) => {
+                self.serving.insert(tag, Serving::Delivered(op));
+            }
+            Err(_) => self.hop(from, Hop::FailServed { tag }),
+        }
+    }
+
+    // ----- Connection side --------------------------------------------------------------
+
+    /// A call from an app of thread `origin` for connection `conn` of this thread.
+    fn conn_call(&mut self, origin: usize, conn: u32, c: CallRequest, now: Instant) {
+        let up = self
+            .local_slot(conn)
+            .filter(|&i| self.slots[i].stats.info.state == ConnState::Up);
+        match up {
+            Some(i) if self.draining.is_none() => self.send_call(i as u32, origin, c, now),
+            _ => {
+                tracing::debug!(conn, "call failed: connection not up");
+                self.call_failed(origin, c.id, status::TRANSPORT, None);
+            }
+        }
+    }
+
+    /// Hands a call to the engine of connection slot `i` (held if every call slot is busy).
+    fn send_call(&mut self, i: u32, origin: usize, c: CallRequest, now: Instant) {
         let Some(conn) = self.slots.get(i as usize).and_then(|s| s.conn) else {
-            return self.fail_call(c.id, status::TRANSPORT, None);
+            return self.call_failed(origin, c.id, status::TRANSPORT, None);
         };
         let app = c.id.app();
-        let (Some(msg), Some(reply)) = (self.app_ref(app, c.msg), self.app_ref(app, c.reply))
-        else {
-            return self.fail_call(c.id, status::BAD_RANGE, Some(i));
+        let (Some(msg), Some(reply)) = (
+            self.app_ref(origin, app, c.msg),
+            self.app_ref(origin, app, c.reply),
+        ) else {
+            return self.call_failed(origin, c.id, status::BAD_RANGE, Some(i));
         };
         let mut na = 0;
         for p in c.args.as_slice() {
-            let (Some(mem), Some(dst)) = (self.app_piece(app, p.off, p.len), self.args.get_mut(na))
-            else {
+            let (Some(mem), Some(dst)) = (
+                self.app_piece(origin, app, p.off, p.len),
+                self.args.get_mut(na),
+            ) else {
                 break;
             };
             *dst = ArgPiece {
@@ -444,16 +815,18 @@ impl<P: Provider> PollThread<P> {
         }
         let mut nr = 0;
         for p in c.results.as_slice() {
-            let (Some(mem), Some(dst)) =
-                (self.app_piece(app, p.off, p.len), self.results.get_mut(nr))
-            else {
+            let (Some(mem), Some(dst)) = (
+                self.app_piece(origin, app, p.off, p.len),
+                self.results.get_mut(nr),
+            ) else {
                 break;
             };
             *dst = mem;
             nr += 1;
         }
+        let token = self.next_token;
         let spec = CallSpec {
-            user: c.id.to_u64(),
+            user: token,
             xid: c.xid,
             prog: c.prog,
             vers: c.vers,
@@ -465,7 +838,16 @@ impl<P: Provider> PollThread<P> {
         };
         match self.drv.submit_call(conn, &spec, &mut self.mem) {
             Ok(()) => {
-                self.started.insert(c.id.to_u64(), (now, i));
+                self.next_token = token.wrapping_add(1);
+                self.calls.insert(
+                    token,
+                    Pending {
+                        origin,
+                        op: c.id,
+                        t0: now,
+                        slot: i,
+                    },
+                );
                 self.slots[i as usize].in_flight += 1;
                 let s = &mut self.slots[i as usize].stats.info;
                 s.calls_out += 1;
@@ -478,36 +860,186 @@ impl<P: Provider> PollThread<P> {
                     .saturating_add(u64::from(c.msg.len()));
             }
             Err(crate::SubmitError::Busy) if self.waiting.len() < MAX_WAITING => {
-                self.waiting.push_back((i, c));
+                self.waiting.push_back((i, origin, c));
             }
             Err(e) => {
                 // The shm ABI has one code for every transport failure; the reason goes to the log.
                 tracing::debug!(conn = i, error = ?e, len = c.msg.len(), "call refused by the engine");
-                self.fail_call(c.id, status::TRANSPORT, Some(i))
+                self.call_failed(origin, c.id, status::TRANSPORT, Some(i))
             }
         }
     }
 
-    fn fail_call(&mut self, id: OpId, code: u32, slot: Option<u32>) {
+    /// Ends a call of thread `origin`'s app on the connection side with `code`.
+    fn call_failed(&mut self, origin: usize, op: OpId, code: u32, slot: Option<u32>) {
         if let Some(s) = slot.and_then(|i| self.slots.get_mut(i as usize)) {
             s.stats.info.call_errors += 1;
         }
-        self.stats.totals.call_errors += 1;
-        self.table.complete_call(
-            id,
-            CallOutcome {
+        self.hop(
+            origin,
+            Hop::CallDone {
+                op,
                 status: code,
-                ..CallOutcome::default()
+                rpc_stat: 0,
+                reply_len: 0,
+                n: 0,
+                results: Results::default(),
             },
         );
+    }
+
+    /// The thread whose app serves (`prog`, `vers`): forward programs first, then (on a
+    /// connection we opened) callback programs; apps of this thread first.
+    fn server_thread(&self, prog: u32, vers: u32, client: bool) -> Option<usize> {
+        let me = self.port.me();
+        let remote = |bc: bool| {
+            self.servers
+                .iter()
+                .find(|s| s.0 == prog && s.1 == vers && s.2 == bc)
+                .map(|s| s.3)
+        };
+        if self.table.lookup(prog, vers).is_some() {
+            return Some(me);
+        }
+        if let Some(t) = remote(false) {
+            return Some(t);
+        }
+        if !client {
+            return None;
+        }
+        if self.table.lookup_backchannel(prog, vers).is_some() {
+            return Some(me);
+        }
+        remote(true)
+    }
+
+    /// An incoming call: to the thread of the app serving its program, or PROG_UNAVAIL.
+    fn conn_incoming(&mut self, conn: ConnId, slot: Option<usize>, ic: crate::IncomingCall) {
+        let Some(i) = slot else {
+            let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
+            return;
+        };
+        let client = self.slots[i].stats.info.client;
+        let Some(to) = self.server_thread(ic.prog, ic.vers, client) else {
+            let _ = self
+                .drv
+                .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
+            return;
+        };
+        let tag = ((self.port.me() as u64) << TAG_THREAD_SHIFT)
+            | (self.next_token & ((1 << TAG_THREAD_SHIFT) - 1));
+        self.next_token = self.next_token.wrapping_add(1);
+        let stag = serve_tag(conn, ic.id);
+        self.served.insert(
+            stag,
+            Served {
+                tag,
+                app_thread: to,
+            },
+        );
+        self.by_tag.insert(tag, stag);
+        let call = Inbound {
+            tag,
+            peer: self.conn_peer_index(self.slots[i].stats.info.id),
+            prog: ic.prog,
+            vers: ic.vers,
+            proc_: ic.proc_,
+            xid: ic.xid,
+            args_len: ic.args_len,
+            backchannel: client,
+        };
+        self.hop(to, Hop::Incoming(call));
+    }
+
+    /// The app side gave a buffer of `app` (of thread `from`) for the arguments of `tag`.
+    fn conn_accept(&mut self, from: usize, tag: u64, app: AppId, buf: ArenaRange) {
+        // Not found: the call ended meanwhile and the app side was told (`Aborted`).
+        let Some(&stag) = self.by_tag.get(&tag) else {
+            return;
+        };
+        let (conn, sid) = from_serve_tag(stag);
+        let accepted = match self.app_ref(from, app, buf) {
+            Some(dest) => self.drv.accept_call(conn, sid, dest, &mut self.mem).is_ok(),
+            None => false,
+        };
+        if !accepted {
+            self.by_tag.remove(&tag);
+            self.served.remove(&stag);
+            let _ = self.drv.reject_call(conn, sid, SYSTEM_ERR, &mut self.mem);
+            self.hop(from, Hop::Aborted { tag });
+        }
+    }
+
+    /// The app side's reply to `tag`.
+    fn conn_reply(
+        &mut self,
+        from: usize,
+        tag: u64,
+        app: AppId,
+        accept_stat: u32,
+        msg: ArenaRange,
+        results: &PieceList,
+    ) {
+        let Some(&stag) = self.by_tag.get(&tag) else {
+            return self.hop(
+                from,
+                Hop::ReplyDone {
+                    tag,
+                    code: status::TRANSPORT,
+                },
+            );
+        };
+        let (conn, sid) = from_serve_tag(stag);
+        let Some(msg) = self.app_ref(from, app, msg) else {
+            // The requester still gets an answer (SYSTEM_ERR), the app its error.
+            self.fail_served(conn, sid);
+            return self.hop(
+                from,
+                Hop::ReplyDone {
+                    tag,
+                    code: status::BAD_RANGE,
+                },
+            );
+        };
+        let mut n = 0;
+        for p in results.as_slice() {
+            let (Some(mem), Some(dst)) = (
+                self.app_piece(from, app, p.off, p.len),
+                self.rpieces.get_mut(n),
+            ) else {
+                break;
+            };
+            *dst = ResultPiece {
+                mem,
+                xdr_pos: p.xdr_pos,
+            };
+            n += 1;
+        }
+        let spec = ReplySpec {
+            accept_stat,
+            msg,
+            results: &self.rpieces[..n],
+        };
+        if let Err(e) = self.drv.submit_reply(conn, sid, &spec, &mut self.mem) {
+            tracing::debug!(error = ?e, "reply refused by the engine");
+            self.fail_served(conn, sid);
+            self.hop(
+                from,
+                Hop::ReplyDone {
+                    tag,
+                    code: status::TRANSPORT,
+                },
+            );
+        }
     }
 
     fn on_engine(&mut self, conn: ConnId, ev: ConnEvent, now: Instant) {
         let slot = self.slot_of_conn(conn);
         match ev {
             ConnEvent::CallDone(d) => {
-                let id = OpId::from_u64(d.user);
-                let started = self.started.remove(&d.user);
+                let Some(p) = self.calls.remove(&d.user) else {
+                    return;
+                };
                 let code = match d.status {
                     CallStatus::Ok => status::OK,
                     CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
@@ -517,8 +1049,8 @@ impl<P: Provider> PollThread<P> {
                         status::TRANSPORT
                     }
                 };
-                if let Some(i) = slot.filter(|_| started.is_some()) {
-                    let sl = &mut self.slots[i];
+                let i = p.slot as usize;
+                if let Some(sl) = self.slots.get_mut(i) {
                     sl.in_flight = sl.in_flight.saturating_sub(1);
                     if sl.in_flight == 0 && sl.notify_idle {
                         sl.notify_idle = false;
@@ -526,7 +1058,7 @@ impl<P: Provider> PollThread<P> {
                         self.emit(Event::Idle { conn: id });
                     }
                 }
-                if let Some(i) = slot {
+                if slot == Some(i) {
                     let v2 = self.drv.connection(conn).is_some_and(|c| c.version() == 2);
                     let sl = &mut self.slots[i];
                     if code == status::OK && v2 && sl.stats.info.client && !sl.v2_confirmed {
@@ -538,11 +1070,9 @@ impl<P: Provider> PollThread<P> {
                     if code == status::OK {
                         s.info.replies_in += 1;
                         s.info.bytes_in = s.info.bytes_in.saturating_add(u64::from(d.reply_len));
-                        if let Some((t0, _)) = started {
-                            let ns = u64::try_from(now.saturating_duration_since(t0).as_nanos())
-                                .unwrap_or(u64::MAX);
-                            s.latency.record(ns);
-                        }
+                        let ns = u64::try_from(now.saturating_duration_since(p.t0).as_nanos())
+                            .unwrap_or(u64::MAX);
+                        s.latency.record(ns);
                     } else {
                         s.info.call_errors += 1;
                     }
@@ -554,61 +1084,50 @@ impl<P: Provider> PollThread<P> {
                         .totals
                         .bytes_in
                         .saturating_add(u64::from(d.reply_len));
-                } else {
-                    self.stats.totals.call_errors += 1;
                 }
-                self.table.complete_call(
-                    id,
-                    CallOutcome {
+                let mut results = Results::default();
+                let mut n = 0u8;
+                if code == status::OK {
+                    for (dst, src) in results.iter_mut().zip(d.results()) {
+                        *dst = *src;
+                        n += 1;
+                    }
+                }
+                self.hop(
+                    p.origin,
+                    Hop::CallDone {
+                        op: p.op,
                         status: code,
                         rpc_stat: d.rpc_stat,
                         reply_len: if code == status::OK { d.reply_len } else { 0 },
-                        results: if code == status::OK { d.results() } else { &[] },
+                        n,
+                        results,
                     },
                 );
             }
             ConnEvent::IncomingCall(ic) => {
                 self.count_incoming(slot, ic.args_len);
-                self.dispatch_incoming(conn, slot, ic);
+                self.conn_incoming(conn, slot, ic);
             }
             ConnEvent::ArgsReady { id, args_len } => {
-                let tag = serve_tag(conn, id);
-                let Some(Serving::Receiving {
-                    app,
-                    rb,
-                    prog,
-                    vers,
-                    proc_,
-                    xid,
-                }) = self.serving.remove(&tag)
-                else {
-                    return;
-                };
-                let _ = app;
-                let call = IncomingCall {
-                    peer: slot.map_or(u32::MAX, |i| self.conn_peer_index(i as u32)),
-                    prog,
-                    vers,
-                    proc_,
-                    xid,
-                    args_len,
-                    tag,
-                };
-                match self.table.deliver_call(rb, call) {
-                    Ok(op) => {
-                        self.serving.insert(tag, Serving::Delivered(op));
-                    }
-                    Err(_) => self.fail_served(conn, id),
+                if let Some(&s) = self.served.get(&serve_tag(conn, id)) {
+                    self.hop(
+                        s.app_thread,
+                        Hop::ArgsReady {
+                            tag: s.tag,
+                            args_len,
+                        },
+                    );
                 }
             }
             ConnEvent::ReplyDone { id, status: st } => {
-                let tag = serve_tag(conn, id);
-                if let Some(Serving::Replying(op)) = self.serving.remove(&tag) {
+                if let Some(s) = self.served.remove(&serve_tag(conn, id)) {
+                    self.by_tag.remove(&s.tag);
                     let code = match st {
                         ReplyStatus::Sent => status::OK,
                         ReplyStatus::ErrChunk | ReplyStatus::Closed => status::TRANSPORT,
                     };
-                    self.table.complete_reply(op, code);
+                    self.hop(s.app_thread, Hop::ReplyDone { tag: s.tag, code });
                 }
                 if st == ReplyStatus::Sent {
                     if let Some(i) = slot {
@@ -618,14 +1137,9 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             ConnEvent::ServeAborted { id } => {
-                let tag = serve_tag(conn, id);
-                match self.serving.remove(&tag) {
-                    Some(Serving::Delivered(op)) => self.table.cancel_serving(op),
-                    Some(Serving::Receiving { rb, .. }) => self.table.put_back_recv(rb),
-                    Some(Serving::Replying(op)) => {
-                        self.table.complete_reply(op, status::TRANSPORT);
-                    }
-                    None => {}
+                if let Some(s) = self.served.remove(&serve_tag(conn, id)) {
+                    self.by_tag.remove(&s.tag);
+                    self.hop(s.app_thread, Hop::Aborted { tag: s.tag });
                 }
             }
             ConnEvent::Optional(m) => match slot {
@@ -675,61 +1189,6 @@ impl<P: Provider> PollThread<P> {
             .totals
             .bytes_in
             .saturating_add(u64::from(args_len));
-    }
-
-    /// Hands an incoming call to the app serving its program: takes one of its receive
-    /// buffers and lets the engine place the arguments there. While every buffer of that app
-    /// is busy the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
-    fn dispatch_incoming(&mut self, conn: ConnId, slot: Option<usize>, ic: crate::IncomingCall) {
-        let server = self.table.lookup(ic.prog, ic.vers).or_else(|| {
-            // A call arriving on a connection we opened is a backward-direction call.
-            slot.filter(|&i| self.slots[i].stats.info.client)
-                .and_then(|_| self.table.lookup_backchannel(ic.prog, ic.vers))
-        });
-        let Some(app) = server else {
-            let _ = self
-                .drv
-                .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
-            return;
-        };
-        let rb = match self.table.take_recv(app, ic.args_len) {
-            Ok(rb) => rb,
-            Err(_) if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING => {
-                self.held_in.push_back((conn, ic));
-                return;
-            }
-            Err(_) => {
-                let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-                return;
-            }
-        };
-        let Some(dest) = self.app_ref(app, rb.buf) else {
-            self.table.put_back_recv(rb);
-            let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-            return;
-        };
-        let tag = serve_tag(conn, ic.id);
-        self.serving.insert(
-            tag,
-            Serving::Receiving {
-                app,
-                rb,
-                prog: ic.prog,
-                vers: ic.vers,
-                proc_: ic.proc_,
-                xid: ic.xid,
-            },
-        );
-        if self
-            .drv
-            .accept_call(conn, ic.id, dest, &mut self.mem)
-            .is_err()
-        {
-            if let Some(Serving::Receiving { rb, .. }) = self.serving.remove(&tag) {
-                self.table.put_back_recv(rb);
-            }
-            let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
-        }
     }
 
     fn emit(&mut self, ev: Event) {
@@ -830,19 +1289,15 @@ impl<P: Provider> PollThread<P> {
             let _ = self.drv.remove(c);
         }
         let held = std::mem::take(&mut self.waiting);
-        for (slot, c) in held {
-            if slot == id {
-                self.fail_call(c.id, status::TRANSPORT, None);
+        for (slot, origin, c) in held {
+            if slot as usize == i {
+                self.call_failed(origin, c.id, status::TRANSPORT, None);
             } else {
-                self.waiting.push_back((slot, c));
+                self.waiting.push_back((slot, origin, c));
             }
         }
         if let Some(p) = peer {
-            if let Some(b) = self.by_peer.get_mut(p as usize) {
-                if *b == Some(id) {
-                    *b = None;
-                }
-            }
+            self.port.set_route(p, id, false);
         }
         peer
     }
@@ -896,9 +1351,7 @@ impl<P: Provider> PollThread<P> {
                 let (conn, peer, remote) = (s.id, s.peer, s.remote);
                 self.stats.totals.conns_opened += 1;
                 if let Some(p) = peer {
-                    if let Some(b) = self.by_peer.get_mut(p as usize) {
-                        *b = Some(conn);
-                    }
+                    self.port.set_route(p, conn, true);
                 }
                 self.emit(Event::Up { conn, peer, remote });
             }
@@ -945,58 +1398,14 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// Commands, app attach/reap; true if anything happened.
+    /// Commands, app reap, retired memory, drain; true if anything happened.
     fn housekeeping(&mut self) -> bool {
         let mut work = false;
         let mut buf = [0u8; 64];
-        while matches!((&self.bell).read(&mut buf), Ok(n) if n > 0) {}
+        while matches!(self.port.bell().read(&mut buf), Ok(n) if n > 0) {}
         while let Some(cmd) = self.commands.pop() {
             work = true;
             self.on_command(cmd);
-        }
-        while let Ok(Some(att)) = self.apps.accept() {
-            work = true;
-            let pid = att.pid();
-            if self.draining.is_some() {
-                continue;
-            }
-            // Only the arena is registered: the header and rings are never reachable by a peer.
-            let layout = att.region().layout();
-            let arena_len = att
-                .region()
-                .len()
-                .saturating_sub(layout.arena_offset as usize);
-            let mapped =
-                Mapped::shared_range(att.region().fd(), u64::from(layout.arena_offset), arena_len);
-            let arena = 0u64;
-            let reg = mapped.map_err(|e| e.to_string()).and_then(|m| {
-                Registered::new(self.drv.provider_mut(), self.pd, m, rw())
-                    .map_err(|e| e.to_string())
-            });
-            let reg = match reg {
-                Ok(reg) => reg,
-                Err(err) => {
-                    // Dropping the attachment closes its socket: the app sees the refusal.
-                    tracing::warn!(?pid, %err, arena_len, "cannot register an app's arena (RLIMIT_MEMLOCK? see `ulimit -l`)");
-                    continue;
-                }
-            };
-            let mr = reg.mr();
-            match self.table.attach(att) {
-                Ok(app) => {
-                    self.drv.add_region(mr);
-                    self.mem.regs.push(reg);
-                    self.app_mem.push(AppMem {
-                        app,
-                        mr: mr.id,
-                        arena,
-                    });
-                    self.emit(Event::AppAttached { pid });
-                }
-                Err(_) => {
-                    let _ = reg.deregister(self.drv.provider_mut());
-                }
-            }
         }
         let mut gone = self.table.reap();
         gone.extend(self.table.evict_stalled(STALL_LIMIT));
@@ -1005,7 +1414,8 @@ impl<P: Provider> PollThread<P> {
             self.on_detached(d);
         }
         let now = Instant::now();
-        // A gone app's memory stays registered while the engine may still touch it.
+        // A gone app's memory stays registered (here and on every other thread) while an
+        // engine may still touch it.
         let mut k = 0;
         while let Some(&(app, mr)) = self.retired.get(k) {
             if self.app_busy(app) {
@@ -1013,14 +1423,18 @@ impl<P: Provider> PollThread<P> {
                 continue;
             }
             self.retired.swap_remove(k);
-            self.drv.remove_region(mr);
-            if let Some(i) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
-                let reg = self.mem.regs.swap_remove(i);
-                let _ = reg.deregister(self.drv.provider_mut());
+            self.hop_others(|| Some(Hop::ArenaGone { app }));
+            if let Some(i) = self
+                .app_mem
+                .iter()
+                .position(|m| m.owner == self.port.me() && m.app == app)
+            {
+                self.app_mem.swap_remove(i);
             }
+            self.deregister(mr);
         }
         if let Some(deadline) = self.draining {
-            let in_flight = self.started.len() + self.serving.len();
+            let in_flight = self.in_flight();
             if in_flight > 0 {
                 self.quiet_since = None;
             }
@@ -1041,12 +1455,91 @@ impl<P: Provider> PollThread<P> {
         work
     }
 
-    /// Whether the engine may still read or write memory of `app` (calls it made, calls
-    /// whose arguments land in its buffers, replies from its arena).
+    /// RPCs this thread has a part in: its apps' calls and served calls, its connections' calls.
+    fn in_flight(&self) -> usize {
+        self.pending.len() + self.serving.len() + self.calls.len() + self.served.len()
+    }
+
+    /// Takes an app the control thread accepted: registers its arena here and on every other
+    /// thread (which get a duplicate of its memfd), then attaches its rings.
+    fn attach(&mut self, att: Attachment) {
+        let pid = att.pid();
+        if let Err(reason) = self.try_attach(att) {
+            self.emit(Event::AppDetached { pid, reason });
+        }
+    }
+
+    fn try_attach(&mut self, att: Attachment) -> Result<(), &'static str> {
+        let pid = att.pid();
+        if self.draining.is_some() {
+            return Err("refused: draining");
+        }
+        // Only the arena is registered: the header and rings are never reachable by a peer.
+        let layout = att.region().layout();
+        let offset = u64::from(layout.arena_offset);
+        let arena_len = att
+            .region()
+            .len()
+            .saturating_sub(layout.arena_offset as usize);
+        let reg = Mapped::shared_range(att.region().fd(), offset, arena_len)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                Registered::new(self.drv.provider_mut(), self.pd, m, rw())
+                    .map_err(|e| e.to_string())
+            });
+        let reg = match reg {
+            Ok(reg) => reg,
+            Err(err) => {
+                // Dropping the attachment closes its socket: the app sees the refusal.
+                tracing::warn!(?pid, %err, arena_len, "cannot register an app's arena (RLIMIT_MEMLOCK? see `ulimit -l`)");
+                return Err("refused: arena registration failed");
+            }
+        };
+        let mut fds = Vec::with_capacity(self.port.threads());
+        for _ in 1..self.port.threads() {
+            match att.region().fd().try_clone_to_owned() {
+                Ok(fd) => fds.push(fd),
+                Err(err) => {
+                    tracing::warn!(?pid, %err, "cannot share an app's arena with the other poll threads");
+                    let _ = reg.deregister(self.drv.provider_mut());
+                    return Err("refused: cannot share the arena");
+                }
+            }
+        }
+        let mr = reg.mr();
+        match self.table.attach(att) {
+            Ok(app) => {
+                self.drv.add_region(mr);
+                self.mem.regs.push(reg);
+                self.app_mem.push(AppMem {
+                    owner: self.port.me(),
+                    app,
+                    mr: mr.id,
+                });
+                self.hop_others(|| {
+                    fds.pop().map(|fd| Hop::Arena {
+                        app,
+                        fd,
+                        offset,
+                        len: arena_len,
+                    })
+                });
+                self.emit(Event::AppAttached { pid });
+                Ok(())
+            }
+            Err(_) => {
+                let _ = reg.deregister(self.drv.provider_mut());
+                Err("refused: app table full")
+            }
+        }
+    }
+
+    /// Whether an engine (here or on another thread) may still read or write memory of our
+    /// app `app` (calls it made, calls whose arguments land in its buffers, its replies).
     fn app_busy(&self, app: AppId) -> bool {
-        self.started.keys().any(|&k| OpId::from_u64(k).app() == app)
+        self.pending.keys().any(|&k| OpId::from_u64(k).app() == app)
             || self.serving.values().any(|s| match s {
-                Serving::Receiving { app: a, .. } => *a == app,
+                Serving::Receiving { rb, .. } => rb.app() == app,
                 Serving::Delivered(op) | Serving::Replying(op) => op.app() == app,
             })
     }
@@ -1077,13 +1570,17 @@ impl<P: Provider> PollThread<P> {
         // Calls it was serving: their requesters get SYSTEM_ERR.
         for tag in d.serving_tags {
             if let Some(Serving::Delivered(_)) = self.serving.remove(&tag) {
-                let (conn, sid): (ConnId, ServeId) = from_serve_tag(tag);
-                self.fail_served(conn, sid);
+                self.hop(tag_thread(tag), Hop::FailServed { tag });
             }
         }
-        if let Some(k) = self.app_mem.iter().position(|m| m.app == d.app) {
-            let m = self.app_mem.swap_remove(k);
-            self.retired.push((d.app, m.mr));
+        self.sync_announced();
+        if let Some(k) = self
+            .app_mem
+            .iter()
+            .position(|m| m.owner == self.port.me() && m.app == d.app)
+        {
+            let mr = self.app_mem[k].mr;
+            self.retired.push((d.app, mr));
         }
         self.emit(Event::AppDetached {
             pid: d.pid,
@@ -1154,11 +1651,14 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             Command::Close { conn } => {
-                if let Some(qp) = self.slots.get(conn as usize).and_then(|s| s.qp) {
-                    self.slots[conn as usize].stats.info.state = ConnState::Closing;
-                    let _ = self.drv.provider_mut().disconnect(qp);
+                if let Some(i) = self.local_slot(conn) {
+                    if let Some(qp) = self.slots[i].qp {
+                        self.slots[i].stats.info.state = ConnState::Closing;
+                        let _ = self.drv.provider_mut().disconnect(qp);
+                    }
                 }
             }
+            Command::Attach(att) => self.attach(*att),
             Command::Snapshot(mut snap) => {
                 self.fill(&mut snap);
                 self.emit(Event::Snapshot(snap));
@@ -1180,14 +1680,14 @@ impl<P: Provider> PollThread<P> {
                 len,
                 body,
             } => {
-                let c = self.slots.get(conn as usize).and_then(|s| s.conn);
+                let c = self.engine_of(conn);
                 let b = body.get(..usize::from(len)).unwrap_or(&[]);
                 if let Some(c) = c {
                     let _ = self.drv.send_optional(c, xid, opttype, b, &mut self.mem);
                 }
             }
             Command::RejectOptional { conn, xid } => {
-                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                if let Some(c) = self.engine_of(conn) {
                     self.drv.reject_optional(c, xid, &mut self.mem);
                 }
             }
@@ -1196,7 +1696,7 @@ impl<P: Provider> PollThread<P> {
                 rbsiz,
                 reqreminv,
             } => {
-                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                if let Some(c) = self.engine_of(conn) {
                     let _ = self.drv.configure(c, |c| {
                         if let Some(r) = rbsiz {
                             c.set_peer_receive_size(r);
@@ -1208,17 +1708,17 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             Command::ApplyOwn { conn, rbsiz } => {
-                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                if let Some(c) = self.engine_of(conn) {
                     let _ = self.drv.configure(c, |c| c.set_own_receive_size(rbsiz));
                 }
             }
             Command::CapPeer { conn, rbsiz } => {
-                if let Some(c) = self.slots.get(conn as usize).and_then(|s| s.conn) {
+                if let Some(c) = self.engine_of(conn) {
                     let _ = self.drv.configure(c, |c| c.set_peer_receive_cap(rbsiz));
                 }
             }
             Command::NotifyIdle { conn } => {
-                if let Some(s) = self.slots.get_mut(conn as usize) {
+                if let Some(s) = self.local_slot(conn).map(|i| &mut self.slots[i]) {
                     if s.in_flight == 0 {
                         self.emit(Event::Idle { conn });
                     } else {
@@ -1230,6 +1730,11 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
+    /// The engine connection of global connection id `conn`, if it is on this thread.
+    fn engine_of(&self, conn: u32) -> Option<ConnId> {
+        self.local_slot(conn).and_then(|i| self.slots[i].conn)
+    }
+
     fn fill(&mut self, snap: &mut Snapshot) {
         let t = self.table.stats();
         self.stats.apps = t.apps;
@@ -1237,7 +1742,7 @@ impl<P: Provider> PollThread<P> {
         self.stats.bad_submissions = t.bad_submissions;
         self.stats.regions = self.mem.regs.len();
         self.stats.region_bytes = self.mem.regs.iter().map(|r| r.mr().len).sum();
-        self.stats.rpcs_in_flight = self.started.len() + self.serving.len();
+        self.stats.rpcs_in_flight = self.pending.len() + self.serving.len();
         self.stats.buffers = self.drv.buffer_counts();
         snap.thread = self.stats;
         snap.n = 0;
@@ -1281,10 +1786,11 @@ impl<P: Provider> PollThread<P> {
                         .max(Duration::from_micros(1))
                         .min(backoff_max);
                     std::thread::sleep(self.idle.pause);
-                } else {
+                } else if self.port.park() {
                     self.stats.parks += 1;
-                    let fds = [self.apps.as_fd(), self.bell.as_fd()];
+                    let fds = [self.port.bell().as_fd()];
                     self.table.park(PARK_MAX, &fds);
+                    self.port.unpark();
                 }
             }
         }

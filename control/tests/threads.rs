@@ -1,0 +1,199 @@
+//! Several poll threads in one daemon: apps and connections on different threads, calls
+//! and served calls handed between them as messages (`dataplane/src/poll/mesh.rs`).
+//!
+//! The common test config runs two poll threads (`cpu.poll-cores = [0, 1]`). Placement is
+//! deterministic: listeners go to threads round robin from 0, peers after them, and each app
+//! to the thread with the fewest apps (the first to thread 0). These tests arrange each
+//! crossing on purpose and check from `rpcrdmactl` that it really crosses.
+
+mod common;
+
+use common::{back_to, eventually, rdmatest_serve, settled, xdr_opaque, Daemon};
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::{Client, Server};
+use std::time::Duration;
+
+const T: Option<Duration> = Some(Duration::from_secs(30));
+
+/// Two daemons of two poll threads each, A connected to B.
+fn pair(name: &str) -> (Daemon, Daemon) {
+    let b = Daemon::start(&format!("{name}-b"), None);
+    let a = Daemon::start(&format!("{name}-a"), Some(("server", b.port)));
+    a.wait_peer_up("server");
+    assert_eq!(common::threads(&a), 2);
+    (a, b)
+}
+
+/// The poll thread of the daemon's only connection.
+fn conn_thread(d: &Daemon) -> u64 {
+    let c = d.ctl_json(&["conns"]);
+    c[0]["thread"].as_u64().unwrap_or_else(|| panic!("{c}"))
+}
+
+/// Apps attached to each poll thread.
+fn apps_per_thread(d: &Daemon) -> Vec<u64> {
+    let s = d.ctl_json(&["stats"]);
+    s["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .map(|t| t["apps"].as_u64().expect("apps"))
+        .collect()
+}
+
+/// ECHO of `len` bytes: with `ddp`, a DDP-eligible argument (Read chunk) and a result buffer
+/// (Write chunk); without, a plain message (long ones go as a Position-zero Read chunk and
+/// come back in a Reply chunk).
+fn echo(c: &mut Client, peer: u32, seed: u32, len: usize, ddp: bool, a: &Daemon, b: &Daemon) {
+    let data = pattern(seed, len);
+    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    if ddp {
+        call.args().put_ddp_opaque(&data);
+        call.result_buffer(len as u32);
+    } else {
+        call.args().put_opaque(&data);
+        call.max_reply(len as u32 + 1024);
+    }
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("ECHO {len}: {e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.accept_stat, 0, "ECHO {len}");
+    assert_eq!(r.body, xdr_opaque(&data), "ECHO of {len} bytes");
+}
+
+#[test]
+fn calls_and_served_calls_cross_poll_threads_in_every_transfer_mode() {
+    let (a, b) = pair("xthread");
+    // B accepted on its thread 0; a first (idle) app takes B's thread 0, so the server app
+    // lands on thread 1: every served call crosses from the connection's thread to the app's.
+    let _idle = Client::connect(&b.app).expect("attach");
+    let _server = rdmatest_serve(&b.app);
+    assert_eq!(conn_thread(&b), 0);
+    assert_eq!(apps_per_thread(&b), vec![1, 1]);
+    // A's connection is on its thread 1 (after the listener); two caller apps, one per thread.
+    assert_eq!(conn_thread(&a), 1);
+    let mut c0 = Client::connect(&a.app).expect("attach");
+    let mut c1 = Client::connect(&a.app).expect("attach");
+    let ok = eventually(20, || (apps_per_thread(&a) == vec![1, 1]).then_some(()));
+    assert!(ok.is_some(), "{:?}", apps_per_thread(&a));
+    let peer = c0.peer("server").expect("peer");
+    // Inline, Read chunk (long call), Write chunk / Reply chunk (long reply), both apps
+    // interleaved so the two threads' XIDs share the connection.
+    // The server app's receive buffers take calls up to 128 KiB.
+    for (i, len) in [0usize, 100, 3000, 20_000, 60_000, 120_000]
+        .into_iter()
+        .enumerate()
+    {
+        for ddp in [false, true] {
+            echo(&mut c0, peer, i as u32, len, ddp, &a, &b);
+            echo(&mut c1, peer, 100 + i as u32, len, ddp, &a, &b);
+        }
+    }
+    // Many calls in flight from both apps at once.
+    let mut tickets = Vec::new();
+    for i in 0..64u32 {
+        let c = if i % 2 == 0 { &mut c0 } else { &mut c1 };
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+        call.args().put_opaque(&pattern(i, 500));
+        tickets.push((i, call.submit().expect("submit")));
+    }
+    for (i, t) in tickets {
+        let c = if i % 2 == 0 { &mut c0 } else { &mut c1 };
+        let r = c.wait(t, T).expect("reply");
+        assert_eq!(r.body, xdr_opaque(&pattern(i, 500)));
+    }
+    let sa = a.ctl_json(&["stats"]);
+    assert_eq!(sa["conns"][0]["replies-in"], 24 + 64, "{sa}");
+    let sb = b.ctl_json(&["stats"]);
+    assert_eq!(sb["conns"][0]["replies-out"], 24 + 64, "{sb}");
+    // Every transfer mode was used (counted on the requester).
+    let c = &sa["conns"][0];
+    for k in ["read-chunks", "write-chunks", "long-calls", "short-sent"] {
+        assert!(c[k].as_u64() > Some(0), "{k}: {c}");
+    }
+    assert!(sb["conns"][0]["long-replies"].as_u64() > Some(0), "{sb}");
+}
+
+#[test]
+fn serving_app_on_another_thread_killed_mid_call_answers_and_frees_everything() {
+    let (a, b) = pair("xkill");
+    let _idle = Client::connect(&b.app).expect("attach");
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    // A first answer (PROG_UNAVAIL: nobody serves yet) brings B's full credit grant.
+    let t = c
+        .call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    assert_eq!(c.wait(t, T).expect("NULL").accept_stat, 1);
+    let base_a = settled(&a);
+    let base_b = settled(&b);
+    let mut server = rdmatest_serve(&b.app);
+    assert_eq!(apps_per_thread(&b), vec![1, 1], "the server is on thread 1");
+    assert_eq!(conn_thread(&b), 0);
+    let tickets: Vec<_> = (0..4)
+        .map(|_| {
+            let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
+            call.args().put_u32(1_000_000);
+            call.submit().expect("submit")
+        })
+        .collect();
+    let busy = eventually(30, || {
+        let n = common::counts(&b);
+        (n["rpcs-in-flight"] >= 4).then_some(n)
+    });
+    assert!(busy.is_some(), "calls never delivered: {}", b.log());
+    server.kill9();
+    let mut failed = 0;
+    for t in tickets {
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert!(matches!(r.accept_stat, 0 | 5), "{}", r.accept_stat);
+        failed += u32::from(r.accept_stat == 5);
+    }
+    assert!(failed >= 1, "the server died with calls delivered");
+    // Its arena was registered on both of B's threads; both registrations go.
+    back_to(&b, &base_b, 60);
+    back_to(&a, &base_a, 60);
+    let _server = rdmatest_serve(&b.app);
+    echo(&mut c, peer, 1, 2000, false, &a, &b);
+}
+
+#[test]
+fn r8166_7_1_a_backward_call_crosses_threads_on_both_daemons() {
+    let (a, b) = pair("xback");
+    // A's connection is on its thread 1; its callback app (the first app) on thread 0.
+    assert_eq!(conn_thread(&a), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = a.app.clone();
+    std::thread::spawn(move || {
+        let mut s = Server::connect(&path).expect("attach");
+        s.register(rdmatest::CB_PROG, 1, true)
+            .expect("register callback program");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::CB_PROG, 1, rdmatest::handle);
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("callback app ready");
+    assert_eq!(apps_per_thread(&a), vec![1, 0]);
+    // B's connection is on its thread 0; its calling app on thread 1.
+    let _idle = Client::connect(&b.app).expect("attach");
+    let mut c = Client::connect(&b.app).expect("attach");
+    assert_eq!(apps_per_thread(&b), vec![1, 1]);
+    let conn = b.ctl_json(&["conns"])[0]["id"].as_u64().expect("id") as u32;
+    // Backward-direction calls travel inline only (no chunks in the backchannel).
+    for (i, len) in [10usize, 500, 1000].into_iter().enumerate() {
+        let data = pattern(i as u32, len);
+        let mut call = c.call(conn, rdmatest::CB_PROG, 1, 1);
+        call.args().put_opaque(&data);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert_eq!(r.accept_stat, 0);
+        assert_eq!(r.body, xdr_opaque(&data));
+    }
+    assert_eq!(a.ctl_json(&["stats"])["conns"][0]["calls-in"], 3);
+}

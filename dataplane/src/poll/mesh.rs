@@ -1,0 +1,395 @@
+//! Hand-offs between poll threads (SPDK's `spdk_thread_send_msg`, without the allocation).
+//!
+//! Each thread owns the apps the control thread gave it (their rings stay single-producer,
+//! single-consumer) and the connections it opened or accepted. A call from an app on thread A
+//! to a connection on thread B, and an incoming call on B for a program an app on A serves,
+//! travel as [`Hop`] messages through one bounded lock-free queue per ordered pair of threads.
+//! A thread sends hops to itself too (through a local queue), so one code path serves both.
+//!
+//! Every thread registers every app's arena with its own provider (the owning thread sends the
+//! memfd in [`Hop::Arena`]), so B reads and writes A's app memory directly: data never moves
+//! between threads, only these small records do.
+//!
+//! Routes from a configured peer to the connection that reaches it are one atomic word per
+//! peer, written by the thread owning the connection and read by every thread.
+
+use crossbeam_queue::ArrayQueue;
+use rpcrdma_shm::abi::ArenaRange;
+use rpcrdma_shm::daemon::{AppId, CallRequest, OpId, PieceList};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Results of a call as [`Hop::CallDone`] carries them (offset, length of each DDP result).
+pub(crate) type Results = [(u32, u32); rpcrdma_shm::abi::MAX_PIECES];
+
+/// A message from one poll thread to another (or to itself). "App side" is the thread owning
+/// the app, "connection side" the thread owning the connection.
+#[derive(Debug)]
+pub(crate) enum Hop {
+    /// App side → connection side: send `req` on connection `conn` (a global id).
+    Call {
+        /// Global connection id.
+        conn: u32,
+        /// The validated call (its `id` names the app on the sending thread).
+        req: CallRequest,
+    },
+    /// Connection side → app side: how call `op` ended.
+    CallDone {
+        /// The call.
+        op: OpId,
+        /// ABI status.
+        status: u32,
+        /// RPC `accept_stat` of the reply.
+        rpc_stat: u32,
+        /// Reply length.
+        reply_len: u32,
+        /// DDP results used.
+        n: u8,
+        /// DDP results (offset, length) in the app's arena.
+        results: Results,
+    },
+    /// Connection side → app side: an incoming call for a program this thread's app serves.
+    Incoming(super::thread::Inbound),
+    /// App side → connection side: pull the arguments of `tag` into `buf` of `app`.
+    Accept {
+        /// Call tag.
+        tag: u64,
+        /// Serving app (on the sending thread).
+        app: AppId,
+        /// Its receive buffer.
+        buf: ArenaRange,
+    },
+    /// App side → connection side: answer `tag` with `accept_stat` (no server, no buffer).
+    Refuse {
+        /// Call tag.
+        tag: u64,
+        /// RPC `accept_stat`.
+        accept_stat: u32,
+    },
+    /// Connection side → app side: the arguments of `tag` are in place.
+    ArgsReady {
+        /// Call tag.
+        tag: u64,
+        /// Argument bytes.
+        args_len: u32,
+    },
+    /// App side → connection side: send the reply the app wrote.
+    Reply {
+        /// Call tag.
+        tag: u64,
+        /// Serving app.
+        app: AppId,
+        /// RPC `accept_stat`.
+        accept_stat: u32,
+        /// Reply message in the arena.
+        msg: ArenaRange,
+        /// DDP-eligible results.
+        results: PieceList,
+    },
+    /// Connection side → app side: the reply of `tag` went out (`code` OK) or failed.
+    ReplyDone {
+        /// Call tag.
+        tag: u64,
+        /// ABI status.
+        code: u32,
+    },
+    /// Connection side → app side: the call `tag` ended before its reply (connection lost).
+    Aborted {
+        /// Call tag.
+        tag: u64,
+    },
+    /// App side → connection side: the app serving `tag` went away; answer SYSTEM_ERR.
+    FailServed {
+        /// Call tag.
+        tag: u64,
+    },
+    /// App side → every other thread: register `app`'s arena (`len` bytes of `fd` at `offset`).
+    Arena {
+        /// The app.
+        app: AppId,
+        /// Its region's memfd (a duplicate).
+        fd: OwnedFd,
+        /// Arena offset in the file.
+        offset: u64,
+        /// Arena length.
+        len: usize,
+    },
+    /// App side → every other thread: `app` is gone and nothing uses its memory any more.
+    ArenaGone {
+        /// The app.
+        app: AppId,
+    },
+    /// App side → every other thread: an app of the sender serves (or stopped serving) a program.
+    Serve {
+        /// Program.
+        prog: u32,
+        /// Version.
+        vers: u32,
+        /// A callback program (backward direction).
+        backchannel: bool,
+        /// Serving (true) or stopped.
+        on: bool,
+    },
+}
+
+/// What the threads of one daemon share: the queues between them, their doorbells and park
+/// flags, and the peer routes.
+#[derive(Debug)]
+struct Shared {
+    threads: usize,
+    /// `queues[from * threads + to]`; the diagonal is unused (a thread's own hops stay local).
+    queues: Vec<ArrayQueue<Hop>>,
+    parked: Vec<AtomicBool>,
+    bells: Vec<UnixStream>,
+    /// Per configured peer: the global id of its connection plus one, or 0.
+    routes: Vec<AtomicU32>,
+    conns_per_thread: u32,
+}
+
+/// The set of poll threads of one daemon, before they start: hand each its [`Port`].
+#[derive(Debug)]
+pub struct Mesh {
+    shared: Arc<Shared>,
+    bells: Vec<Option<UnixStream>>,
+}
+
+impl Mesh {
+    /// `threads` poll threads, each with room for `conns_per_thread` connections, `peers`
+    /// configured peers, and `depth` hops queued from one thread to another.
+    pub fn new(
+        threads: usize,
+        conns_per_thread: u32,
+        peers: usize,
+        depth: usize,
+    ) -> std::io::Result<Mesh> {
+        let threads = threads.clamp(1, 256);
+        let mut writers = Vec::with_capacity(threads);
+        let mut readers = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let (w, r) = UnixStream::pair()?;
+            w.set_nonblocking(true)?;
+            r.set_nonblocking(true)?;
+            writers.push(w);
+            readers.push(Some(r));
+        }
+        let shared = Shared {
+            threads,
+            queues: (0..threads * threads)
+                .map(|_| ArrayQueue::new(depth.max(16)))
+                .collect(),
+            parked: (0..threads).map(|_| AtomicBool::new(false)).collect(),
+            bells: writers,
+            routes: (0..peers).map(|_| AtomicU32::new(0)).collect(),
+            conns_per_thread: conns_per_thread.max(1),
+        };
+        Ok(Mesh {
+            shared: Arc::new(shared),
+            bells: readers,
+        })
+    }
+
+    /// Number of threads.
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// Thread `index`'s end (once: `None` after the first time or out of range).
+    pub fn port(&mut self, index: usize) -> Option<Port> {
+        let bell = self.bells.get_mut(index)?.take()?;
+        Some(Port {
+            shared: self.shared.clone(),
+            me: index,
+            bell,
+        })
+    }
+
+    /// Rings thread `index`'s doorbell (wakes it if parked).
+    pub fn ring(&self, index: usize) {
+        if let Some(b) = self.shared.bells.get(index) {
+            let _ = (&*b).write(&[1]);
+        }
+    }
+
+    /// The thread owning global connection id `conn`.
+    pub fn thread_of(&self, conn: u32) -> usize {
+        (conn / self.shared.conns_per_thread) as usize
+    }
+}
+
+/// One poll thread's end of the [`Mesh`].
+#[derive(Debug)]
+pub struct Port {
+    shared: Arc<Shared>,
+    me: usize,
+    bell: UnixStream,
+}
+
+impl Port {
+    /// This thread's index.
+    pub(crate) fn me(&self) -> usize {
+        self.me
+    }
+
+    /// Number of threads.
+    pub(crate) fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
+    /// The first global connection id of this thread.
+    pub(crate) fn conn_base(&self) -> u32 {
+        (self.me as u32).saturating_mul(self.shared.conns_per_thread)
+    }
+
+    /// The thread owning global connection id `conn`.
+    pub(crate) fn thread_of(&self, conn: u32) -> usize {
+        (conn / self.shared.conns_per_thread) as usize
+    }
+
+    /// A writer of this thread's doorbell (for the control thread's [`super::PollHandle`]).
+    pub(crate) fn doorbell(&self) -> std::io::Result<UnixStream> {
+        match self.shared.bells.get(self.me) {
+            Some(b) => b.try_clone(),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    /// The doorbell this thread drains and parks on.
+    pub(crate) fn bell(&self) -> &UnixStream {
+        &self.bell
+    }
+
+    /// Queues `hop` for thread `to` (not this one); gives it back when that queue is full.
+    // Giving the hop back by value is `ArrayQueue::push`'s own contract; boxing it would
+    // allocate on the hot path.
+    #[allow(clippy::result_large_err)]
+    pub(crate) fn push(&self, to: usize, hop: Hop) -> Result<(), Hop> {
+        let Some(q) = self.shared.queues.get(self.me * self.shared.threads + to) else {
+            return Err(hop);
+        };
+        q.push(hop)?;
+        // SYNC POINT: SeqCst fence between the push and the load of `parked`; pairs with the
+        // fence in `park` between its store of `parked` and its look at the queues.
+        fence(Ordering::SeqCst);
+        if self
+            .shared
+            .parked
+            .get(to)
+            .is_some_and(|p| p.load(Ordering::Relaxed))
+        {
+            if let Some(b) = self.shared.bells.get(to) {
+                let _ = (&*b).write(&[1]);
+            }
+        }
+        Ok(())
+    }
+
+    /// The next hop queued for this thread by thread `from`.
+    pub(crate) fn pop(&self, from: usize) -> Option<Hop> {
+        self.shared
+            .queues
+            .get(from * self.shared.threads + self.me)?
+            .pop()
+    }
+
+    /// Marks this thread parked (senders then ring its doorbell); false if a hop is already
+    /// waiting, in which case the thread must not park.
+    pub(crate) fn park(&self) -> bool {
+        let Some(p) = self.shared.parked.get(self.me) else {
+            return false;
+        };
+        p.store(true, Ordering::Relaxed);
+        // SYNC POINT: see `push`.
+        fence(Ordering::SeqCst);
+        let waiting = (0..self.shared.threads).any(|from| {
+            from != self.me
+                && self
+                    .shared
+                    .queues
+                    .get(from * self.shared.threads + self.me)
+                    .is_some_and(|q| !q.is_empty())
+        });
+        if waiting {
+            p.store(false, Ordering::Relaxed);
+        }
+        !waiting
+    }
+
+    /// Clears the park mark.
+    pub(crate) fn unpark(&self) {
+        if let Some(p) = self.shared.parked.get(self.me) {
+            p.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The connection currently reaching configured peer `peer`, if up.
+    pub(crate) fn route(&self, peer: u32) -> Option<u32> {
+        let r = self.shared.routes.get(peer as usize)?;
+        r.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// Records that connection `conn` reaches `peer` (`Some`), or no longer does (`None`:
+    /// cleared only if it still names `conn`).
+    pub(crate) fn set_route(&self, peer: u32, conn: u32, up: bool) {
+        let Some(r) = self.shared.routes.get(peer as usize) else {
+            return;
+        };
+        let v = conn.saturating_add(1);
+        if up {
+            r.store(v, Ordering::Release);
+        } else {
+            let _ = r.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hops_go_from_one_thread_to_the_other_in_order() {
+        let mut mesh = Mesh::new(2, 8, 1, 16).unwrap();
+        let (a, b) = (mesh.port(0).unwrap(), mesh.port(1).unwrap());
+        assert!(mesh.port(0).is_none(), "a port is handed out once");
+        for tag in 0..3 {
+            a.push(1, Hop::Aborted { tag }).unwrap();
+        }
+        assert!(a.pop(1).is_none() && b.pop(1).is_none());
+        for want in 0..3 {
+            assert!(matches!(b.pop(0), Some(Hop::Aborted { tag }) if tag == want));
+        }
+        assert!(b.pop(0).is_none());
+    }
+
+    #[test]
+    fn a_parked_thread_is_rung_and_a_waiting_hop_prevents_parking() {
+        use std::io::Read;
+        let mut mesh = Mesh::new(2, 8, 1, 16).unwrap();
+        let (a, b) = (mesh.port(0).unwrap(), mesh.port(1).unwrap());
+        assert!(b.park());
+        a.push(1, Hop::Aborted { tag: 7 }).unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(b.bell().read(&mut buf).unwrap(), 1, "the sender rang");
+        b.unpark();
+        assert!(!b.park(), "a queued hop keeps the thread awake");
+    }
+
+    #[test]
+    fn routes_name_the_connection_of_a_peer_until_it_goes_down() {
+        let mut mesh = Mesh::new(2, 100, 2, 16).unwrap();
+        let (a, b) = (mesh.port(0).unwrap(), mesh.port(1).unwrap());
+        assert_eq!(a.route(0), None);
+        b.set_route(0, 103, true);
+        assert_eq!(a.route(0), Some(103));
+        assert_eq!(a.thread_of(103), 1);
+        assert_eq!(b.conn_base(), 100);
+        a.set_route(0, 5, false);
+        assert_eq!(a.route(0), Some(103), "a stale clear leaves a newer route");
+        b.set_route(0, 103, false);
+        assert_eq!(a.route(0), None);
+        assert_eq!(a.route(9), None, "unknown peer");
+    }
+}
