@@ -2,6 +2,7 @@
 //! the poll threads' event queues; the connection manager (peers, backoff) and reload.
 
 use crate::admin::{self, ConnCounters, ConnView, LatencyRow, PeerStatus, Request, Response};
+use crate::clients::{self, Clients, Input, Kind};
 use crate::reload;
 use crate::startup::{self, StartError};
 use crate::xchar::{Action, ConnXchar, Policy, Value};
@@ -15,7 +16,6 @@ use rpcrdma_dataplane::poll::{
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,13 +26,13 @@ const ADMIN: Token = Token(0);
 const METRICS: Token = Token(1);
 const SIGNALS: Token = Token(2);
 const WAKER: Token = Token(3);
-/// The app attach socket (far from the admin clients' tokens).
-const APPS: Token = Token(1 << 30);
+/// The app attach socket (admin and metrics clients' tokens start at `clients::FIRST_TOKEN`).
+const APPS: Token = Token(4);
 
 /// How long start-up waits for the poll thread and its listeners.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an admin or metrics client may take to send its request.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a request waits for the poll threads' snapshots.
+const SNAPSHOT_WAIT: Duration = Duration::from_secs(1);
 
 /// Settings of a daemon run that do not come from the config file.
 pub struct Options {
@@ -112,11 +112,32 @@ pub struct Daemon {
     awaiting: Vec<AwaitingRespxch>,
     /// Our XCHAR_REQREMINV: what the poll thread offers (configuration and device).
     remote_invalidation: bool,
+    /// Admin and metrics clients, non-blocking (`clients.rs`).
+    clients: Clients,
+    /// Requests waiting for fresh snapshots from every poll thread.
+    parked: Vec<Parked>,
+    /// The snapshot round in flight: its number and deadline.
+    snap_round: Option<(u64, Instant)>,
+    /// Snapshot rounds started so far.
+    snap_rounds: u64,
+}
+
+/// A request answered once snapshot round `round` is complete.
+struct Parked {
+    client: Token,
+    round: u64,
+    job: Job,
+}
+
+/// What a parked request needs.
+enum Job {
+    Admin(Request),
+    Metrics,
 }
 
 /// An admin client waiting for the RESPXCH to its REQXCH.
 struct AwaitingRespxch {
-    client: std::os::unix::net::UnixStream,
+    client: Token,
     conn: u32,
     xid: u32,
     deadline: Instant,
@@ -368,6 +389,10 @@ impl Daemon {
             pending_snaps: 0,
             awaiting: Vec::new(),
             remote_invalidation: true,
+            clients: Clients::default(),
+            parked: Vec::new(),
+            snap_round: None,
+            snap_rounds: 0,
             max_conns: max_conns as usize,
             listeners: Vec::new(),
             peers,
@@ -746,22 +771,74 @@ impl Daemon {
         }
     }
 
-    /// Fresh snapshots from every poll thread (waits up to a second for them).
-    fn refresh(&mut self) {
+    /// Parks client `t`'s request until a snapshot round that started after it completes.
+    fn park(&mut self, t: Token, job: Job) {
+        let round = match self.snap_round {
+            // The round in flight asked before this request came: wait for the next one.
+            Some(_) => self.snap_rounds + 1,
+            None => {
+                self.start_snapshot_round();
+                self.snap_rounds
+            }
+        };
+        self.parked.push(Parked {
+            client: t,
+            round,
+            job,
+        });
+    }
+
+    /// Asks every poll thread for a fresh snapshot (`Event::Snapshot` brings it back).
+    fn start_snapshot_round(&mut self) {
+        self.snap_rounds += 1;
+        self.pending_snaps = 0;
         for t in 0..self.threads.len() {
             let buf = Box::new(Snapshot::with_capacity(self.max_conns));
             if self.threads[t].send(Command::Snapshot(buf)).is_ok() {
                 self.pending_snaps += 1;
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(1);
-        while self.pending_snaps > 0 && Instant::now() < deadline {
-            self.drain_events();
-            if self.pending_snaps > 0 {
-                std::thread::sleep(Duration::from_micros(200));
+        self.snap_round = Some((self.snap_rounds, Instant::now() + SNAPSHOT_WAIT));
+    }
+
+    /// Once every poll thread's snapshot of the round in flight has arrived (or the wait
+    /// passed), answers the requests parked for it, and starts the next round if others wait.
+    fn serve_parked(&mut self) {
+        let Some((round, deadline)) = self.snap_round else {
+            return;
+        };
+        if self.pending_snaps > 0 && Instant::now() < deadline {
+            return;
+        }
+        if self.pending_snaps > 0 {
+            debug!(
+                missing = self.pending_snaps,
+                "snapshots late: answering from older ones"
+            );
+        }
+        self.snap_round = None;
+        self.pending_snaps = 0;
+        let (ready, later): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|p| p.round <= round);
+        self.parked = later;
+        for p in ready {
+            match p.job {
+                Job::Admin(req) => {
+                    let r = self.handle(req);
+                    self.answer(p.client, &r);
+                }
+                Job::Metrics => {
+                    let body = self.render_metrics();
+                    let r =
+                        clients::http_response("200 OK", Some("text/plain; version=0.0.4"), &body);
+                    self.clients.respond(self.poll.registry(), p.client, r);
+                }
             }
         }
-        self.pending_snaps = 0;
+        if !self.parked.is_empty() {
+            self.start_snapshot_round();
+        }
     }
 
     /// Runs the control loop until drained (SIGTERM/SIGINT) or a poll thread fails.
@@ -780,14 +857,19 @@ impl Daemon {
             for ev in events.iter() {
                 match ev.token() {
                     ADMIN => self.accept_admin(),
-                    APPS => self.accept_apps(),
+                    // Accepted below, every turn (see `accept_apps`).
+                    APPS => {}
                     METRICS => self.accept_metrics(),
                     SIGNALS => self.on_signals(),
+                    t if t.0 >= clients::FIRST_TOKEN => self.on_client(t),
                     _ => {}
                 }
             }
+            self.accept_apps();
             self.drain_events();
+            self.serve_parked();
             self.answer_awaiting();
+            self.clients.expire(self.poll.registry(), Instant::now());
             self.retry_peers();
             if let Some(e) = self.failed.take() {
                 self.shutdown();
@@ -821,6 +903,12 @@ impl Daemon {
         let mut t = Duration::from_millis(500);
         for w in &self.awaiting {
             t = t.min(w.deadline.saturating_duration_since(now));
+        }
+        if let Some(d) = self.clients.next_deadline() {
+            t = t.min(d.saturating_duration_since(now));
+        }
+        if let Some((_, d)) = self.snap_round {
+            t = t.min(d.saturating_duration_since(now));
         }
         for p in &self.peers {
             if let PeerPhase::Backoff(at) = p.phase {
@@ -928,7 +1016,9 @@ impl Daemon {
     /// Accepts waiting apps, each to the poll thread with the fewest (`apps.max-apps` is
     /// the daemon's limit; beyond it the app's socket is closed at once).
     fn accept_apps(&mut self) {
-        loop {
+        // Bounded: an accept error that repeats (no fd left) must not spin the control loop;
+        // the loop calls this again on its next turn (at least every 500 ms).
+        for _ in 0..64 {
             let att = match self.apps.accept() {
                 Ok(Some(a)) => a,
                 Ok(None) => return,
@@ -958,31 +1048,65 @@ impl Daemon {
         }
     }
 
+    /// Takes every pending admin client into the non-blocking client set.
     fn accept_admin(&mut self) {
         while let Ok((s, _)) = self.admin.accept() {
-            let std: std::os::unix::net::UnixStream = s.into();
-            let resp = match read_request(&std) {
-                Ok(Request::XcharRequest { conn, set }) => match self.send_reqxch(conn, &set) {
-                    Ok(xid) => {
-                        debug!(conn, xid, "REQXCH sent, awaiting the RESPXCH");
-                        self.awaiting.push(AwaitingRespxch {
-                            client: std,
-                            conn,
-                            xid,
-                            deadline: Instant::now() + RESPXCH_WAIT,
-                        });
-                        continue;
-                    }
-                    Err(resp) => resp,
-                },
-                Ok(req) => {
-                    debug!(?req, "admin request");
-                    self.handle(req)
-                }
-                Err(e) => Response::err(e),
-            };
-            answer(&std, &resp);
+            self.clients
+                .add(self.poll.registry(), clients::Stream::Unix(s), Kind::Admin);
         }
+    }
+
+    /// Makes progress on client `t` (readable or writable) and serves its request once read.
+    fn on_client(&mut self, t: Token) {
+        match self.clients.ready(self.poll.registry(), t) {
+            Some(Input::Admin(r)) => self.admin_request(t, r),
+            Some(Input::Http(head)) => {
+                if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
+                    self.park(t, Job::Metrics);
+                } else {
+                    let r = clients::http_response("404 Not Found", None, "");
+                    self.clients.respond(self.poll.registry(), t, r);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Serves one admin request: at once, parked until fresh snapshots arrive, or (`xchar
+    /// request`) deferred until the peer's RESPXCH (`answer_awaiting`).
+    fn admin_request(&mut self, t: Token, req: Result<Request, String>) {
+        let resp = match req {
+            Ok(Request::XcharRequest { conn, set }) => match self.send_reqxch(conn, &set) {
+                Ok(xid) => {
+                    debug!(conn, xid, "REQXCH sent, awaiting the RESPXCH");
+                    self.awaiting.push(AwaitingRespxch {
+                        client: t,
+                        conn,
+                        xid,
+                        deadline: Instant::now() + RESPXCH_WAIT,
+                    });
+                    return;
+                }
+                Err(resp) => resp,
+            },
+            Ok(req) if needs_snapshots(&req) => {
+                debug!(?req, "admin request");
+                self.park(t, Job::Admin(req));
+                return;
+            }
+            Ok(req) => {
+                debug!(?req, "admin request");
+                self.handle(req)
+            }
+            Err(e) => Response::err(e),
+        };
+        self.answer(t, &resp);
+    }
+
+    /// Writes `resp` to admin client `t` (non-blocking), which is then closed.
+    fn answer(&mut self, t: Token, resp: &Response) {
+        let line = clients::admin_line(resp);
+        self.clients.respond(self.poll.registry(), t, line);
     }
 
     /// Answers the `xchar request`s whose RESPXCH arrived, and those that waited too long (the
@@ -1010,40 +1134,21 @@ impl Daemon {
             match resp {
                 Some(r) => {
                     let w = self.awaiting.swap_remove(k);
-                    answer(&w.client, &r);
+                    self.answer(w.client, &r);
                 }
                 None => k += 1,
             }
         }
     }
 
+    /// Takes every pending metrics client into the non-blocking client set.
     fn accept_metrics(&mut self) {
         let Some(l) = self.metrics.as_ref() else {
             return;
         };
-        let mut clients = Vec::new();
         while let Ok((s, _)) = l.accept() {
-            clients.push(s);
-        }
-        for s in clients {
-            let std: std::net::TcpStream = s.into();
-            let _ = std.set_nonblocking(false);
-            let _ = std.set_read_timeout(Some(CLIENT_TIMEOUT));
-            let _ = std.set_write_timeout(Some(CLIENT_TIMEOUT));
-            let mut req = [0u8; 2048];
-            let n = (&std).read(&mut req).unwrap_or(0);
-            let head = String::from_utf8_lossy(req.get(..n).unwrap_or(&[])).into_owned();
-            let resp = if head.starts_with("GET /metrics ") || head.starts_with("GET / ") {
-                self.refresh();
-                let body = self.render_metrics();
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
-            };
-            let _ = (&std).write_all(resp.as_bytes());
+            self.clients
+                .add(self.poll.registry(), clients::Stream::Tcp(s), Kind::Metrics);
         }
     }
 
@@ -1123,12 +1228,12 @@ impl Daemon {
             .collect()
     }
 
-    /// Answers one admin request.
+    /// Answers one admin request from the latest snapshots (the control loop first parks the
+    /// requests that need fresh ones until they arrive: `needs_snapshots`).
     pub fn handle(&mut self, req: Request) -> Response {
         match req {
             Request::Reload => return self.reload(),
             Request::ConnClose { conn } => {
-                self.refresh();
                 if !self.all_conns().any(|(_, c)| c.info.id == conn) {
                     return Response::err(format!("no connection {conn}"));
                 }
@@ -1146,7 +1251,6 @@ impl Daemon {
             Request::XcharSet { conn, set } => return self.xchar_set(conn, &set),
             _ => {}
         }
-        self.refresh();
         match req {
             Request::Status => {
                 let now = Instant::now();
@@ -1286,24 +1390,17 @@ impl Daemon {
     }
 }
 
-/// Writes `resp` as one JSON line to an admin client (bounded by the client timeout).
-fn answer(s: &std::os::unix::net::UnixStream, resp: &Response) {
-    let mut line = serde_json::to_vec(resp).unwrap_or_default();
-    line.push(b'\n');
-    let _ = s.set_nonblocking(false);
-    let _ = s.set_write_timeout(Some(CLIENT_TIMEOUT));
-    let _ = (&*s).write_all(&line);
-}
-
-fn read_request(s: &std::os::unix::net::UnixStream) -> Result<Request, String> {
-    s.set_nonblocking(false).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(CLIENT_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    let mut r = BufReader::new(s.take(admin::MAX_REQUEST as u64));
-    r.read_line(&mut line)
-        .map_err(|e| format!("reading the request: {e}"))?;
-    serde_json::from_str(&line).map_err(|e| format!("bad request: {e}"))
+/// Whether `req` is answered from fresh snapshots of every poll thread.
+fn needs_snapshots(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Status
+            | Request::Conns
+            | Request::ConnShow { .. }
+            | Request::ConnClose { .. }
+            | Request::Stats
+            | Request::Latency
+    )
 }
 
 /// Loads the configuration for `rpcrdmad`: the report's diagnostics are printed by the caller.

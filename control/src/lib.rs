@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod clients;
 pub mod daemon;
 pub mod metrics;
 pub mod reload;
