@@ -55,7 +55,9 @@ pub fn registered_bytes(cfg: &Config) -> u64 {
     let send = u64::from(p.send_buffers) * (u64::from(t.inline_send) + 128);
     let pools = send.div_ceil(4096) * 4096
         + u64::from(p.recv_buffers) * u64::from(p.recv_buffer_size.max(t.inline_recv));
-    pools * threads + u64::from(cfg.apps.max_apps) * cfg.apps.arena_size
+    // Every poll thread registers every app's arena (a thread serves the connections of
+    // apps of any thread), so arenas count once per thread too.
+    (pools + u64::from(cfg.apps.max_apps) * cfg.apps.arena_size) * threads
 }
 
 /// The memlock problem for a soft limit `limit` (`None`: unlimited) and `need` bytes, if any.
@@ -225,6 +227,12 @@ mod tests {
         assert_eq!(
             registered_bytes(&cfg),
             plan.registered_len() + cfg.apps.arena_size
+        );
+        // Three poll threads: three pools, and every arena registered on each of them.
+        cfg.cpu.poll_cores = vec![0, 1, 2];
+        assert_eq!(
+            registered_bytes(&cfg),
+            3 * (plan.registered_len() + cfg.apps.arena_size)
         );
     }
 

@@ -287,7 +287,7 @@ impl<P: Provider> PollThread<P> {
             commands,
             events,
             port,
-            local: VecDeque::with_capacity(1024),
+            local: VecDeque::with_capacity(4096),
             outbox: (0..threads).map(|_| VecDeque::new()).collect(),
             notify,
             table,
