@@ -152,6 +152,13 @@ pub struct ThreadStatus {
     pub idle_polls: u64,
     /// Times parked.
     pub parks: u64,
+    /// Hops sent to other poll threads (calls and answers between an app and a connection
+    /// on different threads).
+    pub hops_out: u64,
+    /// Hops received from other poll threads.
+    pub hops_in: u64,
+    /// Hops held back because the queue to another thread was full.
+    pub hops_deferred: u64,
     /// Apps attached.
     pub apps: usize,
     /// App operations in flight.

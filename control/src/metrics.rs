@@ -103,6 +103,36 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             t.idle_ns as f64 / 1e9
         );
     }
+    type Counter = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
+    let counters: [(&str, &str, Counter); 3] = [
+        (
+            "hops_sent",
+            "hops (calls, answers, served calls) sent to other poll threads",
+            |t| t.hops_out,
+        ),
+        (
+            "hops_received",
+            "hops received from other poll threads",
+            |t| t.hops_in,
+        ),
+        (
+            "hops_deferred",
+            "hops held back because the queue to another poll thread was full",
+            |t| t.hops_deferred,
+        ),
+    ];
+    for (name, help, pick) in counters {
+        let metric = format!("rpcrdmad_thread_{name}_total");
+        header(&mut out, &metric, "counter", help);
+        for s in snaps {
+            let _ = writeln!(
+                out,
+                "{metric}{{thread=\"{}\"}} {}",
+                s.thread.index,
+                pick(&s.thread)
+            );
+        }
+    }
     type Gauge = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
     let gauges: [(&str, &str, Gauge); 5] = [
         ("apps", "apps attached", |t| t.apps as u64),

@@ -105,6 +105,14 @@ fn calls_and_served_calls_cross_poll_threads_in_every_transfer_mode() {
     }
     let sa = a.ctl_json(&["stats"]);
     assert_eq!(sa["conns"][0]["replies-in"], 24 + 64, "{sa}");
+    // The crossings really happened: on both daemons each thread sent hops to the other
+    // (calls one way, their answers back; served calls and replies on B).
+    for (d, s) in [("A", &sa), ("B", &b.ctl_json(&["stats"]))] {
+        for t in s["threads"].as_array().expect("threads") {
+            assert!(t["hops-out"].as_u64() > Some(0), "{d}: {t}");
+            assert!(t["hops-in"].as_u64() > Some(0), "{d}: {t}");
+        }
+    }
     let sb = b.ctl_json(&["stats"]);
     assert_eq!(sb["conns"][0]["replies-out"], 24 + 64, "{sb}");
     // Every transfer mode was used (counted on the requester).

@@ -298,6 +298,7 @@ fn human(req: &Request, r: &Value) -> String {
                     "busy-polls",
                     "idle-polls",
                     "parks",
+                    "hops-out",
                     "apps",
                     "app-ops",
                     "rpcs-in-flight",
@@ -311,8 +312,8 @@ fn human(req: &Request, r: &Value) -> String {
             );
             let totals = rows(&r["threads"], &["send-buffers", "recv-buffers"]);
             for (t, tot) in threads.iter_mut().zip(&totals) {
-                t[9] = format!("{}/{}", t[9], tot[0]);
-                t[10] = format!("{}/{}", t[10], tot[1]);
+                t[10] = format!("{}/{}", t[10], tot[0]);
+                t[11] = format!("{}/{}", t[11], tot[1]);
             }
             out += &table::render(
                 &[
@@ -320,6 +321,7 @@ fn human(req: &Request, r: &Value) -> String {
                     "BUSY-POLLS",
                     "IDLE-POLLS",
                     "PARKS",
+                    "HOPS-OUT",
                     "APPS",
                     "APP-OPS",
                     "RPCS",

@@ -188,6 +188,12 @@ pub struct ThreadStats {
     pub idle_ns: u64,
     /// Times the thread parked.
     pub parks: u64,
+    /// Hops (calls, answers, served calls) sent to other poll threads.
+    pub hops_out: u64,
+    /// Hops received from other poll threads.
+    pub hops_in: u64,
+    /// Hops kept back because the queue to another thread was full (sent later, in order).
+    pub hops_deferred: u64,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.

@@ -412,6 +412,7 @@ impl<P: Provider> PollThread<P> {
                     break;
                 };
                 work = true;
+                self.stats.hops_in += 1;
                 self.on_hop(from, h, now);
             }
         }
@@ -432,10 +433,13 @@ impl<P: Provider> PollThread<P> {
             tracing::debug!(to, "hop to an unknown thread dropped");
             return;
         };
+        self.stats.hops_out += 1;
         if !out.is_empty() {
+            self.stats.hops_deferred += 1;
             out.push_back(hop);
         } else if let Err(h) = self.port.push(to, hop) {
             // Bounded in practice: hops answer operations in flight, which are bounded.
+            self.stats.hops_deferred += 1;
             out.push_back(h);
         }
     }
