@@ -564,7 +564,7 @@ impl Daemon {
                     }
                     None => remote.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
                 };
-                info!(conn, peer = %name, "connection up");
+                info!(conn, peer = %name, thread, "connection up");
                 self.remote_of.insert(conn, name);
                 let v1_only = peer
                     .and_then(|p| self.peers.get(p as usize))
