@@ -1,0 +1,225 @@
+//! Two real poll threads (soft provider over their in-memory fabric), real shared-memory apps:
+//! the apps are on thread 0, the connection (both of its ends) on thread 1, so every call and
+//! every served call crosses between the threads as hops. The queues between the threads are
+//! made tiny (16 hops), so a burst of calls overflows them: the hops held back must still
+//! arrive, in order, and every call get exactly its reply.
+#![forbid(unsafe_code)]
+
+use rpcrdma_dataplane::poll::{
+    self, Command, Event, IdleSpec, Mesh, PollHandle, PollSpec, PoolSpec, Snapshot, TransportSpec,
+};
+use rpcrdma_shm::abi::Geometry;
+use rpcrdma_shm::attach::Listener;
+use rpcrdma_shm::rdmatest::{self, pattern};
+use rpcrdma_shm::{Client, Server};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const T: Option<Duration> = Some(Duration::from_secs(30));
+
+fn spec(index: usize) -> PollSpec {
+    PollSpec {
+        index,
+        core: None,
+        idle: IdleSpec::Backoff {
+            spin_polls: 100,
+            backoff_max: Duration::from_micros(50),
+            park_after: Duration::from_millis(2),
+        },
+        transport: TransportSpec {
+            version: 1,
+            inline_send: 4096,
+            inline_recv: 4096,
+            credits: 32,
+            backchannel_credits: 0,
+            ddp_threshold: 1024,
+            remote_invalidation: false,
+            recv_buffer_size: 4096,
+            ird: 16,
+            ord: 16,
+            v2_first_reply_timeout: Duration::from_secs(5),
+            max_segments_per_chunk: 16,
+            max_chunks_per_list: 4,
+        },
+        max_conns: 2,
+        pools: PoolSpec {
+            recv_buffers: 128,
+            send_buffers: 256,
+        },
+        max_apps: 4,
+        geometry: Geometry {
+            sq_entries: 256,
+            cq_entries: 256,
+            arena_size: 4 << 20,
+            peers: 0,
+        },
+        peers: vec!["self".into()],
+        queue_depth: 64,
+    }
+}
+
+/// The next event of `h` matching `f`, other events dropped (panics after 20 s).
+fn expect<T>(h: &PollHandle, what: &str, mut f: impl FnMut(Event) -> Option<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        match h.recv() {
+            Some(Event::Failed(e)) => panic!("poll thread failed: {e}"),
+            Some(ev) => {
+                if let Some(x) = f(ev) {
+                    return x;
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    panic!("no {what}");
+}
+
+/// Starts `app` (which attaches to `path`) on a thread and hands its attachment to `to`.
+fn attach<A: Send + 'static>(
+    apps: &mut Listener,
+    to: &PollHandle,
+    app: impl FnOnce() -> A + Send + 'static,
+) -> std::thread::JoinHandle<A> {
+    let t = std::thread::spawn(app);
+    let end = Instant::now() + Duration::from_secs(20);
+    let att = loop {
+        if let Some(a) = apps.accept().expect("accept") {
+            break a;
+        }
+        assert!(Instant::now() < end, "the app never connected");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    to.send(Command::Attach(Box::new(att))).expect("attach");
+    expect(to, "AppAttached", |e| {
+        matches!(e, Event::AppAttached { .. }).then_some(())
+    });
+    t
+}
+
+fn stats(h: &PollHandle) -> rpcrdma_dataplane::poll::ThreadStats {
+    h.send(Command::Snapshot(Box::new(Snapshot::with_capacity(2))))
+        .expect("snapshot");
+    expect(h, "Snapshot", |e| match e {
+        Event::Snapshot(s) => Some(s.thread),
+        _ => None,
+    })
+}
+
+fn server(path: &Path) -> Server {
+    let mut s = Server::connect(path).expect("server attach");
+    s.receive_buffers(8, 64 * 1024);
+    s
+}
+
+#[test]
+fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
+    let dir = std::env::temp_dir().join(format!("rpcrdma-dp-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("app.sock");
+    let mut mesh = Mesh::new(2, 2, 1, 16).expect("mesh");
+    let soft = rpcrdma_verbs::soft::SoftConfig::default();
+    let t0 = poll::spawn_mem(spec(0), mesh.port(0).expect("port"), soft, Box::new(|| {}))
+        .expect("thread 0");
+    let t1 = poll::spawn_mem(spec(1), mesh.port(1).expect("port"), soft, Box::new(|| {}))
+        .expect("thread 1");
+    for h in [&t0, &t1] {
+        expect(h, "Started", |e| {
+            matches!(e, Event::Started { .. }).then_some(())
+        });
+    }
+    // Thread 1 listens and connects to itself: both ends of the connection are its own.
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    t1.send(Command::Listen { addr: any }).expect("listen");
+    let addr = expect(&t1, "Listening", |e| match e {
+        Event::Listening { result, .. } => Some(result.expect("bound")),
+        _ => None,
+    });
+    t1.send(Command::Connect {
+        peer: 0,
+        addr,
+        version: 1,
+    })
+    .expect("connect");
+    let conn = expect(&t1, "Up", |e| match e {
+        Event::Up {
+            conn,
+            peer: Some(0),
+            ..
+        } => Some(conn),
+        _ => None,
+    });
+    assert_eq!(mesh.thread_of(conn), 1, "connection ids name their thread");
+
+    // Both apps on thread 0.
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    let p = path.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let _server = attach(&mut apps, &t0, move || {
+        let mut s = server(&p);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready_tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("server registered");
+    let p = path.clone();
+    let client = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"));
+    let mut c = client.join().expect("client thread");
+    let peer = c.peer("self").expect("peer");
+
+    // A burst of 200 ECHOs, sizes across the inline threshold, with DDP arguments and results
+    // for some: far more hops at once than the 16-deep queues hold.
+    let mut tickets = Vec::new();
+    for i in 0..200u32 {
+        let len = [0usize, 40, 700, 3000, 9000][i as usize % 5];
+        let data = pattern(i, len);
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+        if len >= 3000 && i % 2 == 0 {
+            call.args().put_ddp_opaque(&data);
+            call.result_buffer(len as u32);
+        } else {
+            call.args().put_opaque(&data);
+            call.max_reply(len as u32 + 512);
+        }
+        tickets.push((data, call.submit().expect("submit")));
+    }
+    for (i, (data, t)) in tickets.into_iter().enumerate() {
+        let r = c.wait(t, T).unwrap_or_else(|e| panic!("call {i}: {e:?}"));
+        assert_eq!(r.accept_stat, 0, "call {i}");
+        let mut want = (data.len() as u32).to_be_bytes().to_vec();
+        want.extend_from_slice(&data);
+        want.resize(4 + data.len().div_ceil(4) * 4, 0);
+        assert_eq!(r.body, want, "call {i}");
+    }
+
+    // Answers to the server's replies (ReplyDone) may still be on their way: wait until every
+    // hop sent has been received.
+    let end = Instant::now() + Duration::from_secs(20);
+    let (s0, s1) = loop {
+        let (s0, s1) = (stats(&t0), stats(&t1));
+        if (s0.hops_in, s1.hops_in) == (s1.hops_out, s0.hops_out) || Instant::now() > end {
+            break (s0, s1);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(s1.totals.calls_out, 200, "{s1:?}");
+    assert_eq!(s1.totals.replies_out, 200, "{s1:?}");
+    assert_eq!((s0.totals.calls_out, s0.apps, s1.apps), (0, 2, 0));
+    // Calls and replies went 0 → 1, their answers and the served calls 1 → 0.
+    assert!(s0.hops_out >= 400 && s1.hops_out >= 400, "{s0:?} {s1:?}");
+    assert_eq!((s0.hops_in, s1.hops_in), (s1.hops_out, s0.hops_out));
+    assert!(
+        s0.hops_deferred + s1.hops_deferred > 0,
+        "the 16-deep queues never overflowed: {s0:?} {s1:?}"
+    );
+    // The apps' arenas are registered on both threads (plus each thread's pool).
+    assert_eq!((s0.regions, s1.regions), (3, 3));
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
