@@ -70,6 +70,7 @@
 
 mod requester;
 mod responder;
+mod xids;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -634,8 +635,8 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
-    /// Per call slot: its XID and whether it is sent and unanswered (what `find_call` scans).
-    sent: Vec<(u32, bool)>,
+    /// The calls sent and unanswered, by XID (what `find_call` looks up).
+    sent: xids::XidIndex,
     /// Cancelled calls still owed a reply.
     ghosts: u32,
     call_free: Vec<u32>,
@@ -708,7 +709,7 @@ impl Connection {
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
                 .collect(),
-            sent: vec![(0, false); cfg.max_calls as usize],
+            sent: xids::XidIndex::new(cfg.max_calls),
             ghosts: 0,
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
@@ -918,9 +919,7 @@ impl Connection {
                 }
             }
         }
-        for e in &mut self.sent {
-            e.1 = false;
-        }
+        self.sent.clear();
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
                 self.events.push_back(Event::CallDone(done));

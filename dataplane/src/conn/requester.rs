@@ -205,11 +205,7 @@ impl Connection {
 
     /// The slot of the sent call with `xid`.
     pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
-        // A compact index: scanning the call slots themselves touches far more memory.
-        self.sent
-            .iter()
-            .position(|&(x, sent)| sent && x == xid)
-            .map(|i| i as u32)
+        self.sent.get(xid)
     }
 
     /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
@@ -290,9 +286,7 @@ impl Connection {
             return true;
         };
         if ok {
-            if let Some(e) = self.sent.get_mut(i as usize) {
-                *e = (xid, true);
-            }
+            self.sent.insert(xid, i);
             self.in_flight += 1;
             self.stats.calls_sent += 1;
             if self.vers == v2::VERSION && !self.v2_confirmed && self.first_sent.is_none() {
@@ -517,9 +511,7 @@ impl Connection {
         };
         c.done = Some(done);
         c.state = State::Invalidating;
-        if let Some(e) = self.sent.get_mut(i as usize) {
-            e.1 = false;
-        }
+        self.sent.remove(c.xid, i);
         c.inv_pending = 0;
         let mut skipped = 0;
         for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
