@@ -1172,7 +1172,10 @@ impl Connection {
         inv: Option<u32>,
         env: &mut impl Env,
     ) -> bool {
-        let d = match proto::decode(msg, &self.limits) {
+        // Matched by reference: the decoded header is large, and only a few of its words
+        // are read per message.
+        let decoded = proto::decode(msg, &self.limits);
+        let d = match &decoded {
             Ok(d) => d,
             Err(rej) => {
                 // A header error in a reply is dropped; in a call it is answered. A message
@@ -1190,10 +1193,10 @@ impl Connection {
             }
         };
         let payload = msg.get(d.header_len..).unwrap_or(&[]);
-        match d.message {
+        match &d.message {
             Message::V1(h) => {
                 let credit = h.credit;
-                match h.body {
+                match &h.body {
                     v1::Body::Msg(c) => self.on_msg(
                         now,
                         slot,
@@ -1208,7 +1211,7 @@ impl Connection {
                     ),
                     v1::Body::Nomsg(c) => self.on_nomsg(now, slot, 1, h.xid, credit, c, inv, env),
                     v1::Body::Error(e) => {
-                        let (status, code) = match e {
+                        let (status, code) = match *e {
                             v1::ErrorBody::Vers { low, high } => {
                                 (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
                             }
@@ -1220,8 +1223,9 @@ impl Connection {
                     }
                 }
             }
-            Message::V2(h) => match h.body {
+            Message::V2(h) => match &h.body {
                 v2::Body::Msg { direction, chunks } => {
+                    let direction = *direction;
                     self.confirm_v2();
                     if proto::rpc::msg_type(payload) != Some(direction) {
                         self.reject_direction(h.xid, direction, env);
@@ -1241,6 +1245,7 @@ impl Connection {
                     )
                 }
                 v2::Body::Nomsg { direction, chunks } => {
+                    let direction = *direction;
                     self.confirm_v2();
                     let call = chunks.reads.has_position_zero();
                     if call != (direction == MsgType::Call) {
@@ -1250,7 +1255,7 @@ impl Connection {
                     self.on_nomsg(now, slot, 2, h.xid, h.credit, chunks, inv, env)
                 }
                 v2::Body::Error(e) => {
-                    let (status, code) = match e {
+                    let (status, code) = match *e {
                         v2::ErrorBody::Vers { low, high } => {
                             (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
                         }
@@ -1266,7 +1271,7 @@ impl Connection {
                     false
                 }
                 v2::Body::Optional(o) => {
-                    self.on_optional(h.xid, o);
+                    self.on_optional(h.xid, *o);
                     false
                 }
             },
@@ -1424,7 +1429,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        c: proto::ChunkLists<'_>,
+        c: &proto::ChunkLists<'_>,
         header_len: usize,
         payload: &[u8],
         inv: Option<u32>,
@@ -1459,7 +1464,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        c: proto::ChunkLists<'_>,
+        c: &proto::ChunkLists<'_>,
         inv: Option<u32>,
         env: &mut impl Env,
     ) -> bool {

@@ -610,7 +610,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        lists: ChunkLists<'_>,
+        lists: &ChunkLists<'_>,
         payload: Option<&[u8]>,
         inv: Option<u32>,
         env: &mut impl Env,
@@ -636,7 +636,7 @@ impl Connection {
         let Some(c) = self.calls.get(i as usize) else {
             return;
         };
-        let done = self.place_reply(c, &lists, payload, env);
+        let done = self.place_reply(c, lists, payload, env);
         self.end_call(i, done, inv);
     }
 

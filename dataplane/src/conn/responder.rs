@@ -305,7 +305,7 @@ impl Connection {
         slot: MemRef,
         vers: u32,
         xid: u32,
-        lists: ChunkLists<'_>,
+        lists: &ChunkLists<'_>,
         inline: Option<(usize, &[u8])>,
         env: &mut impl Env,
     ) -> bool {
@@ -324,7 +324,7 @@ impl Connection {
         let ok = match self.serves.get_mut(i as usize) {
             Some(s) => {
                 s.reset(xid, vers, slot);
-                copy_lists(s, &lists).is_some()
+                copy_lists(s, lists).is_some()
             }
             None => false,
         };
