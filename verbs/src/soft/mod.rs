@@ -126,8 +126,15 @@ impl<T: Default + Clone> Ring<T> {
     fn len(&self) -> usize {
         self.len
     }
+    /// The buffer index of entry `i` (`head < buf.len()` and `i <= buf.len()`, so one
+    /// subtraction wraps it: no division on the per-request path).
     fn slot(&self, i: usize) -> usize {
-        (self.head + i) % self.buf.len()
+        let s = self.head + i;
+        if s >= self.buf.len() {
+            s - self.buf.len()
+        } else {
+            s
+        }
     }
     /// The next free slot (to fill) or `None` when full; [`Ring::commit`] makes it visible.
     fn next_free(&mut self) -> Option<&mut T> {
@@ -160,7 +167,7 @@ impl<T: Default + Clone> Ring<T> {
     }
     fn drop_front(&mut self) {
         if self.len > 0 {
-            self.head = (self.head + 1) % self.buf.len();
+            self.head = self.slot(1);
             self.len -= 1;
         }
     }
