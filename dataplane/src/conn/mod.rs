@@ -234,6 +234,7 @@ const K_WRITE: u32 = 3;
 const K_INV: u32 = 4;
 const KIND_SHIFT: u32 = 28;
 
+#[inline]
 fn tag(kind: u32, idx: u32) -> Tag {
     (kind << KIND_SHIFT) | (idx & ((1 << KIND_SHIFT) - 1))
 }
@@ -782,6 +783,7 @@ impl Connection {
 
     /// Inline threshold for what this side sends now: 1024 until version two is confirmed
     /// (V2-5-b), then as learned.
+    #[inline]
     fn threshold(&self) -> u32 {
         let t = self.send_threshold.min(self.peer_cap);
         if self.vers == v2::VERSION && !self.v2_confirmed {
@@ -831,6 +833,7 @@ impl Connection {
     }
 
     /// The credit limit this side's calls obey now (min of requested and granted).
+    #[inline]
     pub fn credit_limit(&self) -> u32 {
         self.cfg.credits.min(self.granted).max(1)
     }
@@ -956,12 +959,14 @@ impl Connection {
         self.pump(env);
     }
 
+    #[inline]
     fn recv_buf(&self, slot: u32) -> Option<MemRef> {
         self.cfg
             .recv_pool
             .sub(slot.checked_mul(self.cfg.recv_size)?, self.cfg.recv_size)
     }
 
+    #[inline]
     fn send_buf(&self, slot: u32) -> Option<MemRef> {
         self.send_bufs
             .get(slot as usize)
@@ -969,6 +974,7 @@ impl Connection {
             .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)
     }
 
+    #[inline]
     fn send_tail(&self, slot: u32, off: u32, len: u32) -> Option<MemRef> {
         self.send_buf(slot)?.sub(self.cfg.send_size + off, len)
     }
