@@ -864,11 +864,13 @@ impl Connection {
     }
 
     /// The next work request to post.
+    #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
         self.work.pop_front()
     }
 
     /// The next event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -979,6 +981,7 @@ impl Connection {
         self.send_buf(slot)?.sub(self.cfg.send_size + off, len)
     }
 
+    #[inline]
     fn post_recv(&mut self, slot: u32) {
         if let Some(buf) = self.recv_buf(slot) {
             self.recv_posted += 1;
@@ -1026,6 +1029,7 @@ impl Connection {
         }
     }
 
+    #[inline]
     fn queue_send(&mut self, slot: u32, buf: MemRef, invalidate: Option<u32>) {
         if let Some(b) = self.send_busy.get_mut(slot as usize) {
             *b = true;
@@ -1133,6 +1137,7 @@ impl Connection {
     }
 
     /// Returns a receive buffer: reposted if it is one of ours, released if shared.
+    #[inline]
     pub(super) fn release_recv(&mut self, buf: MemRef) {
         if self.cfg.shared_recv {
             self.work.push_back(Work::Release { buf });
