@@ -88,6 +88,7 @@ impl RecvWr {
         &self.sg[..usize::from(self.n)]
     }
     /// Fill in place (copies only the used entries: these structs are large).
+    #[inline]
     fn fill(&mut self, wr_id: u64, sg: &[Sge], max: u32) -> Result<()> {
         if sg.len() > MAX_SGE || sg.len() > max as usize {
             return Err(Error::TooManySge);
@@ -340,6 +341,7 @@ struct Ctx<'a> {
     events: &'a mut VecDeque<CmEvent>,
 }
 
+#[inline]
 fn push_wc(cqs: &mut [Option<Cq>], cq: CqId, wc: WorkCompletion) {
     if let Some(Some(c)) = cqs.get_mut(cq.0 as usize) {
         c.q.push_back(wc);
