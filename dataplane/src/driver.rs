@@ -274,6 +274,7 @@ impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
     }
 }
 
+#[inline]
 fn sge(regions: &[Mr], at: MemRef) -> Option<Sge> {
     let mr = regions.iter().find(|r| r.id == at.mr)?;
     let end = at.offset.checked_add(u64::from(at.len))?;
@@ -284,6 +285,7 @@ fn sge(regions: &[Mr], at: MemRef) -> Option<Sge> {
     })
 }
 
+#[inline]
 fn wr_id(c: ConnId, tag: u32) -> u64 {
     (u64::from(c.idx & 0xffff) << 48) | (u64::from(c.gen & 0xffff) << 32) | u64::from(tag)
 }

@@ -34,6 +34,7 @@ pub fn auth_error_reply(xid: u32, auth_stat: u32) -> [u8; DENIED_HEADER_LEN] {
 }
 
 /// An RPC call header for `xid`, `prog`, `vers`, `proc_` with AUTH_NONE credentials.
+#[inline]
 pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEADER_LEN] {
     let words = [xid, 0, 2, prog, vers, proc_, 0, 0, 0, 0];
     let mut b = [0u8; CALL_HEADER_LEN];
@@ -44,6 +45,7 @@ pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEAD
 }
 
 /// An accepted RPC reply header for `xid` with an AUTH_NONE verifier and `accept_stat`.
+#[inline]
 pub fn reply_header(xid: u32, accept_stat: u32) -> [u8; REPLY_HEADER_LEN] {
     let words = [xid, 1, 0, 0, 0, accept_stat];
     let mut b = [0u8; REPLY_HEADER_LEN];

@@ -70,6 +70,7 @@
 
 mod requester;
 mod responder;
+mod xids;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -233,6 +234,7 @@ const K_WRITE: u32 = 3;
 const K_INV: u32 = 4;
 const KIND_SHIFT: u32 = 28;
 
+#[inline]
 fn tag(kind: u32, idx: u32) -> Tag {
     (kind << KIND_SHIFT) | (idx & ((1 << KIND_SHIFT) - 1))
 }
@@ -634,8 +636,8 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
-    /// Per call slot: its XID and whether it is sent and unanswered (what `find_call` scans).
-    sent: Vec<(u32, bool)>,
+    /// The calls sent and unanswered, by XID (what `find_call` looks up).
+    sent: xids::XidIndex,
     /// Cancelled calls still owed a reply.
     ghosts: u32,
     call_free: Vec<u32>,
@@ -708,7 +710,7 @@ impl Connection {
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
                 .collect(),
-            sent: vec![(0, false); cfg.max_calls as usize],
+            sent: xids::XidIndex::new(cfg.max_calls),
             ghosts: 0,
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
@@ -781,6 +783,7 @@ impl Connection {
 
     /// Inline threshold for what this side sends now: 1024 until version two is confirmed
     /// (V2-5-b), then as learned.
+    #[inline]
     fn threshold(&self) -> u32 {
         let t = self.send_threshold.min(self.peer_cap);
         if self.vers == v2::VERSION && !self.v2_confirmed {
@@ -830,6 +833,7 @@ impl Connection {
     }
 
     /// The credit limit this side's calls obey now (min of requested and granted).
+    #[inline]
     pub fn credit_limit(&self) -> u32 {
         self.cfg.credits.min(self.granted).max(1)
     }
@@ -860,11 +864,13 @@ impl Connection {
     }
 
     /// The next work request to post.
+    #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
         self.work.pop_front()
     }
 
     /// The next event.
+    #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
     }
@@ -918,9 +924,7 @@ impl Connection {
                 }
             }
         }
-        for e in &mut self.sent {
-            e.1 = false;
-        }
+        self.sent.clear();
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
                 self.events.push_back(Event::CallDone(done));
@@ -957,12 +961,14 @@ impl Connection {
         self.pump(env);
     }
 
+    #[inline]
     fn recv_buf(&self, slot: u32) -> Option<MemRef> {
         self.cfg
             .recv_pool
             .sub(slot.checked_mul(self.cfg.recv_size)?, self.cfg.recv_size)
     }
 
+    #[inline]
     fn send_buf(&self, slot: u32) -> Option<MemRef> {
         self.send_bufs
             .get(slot as usize)
@@ -970,10 +976,12 @@ impl Connection {
             .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)
     }
 
+    #[inline]
     fn send_tail(&self, slot: u32, off: u32, len: u32) -> Option<MemRef> {
         self.send_buf(slot)?.sub(self.cfg.send_size + off, len)
     }
 
+    #[inline]
     fn post_recv(&mut self, slot: u32) {
         if let Some(buf) = self.recv_buf(slot) {
             self.recv_posted += 1;
@@ -1021,6 +1029,7 @@ impl Connection {
         }
     }
 
+    #[inline]
     fn queue_send(&mut self, slot: u32, buf: MemRef, invalidate: Option<u32>) {
         if let Some(b) = self.send_busy.get_mut(slot as usize) {
             *b = true;
@@ -1128,6 +1137,7 @@ impl Connection {
     }
 
     /// Returns a receive buffer: reposted if it is one of ours, released if shared.
+    #[inline]
     pub(super) fn release_recv(&mut self, buf: MemRef) {
         if self.cfg.shared_recv {
             self.work.push_back(Work::Release { buf });
@@ -1173,7 +1183,10 @@ impl Connection {
         inv: Option<u32>,
         env: &mut impl Env,
     ) -> bool {
-        let d = match proto::decode(msg, &self.limits) {
+        // Matched by reference: the decoded header is large, and only a few of its words
+        // are read per message.
+        let decoded = proto::decode(msg, &self.limits);
+        let d = match &decoded {
             Ok(d) => d,
             Err(rej) => {
                 // A header error in a reply is dropped; in a call it is answered. A message
@@ -1191,10 +1204,10 @@ impl Connection {
             }
         };
         let payload = msg.get(d.header_len..).unwrap_or(&[]);
-        match d.message {
+        match &d.message {
             Message::V1(h) => {
                 let credit = h.credit;
-                match h.body {
+                match &h.body {
                     v1::Body::Msg(c) => self.on_msg(
                         now,
                         slot,
@@ -1209,7 +1222,7 @@ impl Connection {
                     ),
                     v1::Body::Nomsg(c) => self.on_nomsg(now, slot, 1, h.xid, credit, c, inv, env),
                     v1::Body::Error(e) => {
-                        let (status, code) = match e {
+                        let (status, code) = match *e {
                             v1::ErrorBody::Vers { low, high } => {
                                 (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
                             }
@@ -1221,8 +1234,9 @@ impl Connection {
                     }
                 }
             }
-            Message::V2(h) => match h.body {
+            Message::V2(h) => match &h.body {
                 v2::Body::Msg { direction, chunks } => {
+                    let direction = *direction;
                     self.confirm_v2();
                     if proto::rpc::msg_type(payload) != Some(direction) {
                         self.reject_direction(h.xid, direction, env);
@@ -1242,6 +1256,7 @@ impl Connection {
                     )
                 }
                 v2::Body::Nomsg { direction, chunks } => {
+                    let direction = *direction;
                     self.confirm_v2();
                     let call = chunks.reads.has_position_zero();
                     if call != (direction == MsgType::Call) {
@@ -1251,7 +1266,7 @@ impl Connection {
                     self.on_nomsg(now, slot, 2, h.xid, h.credit, chunks, inv, env)
                 }
                 v2::Body::Error(e) => {
-                    let (status, code) = match e {
+                    let (status, code) = match *e {
                         v2::ErrorBody::Vers { low, high } => {
                             (CallStatus::ErrVers, proto::ErrorCode::Vers { low, high })
                         }
@@ -1267,7 +1282,7 @@ impl Connection {
                     false
                 }
                 v2::Body::Optional(o) => {
-                    self.on_optional(h.xid, o);
+                    self.on_optional(h.xid, *o);
                     false
                 }
             },
@@ -1425,7 +1440,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        c: proto::ChunkLists<'_>,
+        c: &proto::ChunkLists<'_>,
         header_len: usize,
         payload: &[u8],
         inv: Option<u32>,
@@ -1460,7 +1475,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        c: proto::ChunkLists<'_>,
+        c: &proto::ChunkLists<'_>,
         inv: Option<u32>,
         env: &mut impl Env,
     ) -> bool {

@@ -105,6 +105,39 @@ impl Call {
         Some(CallDone::failed(self.user, self.xid, CallStatus::Closed))
     }
 
+    /// Fills the free slot with a new queued call, in place (the slot is large: building a
+    /// fresh one and moving it in costs a copy per call). Its arrays are only read up to
+    /// their counts, so only the counts are cleared.
+    fn reset(&mut self, spec: &CallSpec<'_>) {
+        self.state = State::Queued;
+        self.user = spec.user;
+        self.xid = spec.xid;
+        self.prog = spec.prog;
+        self.vers = spec.vers;
+        self.proc_ = spec.proc_;
+        self.msg = spec.msg;
+        self.n_args = 0;
+        for (d, s) in self.args.iter_mut().zip(spec.args) {
+            *d = *s;
+            self.n_args += 1;
+        }
+        self.n_results = 0;
+        for (d, s) in self.results.iter_mut().zip(spec.results) {
+            *d = *s;
+            self.n_results += 1;
+        }
+        self.reply = spec.reply;
+        self.slot = None;
+        self.n_rkeys = 0;
+        self.inv_pending = 0;
+        self.n_w = 0;
+        self.n_reply = 0;
+        self.done = None;
+        self.requeue = false;
+        self.retried = false;
+        self.ghost = false;
+    }
+
     fn args(&self) -> &[ArgPiece] {
         self.args.get(..usize::from(self.n_args)).unwrap_or(&[])
     }
@@ -153,27 +186,8 @@ impl Connection {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
         let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
-        let mut c = Call {
-            state: State::Queued,
-            user: spec.user,
-            xid: spec.xid,
-            prog: spec.prog,
-            vers: spec.vers,
-            proc_: spec.proc_,
-            msg: spec.msg,
-            n_args: spec.args.len() as u8,
-            n_results: spec.results.len() as u8,
-            reply: spec.reply,
-            ..Call::default()
-        };
-        for (d, s) in c.args.iter_mut().zip(spec.args) {
-            *d = *s;
-        }
-        for (d, s) in c.results.iter_mut().zip(spec.results) {
-            *d = *s;
-        }
-        if let Some(slot) = self.calls.get_mut(i as usize) {
-            *slot = c;
+        if let Some(c) = self.calls.get_mut(i as usize) {
+            c.reset(spec);
         }
         if self.in_flight >= self.credit_limit() {
             self.stats.credit_stalls += 1;
@@ -191,11 +205,7 @@ impl Connection {
 
     /// The slot of the sent call with `xid`.
     pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
-        // A compact index: scanning the call slots themselves touches far more memory.
-        self.sent
-            .iter()
-            .position(|&(x, sent)| sent && x == xid)
-            .map(|i| i as u32)
+        self.sent.get(xid)
     }
 
     /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
@@ -256,30 +266,34 @@ impl Connection {
     /// Sends queued call `i`; false (and the call stays first in the queue) if no send
     /// buffer is free.
     pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) -> bool {
-        let Some(mut c) = self.calls.get(i as usize).copied() else {
+        if self.calls.get(i as usize).is_none() {
             return true;
-        };
+        }
         let Some(slot) = self.alloc_send(SendOwner::Call, env) else {
             self.queued.push_front(i);
             return false;
         };
         self.call_sends += 1;
-        c.slot = Some(slot);
-        let ok = self.marshal(&mut c, slot, env).is_some();
-        if let Some(slot) = self.calls.get_mut(i as usize) {
-            *slot = c;
-        }
+        // The call is built in its slot, not in a copy of it (the record is large): the slots
+        // are lent out of `self` while `marshal`, which touches no other call, runs.
+        let mut calls = std::mem::take(&mut self.calls);
+        let built = calls.get_mut(i as usize).map(|c| {
+            c.slot = Some(slot);
+            (self.marshal(c, slot, env).is_some(), c.user, c.xid)
+        });
+        self.calls = calls;
+        let Some((ok, user, xid)) = built else {
+            return true;
+        };
         if ok {
-            if let Some(e) = self.sent.get_mut(i as usize) {
-                *e = (c.xid, true);
-            }
+            self.sent.insert(xid, i);
             self.in_flight += 1;
             self.stats.calls_sent += 1;
             if self.vers == v2::VERSION && !self.v2_confirmed && self.first_sent.is_none() {
                 self.first_pending = true;
             }
         } else {
-            self.end_call(i, CallDone::failed(c.user, c.xid, CallStatus::Local), None);
+            self.end_call(i, CallDone::failed(user, xid, CallStatus::Local), None);
         }
         true
     }
@@ -390,10 +404,10 @@ impl Connection {
         let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
         let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
         if short {
-            let args = c.args;
-            for (k, a) in args.iter().take(usize::from(c.n_args)).enumerate() {
+            for k in 0..usize::from(c.n_args) {
                 if reduce[k] {
-                    let seg = c.expose(env, a.mem, Access::REMOTE_READ)?;
+                    let mem = c.args.get(k)?.mem;
+                    let seg = c.expose(env, mem, Access::REMOTE_READ)?;
                     *reads.get_mut(n_reads)? = ReadSegment::new(upos[k], seg);
                     n_reads += 1;
                     self.stats.read_chunks += 1;
@@ -497,9 +511,7 @@ impl Connection {
         };
         c.done = Some(done);
         c.state = State::Invalidating;
-        if let Some(e) = self.sent.get_mut(i as usize) {
-            e.1 = false;
-        }
+        self.sent.remove(c.xid, i);
         c.inv_pending = 0;
         let mut skipped = 0;
         for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
@@ -598,7 +610,7 @@ impl Connection {
         vers: u32,
         xid: u32,
         credit: u32,
-        lists: ChunkLists<'_>,
+        lists: &ChunkLists<'_>,
         payload: Option<&[u8]>,
         inv: Option<u32>,
         env: &mut impl Env,
@@ -621,16 +633,16 @@ impl Connection {
         self.in_flight = self.in_flight.saturating_sub(1);
         // R8166-3.3.1-f/AMB-4: the grant of every non-error reply, 0 read as 1.
         self.granted = credit.max(1);
-        let Some(c) = self.calls.get(i as usize).copied() else {
+        let Some(c) = self.calls.get(i as usize) else {
             return;
         };
-        let done = self.place_reply(&c, &lists, payload, env);
+        let done = self.place_reply(c, lists, payload, env);
         self.end_call(i, done, inv);
     }
 
     /// Puts the reply's results where the app wants them and checks the echoed chunks.
     fn place_reply(
-        &mut self,
+        &self,
         c: &Call,
         lists: &ChunkLists<'_>,
         payload: Option<&[u8]>,
@@ -715,7 +727,7 @@ impl Connection {
     /// Reads the RPC reply header of a Long reply from the landing area and moves the
     /// results to the start of the app's buffer if the header was longer than expected.
     fn take_reply_chunk(
-        &mut self,
+        &self,
         c: &Call,
         lists: &ChunkLists<'_>,
         env: &mut impl Env,

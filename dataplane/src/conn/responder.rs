@@ -305,7 +305,7 @@ impl Connection {
         slot: MemRef,
         vers: u32,
         xid: u32,
-        lists: ChunkLists<'_>,
+        lists: &ChunkLists<'_>,
         inline: Option<(usize, &[u8])>,
         env: &mut impl Env,
     ) -> bool {
@@ -324,7 +324,7 @@ impl Connection {
         let ok = match self.serves.get_mut(i as usize) {
             Some(s) => {
                 s.reset(xid, vers, slot);
-                copy_lists(s, &lists).is_some()
+                copy_lists(s, lists).is_some()
             }
             None => false,
         };
@@ -739,7 +739,31 @@ impl Connection {
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
     ) -> Option<bool> {
-        let s = self.serves.get(i as usize).copied()?;
+        // Built from the serve slot in place, not from a copy (the record is large): the
+        // slots are lent out of `self` while `reply_from`, which touches no other serve, runs.
+        let mut serves = std::mem::take(&mut self.serves);
+        let r = match serves.get_mut(i as usize) {
+            Some(s) => self.reply_from(s, i, slot, spec, env),
+            None => None,
+        };
+        self.serves = serves;
+        if r == Some(true) {
+            self.uncount(i);
+        }
+        r
+    }
+
+    /// [`build_reply`](Self::build_reply) for serve `s` (slot `i`). The echoed chunk
+    /// lengths are rewritten in `s.segs` itself: once the reply is built nothing reads the
+    /// offered lengths again, and nothing is rewritten before the last `Some(false)`.
+    fn reply_from(
+        &mut self,
+        s: &mut Serve,
+        i: u32,
+        slot: u32,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Option<bool> {
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
         // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order.
@@ -801,8 +825,6 @@ impl Connection {
 
         // RDMA Writes first: they precede the reply's Send on the queue pair (R8166-2.3.2-c).
         let mut writes = 0u32;
-        // One copy of the segments serves both echoes (their ranges do not overlap).
-        let mut echo = s.segs;
         for (k, r) in spec.results.iter().enumerate() {
             if !to_chunk[k] {
                 continue;
@@ -822,7 +844,8 @@ impl Connection {
                 }
             })?;
             // R8166-3.4.6-c: the echo keeps every segment, lengths rewritten.
-            for (j, e) in echo
+            for (j, e) in s
+                .segs
                 .iter_mut()
                 .skip(usize::from(first))
                 .take(usize::from(n))
@@ -835,7 +858,8 @@ impl Connection {
         // R8166-4.3.2.2-a, AMB-7: unused chunks go back with every length 0.
         for k in spec.results.len()..usize::from(s.n_wchunk) {
             let (first, n) = s.wchunk.get(k).copied()?;
-            for e in echo
+            for e in s
+                .segs
                 .iter_mut()
                 .skip(usize::from(first))
                 .take(usize::from(n))
@@ -857,9 +881,11 @@ impl Connection {
                     writes += 1;
                 }
             })?;
-            for (j, e) in echo
+            let r0 = usize::from(s.r0);
+            for (j, e) in s
+                .segs
                 .iter_mut()
-                .skip(usize::from(s.r0))
+                .skip(r0)
                 .take(usize::from(s.n_rseg))
                 .enumerate()
             {
@@ -870,7 +896,8 @@ impl Connection {
         let wchunks: [Chunk<'_>; MAX_WCHUNKS] = core::array::from_fn(|k| {
             let (f, n) = s.wchunk.get(k).copied().unwrap_or_default();
             Chunk::from_segments(
-                echo.get(usize::from(f)..usize::from(f) + usize::from(n))
+                s.segs
+                    .get(usize::from(f)..usize::from(f) + usize::from(n))
                     .unwrap_or(&[]),
             )
         });
@@ -880,7 +907,8 @@ impl Connection {
             // AMB-8: an inline reply marks the Reply chunk absent.
             reply: (!short).then(|| {
                 Chunk::from_segments(
-                    echo.get(usize::from(s.r0)..usize::from(s.r0) + usize::from(s.n_rseg))
+                    s.segs
+                        .get(usize::from(s.r0)..usize::from(s.r0) + usize::from(s.n_rseg))
                         .unwrap_or(&[]),
                 )
             }),
@@ -918,11 +946,9 @@ impl Connection {
         };
         self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
-        let d = self.serves.get_mut(i as usize)?;
-        d.pending = writes + 1;
-        d.state = State::Replying;
-        d.status = Some(ReplyStatus::Sent);
-        self.uncount(i);
+        s.pending = writes + 1;
+        s.state = State::Replying;
+        s.status = Some(ReplyStatus::Sent);
         Some(true)
     }
 

@@ -184,6 +184,87 @@ fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
     assert_eq!(p.a.env.live_windows(), 0);
 }
 
+/// One reply using a Write chunk and the Reply chunk at once: each echo carries the bytes
+/// written into its own segments (R8166-3.4.6-c, R8166-4.3.3-c) and the other list's
+/// segments keep theirs, so the requester places both (the responder rewrites the echoed
+/// lengths of both lists in one array).
+#[test]
+fn r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply() {
+    let mut p = Pair::default_pair();
+    let data = pattern(5, 4000);
+    let msg = p.a.put(&4000u32.to_be_bytes());
+    let piece = p.a.put(&data);
+    let result = p.a.alloc(4000);
+    // A reply buffer above the inline threshold: the call offers a Reply chunk.
+    let reply = p.a.alloc(8192);
+    let spec = CallSpec {
+        user: 3,
+        xid: 33,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::ECHO,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 4,
+        }],
+        results: &[result],
+        reply,
+    };
+    p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+    p.run();
+    let (bytes, _) = decode_sent(&p.a.sent[0]);
+    let v1::Body::Msg(c) = header(&bytes).body else {
+        panic!()
+    };
+    assert_eq!((c.writes.iter().count(), c.reply.is_some()), (1, true));
+    // Take the call in, then answer by hand: a 2000-byte reduced reply (too long for an
+    // inline reply) ending with the length word of a 4000-byte result for the Write chunk.
+    let id = match p.b.events.pop_front() {
+        Some(Event::IncomingCall(ic)) => ic.id,
+        other => panic!("{other:?}"),
+    };
+    let args = p.b.alloc(4004);
+    p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    p.run();
+    assert!(matches!(
+        p.b.events.pop_front(),
+        Some(Event::ArgsReady { .. })
+    ));
+    let mut body = pattern(8, 1996);
+    body.extend(4000u32.to_be_bytes());
+    let out = pattern(9, 4000);
+    let (m, r) = (p.b.put(&body), p.b.put(&out));
+    let rspec = ReplySpec {
+        accept_stat: 0,
+        msg: m,
+        results: &[ResultPiece {
+            mem: r,
+            xdr_pos: 2000,
+        }],
+    };
+    p.b.conn.submit_reply(id, &rspec, &mut p.b.env).unwrap();
+    p.run();
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, 2000, &[(2000, 4000)][..]),
+        "{d:?}"
+    );
+    assert_eq!(p.a.get(reply.prefix(2000).unwrap()), body);
+    assert_eq!(p.a.get(result), out);
+    let rb = p.b.sent.last().unwrap().clone();
+    let v1::Body::Nomsg(rc) = header(&rb).body else {
+        panic!()
+    };
+    let w: Vec<_> = rc.writes.iter().collect();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].length(), 4000);
+    let used: Vec<u32> = rc.reply.unwrap().segments().map(|g| g.length).collect();
+    assert_eq!(used, [24, 2000]);
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
 #[test]
 fn r8166_3_4_5_a_write_1mib_via_read_chunk_reassembled() {
     let mut p = Pair::default_pair();

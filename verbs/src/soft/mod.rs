@@ -88,6 +88,7 @@ impl RecvWr {
         &self.sg[..usize::from(self.n)]
     }
     /// Fill in place (copies only the used entries: these structs are large).
+    #[inline]
     fn fill(&mut self, wr_id: u64, sg: &[Sge], max: u32) -> Result<()> {
         if sg.len() > MAX_SGE || sg.len() > max as usize {
             return Err(Error::TooManySge);
@@ -126,8 +127,15 @@ impl<T: Default + Clone> Ring<T> {
     fn len(&self) -> usize {
         self.len
     }
+    /// The buffer index of entry `i` (`head < buf.len()` and `i <= buf.len()`, so one
+    /// subtraction wraps it: no division on the per-request path).
     fn slot(&self, i: usize) -> usize {
-        (self.head + i) % self.buf.len()
+        let s = self.head + i;
+        if s >= self.buf.len() {
+            s - self.buf.len()
+        } else {
+            s
+        }
     }
     /// The next free slot (to fill) or `None` when full; [`Ring::commit`] makes it visible.
     fn next_free(&mut self) -> Option<&mut T> {
@@ -160,7 +168,7 @@ impl<T: Default + Clone> Ring<T> {
     }
     fn drop_front(&mut self) {
         if self.len > 0 {
-            self.head = (self.head + 1) % self.buf.len();
+            self.head = self.slot(1);
             self.len -= 1;
         }
     }
@@ -333,6 +341,7 @@ struct Ctx<'a> {
     events: &'a mut VecDeque<CmEvent>,
 }
 
+#[inline]
 fn push_wc(cqs: &mut [Option<Cq>], cq: CqId, wc: WorkCompletion) {
     if let Some(Some(c)) = cqs.get_mut(cq.0 as usize) {
         c.q.push_back(wc);

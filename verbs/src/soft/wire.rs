@@ -326,6 +326,7 @@ pub fn fpdu_total(buf: &[u8]) -> Result<usize, WireError> {
 
 /// Parse the FPDU at the start of `buf`; returns the segment and the bytes it used.
 /// With `crc`, a CRC mismatch is `Term(TermCode::CRC)`.
+#[inline]
 pub fn parse_fpdu(buf: &[u8], crc: bool) -> Result<(Segment<'_>, usize), WireError> {
     let total = fpdu_total(buf)?;
     let fpdu = &buf[..total];
