@@ -97,6 +97,12 @@ pub fn idle_of(cfg: &rpcrdma_config::Config) -> String {
             "backoff: spin {} polls, sleep <= {} us, park after {} us",
             i.spin_polls, i.backoff_max_us, i.park_after_us
         ),
+        rpcrdma_config::IdlePolicy::Yield => {
+            format!(
+                "yield: sched_yield per empty poll, park after {} us",
+                i.park_after_us
+            )
+        }
     }
 }
 

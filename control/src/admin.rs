@@ -152,6 +152,9 @@ pub struct ThreadStatus {
     pub idle_polls: u64,
     /// Times parked.
     pub parks: u64,
+    /// Empty polls that yielded the CPU (`cpu.idle.policy = "yield"`).
+    #[serde(default)]
+    pub yields: u64,
     /// Apps attached.
     pub apps: usize,
     /// App operations in flight.

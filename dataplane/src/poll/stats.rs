@@ -188,6 +188,8 @@ pub struct ThreadStats {
     pub idle_ns: u64,
     /// Times the thread parked.
     pub parks: u64,
+    /// Times an empty poll handed the CPU away (`sched_yield`; `IdleSpec::Yield` only).
+    pub yields: u64,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.
