@@ -156,6 +156,13 @@ impl WaitPolicy {
     }
 }
 
+impl From<Duration> for WaitPolicy {
+    /// Busy-poll for the duration, then sleep (what [`Client::set_spin`] sets).
+    fn from(spin: Duration) -> Self {
+        WaitPolicy::spin(spin)
+    }
+}
+
 impl Default for WaitPolicy {
     /// Busy-poll for [`SPIN`], then sleep.
     fn default() -> Self {
