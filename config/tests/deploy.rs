@@ -100,7 +100,14 @@ fn mem_yield_demo_is_the_mem_demo_with_the_yield_idle_policy_on_its_own_sockets(
     assert_eq!(c.cpu.idle.park_after_us, mem.cpu.idle.park_after_us);
     // Everything but the idle policy and the daemon's own addresses is the mem demo's.
     assert_eq!(
-        (&c.provider, &c.transport, &c.pools, &c.apps, &c.listeners, &c.peers),
+        (
+            &c.provider,
+            &c.transport,
+            &c.pools,
+            &c.apps,
+            &c.listeners,
+            &c.peers
+        ),
         (
             &mem.provider,
             &mem.transport,
