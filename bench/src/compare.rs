@@ -9,7 +9,7 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use rpcrdma_shm::abi::{status, Geometry};
 use rpcrdma_shm::attach::Listener;
-use rpcrdma_shm::client::Client;
+use rpcrdma_shm::client::{Client, WaitPolicy};
 use rpcrdma_shm::daemon::{AppTable, CallOutcome, Submission, TableConfig};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -478,8 +478,8 @@ pub struct CompareOptions {
     pub ring_echo_spin: Duration,
     /// The `rpcrdma-bench` binary (for its `ring-echo`, `loopback` and `serve` subcommands).
     pub exe: std::path::PathBuf,
-    /// How long our apps busy-poll before sleeping.
-    pub app_spin: Duration,
+    /// How our apps poll before sleeping (busy or yielding, for how long).
+    pub app_wait: WaitPolicy,
     /// How long the loopback harness busy-polls before parking (loopback targets).
     pub harness_spin: Duration,
 }
@@ -522,9 +522,9 @@ fn measure_target(
     target: &Target,
     taken: &[OursTarget],
 ) -> anyhow::Result<(OursTarget, Vec<Row>, Vec<Series>)> {
-    let session = target.open(&opts.exe, opts.app_spin, opts.harness_spin)?;
+    let session = target.open(&opts.exe, opts.app_wait, opts.harness_spin)?;
     let (mut client, peer, name) =
-        crate::attach(&session.socket, &session.info.peer, opts.app_spin)?;
+        crate::attach(&session.socket, &session.info.peer, opts.app_wait)?;
     let mut info = session.info.clone();
     info.peer = name;
     let label = unique_label(info.label(), taken);

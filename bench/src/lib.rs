@@ -19,7 +19,7 @@ pub mod tirpc;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// The files a run writes next to each other: `<stem>.json`, `<stem>.hlog`, `<stem>.svg`.
 #[derive(Debug, Clone)]
@@ -94,11 +94,11 @@ pub fn run_cases(
 pub fn attach(
     socket: &Path,
     peer: &str,
-    spin: Duration,
+    wait: impl Into<rpcrdma_shm::WaitPolicy>,
 ) -> anyhow::Result<(rpcrdma_shm::Client, u32, String)> {
     let mut c = rpcrdma_shm::Client::connect(socket)
         .map_err(|e| anyhow::anyhow!("cannot attach to {}: {e}", socket.display()))?;
-    c.set_spin(spin);
+    c.set_wait(wait.into());
     let name = if peer.is_empty() {
         c.peers().first().cloned().unwrap_or_default()
     } else {

@@ -7,8 +7,9 @@ use rpcrdma_bench::compare::{self, CompareOptions};
 use rpcrdma_bench::report::{self, Environment};
 use rpcrdma_bench::run::{RunOptions, Stop};
 use rpcrdma_bench::serve::{self, ServeOptions};
-use rpcrdma_bench::target::{Session, Target, LOOPBACK_ARENA};
+use rpcrdma_bench::target::{Session, Target, TargetInfo, LOOPBACK_ARENA};
 use rpcrdma_bench::{attach, run_cases, OutFiles};
+use rpcrdma_shm::WaitPolicy;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -73,9 +74,27 @@ struct TargetArgs {
     /// the core the harness or daemon needs.
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
+    /// Instead of --spin-us: apps poll for this long (µs) calling `sched_yield` between polls, then sleep.
+    /// On a host with fewer cores than busy threads the daemon and the other app get the core at once.
+    #[arg(long, value_name = "US", conflicts_with = "spin_us")]
+    yield_us: Option<u64>,
     /// How long the loopback harness busy-polls before parking (µs; loopback target only).
     #[arg(long, default_value_t = 200)]
     harness_spin_us: u64,
+}
+
+/// `--yield-us` when given, else `--spin-us`.
+fn app_wait(spin_us: u64, yield_us: Option<u64>) -> WaitPolicy {
+    match yield_us {
+        Some(us) => WaitPolicy::yielding(Duration::from_micros(us)),
+        None => WaitPolicy::spin(Duration::from_micros(spin_us)),
+    }
+}
+
+/// "app spin N µs" or "app yield-spin N µs".
+fn app_wait_text(e: &Environment) -> String {
+    let how = if e.app_yield { "yield-spin" } else { "spin" };
+    format!("app {how} {} µs", e.app_spin_us)
 }
 
 /// One `--spawn-daemons` value: the config files of one target.
@@ -127,15 +146,28 @@ impl TargetArgs {
         Ok(t.remove(0))
     }
 
+    /// How the apps wait: `--yield-us` or `--spin-us`.
+    fn wait(&self) -> WaitPolicy {
+        app_wait(self.spin_us, self.yield_us)
+    }
+
+    /// This host's facts and how the apps wait.
+    fn environment(&self, target: TargetInfo, harness: Option<u64>) -> Environment {
+        let w = self.wait();
+        let mut env = Environment::here(target, w.spin.as_micros() as u64, harness);
+        env.app_yield = w.yield_cpu;
+        env
+    }
+
     fn open(&self) -> anyhow::Result<(Session, Environment)> {
         let t = self.target()?;
         let s = t.open(
             &std::env::current_exe()?,
-            Duration::from_micros(self.spin_us),
+            self.wait(),
             Duration::from_micros(self.harness_spin_us),
         )?;
         let harness = matches!(t, Target::Loopback).then_some(self.harness_spin_us);
-        let env = Environment::here(s.info.clone(), self.spin_us, harness);
+        let env = self.environment(s.info.clone(), harness);
         Ok((s, env))
     }
 }
@@ -180,6 +212,9 @@ struct ServeArgs {
     /// How long the app busy-polls before sleeping (µs).
     #[arg(long, default_value_t = 0)]
     spin_us: u64,
+    /// Instead of --spin-us: poll for this long (µs) calling `sched_yield` between polls, then sleep.
+    #[arg(long, value_name = "US", conflicts_with = "spin_us")]
+    yield_us: Option<u64>,
     /// Receive buffers posted (default: sized from the daemon's arena, with --recv-size).
     #[arg(long, requires = "recv_size")]
     recv_buffers: Option<u32>,
@@ -227,7 +262,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         a.cases.clone()
     };
     let (session, env) = a.target.open()?;
-    let spin = Duration::from_micros(a.target.spin_us);
+    let spin = a.target.wait();
     let (mut client, peer, name) = attach(&session.socket, &env.target.peer, spin)?;
     let mut env = env;
     env.target.peer = name;
@@ -263,12 +298,12 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         }
         let e = &doc.environment;
         println!(
-            "target {} ({}), peer {}, {} cores, app spin {} µs{}",
+            "target {} ({}), peer {}, {} cores, {}{}",
             e.target.kind,
             e.target.socket,
             e.target.peer,
             e.cores,
-            e.app_spin_us,
+            app_wait_text(e),
             e.harness_spin_us
                 .map_or(String::new(), |s| format!(", harness spin {s} µs"))
         );
@@ -292,7 +327,7 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         .iter()
         .any(|t| matches!(t, Target::Loopback))
         .then_some(a.target.harness_spin_us);
-    let env = Environment::here(Default::default(), a.target.spin_us, harness);
+    let env = a.target.environment(Default::default(), harness);
     let out = OutFiles::new(&a.out, "compare", SystemTime::now())?;
     let opts = CompareOptions {
         warmup: a.warmup,
@@ -302,7 +337,7 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
         ring_spin: Duration::from_micros(a.ring_spin_us),
         ring_echo_spin: Duration::from_micros(a.ring_echo_spin_us),
         exe: std::env::current_exe()?,
-        app_spin: Duration::from_micros(a.target.spin_us),
+        app_wait: a.target.wait(),
         harness_spin: Duration::from_micros(a.target.harness_spin_us),
     };
     let (mut doc, hists) = compare::compare(&opts, env, &targets)?;
@@ -320,9 +355,9 @@ fn compare_cmd(a: CompareArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", compare::table(&doc));
         println!(
-            "{} cores; app spin {} µs; plot: {}",
+            "{} cores; {}; plot: {}",
             doc.environment.cores,
-            doc.environment.app_spin_us,
+            app_wait_text(&doc.environment),
             svg.display()
         );
     }
@@ -337,7 +372,7 @@ fn main() -> anyhow::Result<()> {
             &a.socket,
             &ServeOptions {
                 recv: a.recv_buffers.zip(a.recv_size),
-                spin: Duration::from_micros(a.spin_us),
+                wait: app_wait(a.spin_us, a.yield_us),
             },
             ready,
         ),

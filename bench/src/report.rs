@@ -24,8 +24,11 @@ pub struct Environment {
     pub kernel: String,
     /// CPUs this process may run on.
     pub cores: u32,
-    /// How long apps busy-poll before sleeping (µs).
+    /// How long apps poll before sleeping (µs).
     pub app_spin_us: u64,
+    /// Whether apps yield the CPU between those polls (`--yield-us`) instead of busy-waiting.
+    #[serde(default)]
+    pub app_yield: bool,
     /// How long the loopback harness busy-polls before parking (µs; loopback targets only).
     pub harness_spin_us: Option<u64>,
     /// The target.
@@ -46,6 +49,7 @@ impl Environment {
             ),
             cores: std::thread::available_parallelism().map_or(0, |n| n.get() as u32),
             app_spin_us,
+            app_yield: false,
             harness_spin_us,
             target,
         }

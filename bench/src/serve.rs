@@ -2,7 +2,7 @@
 //! backward PINGs a CALLBACK makes.
 
 use crate::case::MAX_SIZE;
-use rpcrdma_shm::client::{Call, Client, ReplyBuilder, Server};
+use rpcrdma_shm::client::{Call, Client, ReplyBuilder, Server, WaitPolicy};
 use rpcrdma_shm::rdmatest::{self, pattern, XdrReader};
 use std::path::Path;
 use std::time::Duration;
@@ -22,8 +22,8 @@ pub struct ServeOptions {
     /// Receive buffers posted and bytes each (the largest call accepted); `None`: sized from the arena the
     /// daemon hands out ([`crate::target::recv_buffers_for`]).
     pub recv: Option<(u32, u32)>,
-    /// How long the app busy-polls before sleeping.
-    pub spin: Duration,
+    /// How the app polls before sleeping (busy or yielding, for how long).
+    pub wait: WaitPolicy,
 }
 
 /// The arena size the daemon at `socket` gives an app (learnt from a short attachment).
@@ -86,11 +86,11 @@ pub fn serve(socket: &Path, opts: &ServeOptions, on_ready: impl FnOnce()) -> any
     };
     let mut s = Server::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
-    s.set_spin(opts.spin);
+    s.set_wait(opts.wait);
     s.receive_buffers(count, size);
     let mut cb = Client::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach (callbacks) to {}: {e}", socket.display()))?;
-    cb.set_spin(opts.spin);
+    cb.set_wait(opts.wait);
     s.start(rdmatest::PROG, rdmatest::VERS)
         .map_err(|e| anyhow::anyhow!("register RDMATEST: {e}"))?;
     on_ready();
@@ -104,14 +104,14 @@ pub fn serve(socket: &Path, opts: &ServeOptions, on_ready: impl FnOnce()) -> any
 /// that CALLBACK cases get answers.
 pub fn serve_callbacks(
     socket: &Path,
-    spin: Duration,
+    wait: impl Into<WaitPolicy>,
     on_ready: impl FnOnce(),
 ) -> anyhow::Result<()> {
     let arena =
         arena_size(socket).map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
     let mut s = Server::connect(socket)
         .map_err(|e| anyhow::anyhow!("attach to {}: {e}", socket.display()))?;
-    s.set_spin(spin);
+    s.set_wait(wait.into());
     // PINGs carry at most 1 MiB (CALLBACK's limit); four buffers in at most half the arena.
     s.receive_buffers(4, (arena / 8).clamp(4096, (1 << 20) + 4096) as u32);
     s.register(rdmatest::CB_PROG, 1, true)
@@ -132,11 +132,15 @@ pub fn serve_callbacks(
 }
 
 /// Runs [`serve_callbacks`] on a thread of this process and waits until it is registered.
-pub fn start_callbacks(socket: std::path::PathBuf, spin: Duration) -> anyhow::Result<()> {
+pub fn start_callbacks(
+    socket: std::path::PathBuf,
+    wait: impl Into<WaitPolicy>,
+) -> anyhow::Result<()> {
+    let wait = wait.into();
     let (tx, rx) = std::sync::mpsc::channel();
     let tx2 = tx.clone();
     std::thread::spawn(move || {
-        let r = serve_callbacks(&socket, spin, || {
+        let r = serve_callbacks(&socket, wait, || {
             let _ = tx.send(Ok(()));
         });
         if let Err(e) = r {

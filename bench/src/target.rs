@@ -4,6 +4,7 @@
 //! `rpcrdmad` the same way; only how the socket comes to exist differs.
 
 use anyhow::{bail, Context};
+use rpcrdma_shm::WaitPolicy;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -97,6 +98,12 @@ pub fn idle_of(cfg: &rpcrdma_config::Config) -> String {
             "backoff: spin {} polls, sleep <= {} us, park after {} us",
             i.spin_polls, i.backoff_max_us, i.park_after_us
         ),
+        rpcrdma_config::IdlePolicy::Yield => {
+            format!(
+                "yield: sched_yield per empty poll, park after {} us",
+                i.park_after_us
+            )
+        }
     }
 }
 
@@ -206,13 +213,17 @@ pub fn recv_buffers_for(arena: u64) -> (u32, u32) {
 }
 
 /// Starts the bench's own RDMATEST server (`serve`) at `socket`.
-fn spawn_server(me: &Path, socket: &Path, spin: Duration) -> anyhow::Result<Child> {
+fn spawn_server(me: &Path, socket: &Path, wait: WaitPolicy) -> anyhow::Result<Child> {
     spawn_ready(
         Command::new(me)
             .arg("serve")
             .arg(socket)
-            .arg("--spin-us")
-            .arg(spin.as_micros().to_string()),
+            .arg(if wait.yield_cpu {
+                "--yield-us"
+            } else {
+                "--spin-us"
+            })
+            .arg(wait.spin.as_micros().to_string()),
         "rpcrdma-bench serve",
     )
 }
@@ -223,10 +234,11 @@ impl Target {
     pub fn open(
         &self,
         exe: &Path,
-        spin: Duration,
+        wait: impl Into<WaitPolicy>,
         harness_spin: Duration,
     ) -> anyhow::Result<Session> {
         let me = exe;
+        let wait = wait.into();
         match self {
             Target::Attach {
                 socket,
@@ -272,7 +284,7 @@ impl Target {
                         .arg(harness_spin.as_micros().to_string()),
                     "the loopback harness",
                 )?);
-                s.children.push(spawn_server(me, &socket, spin)?);
+                s.children.push(spawn_server(me, &socket, wait)?);
                 Ok(s)
             }
             Target::Daemons {
@@ -343,7 +355,7 @@ impl Target {
                 s.children.push(spawn_server(
                     me,
                     Path::new(&server.daemon.app_socket),
-                    spin,
+                    wait,
                 )?);
                 wait_until_answering(&s.socket, &s.info.peer)?;
                 Ok(s)

@@ -312,3 +312,50 @@ fn a_count_bounded_case_ends_even_when_every_call_fails() {
         "UNKNOWN_PROGRAM"
     );
 }
+
+#[test]
+fn yield_us_makes_the_caller_and_the_served_app_yield_spin_and_is_recorded() {
+    // The loopback target starts `serve` with `--yield-us` too: the run only succeeds if it accepts it.
+    let out = Command::new(EXE)
+        .args([
+            "run",
+            "--json",
+            "--case",
+            "null",
+            "--case",
+            "echo/inline/64",
+            "--warmup",
+            "0s",
+            "--count",
+            "20",
+            "--no-progress",
+            "--yield-us",
+            "300",
+        ])
+        .arg("--out")
+        .arg(tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["environment"]["app_spin_us"], 300);
+    assert_eq!(doc["environment"]["app_yield"], true);
+    for c in doc["cases"].as_array().unwrap() {
+        assert_eq!(
+            (c["count"].as_u64(), c["errors"].as_u64()),
+            (Some(20), Some(0)),
+            "{c}"
+        );
+    }
+    // Busy or yielding: one or the other.
+    let out = Command::new(EXE)
+        .args(["run", "--spin-us", "5", "--yield-us", "5"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}

@@ -261,7 +261,15 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
         1,
         1_000_000,
     );
-    if idle.park_after_us < idle.backoff_max_us {
+    if idle.policy == IdlePolicy::Yield {
+        // Zero would park at the first empty poll: the policy would be a slower `backoff`.
+        s.range(
+            p!("cpu", "idle", "park-after-us"),
+            idle.park_after_us.into(),
+            1,
+            u32::MAX.into(),
+        );
+    } else if idle.policy == IdlePolicy::Backoff && idle.park_after_us < idle.backoff_max_us {
         s.cross(
             p!("cpu", "idle", "park-after-us"),
             &[p!("cpu", "idle", "backoff-max-us")],

@@ -109,6 +109,9 @@ pub enum IdlePolicy {
     Spin,
     /// Spin briefly, then sleep with growing pauses, then park until work arrives.
     Backoff,
+    /// Poll, yielding the CPU (`sched_yield`) after each empty poll, then park until work arrives: never
+    /// sleeps while there is work nearby, yet gives its core to the apps on a host with few cores.
+    Yield,
 }
 
 /// Idle policy and its thresholds.
@@ -121,7 +124,7 @@ pub struct Idle {
     pub spin_polls: u32,
     /// Longest pause between polls while backing off, in microseconds (backoff only).
     pub backoff_max_us: u32,
-    /// Idle time after which the thread parks until woken by work, in microseconds (backoff only).
+    /// Idle time after which the thread parks until woken by work, in microseconds (backoff and yield).
     pub park_after_us: u32,
 }
 

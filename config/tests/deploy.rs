@@ -28,6 +28,7 @@ fn every_deploy_toml_passes_the_checker_without_findings() {
         names,
         [
             "demo-client.toml",
+            "demo-mem-yield.toml",
             "demo-mem.toml",
             "demo-server.toml",
             "rpcrdmad.toml"
@@ -89,6 +90,40 @@ fn mem_demo_is_one_daemon_whose_peer_is_its_own_listener() {
     let server = load("demo-server.toml");
     assert_ne!(c.daemon.app_socket, server.daemon.app_socket);
     assert_ne!(c.daemon.metrics_listen, server.daemon.metrics_listen);
+}
+
+#[test]
+fn mem_yield_demo_is_the_mem_demo_with_the_yield_idle_policy_on_its_own_sockets() {
+    let c = load("demo-mem-yield.toml");
+    let mem = load("demo-mem.toml");
+    assert_eq!(c.cpu.idle.policy, IdlePolicy::Yield);
+    assert_eq!(c.cpu.idle.park_after_us, mem.cpu.idle.park_after_us);
+    // Everything but the idle policy and the daemon's own addresses is the mem demo's.
+    assert_eq!(
+        (
+            &c.provider,
+            &c.transport,
+            &c.pools,
+            &c.apps,
+            &c.listeners,
+            &c.peers
+        ),
+        (
+            &mem.provider,
+            &mem.transport,
+            &mem.pools,
+            &mem.apps,
+            &mem.listeners,
+            &mem.peers
+        )
+    );
+    for (a, b) in [
+        (&c.daemon.app_socket, &mem.daemon.app_socket),
+        (&c.daemon.admin_socket, &mem.daemon.admin_socket),
+    ] {
+        assert_ne!(a, b, "both demos can run at once");
+    }
+    assert_ne!(c.daemon.metrics_listen, mem.daemon.metrics_listen);
 }
 
 #[test]

@@ -107,7 +107,7 @@ fn unknown_enum_value_lists_allowed_values() {
         (
             "[cpu.idle]\npolicy = \"nap\"\n",
             "cpu.idle.policy",
-            "`spin` or `backoff`",
+            "`spin`, `backoff`, `yield`",
         ),
         (
             "[provider]\nkind = \"rxe\"\n",

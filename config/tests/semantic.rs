@@ -244,6 +244,28 @@ fn spinning_on_every_core_warns() {
 }
 
 #[test]
+fn yield_policy_parses_and_needs_only_a_nonzero_park_after() {
+    let text = "[cpu]\npoll-cores = [0, 1]\ncontrol-core = 1\n[cpu.idle]\npolicy = \"yield\"\n";
+    let report = check(text, "t.toml", &HOST);
+    // A yielding thread gives its core away, so yielding on every core, even the control core, is fine.
+    assert!(report.diagnostics.0.is_empty(), "{}", report.diagnostics);
+    let cfg = report.config.expect("parses");
+    assert_eq!(cfg.cpu.idle.policy, IdlePolicy::Yield);
+    // `backoff-max-us` means nothing to it: a park-after shorter than that is no error.
+    assert!(errors("[cpu.idle]\npolicy = \"yield\"\npark-after-us = 10\n").is_empty());
+    // Zero would park at the first empty poll.
+    let errs = errors("[cpu.idle]\npolicy = \"yield\"\npark-after-us = 0\n");
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "cpu.idle.park-after-us");
+    assert_eq!((errs[0].line, errs[0].column), (3, 17));
+    // Under `backoff` the same short park-after is still refused.
+    assert_eq!(
+        errors("[cpu.idle]\npolicy = \"backoff\"\npark-after-us = 10\n").len(),
+        1
+    );
+}
+
+#[test]
 fn cores_come_from_the_affinity_mask_not_a_count() {
     // A cpuset of cores 4 and 5: core 0 does not exist, core 5 does.
     let host = HostFacts { cores: vec![4, 5] };

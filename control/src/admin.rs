@@ -159,6 +159,9 @@ pub struct ThreadStatus {
     pub hops_in: u64,
     /// Hops held back because the queue to another thread was full.
     pub hops_deferred: u64,
+    /// Empty polls that yielded the CPU (`cpu.idle.policy = "yield"`).
+    #[serde(default)]
+    pub yields: u64,
     /// Apps attached.
     pub apps: usize,
     /// App operations in flight.

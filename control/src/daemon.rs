@@ -164,6 +164,9 @@ fn idle_spec(cfg: &Config) -> IdleSpec {
             backoff_max: Duration::from_micros(u64::from(i.backoff_max_us)),
             park_after: Duration::from_micros(u64::from(i.park_after_us)),
         },
+        IdlePolicy::Yield => IdleSpec::Yield {
+            park_after: Duration::from_micros(u64::from(i.park_after_us)),
+        },
     }
 }
 
@@ -1215,6 +1218,7 @@ impl Daemon {
                     hops_out: t.hops_out,
                     hops_in: t.hops_in,
                     hops_deferred: t.hops_deferred,
+                    yields: t.yields,
                     apps: t.apps,
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,

@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{rdmatest_server, tmpdir, xdr_opaque, Daemon};
+use common::{eventually, rdmatest_server, thread_sum, tmpdir, xdr_opaque, Daemon};
 use rpcrdma_shm::rdmatest::{self, pattern};
-use rpcrdma_shm::Client;
+use rpcrdma_shm::{Client, WaitPolicy};
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,9 +16,18 @@ const T: Option<Duration> = Some(Duration::from_secs(20));
 const PORT: u16 = 20049;
 
 fn mem_config(dir: &std::path::Path, peer_port: u16) -> String {
+    mem_config_idle(
+        dir,
+        peer_port,
+        "policy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n",
+    )
+}
+
+/// The mem daemon's config with these `[cpu.idle]` lines.
+fn mem_config_idle(dir: &std::path::Path, peer_port: u16, idle: &str) -> String {
     format!(
         "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"debug\"\n\
-         [cpu.idle]\npolicy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
+         [cpu.idle]\n{idle}\
          [provider]\nkind = \"mem\"\n\
          [pools]\nconnections = 4\n\
          [apps]\nmax-apps = 4\narena-size = 4194304\n\
@@ -160,4 +169,60 @@ fn check_config_refuses_a_mem_peer_that_names_no_own_listener() {
         String::from_utf8_lossy(&out.stderr)
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NULL calls from a yield-spinning client app; panics with the daemon's log on a failure.
+fn nulls(d: &Daemon, n: usize) {
+    let mut c = Client::connect(&d.app).expect("client attach");
+    c.set_wait(WaitPolicy::yielding(Duration::from_millis(20)));
+    let peer = c.peer("self").expect("peer table names `self`");
+    for _ in 0..n {
+        let t = c
+            .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+            .submit()
+            .expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("NULL: {e:?}\n{}", d.log()));
+        assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+    }
+}
+
+#[test]
+fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
+    // Parking after an hour: every empty poll yields, the thread never parks, calls are served.
+    let dir = tmpdir("mem-yield");
+    let text = mem_config_idle(
+        &dir,
+        PORT,
+        "policy = \"yield\"\npark-after-us = 3600000000\n",
+    );
+    let d = Daemon::start_with(dir, PORT, &text);
+    d.wait_peer_up("self");
+    rdmatest_server(&d.app);
+    nulls(&d, 50);
+    let stats = d.ctl_json(&["stats"]);
+    assert!(thread_sum(&stats, "yields") > 0, "{stats}");
+    assert_eq!(thread_sum(&stats, "parks"), 0, "{stats}");
+    drop(d);
+
+    // Parking after 1 ms: an idle thread parks, and an app's doorbell still wakes it for the next call.
+    let dir = tmpdir("mem-yield-park");
+    let text = mem_config_idle(&dir, PORT, "policy = \"yield\"\npark-after-us = 1000\n");
+    let d = Daemon::start_with(dir, PORT, &text);
+    d.wait_peer_up("self");
+    rdmatest_server(&d.app);
+    nulls(&d, 5);
+    let parked = eventually(60, || {
+        let s = d.ctl_json(&["stats"]);
+        (thread_sum(&s, "parks") > 0).then_some(s)
+    });
+    assert!(
+        parked.is_some(),
+        "an idle yielding thread parks\n{}",
+        d.log()
+    );
+    nulls(&d, 5);
+    let stats = d.ctl_json(&["stats"]);
+    assert!(thread_sum(&stats, "yields") > 0, "{stats}");
 }

@@ -124,6 +124,52 @@ impl Arena {
 /// How long an app busy-polls its completion ring before sleeping on its socket, by default.
 pub const SPIN: Duration = Duration::from_micros(50);
 
+/// How an app waits for a completion: poll its completion ring for `spin`, then sleep on its socket.
+///
+/// Between polls it either busy-waits (a CPU pause hint: lowest hand-off latency when it has a core to
+/// itself) or, with `yield_cpu`, calls `sched_yield` so that on an oversubscribed host the daemon and the
+/// peer app can run on the core this app would otherwise burn. Either way, once `spin` has passed without
+/// a completion the app sleeps (waiter flag plus socket wake-up, see `ABI.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// How long to poll before sleeping; zero sleeps at once.
+    pub spin: Duration,
+    /// Yield the CPU (`sched_yield`) between polls instead of busy-waiting.
+    pub yield_cpu: bool,
+}
+
+impl WaitPolicy {
+    /// Busy-poll for `spin`, then sleep.
+    pub const fn spin(spin: Duration) -> Self {
+        WaitPolicy {
+            spin,
+            yield_cpu: false,
+        }
+    }
+
+    /// Poll and yield the CPU between polls for `spin`, then sleep.
+    pub const fn yielding(spin: Duration) -> Self {
+        WaitPolicy {
+            spin,
+            yield_cpu: true,
+        }
+    }
+}
+
+impl From<Duration> for WaitPolicy {
+    /// Busy-poll for the duration, then sleep (what [`Client::set_spin`] sets).
+    fn from(spin: Duration) -> Self {
+        WaitPolicy::spin(spin)
+    }
+}
+
+impl Default for WaitPolicy {
+    /// Busy-poll for [`SPIN`], then sleep.
+    fn default() -> Self {
+        WaitPolicy::spin(SPIN)
+    }
+}
+
 /// The rings and region of one attached app.
 #[derive(Debug)]
 struct Endpoint {
@@ -132,7 +178,9 @@ struct Endpoint {
     cq: Consumer<Cqe>,
     arena: Arena,
     peers: Vec<String>,
-    spin: Duration,
+    wait: WaitPolicy,
+    /// Times a wait went to sleep on the socket (its spin window passed without a completion).
+    sleeps: u64,
 }
 
 impl Endpoint {
@@ -148,7 +196,8 @@ impl Endpoint {
             cq,
             arena,
             peers,
-            spin: SPIN,
+            wait: WaitPolicy::default(),
+            sleeps: 0,
         })
     }
 
@@ -185,18 +234,32 @@ impl Endpoint {
         self.cq.pop().map_err(|_| Error::Detached)
     }
 
-    /// Next completion: spins up to `self.spin`, then sleeps on its socket; `None` at the deadline.
+    /// Next completion: polls for `self.wait.spin` (busy or yielding), then sleeps on its socket; `None` at
+    /// the deadline.
     fn wait(&mut self, deadline: Option<Instant>) -> Result<Option<Cqe>, Error> {
         let start = Instant::now();
         loop {
             if let Some(c) = self.poll()? {
                 return Ok(Some(c));
             }
-            if start.elapsed() >= self.spin {
+            let spent = start.elapsed();
+            if spent >= self.wait.spin {
                 break;
             }
-            std::hint::spin_loop();
+            // A long spin window must not outlast the caller's deadline nor miss a detach.
+            if deadline.is_some_and(|d| start + spent >= d) {
+                return Ok(None);
+            }
+            if self.detached() {
+                return Err(Error::Detached);
+            }
+            if self.wait.yield_cpu {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
+        self.sleeps = self.sleeps.wrapping_add(1);
         let h = self.conn.region.header();
         loop {
             if self.detached() {
@@ -433,9 +496,20 @@ impl Client {
     }
 
     /// Sets how long waits busy-poll before sleeping (default [`SPIN`]; zero sleeps at once). Longer spins
-    /// cut latency and burn a core.
+    /// cut latency and burn a core. Same as `set_wait(WaitPolicy::spin(spin))`.
     pub fn set_spin(&mut self, spin: Duration) {
-        self.ep.spin = spin;
+        self.ep.wait = WaitPolicy::spin(spin);
+    }
+
+    /// Sets how waits poll before sleeping (e.g. [`WaitPolicy::yielding`] on a host with fewer cores than
+    /// busy threads).
+    pub fn set_wait(&mut self, wait: WaitPolicy) {
+        self.ep.wait = wait;
+    }
+
+    /// How many waits so far went to sleep on the socket because their spin window passed empty.
+    pub fn sleeps(&self) -> u64 {
+        self.ep.sleeps
     }
 
     /// Peer names from the daemon's config; a name's position is its peer index.
@@ -771,9 +845,20 @@ impl Server {
         })
     }
 
-    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]).
+    /// Sets how long waits busy-poll before sleeping (default [`SPIN`]). Same as
+    /// `set_wait(WaitPolicy::spin(spin))`.
     pub fn set_spin(&mut self, spin: Duration) {
-        self.ep.spin = spin;
+        self.ep.wait = WaitPolicy::spin(spin);
+    }
+
+    /// Sets how waits poll before sleeping (see [`WaitPolicy`]).
+    pub fn set_wait(&mut self, wait: WaitPolicy) {
+        self.ep.wait = wait;
+    }
+
+    /// How many waits so far went to sleep on the socket because their spin window passed empty.
+    pub fn sleeps(&self) -> u64 {
+        self.ep.sleeps
     }
 
     /// Sets how many receive buffers of what size to post (before `serve`).

@@ -34,4 +34,4 @@ pub mod rdmatest;
 pub mod region;
 
 #[cfg(not(loom))]
-pub use client::{Client, Server};
+pub use client::{Client, Server, WaitPolicy};

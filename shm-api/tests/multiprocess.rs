@@ -3,11 +3,11 @@
 
 mod common;
 
-use common::{app, eventually, harness, settled, sock, stats, xdr_opaque, SERVER_RECVS};
+use common::{app, app_env, eventually, harness, settled, sock, stats, xdr_opaque, SERVER_RECVS};
 use rpcrdma_shm::abi::status;
 use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
-use rpcrdma_shm::Client;
+use rpcrdma_shm::{Client, WaitPolicy};
 use std::time::Duration;
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
@@ -95,6 +95,60 @@ fn rdmatest_null_echo_read_write_through_loopback() {
         .xid,
         0xabcd_0123
     );
+}
+
+#[test]
+fn yielding_waits_take_completions_that_arrive_while_they_spin() {
+    let path = sock("yield");
+    let _h = harness(&path);
+    // Both apps yield-spin for a minute, far longer than any round trip: neither ever needs to sleep.
+    let _s = app_env(
+        "server",
+        &path,
+        &[],
+        &[
+            ("SHM_TESTAPP_SPIN_US", "60000000"),
+            ("SHM_TESTAPP_YIELD", "1"),
+        ],
+    );
+    let (mut c, peer) = client(&path);
+    c.set_wait(WaitPolicy::yielding(Duration::from_secs(60)));
+    for i in 0..200u32 {
+        let data = pattern(i, 1 + i as usize % 64);
+        let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        b.args().put_opaque(&data);
+        let t = b.submit().unwrap();
+        let r = c.wait(t, T).unwrap();
+        assert_eq!((r.accept_stat, r.body), (0, xdr_opaque(&data)));
+    }
+    assert_eq!(
+        c.sleeps(),
+        0,
+        "every completion was taken from the ring while yield-spinning"
+    );
+}
+
+#[test]
+fn yielding_wait_ends_at_its_deadline_and_then_sleeps_past_its_window() {
+    let path = sock("yield-deadline");
+    let _h = harness(&path);
+    let _hole = app("blackhole", &path, &[]);
+    let (mut c, peer) = client(&path);
+    // The call is never answered. A deadline inside the spin window ends the wait without sleeping.
+    c.set_wait(WaitPolicy::yielding(Duration::from_secs(3600)));
+    let t = c.call(peer, rdmatest::CB_PROG, 1, 1).submit().unwrap();
+    assert!(matches!(
+        c.wait(t, Some(Duration::from_millis(50))),
+        Err(Error::Timeout)
+    ));
+    assert_eq!(c.sleeps(), 0);
+    // A short window passes empty: the wait goes to sleep on its socket (and still times out).
+    c.set_wait(WaitPolicy::yielding(Duration::from_micros(200)));
+    assert!(matches!(
+        c.wait(t, Some(Duration::from_millis(50))),
+        Err(Error::Timeout)
+    ));
+    assert_eq!(c.sleeps(), 1);
 }
 
 #[test]

@@ -49,6 +49,13 @@ pub enum IdleSpec {
         /// Idle time before parking.
         park_after: Duration,
     },
+    /// Poll, and after each empty poll hand the CPU to any other runnable thread (`sched_yield`) instead
+    /// of busy-waiting or sleeping; park (as `Backoff` does) once idle for `park_after`. For hosts with
+    /// fewer cores than busy threads, where the apps this thread serves need its core.
+    Yield {
+        /// Idle time before parking.
+        park_after: Duration,
+    },
 }
 
 /// Transport settings every connection of the thread starts with.

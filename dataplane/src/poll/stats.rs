@@ -194,6 +194,8 @@ pub struct ThreadStats {
     pub hops_in: u64,
     /// Hops kept back because the queue to another thread was full (sent later, in order).
     pub hops_deferred: u64,
+    /// Times an empty poll handed the CPU away (`sched_yield`; `IdleSpec::Yield` only).
+    pub yields: u64,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.

@@ -1790,13 +1790,30 @@ impl<P: Provider> PollThread<P> {
                         .max(Duration::from_micros(1))
                         .min(backoff_max);
                     std::thread::sleep(self.idle.pause);
-                } else if self.port.park() {
-                    self.stats.parks += 1;
-                    let fds = [self.port.bell().as_fd()];
-                    self.table.park(PARK_MAX, &fds);
-                    self.port.unpark();
+                } else {
+                    self.park();
                 }
             }
+            IdleSpec::Yield { park_after } => {
+                self.idle.empty_polls = self.idle.empty_polls.saturating_add(1);
+                let since = *self.idle.since.get_or_insert(now);
+                if now.duration_since(since) < park_after {
+                    self.stats.yields += 1;
+                    std::thread::yield_now();
+                } else {
+                    self.park();
+                }
+            }
+        }
+    }
+
+    /// Parks until an app's doorbell, a command, a hop or [`PARK_MAX`] (unless a hop is already waiting).
+    fn park(&mut self) {
+        if self.port.park() {
+            self.stats.parks += 1;
+            let fds = [self.port.bell().as_fd()];
+            self.table.park(PARK_MAX, &fds);
+            self.port.unpark();
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Test apps for the multi-process tests: `shm-testapp <role> <socket-path> [args]`.
 //!
-//! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time, with `SHM_TESTAPP_YIELD` set it
+//! yields the CPU between polls), `callback` (serves RDMATEST_CB PING as a backchannel program),
 //! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
 //! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon;
@@ -9,7 +10,7 @@ use rpcrdma_shm::abi::{op, Cqe, Sqe};
 use rpcrdma_shm::attach::connect;
 use rpcrdma_shm::client::ReplyBuilder;
 use rpcrdma_shm::rdmatest;
-use rpcrdma_shm::{Client, Server};
+use rpcrdma_shm::{Client, Server, WaitPolicy};
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -51,7 +52,12 @@ fn server(path: &Path) -> Res {
         .ok()
         .and_then(|v| v.parse().ok())
     {
-        s.set_spin(std::time::Duration::from_micros(us));
+        let spin = std::time::Duration::from_micros(us);
+        s.set_wait(if std::env::var_os("SHM_TESTAPP_YIELD").is_some() {
+            WaitPolicy::yielding(spin)
+        } else {
+            WaitPolicy::spin(spin)
+        });
     }
     s.start(rdmatest::PROG, rdmatest::VERS)?;
     ready();

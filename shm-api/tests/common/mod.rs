@@ -69,6 +69,17 @@ pub fn app(role: &str, path: &Path, args: &[&str]) -> Proc {
     )
 }
 
+/// Starts `shm-testapp role path args…` with extra environment variables and waits for its "ready".
+pub fn app_env(role: &str, path: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
+    spawn_ready(
+        Command::new(env!("CARGO_BIN_EXE_shm-testapp"))
+            .arg(role)
+            .arg(path)
+            .args(args)
+            .envs(env.iter().copied()),
+    )
+}
+
 /// The harness's counters (one line from `<path>.ctl`).
 pub fn stats(path: &Path) -> HashMap<String, u64> {
     let mut p = path.as_os_str().to_owned();
