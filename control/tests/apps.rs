@@ -230,15 +230,17 @@ fn c_example_client_runs_against_real_daemons() {
         .status()
         .expect("run cc");
     assert!(st.success(), "the C example did not compile");
-    let run = |peer: &str| {
+    let run = |args: &[&str]| {
         Command::new(&exe)
             .arg(&a.app)
-            .arg(peer)
+            .args(args)
             .output()
             .expect("run")
     };
-    let out = run("server");
-    let wrong = run("nobody");
+    let out = run(&["server"]);
+    // The same with waits that yield-spin 300 µs before sleeping (rr_set_wait).
+    let yielding = run(&["server", "300"]);
+    let wrong = run(&["nobody"]);
     let usage = Command::new(&exe).arg(&a.app).output().expect("run");
     let _ = std::fs::remove_file(&exe);
 
@@ -251,12 +253,18 @@ fn c_example_client_runs_against_real_daemons() {
         b.log()
     );
     assert_eq!(text, "NULL ok\nECHO ok\nREAD ok\n");
+    assert_eq!(
+        String::from_utf8_lossy(&yielding.stdout),
+        text,
+        "{}",
+        String::from_utf8_lossy(&yielding.stderr)
+    );
     assert_eq!(wrong.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("no peer named \"nobody\""));
     assert_eq!(usage.status.code(), Some(2));
-    // Three calls went through A and B; the C app's attachments are gone again.
+    // Twice three calls went through A and B; the C app's attachments are gone again.
     let s = a.ctl_json(&["stats"]);
-    assert_eq!(s["conns"][0]["replies-in"], 3);
-    assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 3);
+    assert_eq!(s["conns"][0]["replies-in"], 6);
+    assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 6);
     back_to(&a, &base_a, 60);
 }

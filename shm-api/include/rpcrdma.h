@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define RR_MAGIC 0x314d485352435052ULL /* "RPCRSHM1" little-endian */
@@ -128,6 +130,8 @@ struct rr_app {
     uint32_t arena_size, arena_bump;
     uint32_t sq_mask, cq_mask, sq_local, cq_local;
     int sock; /* the attach socket: closing it detaches; one-byte messages are wake-ups */
+    uint32_t wait_spin_us; /* rr_set_wait */
+    int wait_yield;
 };
 
 /* Connects to the daemon socket at path and maps the region it sends. Returns 0 or -errno. */
@@ -297,13 +301,48 @@ static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
     return 1;
 }
 
-/* Waits for one completion (spin, then sleep on the socket): 1, 0 on timeout (timeout_ms < 0: forever),
-   -EPIPE if detached. */
+/* How rr_wait looks before it sleeps (the Rust Client's WaitPolicy): for spin_us microseconds (0, the
+   default: 2000 polls), and with yield_cpu between polls it hands the CPU to other runnable threads
+   (sched_yield), which helps when busy threads outnumber cores (see bench/README.md, "yield"). */
+static inline void rr_set_wait(struct rr_app *app, uint32_t spin_us, int yield_cpu)
+{
+    app->wait_spin_us = spin_us;
+    app->wait_yield = yield_cpu != 0;
+}
+
+/* Microseconds of C11's clock (strict -std=c11 has no CLOCK_MONOTONIC; a wall-clock step only
+   stretches or cuts one spin window, and the caller's timeout is kept by the sleep below). */
+static inline uint64_t rr_now_us(void)
+{
+    struct timespec t;
+    timespec_get(&t, TIME_UTC);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+/* Waits for one completion (look per rr_set_wait, then sleep on the socket): 1, 0 on timeout
+   (timeout_ms < 0: forever), -EPIPE if detached. */
 static inline int rr_wait(struct rr_app *app, struct rr_cqe *out, int timeout_ms)
 {
-    for (int i = 0; i < 2000; i++)
-        if (rr_poll(app, out))
-            return 1;
+    if (app->wait_spin_us == 0) {
+        for (int i = 0; i < 2000; i++) {
+            if (rr_poll(app, out))
+                return 1;
+            if (app->wait_yield)
+                sched_yield();
+        }
+    } else {
+        /* The window never outlasts the caller's timeout. */
+        uint64_t window = app->wait_spin_us;
+        if (timeout_ms >= 0 && (uint64_t)timeout_ms * 1000u < window)
+            window = (uint64_t)timeout_ms * 1000u;
+        uint64_t end = rr_now_us() + window;
+        do {
+            if (rr_poll(app, out))
+                return 1;
+            if (app->wait_yield)
+                sched_yield();
+        } while (rr_now_us() < end && !rr_detached(app));
+    }
     for (;;) {
         if (rr_detached(app))
             return -EPIPE;

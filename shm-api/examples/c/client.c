@@ -1,9 +1,10 @@
 /*
  * A C ONC RPC client of RDMATEST through rpcrdmad's shared-memory rings (header-only binding).
  * Build: cc -std=c11 -I shm-api/include shm-api/examples/c/client.c -o rdmatest-client
- * Run:   ./rdmatest-client /path/to/app.sock PEER   (prints "NULL ok", "ECHO ok", "READ ok")
+ * Run:   ./rdmatest-client /path/to/app.sock PEER [YIELD-US]   (prints "NULL ok", "ECHO ok", "READ ok")
  * PEER is the name of a configured peer of the daemon ([[peers]] name) with an RDMATEST server
- * app behind it.
+ * app behind it. With YIELD-US, waits look for YIELD-US microseconds, yielding the CPU between
+ * polls, before they sleep (rr_set_wait).
  */
 #include "rpcrdma.h"
 
@@ -38,14 +39,16 @@ int main(int argc, char **argv)
     struct rr_cqe c;
     int peer, r;
 
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s <app-socket> <peer>\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s <app-socket> <peer> [yield-us]\n", argv[0]);
         return 2;
     }
     if ((r = rr_connect(argv[1], &app)) < 0) {
         fprintf(stderr, "connect: %s\n", strerror(-r));
         return 1;
     }
+    if (argc == 4)
+        rr_set_wait(&app, (uint32_t)strtoul(argv[3], NULL, 10), 1);
     if ((peer = rr_peer_index(&app, argv[2])) < 0) {
         fprintf(stderr, "the daemon has no peer named \"%s\"\n", argv[2]);
         return 1;
