@@ -361,16 +361,10 @@ impl ShortMsg {
     }
 }
 
-/// Big-endian words of the first `N * 4` bytes of `buf`; `None` if it is shorter.
-#[inline]
-fn words<const N: usize>(buf: &[u8]) -> Option<[u32; N]> {
-    let mut w = [0u32; N];
-    let mut it = buf.chunks_exact(4);
-    for d in &mut w {
-        let c: &[u8; 4] = it.next()?.try_into().ok()?;
-        *d = u32::from_be_bytes(*c);
-    }
-    Some(w)
+/// Big-endian word `i` of `b`.
+#[inline(always)]
+fn word<const N: usize>(b: &[u8; N], i: usize) -> u32 {
+    u32::from_be_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
 /// The fixed-layout fast path of [`decode`]: an RDMA_MSG (version 1) or RDMA2_MSG
@@ -381,11 +375,13 @@ fn words<const N: usize>(buf: &[u8]) -> Option<[u32; N]> {
 #[inline]
 pub fn decode_short(buf: &[u8], limits: &Limits) -> Option<ShortMsg> {
     // v1: xid 1 credit MSG 0 0 0 | rpc xid
-    let [xid, vers, credit, proc, r, w, c, rpc_xid] = words::<8>(buf)?;
-    if proc != v1::RDMA_MSG {
+    let b: &[u8; 32] = buf.first_chunk()?;
+    let (xid, vers, credit) = (word(b, 0), word(b, 1), word(b, 2));
+    if word(b, 3) != v1::RDMA_MSG {
         return None;
     }
-    if vers == v1::VERSION && (r, w, c) == (0, 0, 0) && rpc_xid == xid {
+    let (r, w, c) = (word(b, 4), word(b, 5), word(b, 6));
+    if vers == v1::VERSION && (r, w, c) == (0, 0, 0) && word(b, 7) == xid {
         return Some(ShortMsg {
             xid,
             vers,
@@ -398,13 +394,14 @@ pub fn decode_short(buf: &[u8], limits: &Limits) -> Option<ShortMsg> {
     if vers != v2::VERSION || limits.max_version < v2::VERSION {
         return None;
     }
-    let [.., dir, r, w, c, rpc_xid, mtype] = words::<10>(buf)?;
+    let b: &[u8; 40] = buf.first_chunk()?;
+    let (dir, r, w, c) = (word(b, 4), word(b, 5), word(b, 6), word(b, 7));
     let direction = match dir {
         0 => MsgType::Call,
         1 => MsgType::Reply,
         _ => return None,
     };
-    if (r, w, c) != (0, 0, 0) || rpc_xid != xid || mtype != dir {
+    if (r, w, c) != (0, 0, 0) || word(b, 8) != xid || word(b, 9) != dir {
         return None;
     }
     Some(ShortMsg {
@@ -418,6 +415,7 @@ pub fn decode_short(buf: &[u8], limits: &Limits) -> Option<ShortMsg> {
 
 /// [`decode`] without its fast path: every message goes through the full parsers.
 #[doc(hidden)]
+#[inline]
 pub fn decode_general<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, Rejected> {
     let fixed = Fixed::peek(buf);
     let reject = |error| Rejected { fixed, error };

@@ -197,6 +197,7 @@ impl<'a> Header<'a> {
 
     /// [`emit`](Self::emit) without its fast path.
     #[doc(hidden)]
+    #[inline]
     pub fn emit_general(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let mut w = Writer::new(buf);
         w.u32(self.xid)?;
