@@ -319,6 +319,104 @@ impl ErrorReply {
 /// [`Error::UnsupportedVersion`] (or [`Error::TooShort`] under 28 bytes, AMB-1).
 #[inline]
 pub fn decode<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, Rejected> {
+    if let Some(s) = decode_short(buf, limits) {
+        return Ok(s.decoded());
+    }
+    decode_general(buf, limits)
+}
+
+/// A chunk-less RDMA_MSG (version 1) or RDMA2_MSG (version two): all [`decode`] would
+/// say about it, in a few words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShortMsg {
+    /// `rdma_xid` (equal to the RPC message's XID).
+    pub xid: u32,
+    /// `rdma_vers`: 1 or 2.
+    pub vers: u32,
+    /// `rdma_credit`.
+    pub credit: u32,
+    /// `rdma_direction` (version two; a version-1 message says [`MsgType::Call`]).
+    pub direction: MsgType,
+    /// Offset of the RPC message: 28 (version 1) or 32 (version two).
+    pub header_len: usize,
+}
+
+impl ShortMsg {
+    /// The same message as [`decode`] returns it.
+    #[inline]
+    pub fn decoded(&self) -> Decoded<'static> {
+        let (xid, credit, chunks) = (self.xid, self.credit, ChunkLists::EMPTY);
+        let message = if self.vers == v2::VERSION {
+            let direction = self.direction;
+            let body = v2::Body::Msg { direction, chunks };
+            Message::V2(v2::Header { xid, credit, body })
+        } else {
+            let body = v1::Body::Msg(chunks);
+            Message::V1(v1::Header { xid, credit, body })
+        };
+        Decoded {
+            message,
+            header_len: self.header_len,
+        }
+    }
+}
+
+/// Big-endian word `i` of `b`.
+#[inline(always)]
+fn word<const N: usize>(b: &[u8; N], i: usize) -> u32 {
+    u32::from_be_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+/// The fixed-layout fast path of [`decode`]: an RDMA_MSG (version 1) or RDMA2_MSG
+/// (version two, if `limits` allow it) with three empty chunk lists, followed by the
+/// start of an RPC message with the same XID (and in version two the same direction).
+/// [`decode`] gives exactly [`ShortMsg::decoded`] for such a message; anything else is
+/// `None`, for the general path to decode or reject.
+#[inline]
+pub fn decode_short(buf: &[u8], limits: &Limits) -> Option<ShortMsg> {
+    // v1: xid 1 credit MSG 0 0 0 | rpc xid
+    let b: &[u8; 32] = buf.first_chunk()?;
+    let (xid, vers, credit) = (word(b, 0), word(b, 1), word(b, 2));
+    if word(b, 3) != v1::RDMA_MSG {
+        return None;
+    }
+    let (r, w, c) = (word(b, 4), word(b, 5), word(b, 6));
+    if vers == v1::VERSION && (r, w, c) == (0, 0, 0) && word(b, 7) == xid {
+        return Some(ShortMsg {
+            xid,
+            vers,
+            credit,
+            direction: MsgType::Call,
+            header_len: v1::MIN_HEADER_LEN,
+        });
+    }
+    // v2: xid 2 credit MSG direction 0 0 0 | rpc xid, rpc msg_type
+    if vers != v2::VERSION || limits.max_version < v2::VERSION {
+        return None;
+    }
+    let b: &[u8; 40] = buf.first_chunk()?;
+    let (dir, r, w, c) = (word(b, 4), word(b, 5), word(b, 6), word(b, 7));
+    let direction = match dir {
+        0 => MsgType::Call,
+        1 => MsgType::Reply,
+        _ => return None,
+    };
+    if (r, w, c) != (0, 0, 0) || word(b, 8) != xid || word(b, 9) != dir {
+        return None;
+    }
+    Some(ShortMsg {
+        xid,
+        vers,
+        credit,
+        direction,
+        header_len: v2::MSG_HEADER_LEN,
+    })
+}
+
+/// [`decode`] without its fast path: every message goes through the full parsers.
+#[doc(hidden)]
+#[inline]
+pub fn decode_general<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, Rejected> {
     let fixed = Fixed::peek(buf);
     let reject = |error| Rejected { fixed, error };
     let f = fixed.ok_or(reject(Error::TooShort))?;

@@ -179,6 +179,20 @@ impl<'a> Header<'a> {
     /// Encodes the header at the start of `buf`; returns the number of bytes written.
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
+        if let Body::Msg(c) = &self.body {
+            if c.is_empty() {
+                if let Some(n) = emit_msg(buf, self.xid, self.credit) {
+                    return Ok(n);
+                }
+            }
+        }
+        self.emit_general(buf)
+    }
+
+    /// [`emit`](Self::emit) without its fast path.
+    #[doc(hidden)]
+    #[inline]
+    pub fn emit_general(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let mut w = Writer::new(buf);
         w.u32(self.xid)?;
         w.u32(VERSION)?;
@@ -195,6 +209,15 @@ impl<'a> Header<'a> {
         }
         Ok(w.position())
     }
+}
+
+/// Encodes the header of an RDMA_MSG without chunks (a fixed layout of seven words, what
+/// [`Header::emit`] writes for it); returns its length, or `None` if `buf` is shorter.
+#[inline]
+pub fn emit_msg(buf: &mut [u8], xid: u32, credit: u32) -> Option<usize> {
+    let b = buf.first_chunk_mut::<MIN_HEADER_LEN>()?;
+    crate::xdr::put_words(b, &[xid, VERSION, credit, RDMA_MSG, 0, 0, 0]);
+    Some(MIN_HEADER_LEN)
 }
 
 pub(crate) fn check_reply_chunks(chunks: &Option<ChunkLists<'_>>, msg: bool) -> Result<(), Error> {

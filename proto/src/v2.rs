@@ -185,6 +185,20 @@ impl<'a> Header<'a> {
     /// Encodes the header at the start of `buf`; returns the number of bytes written.
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
+        if let Body::Msg { direction, chunks } = &self.body {
+            if chunks.is_empty() {
+                if let Some(n) = emit_msg(buf, self.xid, self.credit, *direction) {
+                    return Ok(n);
+                }
+            }
+        }
+        self.emit_general(buf)
+    }
+
+    /// [`emit`](Self::emit) without its fast path.
+    #[doc(hidden)]
+    #[inline]
+    pub fn emit_general(&self, buf: &mut [u8]) -> Result<usize, Error> {
         let mut w = Writer::new(buf);
         w.u32(self.xid)?;
         w.u32(VERSION)?;
@@ -210,6 +224,19 @@ impl<'a> Header<'a> {
         }
         Ok(w.position())
     }
+}
+
+/// Length of an RDMA2_MSG header without chunks.
+pub const MSG_HEADER_LEN: usize = 32;
+
+/// Encodes the header of an RDMA2_MSG without chunks (a fixed layout of eight words, what
+/// [`Header::emit`] writes for it); returns its length, or `None` if `buf` is shorter.
+#[inline]
+pub fn emit_msg(buf: &mut [u8], xid: u32, credit: u32, direction: MsgType) -> Option<usize> {
+    let b = buf.first_chunk_mut::<MSG_HEADER_LEN>()?;
+    let words = [xid, VERSION, credit, RDMA2_MSG, direction as u32, 0, 0, 0];
+    crate::xdr::put_words(b, &words);
+    Some(MSG_HEADER_LEN)
 }
 
 /// Name of a version-two `rdma_proc`.

@@ -176,6 +176,14 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// Writes `words` big-endian at the start of `buf` (which holds at least as many words).
+#[inline]
+pub(crate) fn put_words(buf: &mut [u8], words: &[u32]) {
+    for (d, w) in buf.chunks_exact_mut(4).zip(words) {
+        d.copy_from_slice(&w.to_be_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

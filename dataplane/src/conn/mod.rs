@@ -1183,9 +1183,31 @@ impl Connection {
         inv: Option<u32>,
         env: &mut impl Env,
     ) -> bool {
+        // The common case, a Short message without chunks, is read from its fixed layout
+        // (what `decode` would return for it, without building the general header value).
+        if let Some(s) = proto::decode_short(msg, &self.limits) {
+            if s.vers == v2::VERSION {
+                // `decode_short` has checked that the RPC message's direction matches.
+                self.confirm_v2();
+            }
+            let payload = msg.get(s.header_len..).unwrap_or(&[]);
+            let none = proto::ChunkLists::EMPTY;
+            return self.on_msg(
+                now,
+                slot,
+                s.vers,
+                s.xid,
+                s.credit,
+                &none,
+                s.header_len,
+                payload,
+                inv,
+                env,
+            );
+        }
         // Matched by reference: the decoded header is large, and only a few of its words
         // are read per message.
-        let decoded = proto::decode(msg, &self.limits);
+        let decoded = proto::decode_general(msg, &self.limits);
         let d = match &decoded {
             Ok(d) => d,
             Err(rej) => {
@@ -1563,8 +1585,18 @@ fn emit_header(
     direction: MsgType,
     xid: u32,
     credit: u32,
-    chunks: proto::ChunkLists<'_>,
+    chunks: &proto::ChunkLists<'_>,
 ) -> Option<u32> {
+    // A Short message without chunks has a fixed layout: no header value is built.
+    if short && chunks.is_empty() {
+        let n = if v2 {
+            v2::emit_msg(hdr, xid, credit, direction)?
+        } else {
+            v1::emit_msg(hdr, xid, credit)?
+        };
+        return u32::try_from(n).ok();
+    }
+    let chunks = *chunks;
     let n = if v2 {
         let body = if short {
             v2::Body::Msg { direction, chunks }

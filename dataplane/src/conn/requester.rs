@@ -465,7 +465,7 @@ impl Connection {
             MsgType::Call,
             c.xid,
             credit,
-            chunks,
+            &chunks,
         )?;
         let total = if short { n.checked_add(inline_len)? } else { n };
         if total > self.threshold() {

@@ -921,7 +921,7 @@ impl Connection {
             MsgType::Reply,
             s.xid,
             credit,
-            chunks,
+            &chunks,
         )?;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
