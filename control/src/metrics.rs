@@ -103,61 +103,54 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             t.idle_ns as f64 / 1e9
         );
     }
-    type Counter = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let counters: [(&str, &str, Counter); 3] = [
+    type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
+    let per_thread: [(&str, &str, &str, PerThread); 8] = [
         (
-            "hops_sent",
+            "rpcrdmad_thread_hops_sent_total",
+            "counter",
             "hops (calls, answers, served calls) sent to other poll threads",
             |t| t.hops_out,
         ),
         (
-            "hops_received",
+            "rpcrdmad_thread_hops_received_total",
+            "counter",
             "hops received from other poll threads",
             |t| t.hops_in,
         ),
         (
-            "hops_deferred",
+            "rpcrdmad_thread_hops_deferred_total",
+            "counter",
             "hops held back because the queue to another poll thread was full",
             |t| t.hops_deferred,
         ),
-    ];
-    for (name, help, pick) in counters {
-        let metric = format!("rpcrdmad_thread_{name}_total");
-        header(&mut out, &metric, "counter", help);
-        for s in snaps {
-            let _ = writeln!(
-                out,
-                "{metric}{{thread=\"{}\"}} {}",
-                s.thread.index,
-                pick(&s.thread)
-            );
-        }
-    }
-    type Gauge = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let gauges: [(&str, &str, Gauge); 5] = [
-        ("apps", "apps attached", |t| t.apps as u64),
+        ("rpcrdmad_apps", "gauge", "apps attached", |t| t.apps as u64),
         (
-            "app_ops",
+            "rpcrdmad_app_ops",
+            "gauge",
             "app operations in flight (calls, replies, posted receive buffers)",
             |t| t.app_ops as u64,
         ),
         (
-            "rpcs_in_flight",
+            "rpcrdmad_rpcs_in_flight",
+            "gauge",
             "RPCs the engine carries for apps (sent or being served)",
             |t| t.rpcs_in_flight as u64,
         ),
         (
-            "regions",
+            "rpcrdmad_regions",
+            "gauge",
             "memory regions registered (buffer pool, app arenas)",
             |t| t.regions as u64,
         ),
-        ("region_bytes", "bytes of registered memory regions", |t| {
-            t.region_bytes
-        }),
+        (
+            "rpcrdmad_region_bytes",
+            "gauge",
+            "bytes of registered memory regions",
+            |t| t.region_bytes,
+        ),
     ];
-    for (name, help, pick) in gauges {
-        let metric = format!("rpcrdmad_{name}");
-        header(&mut out, &metric, "gauge", help);
+    for (metric, kind, help, pick) in per_thread {
+        header(&mut out, metric, kind, help);
         for s in snaps {
             let _ = writeln!(
                 out,

@@ -191,11 +191,6 @@ impl Mesh {
         })
     }
 
-    /// Number of threads.
-    pub fn threads(&self) -> usize {
-        self.shared.threads
-    }
-
     /// Thread `index`'s end (once: `None` after the first time or out of range).
     pub fn port(&mut self, index: usize) -> Option<Port> {
         let bell = self.bells.get_mut(index)?.take()?;
@@ -204,13 +199,6 @@ impl Mesh {
             me: index,
             bell,
         })
-    }
-
-    /// Rings thread `index`'s doorbell (wakes it if parked).
-    pub fn ring(&self, index: usize) {
-        if let Some(b) = self.shared.bells.get(index) {
-            let _ = (&*b).write(&[1]);
-        }
     }
 
     /// The thread owning global connection id `conn`.

@@ -482,13 +482,7 @@ impl<P: Provider> PollThread<P> {
             }
             Hop::Incoming(call) => self.app_incoming(from, call),
             Hop::Accept { tag, app, buf } => self.conn_accept(from, tag, app, buf),
-            Hop::Refuse { tag, accept_stat } => {
-                if let Some(stag) = self.by_tag.remove(&tag) {
-                    self.served.remove(&stag);
-                    let (conn, sid) = from_serve_tag(stag);
-                    let _ = self.drv.reject_call(conn, sid, accept_stat, &mut self.mem);
-                }
-            }
+            Hop::Refuse { tag, accept_stat } => self.refuse_served(tag, accept_stat),
             Hop::ArgsReady { tag, args_len } => self.app_args_ready(from, tag, args_len),
             Hop::Reply {
                 tag,
@@ -967,11 +961,25 @@ impl<P: Provider> PollThread<P> {
             None => false,
         };
         if !accepted {
-            self.by_tag.remove(&tag);
-            self.served.remove(&stag);
-            let _ = self.drv.reject_call(conn, sid, SYSTEM_ERR, &mut self.mem);
+            self.refuse_served(tag, SYSTEM_ERR);
             self.hop(from, Hop::Aborted { tag });
         }
+    }
+
+    /// Answers served call `tag` with `accept_stat` and forgets it (if it is still known).
+    fn refuse_served(&mut self, tag: u64, accept_stat: u32) {
+        if let Some(stag) = self.by_tag.remove(&tag) {
+            self.served.remove(&stag);
+            let (conn, sid) = from_serve_tag(stag);
+            let _ = self.drv.reject_call(conn, sid, accept_stat, &mut self.mem);
+        }
+    }
+
+    /// Forgets the served call `id` of `conn` (its engine part ended); where it went.
+    fn forget_served(&mut self, conn: ConnId, id: ServeId) -> Option<Served> {
+        let s = self.served.remove(&serve_tag(conn, id))?;
+        self.by_tag.remove(&s.tag);
+        Some(s)
     }
 
     /// The app side's reply to `tag`.
@@ -1125,8 +1133,7 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             ConnEvent::ReplyDone { id, status: st } => {
-                if let Some(s) = self.served.remove(&serve_tag(conn, id)) {
-                    self.by_tag.remove(&s.tag);
+                if let Some(s) = self.forget_served(conn, id) {
                     let code = match st {
                         ReplyStatus::Sent => status::OK,
                         ReplyStatus::ErrChunk | ReplyStatus::Closed => status::TRANSPORT,
@@ -1141,8 +1148,7 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             ConnEvent::ServeAborted { id } => {
-                if let Some(s) = self.served.remove(&serve_tag(conn, id)) {
-                    self.by_tag.remove(&s.tag);
+                if let Some(s) = self.forget_served(conn, id) {
                     self.hop(s.app_thread, Hop::Aborted { tag: s.tag });
                 }
             }
