@@ -121,13 +121,7 @@ fn kill9_serving_app_with_calls_delivered_returns_regions_ops_and_buffers_to_bas
 
     // Four one-second SLEEPs: the server app handles one and holds the others delivered.
     let mut server = rdmatest_serve(&b.app);
-    let tickets: Vec<_> = (0..4)
-        .map(|_| {
-            let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
-            call.args().put_u32(1_000_000);
-            call.submit().expect("submit")
-        })
-        .collect();
+    let tickets = common::submit_sleeps(&mut c, peer, 4);
     let busy = eventually(30, || {
         let n = counts(&b);
         (n["rpcs-in-flight"] == 4).then_some(n)
@@ -146,14 +140,7 @@ fn kill9_serving_app_with_calls_delivered_returns_regions_ops_and_buffers_to_bas
     server.kill9();
 
     // Every call is answered (SYSTEM_ERR for those the dead server held), none hangs.
-    let mut failed = 0;
-    for t in tickets {
-        let r = c
-            .wait(t, T)
-            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
-        assert!(matches!(r.accept_stat, 0 | 5), "{}", r.accept_stat);
-        failed += u32::from(r.accept_stat == 5);
-    }
+    let failed = common::answers_after_server_death(&mut c, tickets, &a, &b);
     assert!(failed >= 1, "the server died with calls delivered");
     back_to(&b, &base_b, 60);
     back_to(&a, &base_a, 60);

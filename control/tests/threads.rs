@@ -144,27 +144,14 @@ fn serving_app_on_another_thread_killed_mid_call_answers_and_frees_everything() 
     let mut server = rdmatest_serve(&b.app);
     assert_eq!(apps_per_thread(&b), vec![1, 1], "the server is on thread 1");
     assert_eq!(conn_thread(&b), 0);
-    let tickets: Vec<_> = (0..4)
-        .map(|_| {
-            let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
-            call.args().put_u32(1_000_000);
-            call.submit().expect("submit")
-        })
-        .collect();
+    let tickets = common::submit_sleeps(&mut c, peer, 4);
     let busy = eventually(30, || {
         let n = common::counts(&b);
         (n["rpcs-in-flight"] >= 4).then_some(n)
     });
     assert!(busy.is_some(), "calls never delivered: {}", b.log());
     server.kill9();
-    let mut failed = 0;
-    for t in tickets {
-        let r = c
-            .wait(t, T)
-            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
-        assert!(matches!(r.accept_stat, 0 | 5), "{}", r.accept_stat);
-        failed += u32::from(r.accept_stat == 5);
-    }
+    let failed = common::answers_after_server_death(&mut c, tickets, &a, &b);
     assert!(failed >= 1, "the server died with calls delivered");
     // Its arena was registered on both of B's threads; both registrations go.
     back_to(&b, &base_b, 60);

@@ -941,6 +941,18 @@ fn raw_take_recv(h: &mut Side<Soft>) -> Option<Vec<u8>> {
 }
 
 /// The queue pair of connection `conn` of node `c`.
+/// Polls both nodes, the server serving, until `done(server)` (at most 30 s); never a step
+/// more, so a test can cut the link at that very point.
+fn serve_until<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, done: impl Fn(&Node<P>) -> bool) {
+    let start = Instant::now();
+    while !done(s) {
+        c.poll();
+        s.poll();
+        serve(s);
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+}
+
 fn qp_of<P: Provider>(c: &Node<P>, conn: ConnId) -> QpId {
     (0..64)
         .map(QpId)
@@ -1532,13 +1544,9 @@ fn e2e_fault_disconnect_during_rdma_read() {
         good_call(&mut c, good.0, 12);
         // Run until the server has posted its RDMA Read, and not a step further on the
         // client (which would answer it).
-        let start = Instant::now();
-        while s.drv.connection(bad.1).unwrap().stats().read_bytes == 0 {
-            c.poll();
-            s.poll();
-            serve(&mut s);
-            assert!(start.elapsed() < Duration::from_secs(30));
-        }
+        serve_until(&mut c, &mut s, |s| {
+            s.drv.connection(bad.1).unwrap().stats().read_bytes > 0
+        });
         // The link drops under the client's queue pair.
         let qp = qp_of(&c, bad.0);
         c.drv.provider_mut().disconnect(qp).unwrap();
@@ -1577,13 +1585,9 @@ fn e2e_fault_disconnect_during_rdma_write() {
         good_call(&mut c, good.0, 21);
         // Run until the server has posted its RDMA Writes and the reply, and not a step
         // further on the client (which would take them in).
-        let start = Instant::now();
-        while s.drv.connection(bad.1).unwrap().stats().write_bytes == 0 {
-            c.poll();
-            s.poll();
-            serve(&mut s);
-            assert!(start.elapsed() < Duration::from_secs(30));
-        }
+        serve_until(&mut c, &mut s, |s| {
+            s.drv.connection(bad.1).unwrap().stats().write_bytes > 0
+        });
         let qp = qp_of(&c, bad.0);
         c.drv.provider_mut().disconnect(qp).unwrap();
         let aborted = after_disconnect(&f, 20052, &mut c, &mut s, good, bad, &[20], 21, sends);

@@ -366,3 +366,37 @@ pub fn shm_testapp() -> PathBuf {
         })
         .clone()
 }
+
+/// Submits `n` RDMATEST SLEEPs of one second to `peer` (calls a server app will hold).
+pub fn submit_sleeps(
+    c: &mut rpcrdma_shm::Client,
+    peer: u32,
+    n: usize,
+) -> Vec<rpcrdma_shm::client::Ticket> {
+    (0..n)
+        .map(|_| {
+            let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
+            call.args().put_u32(1_000_000);
+            call.submit().expect("submit")
+        })
+        .collect()
+}
+
+/// Waits for every ticket after the server app died: each must be answered, OK or SYSTEM_ERR,
+/// none may hang; returns how many got SYSTEM_ERR.
+pub fn answers_after_server_death(
+    c: &mut rpcrdma_shm::Client,
+    tickets: Vec<rpcrdma_shm::client::Ticket>,
+    a: &Daemon,
+    b: &Daemon,
+) -> u32 {
+    let mut failed = 0;
+    for t in tickets {
+        let r = c
+            .wait(t, Some(Duration::from_secs(30)))
+            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+        assert!(matches!(r.accept_stat, 0 | 5), "{}", r.accept_stat);
+        failed += u32::from(r.accept_stat == 5);
+    }
+    failed
+}
