@@ -1542,6 +1542,72 @@ fn round4(len: u32) -> u32 {
     len.saturating_add(pad4(len))
 }
 
+/// A piece of a Payload stream being sent: memory, or so many bytes of zero pad.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Mem(MemRef),
+    Zero(u32),
+}
+
+/// Walks a Payload stream as it travels, piece by piece: the RPC message `msg` around the
+/// DDP items, and each item `(XDR position, memory)` that travels inline followed by its
+/// XDR pad (items at non-decreasing positions within `msg`). Stops at the first `None`
+/// from `f`. A walk, not a list: the pieces are used once, and building an array of them
+/// per message cost more than using them.
+#[inline]
+fn walk_stream(
+    msg: MemRef,
+    items: impl Iterator<Item = (u32, MemRef)>,
+    mut f: impl FnMut(Src) -> Option<()>,
+) -> Option<()> {
+    let mut cur = 0u32;
+    for (xdr_pos, mem) in items {
+        if xdr_pos > cur {
+            f(Src::Mem(msg.sub(cur, xdr_pos - cur)?))?;
+        }
+        cur = xdr_pos;
+        f(Src::Mem(mem))?;
+        if pad4(mem.len) > 0 {
+            f(Src::Zero(pad4(mem.len)))?;
+        }
+    }
+    if msg.len > cur {
+        f(Src::Mem(msg.sub(cur, msg.len - cur)?))?;
+    }
+    Some(())
+}
+
+/// Writes the pieces of a Payload stream ([`walk_stream`]) one after the other into `buf`
+/// from offset `off`, copying memory and writing the pads; `None` if a piece does not fit
+/// or a copy fails.
+#[inline]
+fn write_stream(
+    env: &mut impl Env,
+    buf: MemRef,
+    mut off: u32,
+    msg: MemRef,
+    items: impl Iterator<Item = (u32, MemRef)>,
+) -> Option<()> {
+    walk_stream(msg, items, |p| {
+        let len = match p {
+            Src::Mem(m) => {
+                if m.len > 0 && !env.copy(m, buf.sub(off, m.len)?) {
+                    return None;
+                }
+                m.len
+            }
+            Src::Zero(z) => {
+                if !env.write(buf.sub(off, z)?, &[0; 4][..z as usize % 4]) {
+                    return None;
+                }
+                z
+            }
+        };
+        off = off.checked_add(len)?;
+        Some(())
+    })
+}
+
 /// Splits the stream made of `sources` across the remote `segs`, calling
 /// `f(local, segment index, offset in segment)` for each contiguous piece; returns the
 /// bytes placed in each segment, or `None` if the stream does not fit.

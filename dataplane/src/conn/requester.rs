@@ -11,8 +11,9 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    emit_header, pad4, round4, tag, CallDone, CallStatus, Connection, Event, Role, SendOwner,
-    SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
+    emit_header, round4, tag, walk_stream, write_stream, CallDone, CallStatus, Connection, Event,
+    Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
+    TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -151,15 +152,19 @@ impl Call {
     }
 }
 
-/// A piece of a Payload stream being sent: app or engine memory, or zero pad.
-#[derive(Clone, Copy, Debug)]
-enum Src {
-    Mem(MemRef),
-    Zero(u32),
-}
+const MAX_READ_OUT: usize = 2 + 3 * MAX_PIECES;
 
-const MAX_SRC: usize = 2 + 3 * MAX_PIECES;
-const MAX_READ_OUT: usize = MAX_SRC;
+/// The arguments of a call that travel in its Payload stream (not marked in `skip`), as
+/// `(XDR position, memory)`.
+fn items<'a>(
+    args: &'a [ArgPiece],
+    skip: &'a [bool; MAX_PIECES],
+) -> impl Iterator<Item = (u32, MemRef)> + 'a {
+    args.iter()
+        .zip(skip)
+        .filter(|(_, &s)| !s)
+        .map(|(a, _)| (a.xdr_pos, a.mem))
+}
 
 impl Connection {
     /// Queues a call; it is sent as soon as the credit limit allows (R8166-3.3.1-b). Its
@@ -365,37 +370,15 @@ impl Connection {
             return None;
         }
 
-        // The Payload stream, in pieces, as it travels (reduced for a short message).
-        let mut src = [Src::Zero(0); MAX_SRC];
-        let mut n_src = 0usize;
-        let mut push = |s: Src, n: &mut usize| {
-            if let Some(d) = src.get_mut(*n) {
-                *d = s;
-                *n += 1;
-            }
-        };
-        let mut cur = 0u32;
+        // Where each argument sits in the unreduced call, as a Read chunk position.
         let mut upos = [0u32; MAX_PIECES];
         let mut shift = 0u32;
         for (k, a) in c.args().iter().enumerate() {
             upos[k] = hdr_rpc.checked_add(a.xdr_pos)?.checked_add(shift)?;
             shift = shift.checked_add(round4(a.mem.len))?;
-            if short && reduce[k] {
-                continue;
-            }
-            if a.xdr_pos > cur {
-                push(Src::Mem(c.msg.sub(cur, a.xdr_pos - cur)?), &mut n_src);
-            }
-            cur = a.xdr_pos;
-            push(Src::Mem(a.mem), &mut n_src);
-            if pad4(a.mem.len) > 0 {
-                push(Src::Zero(pad4(a.mem.len)), &mut n_src);
-            }
         }
-        if c.msg.len > cur {
-            push(Src::Mem(c.msg.sub(cur, c.msg.len - cur)?), &mut n_src);
-        }
-        let src = src.get(..n_src)?;
+        // A Short message leaves its reduced arguments out of the stream; a Long one sends all.
+        let skip = if short { reduce } else { [false; MAX_PIECES] };
 
         // Expose what the peer will touch, for this RPC only (R8166-8.1.3-a).
         let mut reads = [ReadSegment::default(); MAX_READ_OUT];
@@ -421,16 +404,20 @@ impl Connection {
             let seg = c.expose(env, rpc_tail, Access::REMOTE_READ)?;
             *reads.get_mut(n_reads)? = ReadSegment::new(0, seg);
             n_reads += 1;
-            for s in src {
-                let at = match *s {
+            // The walk reads a copy of the pieces: `expose` records each key in the call.
+            let (msg, args) = (c.msg, c.args);
+            let args = args.get(..usize::from(c.n_args))?;
+            walk_stream(msg, items(args, &skip), |s| {
+                let at = match s {
                     Src::Mem(m) if m.len > 0 => m,
                     Src::Zero(n) if n > 0 => zero_tail.prefix(n)?,
-                    _ => continue,
+                    _ => return Some(()),
                 };
                 let seg = c.expose(env, at, Access::REMOTE_READ)?;
                 *reads.get_mut(n_reads)? = ReadSegment::new(0, seg);
                 n_reads += 1;
-            }
+                Some(())
+            })?;
             self.stats.long_calls += 1;
         }
         for k in 0..n_w {
@@ -479,24 +466,7 @@ impl Connection {
             if !env.write(buf.sub(n, hdr_rpc)?, &rpc) {
                 return None;
             }
-            let mut off = n + hdr_rpc;
-            for s in src {
-                let len = match *s {
-                    Src::Mem(m) => {
-                        if m.len > 0 && !env.copy(m, buf.sub(off, m.len)?) {
-                            return None;
-                        }
-                        m.len
-                    }
-                    Src::Zero(z) => {
-                        if !env.write(buf.sub(off, z)?, &[0; 4][..z as usize % 4]) {
-                            return None;
-                        }
-                        z
-                    }
-                };
-                off += len;
-            }
+            write_stream(env, buf, n + hdr_rpc, c.msg, items(c.args(), &skip))?;
             self.stats.short_sent += 1;
         }
         self.queue_send(slot, buf, None);

@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    emit_header, pad4, round4, scatter, tag, CloseReason, Connection, Event, IncomingCall,
-    ReplyStatus, SendOwner, ServeId, SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS,
-    MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, scatter, tag, walk_stream, write_stream, CloseReason, Connection,
+    Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work, K_READ, K_WRITE,
+    MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -781,37 +781,24 @@ impl Connection {
                 to_chunk[k] = true;
             }
         }
-        let rpc_tail = self.send_tail(slot, TAIL_RPC, REPLY_HEADER_LEN as u32)?;
-        let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
         let hdr24 = rpcmsg::reply_header(s.xid, spec.accept_stat);
-        if !env.write(rpc_tail, &hdr24) || !env.write(zero_tail, &[0; 4]) {
-            return None;
-        }
-        // The reduced reply stream R.
-        let mut src = [MemRef::default(); 2 + 3 * MAX_PIECES];
-        let mut n_src = 0usize;
-        push(&mut src, &mut n_src, rpc_tail)?;
-        let mut cur = 0u32;
-        for (k, r) in spec.results.iter().enumerate() {
-            if to_chunk[k] {
-                continue;
-            }
-            if r.xdr_pos > cur {
-                push(&mut src, &mut n_src, spec.msg.sub(cur, r.xdr_pos - cur)?)?;
-            }
-            cur = r.xdr_pos;
-            if r.mem.len > 0 {
-                push(&mut src, &mut n_src, r.mem)?;
-            }
-            if pad4(r.mem.len) > 0 {
-                push(&mut src, &mut n_src, zero_tail.prefix(pad4(r.mem.len))?)?;
-            }
-        }
-        if spec.msg.len > cur {
-            push(&mut src, &mut n_src, spec.msg.sub(cur, spec.msg.len - cur)?)?;
-        }
-        let src = src.get(..n_src)?;
-        let r_len = src.iter().try_fold(0u32, |a, m| a.checked_add(m.len))?;
+        // The results that travel in the reduced reply stream R, after its RPC header.
+        let items = || {
+            spec.results
+                .iter()
+                .zip(to_chunk)
+                .filter(|(_, c)| !c)
+                .map(|(r, _)| (r.xdr_pos, r.mem))
+        };
+        let mut r_len = hdr24.len() as u32;
+        walk_stream(spec.msg, items(), |p| {
+            let n = match p {
+                Src::Mem(m) => m.len,
+                Src::Zero(z) => z,
+            };
+            r_len = r_len.checked_add(n)?;
+            Some(())
+        })?;
         let wlist_len: u32 = 4
             + (0..usize::from(s.n_wchunk))
                 .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
@@ -868,6 +855,22 @@ impl Connection {
             }
         }
         if !short {
+            // R, in memory the RDMA Writes can read: the RPC header and the pad come from
+            // the send buffer's tail.
+            let rpc_tail = self.send_tail(slot, TAIL_RPC, REPLY_HEADER_LEN as u32)?;
+            let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
+            if !env.write(rpc_tail, &hdr24) || !env.write(zero_tail, &[0; 4]) {
+                return None;
+            }
+            let mut src = [MemRef::default(); 2 + 3 * MAX_PIECES];
+            let mut n_src = 0usize;
+            push(&mut src, &mut n_src, rpc_tail)?;
+            walk_stream(spec.msg, items(), |p| match p {
+                Src::Mem(m) if m.len == 0 => Some(()),
+                Src::Mem(m) => push(&mut src, &mut n_src, m),
+                Src::Zero(z) => push(&mut src, &mut n_src, zero_tail.prefix(z)?),
+            })?;
+            let src = src.get(..n_src)?;
             let segs = s.rsegs();
             let work = &mut self.work;
             let used = scatter(src, segs, |local, si, off| {
@@ -929,13 +932,10 @@ impl Connection {
             return None;
         }
         if short {
-            let mut off = n;
-            for m in src {
-                if !env.copy(*m, buf.sub(off, m.len)?) {
-                    return None;
-                }
-                off += m.len;
+            if !env.write(buf.sub(n, hdr24.len() as u32)?, &hdr24) {
+                return None;
             }
+            write_stream(env, buf, n + hdr24.len() as u32, spec.msg, items())?;
             self.stats.short_sent += 1;
         }
         // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
