@@ -424,12 +424,17 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
     while let Some(w) = me.conn.poll_work() {
         match w {
             Work::Recv { tag, buf } => me.posted.push_back((tag, buf)),
-            Work::Send { tag, buf, .. } => {
+            Work::Send {
+                tag, buf, signaled, ..
+            } => {
                 let (rtag, rbuf) = peer.posted.pop_front().expect("posted receive");
                 let src = me.env.0.slice(buf).unwrap();
                 let dst = peer.env.0.slice_mut(rbuf.prefix(buf.len).unwrap()).unwrap();
                 dst.copy_from_slice(src);
-                me.cq.push_back(ok(tag, 0));
+                // As a provider does: no completion for an unsignaled Send.
+                if signaled {
+                    me.cq.push_back(ok(tag, 0));
+                }
                 peer.cq.push_back(ok(rtag, buf.len));
             }
             other => panic!("unexpected work in the inline bench: {other:?}"),

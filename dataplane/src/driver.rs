@@ -925,7 +925,7 @@ impl<P: Provider> Driver<P> {
 }
 
 fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) -> Result<(), ()> {
-    let send = |p: &mut P, tag: u32, op: SendOp, at: Option<MemRef>| {
+    let send = |p: &mut P, tag: u32, op: SendOp, at: Option<MemRef>, signaled: bool| {
         let one;
         let sg: &[Sge] = match at {
             Some(at) => {
@@ -940,7 +940,7 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
                 wr_id: wr_id(id, tag),
                 op,
                 sg,
-                signaled: true,
+                signaled,
             },
         )
         .map_err(|_| ())
@@ -954,12 +954,13 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
             tag,
             buf,
             invalidate,
+            signaled,
         } => {
             let op = match invalidate {
                 Some(rkey) => SendOp::SendWithInvalidate { rkey },
                 None => SendOp::Send,
             };
-            send(p, tag, op, Some(buf))
+            send(p, tag, op, Some(buf), signaled)
         }
         Work::Read {
             tag,
@@ -974,6 +975,7 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
                 rkey,
             },
             Some(local),
+            true,
         ),
         Work::Write {
             tag,
@@ -988,8 +990,11 @@ fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) 
                 rkey,
             },
             Some(local),
+            true,
         ),
-        Work::Invalidate { tag, rkey } => send(p, tag, SendOp::LocalInvalidate { rkey }, None),
+        Work::Invalidate { tag, rkey } => {
+            send(p, tag, SendOp::LocalInvalidate { rkey }, None, true)
+        }
         Work::Release { .. } => Ok(()),
     }
 }

@@ -257,6 +257,12 @@ pub enum Work {
         buf: MemRef,
         /// Send With Invalidate of this peer key.
         invalidate: Option<u32>,
+        /// Ask for a completion (selective signalling). A Send handed out while another
+        /// Send is still queued behind it is unsignaled: the completion of the last one
+        /// stands for it too, as a queue pair's sends complete in order. The owner must
+        /// post every Send it takes; a provider may still report an unsignaled Send (errors
+        /// always are), and the engine takes that as well.
+        signaled: bool,
     },
     /// RDMA Read `local.len` bytes from the peer's `addr` under `rkey` into `local`.
     Read {
@@ -630,6 +636,11 @@ pub struct Connection {
     send_bufs: Vec<MemRef>,
     /// Per send buffer: a Send from it has not completed yet.
     send_busy: Vec<bool>,
+    /// Sends handed out by `poll_work` and not yet completed, by slot, in posting order
+    /// (a slot is in it at most once: it is not reused before its Send completes).
+    send_order: VecDeque<u32>,
+    /// `Work::Send`s in `work`, not yet handed out.
+    sends_queued: u32,
     send_free: Vec<u32>,
     /// Send buffers held by calls of the requester.
     call_sends: u32,
@@ -696,6 +707,8 @@ impl Connection {
             hdr: vec![0; HDR_LEN],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
+            send_order: VecDeque::with_capacity(cfg.send_slots as usize),
+            sends_queued: 0,
             send_bufs: (0..cfg.send_slots)
                 .map(|i| {
                     let stride = cfg.send_size + SLOT_TAIL;
@@ -866,7 +879,13 @@ impl Connection {
     /// The next work request to post.
     #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
-        self.work.pop_front()
+        let mut w = self.work.pop_front()?;
+        if let Work::Send { tag, signaled, .. } = &mut w {
+            self.sends_queued = self.sends_queued.saturating_sub(1);
+            *signaled = self.sends_queued == 0;
+            self.send_order.push_back(*tag & ((1 << KIND_SHIFT) - 1));
+        }
+        Some(w)
     }
 
     /// The next event.
@@ -905,6 +924,7 @@ impl Connection {
         }
         self.closed = Some(reason);
         self.work.clear();
+        self.sends_queued = 0;
         self.reads.clear();
         if self.cfg.shared_recv {
             for s in &mut self.serves {
@@ -952,7 +972,7 @@ impl Connection {
         }
         match kind {
             K_RECV => self.on_recv(now, idx, wc.byte_len, wc.invalidated_rkey, env),
-            K_SEND => self.on_send_done(idx),
+            K_SEND => self.on_send_completion(idx),
             K_READ => self.on_read_done(idx, env),
             K_WRITE => self.on_write_done(idx),
             K_INV => self.on_invalidate_done(idx),
@@ -1034,11 +1054,28 @@ impl Connection {
         if let Some(b) = self.send_busy.get_mut(slot as usize) {
             *b = true;
         }
+        self.sends_queued += 1;
         self.work.push_back(Work::Send {
             tag: tag(K_SEND, slot),
             buf,
             invalidate,
+            signaled: true,
         });
+    }
+
+    /// The Send from `slot` completed, and with it every Send posted before it (those were
+    /// unsignaled, or their completions came first). A completion for a slot with no Send
+    /// in flight is stale and ignored.
+    fn on_send_completion(&mut self, slot: u32) {
+        if !self.send_busy.get(slot as usize).copied().unwrap_or(false) {
+            return;
+        }
+        while let Some(s) = self.send_order.pop_front() {
+            self.on_send_done(s);
+            if s == slot {
+                break;
+            }
+        }
     }
 
     fn on_send_done(&mut self, slot: u32) {

@@ -154,6 +154,9 @@ pub struct Side {
     pub sent: Vec<Vec<u8>>,
     /// When set, Send completions are held back (delivered by `release_sends`).
     pub hold_sends: bool,
+    /// When set, unsignaled Sends are reported too (a provider may; the engine must take
+    /// either).
+    pub report_unsignaled: bool,
     held: Vec<Completion>,
     /// Events not yet taken by the test.
     pub events: VecDeque<Event>,
@@ -188,6 +191,7 @@ impl Side {
             log: Vec::new(),
             sent: Vec::new(),
             hold_sends: false,
+            report_unsignaled: false,
             held: Vec::new(),
             events: VecDeque::new(),
             bump: 0,
@@ -381,6 +385,7 @@ impl Pair {
                     tag,
                     buf,
                     invalidate,
+                    signaled,
                 } => {
                     let bytes = me.get(buf);
                     me.sent.push(bytes.clone());
@@ -399,9 +404,11 @@ impl Pair {
                     }
                     assert!(peer.env.write(rbuf, &bytes));
                     let inv = invalidate.filter(|k| peer.env.invalidate(*k));
-                    if me.hold_sends {
+                    // As a provider does: nothing for an unsignaled Send that succeeded.
+                    let reported = signaled || me.report_unsignaled;
+                    if reported && me.hold_sends {
                         me.held.push(ok(tag));
-                    } else {
+                    } else if reported {
                         me.cq.push_back(Cqe::Wc(ok(tag)));
                     }
                     if rtag == SHARED {

@@ -1473,6 +1473,8 @@ mod props {
         grant: u32,
         shared: bool,
         remote_inv: bool,
+        /// Both sides' providers report unsignaled Sends as well.
+        report_unsignaled: bool,
         ops: Vec<Op>,
     }
 
@@ -1635,6 +1637,8 @@ mod props {
             recv_size: cr,
         });
         let mut p = Pair::new(sim::sized(client), sim::sized(server));
+        p.a.report_unsignaled = m.report_unsignaled;
+        p.b.report_unsignaled = m.report_unsignaled;
         // R8166-3.3.2-a: each side's threshold is min(own send, peer receive).
         assert_eq!(p.a.conn.thresholds(), (cs.min(sr), ss.min(cr)));
         assert_eq!(p.b.conn.thresholds().0, ss.min(cr));
@@ -1696,6 +1700,10 @@ mod props {
         } else {
             assert_eq!(p.b.conn.recv_posted(), p.b.conn.config().recv_slots);
         }
+        // Every Send completed, signaled or not: each send buffer is free again.
+        for side in [&p.a, &p.b] {
+            assert_eq!(side.conn.send_free(), side.conn.config().send_slots);
+        }
         (max_in_flight, p.a.conn.stats(), p.b.conn.stats())
     }
 
@@ -1738,11 +1746,13 @@ mod props {
             grant: 8,
             shared: false,
             remote_inv: true,
+            report_unsignaled: false,
             ops,
         };
-        for shared in [false, true] {
+        for (shared, report_unsignaled) in [(false, false), (true, false), (false, true)] {
             let (depth, a, b) = run_mix(&Mix {
                 shared,
+                report_unsignaled,
                 ..m.clone()
             });
             assert_eq!(depth, 8, "eight calls in flight at once");
@@ -1770,9 +1780,10 @@ mod props {
             grant in 1u32..=8,
             shared in any::<bool>(),
             remote_inv in any::<bool>(),
+            report_unsignaled in any::<bool>(),
             ops in proptest::collection::vec(op(), 1..24),
         ) {
-            run_mix(&Mix { sizes, credits, grant, shared, remote_inv, ops });
+            run_mix(&Mix { sizes, credits, grant, shared, remote_inv, report_unsignaled, ops });
         }
 
         /// Hostile replies (random bytes after a plausible header for an outstanding XID)
@@ -2947,4 +2958,44 @@ fn r8166_4_5_2_a_configured_chunk_caps_answer_err_chunk_beyond_them() {
     p.b.conn.set_chunk_caps(1000, 1000);
     p.inject(true, &call_with_write_list(4, 1, 3));
     assert!(!p.b.sent.contains(&err_chunk(4)));
+}
+
+/// Selective signalling: of the Sends handed out in one batch only the last asks for a
+/// completion, and that one completion frees every send buffer of the batch; a provider
+/// that reports the unsignaled ones too changes nothing.
+#[test]
+fn sends_of_a_batch_complete_with_its_last() {
+    for report_unsignaled in [false, true] {
+        let mut p = Pair::new(sim::config(Role::Client, 8), sim::config(Role::Server, 8));
+        p.a.report_unsignaled = report_unsignaled;
+        p.b.report_unsignaled = report_unsignaled;
+        // The first call goes alone (one credit until the first reply grants more).
+        echo(&mut p, 1, b"first");
+        p.run();
+        serve(&mut p);
+        assert_eq!(done(&mut p).len(), 1);
+        let before = p.a.log.len();
+        for xid in 2..10u32 {
+            echo(&mut p, xid, &[xid as u8; 24]);
+        }
+        p.run();
+        let sends: Vec<bool> = p.a.log[before..]
+            .iter()
+            .filter_map(|w| match w {
+                Work::Send { signaled, .. } => Some(*signaled),
+                _ => None,
+            })
+            .collect();
+        // The eight calls were queued before the owner took any work: one batch.
+        let mut want = vec![false; 7];
+        want.push(true);
+        assert_eq!(sends, want, "{report_unsignaled}");
+        serve(&mut p);
+        let d = done(&mut p);
+        assert_eq!(d.len(), 8);
+        assert!(d.iter().all(|c| c.status == CallStatus::Ok), "{d:?}");
+        for side in [&p.a, &p.b] {
+            assert_eq!(side.conn.send_free(), side.conn.config().send_slots);
+        }
+    }
 }
