@@ -6,13 +6,18 @@
 //! measured, and the time the thread spent on a CPU (`/proc/thread-self/schedstat`), the
 //! useful cost on a shared machine:
 //! 0. the engine alone: two `Connection`s, a minimal in-process executor moving the Sends
-//!    between plain vectors (no provider), 64 bytes inline, 32 in flight;
+//!    between plain vectors (no provider), 64 bytes inline, 32 in flight; with each end's
+//!    share of the time, the work requests, completions, events and `Memory` operations per
+//!    RPC, and its baseline measured in the same run: the floor, the same RPCs done by hand
+//!    with only the header coding and copies no implementation can avoid (`floor`);
 //! 1. two `Driver`s on the soft provider's in-memory fabric, 64 bytes inline, 32 in flight:
 //!    RPCs per second and ns per RPC;
 //! 2. the same, 64 KiB through a Read chunk and a Write chunk, 4 in flight: GB/s.
 //!
 //! Run: `cargo bench -p rpcrdma-dataplane --bench engine` (release profile; MPA CRC off, as a
-//! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of parts 0 and 1;
+//! NIC would offload it). `ENGINE_BENCH_CALLS` overrides the calls per run of parts 0 and 1
+//! (default 1 000 000: the on-CPU clock advances by scheduler ticks, so a run must last well
+//! over 4 ms × 20 for a 5 % resolution);
 //! `ENGINE_BENCH_PARTS` picks parts (default `012`); `ENGINE_BENCH_CORE` picks the core to
 //! pin (default: the last one).
 #![forbid(unsafe_code)]
@@ -223,6 +228,9 @@ struct Depth {
     /// Part 0 only: wall time spent in the requester's entry points, the responder's, and
     /// the executor standing in for the NIC (moving Sends, making completions).
     split: [Duration; 3],
+    /// Part 0 only, both ends together: work requests taken, completions fed, events taken,
+    /// `Memory` operations.
+    tally: [u64; 4],
     samples: u64,
     sum: u64,
     min: u32,
@@ -350,18 +358,24 @@ struct Lean {
     env: LeanEnv,
     posted: VecDeque<(u32, MemRef)>,
     cq: VecDeque<Completion>,
+    /// Work requests taken from the engine.
+    work: u64,
 }
 
-struct LeanEnv(VecMemory);
+/// Part 0's memory, counting the engine's `Memory` operations (reads, writes, copies).
+struct LeanEnv(VecMemory, std::cell::Cell<u64>);
 
 impl Memory for LeanEnv {
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        self.1.set(self.1.get() + 1);
         self.0.read(at, dst)
     }
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        self.1.set(self.1.get() + 1);
         self.0.write(at, src)
     }
     fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        self.1.set(self.1.get() + 1);
         self.0.copy(from, to)
     }
 }
@@ -407,9 +421,10 @@ fn lean(role: Role) -> Lean {
     mem.add(APP, 1 << 20);
     Lean {
         conn: Connection::new(cfg).unwrap(),
-        env: LeanEnv(mem),
+        env: LeanEnv(mem, std::cell::Cell::new(0)),
         posted: VecDeque::new(),
         cq: VecDeque::new(),
+        work: 0,
     }
 }
 
@@ -422,6 +437,7 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
         invalidated_rkey: None,
     };
     while let Some(w) = me.conn.poll_work() {
+        me.work += 1;
         match w {
             Work::Recv { tag, buf } => me.posted.push_back((tag, buf)),
             Work::Send {
@@ -500,9 +516,11 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         exec(&mut s, &mut c);
         lap(&mut depth_seen.split, executor);
         while let Some(wc) = s.cq.pop_front() {
+            depth_seen.tally[1] += 1;
             s.conn.handle_completion(now, &wc, &mut s.env);
         }
         while let Some(ev) = s.conn.poll_event() {
+            depth_seen.tally[2] += 1;
             match ev {
                 Event::IncomingCall(ic) => {
                     let slot = next % 32;
@@ -539,9 +557,11 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         exec(&mut s, &mut c);
         lap(&mut depth_seen.split, executor);
         while let Some(wc) = c.cq.pop_front() {
+            depth_seen.tally[1] += 1;
             c.conn.handle_completion(now, &wc, &mut c.env);
         }
         while let Some(ev) = c.conn.poll_event() {
+            depth_seen.tally[2] += 1;
             if let Event::CallDone(d) = ev {
                 assert_eq!(
                     (d.status, d.reply_len),
@@ -559,6 +579,8 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
     }
     let t = start.elapsed();
     depth_seen.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
+    depth_seen.tally[0] = c.work + s.work;
+    depth_seen.tally[3] = c.env.1.get() + s.env.1.get();
     (t, depth_seen)
 }
 
@@ -594,7 +616,7 @@ fn main() {
     let calls: u64 = std::env::var("ENGINE_BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
+        .unwrap_or(1_000_000);
     let parts = std::env::var("ENGINE_BENCH_PARTS").unwrap_or_else(|_| "012".into());
     pin();
     if parts.contains('0') {
@@ -606,9 +628,25 @@ fn main() {
 }
 
 fn engine_part(calls: u64) {
-    // 0. The engine alone.
+    // 0. The engine alone, alternating with its floor (same process, same minutes).
     engine_alone(20_000);
-    let (t, d) = median((0..5).map(|_| engine_alone(calls)).collect());
+    floor(20_000);
+    let mut runs = Vec::new();
+    let mut floors = Vec::new();
+    let mut ratios = Vec::new();
+    // The floor runs ten times the calls: its runs are otherwise too short for the on-CPU
+    // clock, which advances by scheduler ticks (4 ms at HZ=250).
+    let floor_calls = calls * 10;
+    for _ in 0..5 {
+        let f = floor(floor_calls);
+        let r = engine_alone(calls);
+        if f.cpu > 0 && r.1.cpu > 0 {
+            ratios.push((r.1.cpu as f64 / calls as f64) / (f.cpu as f64 / floor_calls as f64));
+        }
+        floors.push(f);
+        runs.push(r);
+    }
+    let (t, d) = median(runs);
     let ns = t.as_nanos() as f64 / calls as f64;
     let cpu = d.cpu as f64 / calls as f64;
     println!(
@@ -628,6 +666,115 @@ fn engine_part(calls: u64) {
         1e3 / req,
         1e3 / resp,
     );
+    let each = |k: usize| d.tally[k] as f64 / calls as f64;
+    println!(
+        "  per RPC, both ends: {:.2} work requests, {:.2} completions, {:.2} events, {:.2} Memory operations",
+        each(0),
+        each(1),
+        each(2),
+        each(3)
+    );
+    floors.sort_by_key(|f| f.cpu);
+    let f = floors[floors.len() / 2].cpu as f64 / floor_calls as f64;
+    ratios.sort_by(f64::total_cmp);
+    let ratio = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
+    println!(
+        "  floor (the same RPCs by hand, headers and copies only): {f:.0} ns/RPC on CPU ({:.2} M RPC/s per core); engine / floor, median of paired runs: {ratio:.2}",
+        1e3 / f
+    );
+}
+
+/// Part 0's floor: the same ECHO of 64 bytes, 32 in flight, both ends on this thread, doing
+/// only what any RPC-over-RDMA version 1 implementation must do per RPC on the CPU: build the
+/// transport header, the RPC header and the inline payload in a send buffer; decode them
+/// from the receive buffer; copy the arguments into the server's memory and the result into
+/// the caller's; find the call by XID. None of the engine's bookkeeping (credits, buffer
+/// ownership, completions, events, exposure, bounds-checked `Memory`), and the loop moves
+/// each Send into its receive buffer itself, as part 0's executor stands in for the NIC. The
+/// engine's cost over this floor is what its generality and safety cost; the floor is what
+/// no implementation can avoid on this core.
+fn floor(calls: u64) -> Depth {
+    use rpcrdma_proto::rpc::CallHeader;
+    use rpcrdma_proto::{decode_short, v1, Limits};
+    use std::hint::black_box;
+    const D: usize = 32;
+    const CALL: usize = 28 + 40 + 4 + 64;
+    const REPLY: usize = 28 + 24 + 4 + 64;
+    let put = |b: &mut [u8], at: usize, words: &[u32]| {
+        for (k, w) in words.iter().enumerate() {
+            b[at + 4 * k..at + 4 * k + 4].copy_from_slice(&w.to_be_bytes());
+        }
+    };
+    let word = |b: &[u8], k: usize| u32::from_be_bytes(b[4 * k..4 * k + 4].try_into().unwrap());
+    let limits = Limits::DEFAULT;
+    let mut args = [[0u8; 64]; D];
+    for (k, a) in args.iter_mut().enumerate() {
+        a.fill(k as u8);
+    }
+    let mut replies = [[0u8; 68]; D];
+    let (mut c_send, mut s_recv) = ([[0u8; 256]; D], [[0u8; 256]; D]);
+    let (mut s_send, mut c_recv) = ([[0u8; 256]; D], [[0u8; 256]; D]);
+    let mut s_app = [[0u8; 68]; D];
+    let mut xid_of = [0u32; D];
+    let mut next_xid = 1u32;
+    let mut depth = Depth::new();
+    let cpu0 = cpu_ns();
+    let mut done = 0u64;
+    while done < calls {
+        // Requester: one Short call per free slot, XIDs minted so that `xid % D` is the slot.
+        for (k, b) in c_send.iter_mut().enumerate() {
+            let xid = next_xid.wrapping_mul(D as u32).wrapping_add(k as u32);
+            xid_of[k] = xid;
+            v1::emit_msg(b, xid, D as u32).unwrap();
+            put(
+                b,
+                28,
+                &[xid, 0, 2, RDMATEST_PROG, 1, rdmatest::ECHO, 0, 0, 0, 0, 64],
+            );
+            b[72..CALL].copy_from_slice(&args[k]);
+        }
+        next_xid = next_xid.wrapping_add(1);
+        depth.add(D as u32);
+        for (r, s) in s_recv.iter_mut().zip(&c_send) {
+            r[..CALL].copy_from_slice(&s[..CALL]);
+        }
+        black_box(&mut s_recv);
+        // Responder: decode, check the call, place the arguments, answer.
+        for k in 0..D {
+            let m = &s_recv[k][..CALL];
+            let h = decode_short(m, &limits).unwrap();
+            let call = CallHeader::parse(&m[h.header_len..]).unwrap();
+            assert!(call.prog == RDMATEST_PROG && call.proc == rdmatest::ECHO);
+            let at = h.header_len + call.args_offset;
+            s_app[k].copy_from_slice(&m[at..at + 68]);
+            let b = &mut s_send[k];
+            v1::emit_msg(b, call.xid, D as u32).unwrap();
+            put(b, 28, &[call.xid, 1, 0, 0, 0, 0]);
+            b[52..REPLY].copy_from_slice(&s_app[k]);
+        }
+        for (r, s) in c_recv.iter_mut().zip(&s_send) {
+            r[..REPLY].copy_from_slice(&s[..REPLY]);
+        }
+        black_box(&mut c_recv);
+        // Requester: decode, find the call, check the reply, place the result.
+        for r in &c_recv {
+            let m = &r[..REPLY];
+            let h = decode_short(m, &limits).unwrap();
+            let body = &m[h.header_len..];
+            let k = h.xid as usize % D;
+            assert!(xid_of[k] == h.xid && word(body, 1) == 1 && word(body, 2) == 0);
+            assert!(word(body, 5) == 0);
+            replies[k].copy_from_slice(&body[24..92]);
+            done += 1;
+        }
+        black_box(&mut replies);
+    }
+    // Every slot got its own arguments back.
+    for (k, r) in replies.iter().enumerate() {
+        assert!(r[..4] == 64u32.to_be_bytes() && r[4..].iter().all(|b| *b == k as u8));
+    }
+    depth.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
+    depth
 }
 
 fn provider_parts(calls: u64, parts: &str) {
