@@ -626,6 +626,37 @@ pub fn rdma_read_of_a_large_unaligned_exposure<H: Harness>(h: &mut H) {
     }
 }
 
+/// One RDMA Read of 900 000 bytes from a page-aligned exposure, in one request, as the Linux
+/// NFS server reads a large Read chunk: every byte arrives.
+pub fn rdma_read_of_a_large_aligned_exposure<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let (off, len) = (4096usize, 900_000usize);
+    let data = pattern(13, len);
+    p.a.fill(off, &data);
+    let qa = p.a.qp();
+    let rkey =
+        p.a.p
+            .expose(qa, p.a.mr.id, off as u64, len as u64, Access::REMOTE_READ)
+            .expect("expose");
+    let sg = [p.b.sge(100_000, len)];
+    p.b.post(
+        4,
+        SendOp::RdmaRead {
+            remote_addr: p.a.mr.addr_at(off as u64),
+            rkey,
+        },
+        &sg,
+        true,
+    );
+    p.wait("large read", |p| p.b.wc(4).is_some());
+    let w = p.b.wc(4).unwrap();
+    assert_eq!((w.status, w.byte_len), (WcStatus::Success, len as u32));
+    let got = p.b.mem(100_000, len);
+    if let Some(i) = (0..len).find(|&i| got[i] != data[i]) {
+        panic!("read bytes differ from byte {i} of {len} (exposure at region offset {off})");
+    }
+}
+
 /// What the daemon does with an app's buffer, on a shared file mapping (an app's arena is a
 /// memfd; tmpfs here): the peer RDMA-Writes into an exposure of it, the key is invalidated, the
 /// "app" writes new bytes through its own mapping of the file, and the peer RDMA-Reads them
@@ -1058,6 +1089,7 @@ macro_rules! conformance_tests {
             cm_private_data_and_reject, send_recv_matching_and_ordering,
             send_gather_and_large_message, write_then_send_visibility, rdma_read,
             rdma_toward_the_connecting_side, rdma_read_of_a_large_unaligned_exposure,
+            rdma_read_of_a_large_aligned_exposure,
             rdma_on_a_shared_file_mapping_sees_the_apps_writes,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
