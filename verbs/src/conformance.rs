@@ -598,40 +598,20 @@ pub fn rdma_toward_the_connecting_side<H: Harness>(h: &mut H) {
 /// order (an NFS server reading a WRITE's data from a client's buffer: hundreds of KiB, at
 /// whatever offset the application's buffer has).
 pub fn rdma_read_of_a_large_unaligned_exposure<H: Harness>(h: &mut H) {
-    let mut p = connect(h, false);
-    let (off, len) = (600_003usize, 400_000usize);
-    let data = pattern(11, len);
-    p.a.fill(off, &data);
-    let qa = p.a.qp();
-    let rkey =
-        p.a.p
-            .expose(qa, p.a.mr.id, off as u64, len as u64, Access::REMOTE_READ)
-            .expect("expose");
-    let sg = [p.b.sge(100_000, len)];
-    p.b.post(
-        4,
-        SendOp::RdmaRead {
-            remote_addr: p.a.mr.addr_at(off as u64),
-            rkey,
-        },
-        &sg,
-        true,
-    );
-    p.wait("large read", |p| p.b.wc(4).is_some());
-    let w = p.b.wc(4).unwrap();
-    assert_eq!((w.status, w.byte_len), (WcStatus::Success, len as u32));
-    let got = p.b.mem(100_000, len);
-    if let Some(i) = (0..len).find(|&i| got[i] != data[i]) {
-        panic!("read bytes differ from byte {i} of {len} (exposure at region offset {off})");
-    }
+    read_one_exposure(h, 600_003, 400_000, 11);
 }
 
 /// One RDMA Read of 900 000 bytes from a page-aligned exposure, in one request, as the Linux
 /// NFS server reads a large Read chunk: every byte arrives.
 pub fn rdma_read_of_a_large_aligned_exposure<H: Harness>(h: &mut H) {
+    read_one_exposure(h, 4096, 900_000, 13);
+}
+
+/// `b` reads `len` bytes of pattern `seed` that `a` exposes at region offset `off`, in one RDMA
+/// Read into its region at 100 000, and checks every byte.
+fn read_one_exposure<H: Harness>(h: &mut H, off: usize, len: usize, seed: u8) {
     let mut p = connect(h, false);
-    let (off, len) = (4096usize, 900_000usize);
-    let data = pattern(13, len);
+    let data = pattern(seed, len);
     p.a.fill(off, &data);
     let qa = p.a.qp();
     let rkey =
