@@ -80,24 +80,12 @@ struct Served {
     app_thread: usize,
 }
 
-/// The details of an incoming call the app side needs.
+/// The details of an incoming call the app side needs: what the serving app is told (its
+/// `tag` minted by the connection side, whose top byte names that thread; `args_len` the
+/// argument bytes to place), and whether to look up a callback program.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Inbound {
-    /// Call tag (minted by the connection side; its top byte names that thread).
-    pub tag: u64,
-    /// Peer index the serving app sees.
-    pub peer: u32,
-    /// Program.
-    pub prog: u32,
-    /// Version.
-    pub vers: u32,
-    /// Procedure.
-    pub proc_: u32,
-    /// XID.
-    pub xid: u32,
-    /// Argument bytes.
-    pub args_len: u32,
-    /// Look up a callback program.
+    pub ic: IncomingCall,
     pub backchannel: bool,
 }
 
@@ -502,7 +490,7 @@ impl<P: Provider> PollThread<P> {
                 Some(Serving::Replying(op)) => {
                     self.table.complete_reply(op, status::TRANSPORT);
                 }
-                None => self.held_in.retain(|(_, c)| c.tag != tag),
+                None => self.held_in.retain(|(_, c)| c.ic.tag != tag),
             },
             Hop::FailServed { tag } => {
                 if let Some(&stag) = self.by_tag.get(&tag) {
@@ -706,7 +694,7 @@ impl<P: Provider> PollThread<P> {
     /// connection side to place the arguments there. While every buffer of that app is busy
     /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
     fn app_incoming(&mut self, from: usize, call: Inbound) {
-        let (p, v) = (call.prog, call.vers);
+        let (p, v) = (call.ic.prog, call.ic.vers);
         let server = self.table.lookup(p, v).or_else(|| {
             call.backchannel
                 .then(|| self.table.lookup_backchannel(p, v))
@@ -716,20 +704,20 @@ impl<P: Provider> PollThread<P> {
             return self.hop(
                 from,
                 Hop::Refuse {
-                    tag: call.tag,
+                    tag: call.ic.tag,
                     accept_stat: PROG_UNAVAIL,
                 },
             );
         };
-        match self.table.take_recv(app, call.args_len) {
+        match self.table.take_recv(app, call.ic.args_len) {
             Ok(rb) => {
                 let buf = rb.buf;
                 self.serving
-                    .insert(call.tag, Serving::Receiving { rb, call });
+                    .insert(call.ic.tag, Serving::Receiving { rb, call });
                 self.hop(
                     from,
                     Hop::Accept {
-                        tag: call.tag,
+                        tag: call.ic.tag,
                         app,
                         buf,
                     },
@@ -741,7 +729,7 @@ impl<P: Provider> PollThread<P> {
             Err(_) => self.hop(
                 from,
                 Hop::Refuse {
-                    tag: call.tag,
+                    tag: call.ic.tag,
                     accept_stat: SYSTEM_ERR,
                 },
             ),
@@ -753,13 +741,8 @@ impl<P: Provider> PollThread<P> {
             return;
         };
         let ic = IncomingCall {
-            peer: call.peer,
-            prog: call.prog,
-            vers: call.vers,
-            proc_: call.proc_,
-            xid: call.xid,
             args_len,
-            tag,
+            ..call.ic
         };
         match self.table.deliver_call(rb, ic) {
             Ok(op) => {
@@ -937,13 +920,15 @@ impl<P: Provider> PollThread<P> {
         );
         self.by_tag.insert(tag, stag);
         let call = Inbound {
-            tag,
-            peer: self.conn_peer_index(self.slots[i].stats.info.id),
-            prog: ic.prog,
-            vers: ic.vers,
-            proc_: ic.proc_,
-            xid: ic.xid,
-            args_len: ic.args_len,
+            ic: IncomingCall {
+                tag,
+                peer: self.conn_peer_index(self.slots[i].stats.info.id),
+                prog: ic.prog,
+                vers: ic.vers,
+                proc_: ic.proc_,
+                xid: ic.xid,
+                args_len: ic.args_len,
+            },
             backchannel: client,
         };
         self.hop(to, Hop::Incoming(call));
