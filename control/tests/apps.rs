@@ -109,13 +109,7 @@ fn kill9_serving_app_with_calls_delivered_returns_regions_ops_and_buffers_to_bas
     assert_eq!((counts(&b)["apps"], counts(&b)["regions"]), (0, threads));
     let mut c = Client::connect(&a.app).expect("attach");
     let peer = c.peer("server").expect("peer");
-    // A first reply (PROG_UNAVAIL: nobody serves yet) brings B's full credit grant, so the
-    // calls below go out together rather than one at a time.
-    let t = c
-        .call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
-        .submit()
-        .expect("submit");
-    assert_eq!(c.wait(t, T).expect("NULL").accept_stat, 1);
+    common::null_unserved(&mut c, peer, T);
     let base_a = settled(&a);
     let base_b = settled(&b);
 

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{config, eventually, free_port, rdmatest_server, tmpdir, xdr_opaque, Daemon};
-use rpcrdma_shm::rdmatest::{self, pattern};
+use common::{config, echo, eventually, free_port, rdmatest_server, tmpdir, Daemon};
+use rpcrdma_shm::rdmatest;
 use rpcrdma_shm::Client;
 use std::io::{Read, Write};
 use std::process::Command;
@@ -17,15 +17,6 @@ fn rpcrdmad(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run rpcrdmad")
-}
-
-fn echo(c: &mut Client, peer: u32, len: usize) {
-    let data = pattern(len as u32, len);
-    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
-    call.args().put_opaque(&data);
-    let t = call.submit().expect("submit");
-    let r = c.wait(t, T).expect("ECHO reply");
-    assert_eq!(r.body, xdr_opaque(&data));
 }
 
 #[test]

@@ -364,31 +364,12 @@ fn r8166_7_1_a_backward_call_from_the_server_side_reaches_the_clients_callback_a
     let a = Daemon::start("bc-a", Some(("server", b.port)));
     a.wait_peer_up("server");
     // The client side serves the callback program for backward-direction calls.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = a.app.clone();
-    std::thread::spawn(move || {
-        let mut s = rpcrdma_shm::Server::connect(&path).expect("attach");
-        s.register(rdmatest::CB_PROG, 1, true)
-            .expect("register callback program");
-        let _ = tx.send(());
-        // PING (1) returns its argument, like RDMATEST ECHO.
-        let _ = s.serve(rdmatest::CB_PROG, 1, rdmatest::handle);
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("callback app ready");
+    common::callback_app(&a.app);
     // A server-side app calls back on the accepted connection: peer index = configured
     // peers (none on B) + the connection id.
     let conn = b.ctl_json(&["conns"])[0]["id"].as_u64().expect("id") as u32;
     let mut c = Client::connect(&b.app).expect("attach");
-    let data = pattern(9, 300);
-    let mut call = c.call(conn, rdmatest::CB_PROG, 1, 1);
-    call.args().put_opaque(&data);
-    let t = call.submit().expect("submit");
-    let r = c
-        .wait(t, T)
-        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
-    assert_eq!(r.accept_stat, 0);
-    assert_eq!(r.body, xdr_opaque(&data));
+    common::backward_ping(&mut c, conn, (9, 300), T, (&a, &b));
     let sa = a.ctl_json(&["stats"]);
     assert_eq!(
         sa["conns"][0]["calls-in"], 1,

@@ -4,16 +4,13 @@
 
 mod common;
 
-use common::{config, eventually, free_port, rdmatest_server, tmpdir, xdr_opaque, Daemon};
+use common::{config, echo, eventually, free_port, rdmatest_server, tmpdir, Daemon};
 use rpcrdma_control::admin::{self, Request};
-use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::Client;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
-
-const T: Option<Duration> = Some(Duration::from_secs(20));
 
 /// The behavioural bound of the stall tests (not a performance figure). Each round opens one
 /// more silent client before its request; a control loop that reads a client's request
@@ -21,15 +18,6 @@ const T: Option<Duration> = Some(Duration::from_secs(20));
 /// at least 20 s there. Served non-blocking, the rounds take milliseconds; 8 s leaves ample
 /// room for a loaded machine.
 const ROUNDS_WITHIN: Duration = Duration::from_secs(8);
-
-fn echo(c: &mut Client, peer: u32, len: usize) {
-    let data = pattern(len as u32, len);
-    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
-    call.args().put_opaque(&data);
-    let t = call.submit().expect("submit");
-    let r = c.wait(t, T).expect("ECHO reply");
-    assert_eq!(r.body, xdr_opaque(&data));
-}
 
 fn status(d: &Daemon) -> admin::Response {
     admin::call(&d.admin, &Request::Status, Duration::from_secs(5)).expect("status answered")

@@ -10,7 +10,7 @@ mod common;
 
 use common::{back_to, eventually, rdmatest_serve, settled, xdr_opaque, Daemon};
 use rpcrdma_shm::rdmatest::{self, pattern};
-use rpcrdma_shm::{Client, Server};
+use rpcrdma_shm::Client;
 use std::time::Duration;
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
@@ -133,12 +133,7 @@ fn serving_app_on_another_thread_killed_mid_call_answers_and_frees_everything() 
     let _idle = Client::connect(&b.app).expect("attach");
     let mut c = Client::connect(&a.app).expect("attach");
     let peer = c.peer("server").expect("peer");
-    // A first answer (PROG_UNAVAIL: nobody serves yet) brings B's full credit grant.
-    let t = c
-        .call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
-        .submit()
-        .expect("submit");
-    assert_eq!(c.wait(t, T).expect("NULL").accept_stat, 1);
+    common::null_unserved(&mut c, peer, T);
     let base_a = settled(&a);
     let base_b = settled(&b);
     let mut server = rdmatest_serve(&b.app);
@@ -165,17 +160,7 @@ fn r8166_7_1_a_backward_call_crosses_threads_on_both_daemons() {
     let (a, b) = pair("xback");
     // A's connection is on its thread 1; its callback app (the first app) on thread 0.
     assert_eq!(conn_thread(&a), 1);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = a.app.clone();
-    std::thread::spawn(move || {
-        let mut s = Server::connect(&path).expect("attach");
-        s.register(rdmatest::CB_PROG, 1, true)
-            .expect("register callback program");
-        let _ = tx.send(());
-        let _ = s.serve(rdmatest::CB_PROG, 1, rdmatest::handle);
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("callback app ready");
+    common::callback_app(&a.app);
     assert_eq!(apps_per_thread(&a), vec![1, 0]);
     // B's connection is on its thread 0; its calling app on thread 1.
     let _idle = Client::connect(&b.app).expect("attach");
@@ -184,15 +169,7 @@ fn r8166_7_1_a_backward_call_crosses_threads_on_both_daemons() {
     let conn = b.ctl_json(&["conns"])[0]["id"].as_u64().expect("id") as u32;
     // Backward-direction calls travel inline only (no chunks in the backchannel).
     for (i, len) in [10usize, 500, 1000].into_iter().enumerate() {
-        let data = pattern(i as u32, len);
-        let mut call = c.call(conn, rdmatest::CB_PROG, 1, 1);
-        call.args().put_opaque(&data);
-        let t = call.submit().expect("submit");
-        let r = c
-            .wait(t, T)
-            .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
-        assert_eq!(r.accept_stat, 0);
-        assert_eq!(r.body, xdr_opaque(&data));
+        common::backward_ping(&mut c, conn, (i as u32, len), T, (&a, &b));
     }
     assert_eq!(a.ctl_json(&["stats"])["conns"][0]["calls-in"], 3);
 }

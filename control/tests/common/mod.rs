@@ -200,6 +200,68 @@ pub fn rdmatest_server(app_socket: &Path) {
         .expect("server app registered");
 }
 
+/// A NULL to `peer` that nobody there serves yet: it is answered PROG_UNAVAIL within `t`, and
+/// that first reply brings the peer's full credit grant, so later calls go out together
+/// rather than one at a time.
+pub fn null_unserved(c: &mut rpcrdma_shm::Client, peer: u32, t: Option<Duration>) {
+    let ticket = c
+        .call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    assert_eq!(c.wait(ticket, t).expect("NULL").accept_stat, 1);
+}
+
+/// Starts an app on `app_socket` that registers the callback program for backward-direction
+/// calls and serves it (PING returns its argument, like RDMATEST ECHO); returns once it is
+/// registered.
+pub fn callback_app(app_socket: &Path) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = app_socket.to_path_buf();
+    std::thread::spawn(move || {
+        let mut s = Server::connect(&path).expect("attach");
+        s.register(rdmatest::CB_PROG, 1, true)
+            .expect("register callback program");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::CB_PROG, 1, rdmatest::handle);
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("callback app ready");
+}
+
+/// A backward-direction PING of `len` bytes (`pattern(seed, len)`) from `c` on connection
+/// `conn` (its peer index), answered within `t` with the same bytes; on a failure the logs of
+/// the daemons `a` and `b` say why.
+pub fn backward_ping(
+    c: &mut rpcrdma_shm::Client,
+    conn: u32,
+    (seed, len): (u32, usize),
+    t: Option<Duration>,
+    (a, b): (&Daemon, &Daemon),
+) {
+    let data = rdmatest::pattern(seed, len);
+    let mut call = c.call(conn, rdmatest::CB_PROG, 1, 1);
+    call.args().put_opaque(&data);
+    let ticket = call.submit().expect("submit");
+    let r = c
+        .wait(ticket, t)
+        .unwrap_or_else(|e| panic!("{e:?}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    assert_eq!(r.accept_stat, 0);
+    assert_eq!(r.body, xdr_opaque(&data));
+}
+
+/// An ECHO of `len` bytes (`pattern(len, len)`) from `c` to `peer`, answered within 20 s with
+/// the same bytes.
+pub fn echo(c: &mut rpcrdma_shm::Client, peer: u32, len: usize) {
+    let data = rdmatest::pattern(len as u32, len);
+    let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+    call.args().put_opaque(&data);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, Some(Duration::from_secs(20)))
+        .expect("ECHO reply");
+    assert_eq!(r.body, xdr_opaque(&data));
+}
+
 /// XDR `opaque<>` of `d`.
 pub fn xdr_opaque(d: &[u8]) -> Vec<u8> {
     let mut v = (d.len() as u32).to_be_bytes().to_vec();
