@@ -6,7 +6,6 @@ mod common;
 use common::{config, echo, eventually, free_port, rdmatest_server, tmpdir, Daemon};
 use rpcrdma_shm::rdmatest;
 use rpcrdma_shm::Client;
-use std::io::{Read, Write};
 use std::process::Command;
 use std::time::Duration;
 
@@ -139,15 +138,7 @@ fn rpcrdmactl_status_conns_and_conn_show_against_running_daemons() {
 }
 
 fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    body.to_string()
+    common::scrape_response(port, None).1
 }
 
 #[test]

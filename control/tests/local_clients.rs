@@ -130,16 +130,7 @@ fn over_long_admin_line_gets_an_error_and_the_connection_is_closed() {
 
 /// One `/metrics` scrape: the response body.
 fn scrape(port: u16) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .expect("send");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let (head, body) = common::scrape_response(port, Some(Duration::from_secs(10)));
     let len: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("Content-Length: "))
@@ -147,7 +138,7 @@ fn scrape(port: u16) -> String {
         .parse()
         .expect("a length");
     assert_eq!(len, body.len(), "the whole body arrived");
-    body.to_string()
+    body
 }
 
 #[test]

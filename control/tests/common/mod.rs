@@ -249,6 +249,22 @@ pub fn backward_ping(
     assert_eq!(r.body, xdr_opaque(&data));
 }
 
+/// One `/metrics` scrape on `port` (reads time out after `read_timeout`, if given): the head
+/// and body of a 200 response in the Prometheus text format.
+pub fn scrape_response(port: u16, read_timeout: Option<Duration>) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect metrics");
+    s.set_read_timeout(read_timeout).expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let (head, body) = out.split_once("\r\n\r\n").expect("http response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    (head.to_string(), body.to_string())
+}
+
 /// An ECHO of `len` bytes (`pattern(len, len)`) from `c` to `peer`, answered within 20 s with
 /// the same bytes.
 pub fn echo(c: &mut rpcrdma_shm::Client, peer: u32, len: usize) {
