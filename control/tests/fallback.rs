@@ -17,7 +17,9 @@
 mod common;
 
 use common::Daemon;
-use rpcrdma_dataplane::{ConnId, ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, Role};
+use rpcrdma_dataplane::{
+    Accepted, ConnId, ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, Role,
+};
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_shm::rdmatest;
 use rpcrdma_shm::Client;
@@ -206,14 +208,19 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -
                     .push(u32::from_be_bytes([head[4], head[5], head[6], head[7]]));
             }
         }
+        let mut ready = Vec::new();
         while let Some((conn, ev)) = drv.poll_event() {
             match ev {
                 Event::IncomingCall(c) => {
                     if (c.prog, c.proc_) == (rdmatest::PROG, rdmatest::NULL) {
                         let dest = MemRef::new(mr.id, APP_BASE, c.args_len.max(4));
-                        drv.accept_call(conn, c.id, dest, &mut mem)
-                            .expect("accept call");
-                        args_at.push((conn, c.id));
+                        match drv
+                            .accept_call(conn, c.id, dest, &mut mem)
+                            .expect("accept call")
+                        {
+                            Accepted::Ready { .. } => ready.push((conn, c.id)),
+                            Accepted::Pulling => args_at.push((conn, c.id)),
+                        }
                     } else {
                         let _ = drv.reject_call(conn, c.id, 1, &mut mem);
                     }
@@ -221,17 +228,20 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -
                 Event::ArgsReady { id, .. } => {
                     if let Some(k) = args_at.iter().position(|&(c, i)| c == conn && i == id) {
                         args_at.swap_remove(k);
-                        let spec = ReplySpec {
-                            accept_stat: 0,
-                            msg: MemRef::new(mr.id, APP_BASE + 4096, 0),
-                            results: &[],
-                        };
-                        drv.submit_reply(conn, id, &spec, &mut mem).expect("reply");
-                        report.served += 1;
+                        ready.push((conn, id));
                     }
                 }
                 _ => {}
             }
+        }
+        for (conn, id) in ready {
+            let spec = ReplySpec {
+                accept_stat: 0,
+                msg: MemRef::new(mr.id, APP_BASE + 4096, 0),
+                results: &[],
+            };
+            drv.submit_reply(conn, id, &spec, &mut mem).expect("reply");
+            report.served += 1;
         }
         std::thread::sleep(Duration::from_micros(200));
     }

@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 use std::collections::VecDeque;
 
 use rpcrdma_dataplane::{
-    ArgPiece, CallSpec, Completion, ConnConfig, ConnId, ConnTemplate, Connection, Driver, Env,
-    Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SubmitError, VecMemory, Work,
+    Accepted, ArgPiece, CallSpec, Completion, ConnConfig, ConnId, ConnTemplate, Connection, Driver,
+    Env, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SubmitError, VecMemory,
+    Work,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
@@ -266,7 +267,9 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Dur
     let mut depth_seen = Depth::new();
     let cpu0 = cpu_ns();
     let depth = sl.client.len();
+    // Calls whose arguments are still being pulled, and calls ready to answer this turn.
     let mut serving: Vec<(ServeId, ConnId, usize)> = Vec::with_capacity(depth);
+    let mut ready: Vec<(ServeId, ConnId, usize)> = Vec::with_capacity(depth);
     let mut next_slot = 0usize;
     let submit = |c: &mut Node, k: usize, xid: u32| {
         let (msg, piece, result, reply) = sl.client[k];
@@ -305,35 +308,39 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Dur
         }
         c.drv.poll(now, &mut c.mem);
         s.drv.poll(now, &mut s.mem);
+        ready.clear();
         while let Some((sc, ev)) = s.drv.poll_event() {
             match ev {
                 Event::IncomingCall(ic) => {
                     let k = next_slot % depth;
                     next_slot += 1;
-                    serving.push((ic.id, sc, k));
-                    s.drv
-                        .accept_call(sc, ic.id, sl.server[k].0, &mut s.mem)
-                        .unwrap();
+                    // Inline (64 B): the arguments are in place at once. Read chunk (64 KiB):
+                    // they are once `ArgsReady` comes.
+                    match s.drv.accept_call(sc, ic.id, sl.server[k].0, &mut s.mem) {
+                        Ok(Accepted::Ready { .. }) => ready.push((ic.id, sc, k)),
+                        Ok(Accepted::Pulling) => serving.push((ic.id, sc, k)),
+                        Err(e) => panic!("{e:?}"),
+                    }
                 }
                 Event::ArgsReady { id, .. } => {
-                    // An inline call's arguments are ready as soon as it is accepted: the
-                    // entry is the last one pushed.
-                    let i = serving.iter().rposition(|e| e.0 == id).unwrap();
-                    let (_, sc, k) = serving.swap_remove(i);
-                    let (args, word) = sl.server[k];
-                    let results = [ResultPiece {
-                        mem: args.sub(4, sl.len).unwrap(),
-                        xdr_pos: 4,
-                    }];
-                    let spec = ReplySpec {
-                        accept_stat: 0,
-                        msg: word,
-                        results: &results,
-                    };
-                    s.drv.submit_reply(sc, id, &spec, &mut s.mem).unwrap();
+                    let i = serving.iter().position(|e| e.0 == id).unwrap();
+                    ready.push(serving.swap_remove(i));
                 }
                 _ => {}
             }
+        }
+        for &(id, sc, k) in &ready {
+            let (args, word) = sl.server[k];
+            let results = [ResultPiece {
+                mem: args.sub(4, sl.len).unwrap(),
+                xdr_pos: 4,
+            }];
+            let spec = ReplySpec {
+                accept_stat: 0,
+                msg: word,
+                results: &results,
+            };
+            s.drv.submit_reply(sc, id, &spec, &mut s.mem).unwrap();
         }
         while let Some((_, ev)) = c.drv.poll_event() {
             if let Event::CallDone(d) = ev {
@@ -497,7 +504,6 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         xid += 1;
     }
     let (mut done, mut sent) = (0u64, 32u64);
-    let mut serving: Vec<(ServeId, u64)> = Vec::with_capacity(64);
     let mut next = 0u64;
     // Each loop turn moves about 32 RPCs through both ends; four clock reads a turn split
     // its time between the two ends and the executor (≈ 3 ns per RPC of clock reads).
@@ -521,36 +527,30 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         }
         while let Some(ev) = s.conn.poll_event() {
             depth_seen.tally[2] += 1;
-            match ev {
-                Event::IncomingCall(ic) => {
-                    let slot = next % 32;
-                    next += 1;
-                    serving.push((ic.id, slot));
-                    s.conn
-                        .accept_call(
-                            ic.id,
-                            MemRef::new(APP, 131072 + slot * 256, 128),
-                            &mut s.env,
-                        )
-                        .unwrap();
-                }
-                Event::ArgsReady { id, .. } => {
-                    // An inline call's arguments are ready as soon as it is accepted: the
-                    // entry is the last one pushed.
-                    let i = serving.iter().rposition(|e| e.0 == id).unwrap();
-                    let (_, slot) = serving.swap_remove(i);
-                    let results = [ResultPiece {
-                        mem: MemRef::new(APP, 131072 + slot * 256 + 4, 64),
-                        xdr_pos: 4,
-                    }];
-                    let spec = ReplySpec {
-                        accept_stat: 0,
-                        msg: MemRef::new(APP, 65536 + slot * 256, 4),
-                        results: &results,
-                    };
-                    s.conn.submit_reply(id, &spec, &mut s.env).unwrap();
-                }
-                _ => {}
+            // Every event here is an IncomingCall or a ReplyDone (nothing to do).
+            if let Event::IncomingCall(ic) = ev {
+                let slot = next % 32;
+                next += 1;
+                let got = s
+                    .conn
+                    .accept_call(
+                        ic.id,
+                        MemRef::new(APP, 131072 + slot * 256, 128),
+                        &mut s.env,
+                    )
+                    .unwrap();
+                // An inline call's arguments are in place as soon as it is accepted.
+                assert!(matches!(got, Accepted::Ready { .. }), "{got:?}");
+                let results = [ResultPiece {
+                    mem: MemRef::new(APP, 131072 + slot * 256 + 4, 64),
+                    xdr_pos: 4,
+                }];
+                let spec = ReplySpec {
+                    accept_stat: 0,
+                    msg: MemRef::new(APP, 65536 + slot * 256, 4),
+                    results: &results,
+                };
+                s.conn.submit_reply(ic.id, &spec, &mut s.env).unwrap();
             }
         }
         lap(&mut depth_seen.split, responder);
@@ -636,7 +636,11 @@ fn engine_part(calls: u64) {
     let mut ratios = Vec::new();
     // The floor runs ten times the calls: its runs are otherwise too short for the on-CPU
     // clock, which advances by scheduler ticks (4 ms at HZ=250).
-    let floor_calls = calls * 10;
+    // `ENGINE_BENCH_FLOOR=0` keeps the floor's runs token-sized (for profiling the engine).
+    let floor_calls = match std::env::var("ENGINE_BENCH_FLOOR").as_deref() {
+        Ok("0") => 1000,
+        _ => calls * 10,
+    };
     for _ in 0..5 {
         let f = floor(floor_calls);
         let r = engine_alone(calls);

@@ -14,7 +14,7 @@ use rpcrdma_verbs::{
 };
 
 use crate::conn::{
-    CloseReason, Completion, ConfigError, ConnConfig, Connection, Event, Role, ServeId,
+    Accepted, CloseReason, Completion, ConfigError, ConnConfig, Connection, Event, Role, ServeId,
     SubmitError, Work, SLOT_TAIL,
 };
 use crate::mem::{Env, MemRef, Memory};
@@ -701,7 +701,7 @@ impl<P: Provider> Driver<P> {
         call: ServeId,
         dest: MemRef,
         mem: &mut impl Memory,
-    ) -> Result<(), SubmitError> {
+    ) -> Result<Accepted, SubmitError> {
         self.with(id, mem, |c, env| c.accept_call(call, dest, env))
             .unwrap_or(Err(SubmitError::Closed))
     }

@@ -11,8 +11,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::{
-    ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId, ConnTemplate,
-    Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, SubmitError,
+    Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId,
+    ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId,
+    SubmitError,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
@@ -306,60 +307,13 @@ fn serve<P: Provider>(s: &mut Node<P>) {
                 let buf = s.alloc(c.args_len.max(4));
                 PEND.with(|m| m.borrow_mut().push((conn, c.id, c.prog, c.proc_, buf)));
                 match s.drv.accept_call(conn, c.id, buf, &mut s.mem) {
+                    Ok(Accepted::Ready { args_len }) => answer(s, conn, c.id, args_len),
                     // The connection ended meanwhile: its end is reported separately.
-                    Ok(()) | Err(SubmitError::Closed) => {}
+                    Ok(Accepted::Pulling) | Err(SubmitError::Closed) => {}
                     Err(e) => panic!("accept: {e:?}"),
                 }
             }
-            Event::ArgsReady { id, args_len } => {
-                let (prog, proc_, buf) = PEND.with(|m| {
-                    let mut m = m.borrow_mut();
-                    let i = m.iter().position(|e| (e.0, e.1) == (conn, id)).unwrap();
-                    let e = m.remove(i);
-                    (e.2, e.3, e.4)
-                });
-                let args = s.get(buf.prefix(args_len).unwrap());
-                let w = |at: usize| u32::from_be_bytes(args[at..at + 4].try_into().unwrap());
-                let (msg, results): (Vec<u8>, Vec<ResultPiece>) = match (prog, proc_) {
-                    (RDMATEST_PROG, rdmatest::ECHO) => {
-                        let n = w(0);
-                        (
-                            be(&[n]),
-                            vec![ResultPiece {
-                                mem: buf.sub(4, n).unwrap(),
-                                xdr_pos: 4,
-                            }],
-                        )
-                    }
-                    (RDMATEST_PROG, rdmatest::READ) => {
-                        let data = s.put(&pattern(w(4), w(0) as usize));
-                        (
-                            be(&[w(0)]),
-                            vec![ResultPiece {
-                                mem: data,
-                                xdr_pos: 4,
-                            }],
-                        )
-                    }
-                    (RDMATEST_PROG, rdmatest::WRITE) => {
-                        let n = w(4) as usize;
-                        let ok = args[8..8 + n] == pattern(w(0), n)[..];
-                        (be(&[if ok { n as u32 } else { 0 }]), vec![])
-                    }
-                    (BULK_PROG, 1) => (args.clone(), vec![]),
-                    _ => (vec![], vec![]),
-                };
-                let m = s.put(&msg);
-                let spec = ReplySpec {
-                    accept_stat: 0,
-                    msg: m,
-                    results: &results,
-                };
-                match s.drv.submit_reply(conn, id, &spec, &mut s.mem) {
-                    Ok(()) | Err(SubmitError::Closed) => {}
-                    Err(e) => panic!("reply: {e:?}"),
-                }
-            }
+            Event::ArgsReady { id, args_len } => answer(s, conn, id, args_len),
             Event::ServeAborted { id } => {
                 // A call of a connection that ended: forget it.
                 PEND.with(|m| m.borrow_mut().retain(|e| (e.0, e.1) != (conn, id)));
@@ -367,6 +321,57 @@ fn serve<P: Provider>(s: &mut Node<P>) {
             }
             other => s.events.push((conn, other)),
         }
+    }
+}
+
+/// Answers served call `id` of `conn`, whose `args_len` bytes of arguments are in place.
+fn answer<P: Provider>(s: &mut Node<P>, conn: ConnId, id: ServeId, args_len: u32) {
+    let (prog, proc_, buf) = PEND.with(|m| {
+        let mut m = m.borrow_mut();
+        let i = m.iter().position(|e| (e.0, e.1) == (conn, id)).unwrap();
+        let e = m.remove(i);
+        (e.2, e.3, e.4)
+    });
+    let args = s.get(buf.prefix(args_len).unwrap());
+    let w = |at: usize| u32::from_be_bytes(args[at..at + 4].try_into().unwrap());
+    let (msg, results): (Vec<u8>, Vec<ResultPiece>) = match (prog, proc_) {
+        (RDMATEST_PROG, rdmatest::ECHO) => {
+            let n = w(0);
+            (
+                be(&[n]),
+                vec![ResultPiece {
+                    mem: buf.sub(4, n).unwrap(),
+                    xdr_pos: 4,
+                }],
+            )
+        }
+        (RDMATEST_PROG, rdmatest::READ) => {
+            let data = s.put(&pattern(w(4), w(0) as usize));
+            (
+                be(&[w(0)]),
+                vec![ResultPiece {
+                    mem: data,
+                    xdr_pos: 4,
+                }],
+            )
+        }
+        (RDMATEST_PROG, rdmatest::WRITE) => {
+            let n = w(4) as usize;
+            let ok = args[8..8 + n] == pattern(w(0), n)[..];
+            (be(&[if ok { n as u32 } else { 0 }]), vec![])
+        }
+        (BULK_PROG, 1) => (args.clone(), vec![]),
+        _ => (vec![], vec![]),
+    };
+    let m = s.put(&msg);
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg: m,
+        results: &results,
+    };
+    match s.drv.submit_reply(conn, id, &spec, &mut s.mem) {
+        Ok(()) | Err(SubmitError::Closed) => {}
+        Err(e) => panic!("reply: {e:?}"),
     }
 }
 
@@ -381,7 +386,7 @@ fn hstep<P: Provider>(h: &mut Side<P>) {
 }
 
 /// A call being served: its connection, id, program, procedure and argument buffer.
-type Pending = (ConnId, rpcrdma_dataplane::ServeId, u32, u32, MemRef);
+type Pending = (ConnId, ServeId, u32, u32, MemRef);
 
 thread_local! {
     static PEND: std::cell::RefCell<Vec<Pending>> =

@@ -416,6 +416,20 @@ pub struct IncomingCall {
     pub args_len: u32,
 }
 
+/// What [`Connection::accept_call`] did with a call's arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Accepted {
+    /// They are in place, `args_len` bytes at the buffer's start: nothing was left to pull
+    /// (an inline call, the common case), and no [`Event::ArgsReady`] follows.
+    Ready {
+        /// Bytes placed.
+        args_len: u32,
+    },
+    /// RDMA Reads are pulling them; [`Event::ArgsReady`] follows.
+    Pulling,
+}
+
 /// How sending a reply ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplyStatus {
@@ -449,7 +463,8 @@ pub enum Event {
     CallDone(CallDone),
     /// A call arrived for a local app.
     IncomingCall(IncomingCall),
-    /// The accepted call's arguments are in place (`args_len` bytes at the buffer's start).
+    /// The arguments of a call accepted with [`Accepted::Pulling`] are in place
+    /// (`args_len` bytes at the buffer's start).
     ArgsReady {
         /// The call.
         id: ServeId,

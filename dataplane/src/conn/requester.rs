@@ -369,6 +369,9 @@ impl Connection {
         if backward && !short {
             return None;
         }
+        if short && n_red == 0 && n_w == 0 && n_reply == 0 {
+            return self.marshal_plain(c, slot, inline_len, env);
+        }
 
         // Where each argument sits in the unreduced call, as a Read chunk position.
         let mut upos = [0u32; MAX_PIECES];
@@ -459,16 +462,56 @@ impl Connection {
             return None;
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, self.hdr.get(..n as usize)?) {
+        // A Short call's RPC header goes out with the transport header, in one copy.
+        let head = if short {
+            let at = n as usize;
+            self.hdr.get_mut(at..at + rpc.len())?.copy_from_slice(&rpc);
+            n + hdr_rpc
+        } else {
+            n
+        };
+        if !env.write(buf, self.hdr.get(..head as usize)?) {
             return None;
         }
         if short {
-            if !env.write(buf.sub(n, hdr_rpc)?, &rpc) {
-                return None;
-            }
-            write_stream(env, buf, n + hdr_rpc, c.msg, items(c.args(), &skip))?;
+            write_stream(env, buf, head, c.msg, items(c.args(), &skip))?;
             self.stats.short_sent += 1;
         }
+        self.queue_send(slot, buf, None);
+        Some(())
+    }
+
+    /// [`marshal`](Self::marshal) of the dominant case: a Short call without chunks (no
+    /// argument reduced, no Write chunk, no Reply chunk). The header has a fixed layout, so
+    /// none of the chunk bookkeeping runs; the transport and RPC headers are written in one
+    /// copy, then the arguments. `inline_len` is the RPC header and payload, as `marshal`
+    /// measured them.
+    fn marshal_plain(
+        &mut self,
+        c: &Call,
+        slot: u32,
+        inline_len: u32,
+        env: &mut impl Env,
+    ) -> Option<()> {
+        let credit = self.cfg.credits;
+        let n = if self.vers == v2::VERSION {
+            v2::emit_msg(&mut self.hdr, c.xid, credit, MsgType::Call)?
+        } else {
+            v1::emit_msg(&mut self.hdr, c.xid, credit)?
+        };
+        let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
+        self.hdr.get_mut(n..n + rpc.len())?.copy_from_slice(&rpc);
+        let head = u32::try_from(n + rpc.len()).ok()?;
+        let total = u32::try_from(n).ok()?.checked_add(inline_len)?;
+        if total > self.threshold() {
+            return None;
+        }
+        let buf = self.send_buf(slot)?.prefix(total)?;
+        if !env.write(buf, self.hdr.get(..head as usize)?) {
+            return None;
+        }
+        write_stream(env, buf, head, c.msg, items(c.args(), &[false; MAX_PIECES]))?;
+        self.stats.short_sent += 1;
         self.queue_send(slot, buf, None);
         Some(())
     }

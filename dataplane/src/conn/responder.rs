@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    emit_header, pad4, round4, scatter, tag, walk_stream, write_stream, CloseReason, Connection,
-    Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work, K_READ, K_WRITE,
-    MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, scatter, tag, walk_stream, write_stream, Accepted, CloseReason,
+    Connection, Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work,
+    K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -225,8 +225,13 @@ fn prepare_verdict(
         }
     }
     s.args_off = u32::try_from(call.args_offset).map_err(|_| Some(rpcmsg::GARBAGE_ARGS))?;
-    let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
-    let (_, u_len) = plan(s, &mut pieces).ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
+    let u_len = if s.n_dchunk == 0 {
+        // No data chunk: the call is the stream S as it came.
+        s.s_len
+    } else {
+        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+        plan(s, &mut pieces).ok_or(Some(rpcmsg::GARBAGE_ARGS))?.1
+    };
     let args_len = u_len
         .checked_sub(s.args_off)
         .ok_or(Some(rpcmsg::GARBAGE_ARGS))?;
@@ -538,15 +543,17 @@ impl Connection {
     }
 
     /// Places the arguments of an [`IncomingCall`] in `dest` (at least `args_len` bytes):
-    /// inline parts are copied, chunks pulled with RDMA Read; [`Event::ArgsReady`] follows.
+    /// inline parts are copied at once, chunks pulled with RDMA Read. The answer says
+    /// whether they are in place already ([`Accepted::Ready`]) or [`Event::ArgsReady`]
+    /// follows ([`Accepted::Pulling`]).
     pub fn accept_call(
         &mut self,
         id: ServeId,
         dest: MemRef,
         env: &mut impl Env,
-    ) -> Result<(), SubmitError> {
+    ) -> Result<Accepted, SubmitError> {
         let i = self.serve_index(id, State::Waiting)?;
-        if let Some(done) = self.accept_inline(i, id, dest, env) {
+        if let Some(done) = self.accept_inline(i, dest, env) {
             return done;
         }
         let Some(s) = self.serves.get(i as usize).copied() else {
@@ -577,26 +584,23 @@ impl Connection {
         d.dest = dest;
         if d.reads_pending == 0 {
             d.state = State::Ready;
-            let ev = Event::ArgsReady {
-                id,
+            Ok(Accepted::Ready {
                 args_len: d.args_len,
-            };
-            self.events.push_back(ev);
+            })
         } else {
             d.state = State::Pulling;
             self.pump_reads();
+            Ok(Accepted::Pulling)
         }
-        Ok(())
     }
 
     /// The common case without chunks: one copy from the receive buffer, no plan.
     fn accept_inline(
         &mut self,
         i: u32,
-        id: ServeId,
         dest: MemRef,
         env: &mut impl Env,
-    ) -> Option<Result<(), SubmitError>> {
+    ) -> Option<Result<Accepted, SubmitError>> {
         let s = self.serves.get_mut(i as usize)?;
         if s.n_pzrc > 0 || s.n_dchunk > 0 {
             return None;
@@ -625,8 +629,7 @@ impl Connection {
             self.close(CloseReason::Local("argument placement"));
             return Some(Err(SubmitError::Closed));
         }
-        self.events.push_back(Event::ArgsReady { id, args_len });
-        Some(Ok(()))
+        Some(Ok(Accepted::Ready { args_len }))
     }
 
     fn place_piece(
@@ -696,7 +699,8 @@ impl Connection {
         Ok(())
     }
 
-    /// Sends reply `spec` to a call whose arguments were delivered ([`Event::ArgsReady`]);
+    /// Sends reply `spec` to a call whose arguments are in place ([`Accepted::Ready`] or
+    /// [`Event::ArgsReady`]);
     /// [`Event::ReplyDone`] follows once the RDMA Writes and the Send completed.
     pub fn submit_reply(
         &mut self,
@@ -928,14 +932,21 @@ impl Connection {
         )?;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, self.hdr.get(..n as usize)?) {
+        // A Short reply's RPC header goes out with the transport header, in one copy.
+        let head = if short {
+            let at = n as usize;
+            self.hdr
+                .get_mut(at..at + hdr24.len())?
+                .copy_from_slice(&hdr24);
+            n + hdr24.len() as u32
+        } else {
+            n
+        };
+        if !env.write(buf, self.hdr.get(..head as usize)?) {
             return None;
         }
         if short {
-            if !env.write(buf.sub(n, hdr24.len() as u32)?, &hdr24) {
-                return None;
-            }
-            write_stream(env, buf, n + hdr24.len() as u32, spec.msg, items())?;
+            write_stream(env, buf, head, spec.msg, items())?;
             self.stats.short_sent += 1;
         }
         // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.

@@ -10,8 +10,8 @@ use rpcrdma_proto::Segment;
 use rpcrdma_verbs::{Access, MrId, WcStatus};
 
 use super::{
-    CallSpec, Completion, ConnConfig, Connection, Event, ReplySpec, ResultPiece, Role, ServeId,
-    Work,
+    Accepted, CallSpec, Completion, ConnConfig, Connection, Event, ReplySpec, ResultPiece, Role,
+    ServeId, Work,
 };
 use crate::mem::{Env, MemRef, Memory, VecMemory};
 use crate::rpcmsg;
@@ -531,8 +531,10 @@ pub fn intake(p: &mut Pair) -> usize {
             Some(Event::IncomingCall(c)) => {
                 let buf = p.b.alloc(c.args_len.max(4));
                 p.pending.push((c.id, c, buf));
-                if let Err(e) = p.b.conn.accept_call(c.id, buf, &mut p.b.env) {
-                    panic!("accept: {e:?} (server closed: {:?})", p.b.conn.closed());
+                match p.b.conn.accept_call(c.id, buf, &mut p.b.env) {
+                    Ok(Accepted::Ready { args_len }) => p.ready.push((c.id, args_len)),
+                    Ok(Accepted::Pulling) => {}
+                    Err(e) => panic!("accept: {e:?} (server closed: {:?})", p.b.conn.closed()),
                 }
             }
             Some(Event::ArgsReady { id, args_len }) => p.ready.push((id, args_len)),

@@ -225,7 +225,9 @@ fn r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply() {
         other => panic!("{other:?}"),
     };
     let args = p.b.alloc(4004);
-    p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    // The 4000-byte argument comes by RDMA Read: the arguments are ready later.
+    let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Pulling);
     p.run();
     assert!(matches!(
         p.b.events.pop_front(),
@@ -771,7 +773,14 @@ fn amb_7_unused_write_chunk_returned_with_zero_lengths() {
         panic!()
     };
     let buf = p.b.alloc(c.args_len);
-    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    let got = p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    // An inline call's arguments are in place at once (no ArgsReady follows).
+    assert_eq!(
+        got,
+        Accepted::Ready {
+            args_len: c.args_len
+        }
+    );
     p.run();
     p.b.events.clear();
     let m = p.b.put(&[]);
@@ -1304,7 +1313,14 @@ fn r8166_7_1_b_backward_call_routed_by_msg_type() {
     let c = inc.expect("backward call delivered at the client");
     assert_eq!((c.prog, c.xid, c.args_len), (0x2052_4455, 1, 8));
     let buf = p.a.alloc(8);
-    p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    let got = p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    // An inline call's arguments are in place at once (no ArgsReady follows).
+    assert_eq!(
+        got,
+        Accepted::Ready {
+            args_len: c.args_len
+        }
+    );
     p.run();
     let m = p.a.put(&be(&[4, 0x0506_0708]));
     p.a.conn
@@ -2286,7 +2302,14 @@ fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
         panic!("{:?}", p.b.events)
     };
     let buf = p.b.alloc(c.args_len);
-    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    let got = p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    // An inline call's arguments are in place at once (no ArgsReady follows).
+    assert_eq!(
+        got,
+        Accepted::Ready {
+            args_len: c.args_len
+        }
+    );
     p.run();
     p.b.events.clear();
     let held: Vec<MemRef> = p.b.env.sends.drain(..).collect();
@@ -2460,7 +2483,14 @@ fn impl_3_9_c_results_beyond_the_write_list_go_inline() {
         panic!()
     };
     let buf = p.b.alloc(c.args_len);
-    p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    let got = p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    // An inline call's arguments are in place at once (no ArgsReady follows).
+    assert_eq!(
+        got,
+        Accepted::Ready {
+            args_len: c.args_len
+        }
+    );
     p.run();
     p.b.events.clear();
     // Two results for one Write chunk: the first goes to the chunk, the second inline.
@@ -2662,7 +2692,14 @@ fn v2_4_2_2_a_backward_call_in_version_two() {
             })
             .expect("backward call at the client");
     let buf = p.a.alloc(c.args_len);
-    p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    let got = p.a.conn.accept_call(c.id, buf, &mut p.a.env).unwrap();
+    // An inline call's arguments are in place at once (no ArgsReady follows).
+    assert_eq!(
+        got,
+        Accepted::Ready {
+            args_len: c.args_len
+        }
+    );
     p.run();
     let m = p.a.put(&be(&[4, 1]));
     p.a.conn
@@ -2998,4 +3035,36 @@ fn sends_of_a_batch_complete_with_its_last() {
             assert_eq!(side.conn.send_free(), side.conn.config().send_slots);
         }
     }
+}
+
+/// An inline call's arguments are copied when it is accepted: `accept_call` says so with
+/// `Accepted::Ready` and no `ArgsReady` follows (the poll thread delivers the call on that
+/// answer, so a second signal would deliver it twice). A call with a Read chunk answers
+/// `Accepted::Pulling` and gets its `ArgsReady` once the Reads are done
+/// (`r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply` covers that side).
+#[test]
+fn accept_of_an_inline_call_is_ready_at_once() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[7; 12], 64);
+    p.run();
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    let buf = p.b.alloc(c.args_len);
+    let got = p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Ready { args_len: 12 });
+    assert_eq!(p.b.get(buf), vec![7; 12]);
+    p.run();
+    assert!(
+        !p.b.events
+            .iter()
+            .any(|e| matches!(e, Event::ArgsReady { .. })),
+        "{:?}",
+        p.b.events
+    );
+    // Accepting it again is refused: it is no longer waiting.
+    assert_eq!(
+        p.b.conn.accept_call(c.id, buf, &mut p.b.env),
+        Err(SubmitError::BadId)
+    );
 }

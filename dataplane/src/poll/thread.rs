@@ -10,7 +10,9 @@
 use super::mesh::{Hop, Port, Results};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason};
-use crate::conn::{CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId};
+use crate::conn::{
+    Accepted, CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId, SubmitError,
+};
 use crate::driver::{from_serve_tag, serve_tag, ConnId, Driver};
 use crate::mem::{MemRef, RegisteredMem};
 use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
@@ -942,12 +944,30 @@ impl<P: Provider> PollThread<P> {
         };
         let (conn, sid) = from_serve_tag(stag);
         let accepted = match self.app_ref(from, app, buf) {
-            Some(dest) => self.drv.accept_call(conn, sid, dest, &mut self.mem).is_ok(),
-            None => false,
+            Some(dest) => self.drv.accept_call(conn, sid, dest, &mut self.mem),
+            None => Err(SubmitError::Invalid("buffer outside the app's arena")),
         };
-        if !accepted {
-            self.refuse_served(tag, SYSTEM_ERR);
-            self.hop(from, Hop::Aborted { tag });
+        match accepted {
+            Ok(Accepted::Ready { args_len }) => self.args_ready(conn, sid, args_len),
+            // `ConnEvent::ArgsReady` follows.
+            Ok(Accepted::Pulling) => {}
+            Err(_) => {
+                self.refuse_served(tag, SYSTEM_ERR);
+                self.hop(from, Hop::Aborted { tag });
+            }
+        }
+    }
+
+    /// The arguments of served call `id` are in place: the app side may deliver it.
+    fn args_ready(&mut self, conn: ConnId, id: ServeId, args_len: u32) {
+        if let Some(&s) = self.served.get(&serve_tag(conn, id)) {
+            self.hop(
+                s.app_thread,
+                Hop::ArgsReady {
+                    tag: s.tag,
+                    args_len,
+                },
+            );
         }
     }
 
@@ -1106,17 +1126,7 @@ impl<P: Provider> PollThread<P> {
                 self.count_incoming(slot, ic.args_len);
                 self.conn_incoming(conn, slot, ic);
             }
-            ConnEvent::ArgsReady { id, args_len } => {
-                if let Some(&s) = self.served.get(&serve_tag(conn, id)) {
-                    self.hop(
-                        s.app_thread,
-                        Hop::ArgsReady {
-                            tag: s.tag,
-                            args_len,
-                        },
-                    );
-                }
-            }
+            ConnEvent::ArgsReady { id, args_len } => self.args_ready(conn, id, args_len),
             ConnEvent::ReplyDone { id, status: st } => {
                 if let Some(s) = self.forget_served(conn, id) {
                     let code = match st {

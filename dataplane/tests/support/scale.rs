@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::poll::{ConnStats, PoolPlan, PoolSpec, TransportSpec};
 use rpcrdma_dataplane::{
-    CallSpec, CallStatus, CloseReason, ConnId, Driver, Event, MemRef, Memory, RegisteredMem,
-    ReplySpec, Role,
+    Accepted, CallSpec, CallStatus, CloseReason, ConnId, Driver, Event, MemRef, Memory,
+    RegisteredMem, ReplySpec, Role,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_verbs::mapped::{Mapped, Registered};
@@ -327,6 +327,7 @@ pub fn run(s: Scenario) -> Figures {
                 }
             }
         }
+        let mut ready = Vec::new();
         for (conn, e) in std::mem::take(&mut sev) {
             match e {
                 Event::IncomingCall(ic) => {
@@ -335,20 +336,25 @@ pub fn run(s: Scenario) -> Figures {
                     next += 1;
                     pending.insert((conn, ic.id.to_u32()), buf);
                     // Refused only on a connection that is closing (counted below).
-                    let _ = srv.drv.accept_call(conn, ic.id, buf, &mut srv.mem);
+                    if let Ok(Accepted::Ready { args_len }) =
+                        srv.drv.accept_call(conn, ic.id, buf, &mut srv.mem)
+                    {
+                        ready.push((conn, ic.id, args_len));
+                    }
                 }
-                Event::ArgsReady { id, args_len } => {
-                    let buf = pending.remove(&(conn, id.to_u32())).expect("pending");
-                    let spec = ReplySpec {
-                        accept_stat: 0,
-                        msg: buf.prefix(args_len).expect("args"),
-                        results: &[],
-                    };
-                    let _ = srv.drv.submit_reply(conn, id, &spec, &mut srv.mem);
-                }
+                Event::ArgsReady { id, args_len } => ready.push((conn, id, args_len)),
                 Event::Closed(_) => closed += 1,
                 _ => {}
             }
+        }
+        for (conn, id, args_len) in ready {
+            let buf = pending.remove(&(conn, id.to_u32())).expect("pending");
+            let spec = ReplySpec {
+                accept_stat: 0,
+                msg: buf.prefix(args_len).expect("args"),
+                results: &[],
+            };
+            let _ = srv.drv.submit_reply(conn, id, &spec, &mut srv.mem);
         }
         for (_, e) in std::mem::take(&mut cev) {
             match e {
