@@ -28,12 +28,13 @@ use std::collections::VecDeque;
 
 use rpcrdma_dataplane::{
     Accepted, ArgPiece, CallSpec, Completion, ConnConfig, ConnId, ConnTemplate, Connection, Driver,
-    Env, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SubmitError, VecMemory,
+    Env, Event, MemRef, Memory, RegisteredMem, ReplySpec, ResultPiece, Role, ServeId, SubmitError,
     Work,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_verbs::conformance::{Side, GUARD};
+use rpcrdma_verbs::mapped::{Mapped, Registered};
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
 use rpcrdma_verbs::{Access, WcStatus};
@@ -369,21 +370,62 @@ struct Lean {
     work: u64,
 }
 
-/// Part 0's memory, counting the engine's `Memory` operations (reads, writes, copies).
-struct LeanEnv(VecMemory, std::cell::Cell<u64>);
+/// Part 0's memory: the daemon's own [`RegisteredMem`] (bounds-checked copies into
+/// mappings registered with a provider; here two anonymous mappings, the buffer pool and an
+/// app's arena, registered with a soft provider that is otherwise unused), counting the
+/// engine's `Memory` operations (reads, writes, copies).
+struct LeanEnv {
+    p: SoftMem,
+    mem: RegisteredMem,
+    pool: MrId,
+    app: MrId,
+    ops: std::cell::Cell<u64>,
+}
+
+impl LeanEnv {
+    fn new(pool_len: usize, app_len: usize) -> LeanEnv {
+        let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
+        let pd = p.alloc_pd().unwrap();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let pool = Registered::new(&mut p, pd, Mapped::anonymous(pool_len).unwrap(), rw).unwrap();
+        let app = Registered::new(&mut p, pd, Mapped::anonymous(app_len).unwrap(), rw).unwrap();
+        LeanEnv {
+            pool: pool.mr().id,
+            app: app.mr().id,
+            mem: RegisteredMem {
+                regs: vec![pool, app],
+            },
+            p,
+            ops: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The pool's mapping (what the executor standing in for the NIC moves Sends from and to).
+    fn pool_mem(&self) -> &Mapped {
+        self.mem.regs[0].mem()
+    }
+}
+
+impl Drop for LeanEnv {
+    fn drop(&mut self) {
+        for r in self.mem.regs.drain(..) {
+            r.deregister(&mut self.p).unwrap();
+        }
+    }
+}
 
 impl Memory for LeanEnv {
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        self.1.set(self.1.get() + 1);
-        self.0.read(at, dst)
+        self.ops.set(self.ops.get() + 1);
+        self.mem.read(at, dst)
     }
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        self.1.set(self.1.get() + 1);
-        self.0.write(at, src)
+        self.ops.set(self.ops.get() + 1);
+        self.mem.write(at, src)
     }
     fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
-        self.1.set(self.1.get() + 1);
-        self.0.copy(from, to)
+        self.ops.set(self.ops.get() + 1);
+        self.mem.copy(from, to)
     }
 }
 
@@ -393,22 +435,21 @@ impl Env for LeanEnv {
     }
 }
 
-const POOL: MrId = MrId(1);
-const APP: MrId = MrId(2);
-
 fn lean(role: Role) -> Lean {
     let (credits, recv_slots, size) = (32u32, 34u32, 4096u32);
     let send_slots = credits + recv_slots + 1;
     let send_len = ConnConfig::send_pool_len(send_slots, size).unwrap();
     let recv_len = ConnConfig::recv_pool_len(recv_slots, size).unwrap();
+    let env = LeanEnv::new((send_len + recv_len) as usize, 1 << 20);
+    let pool = env.pool;
     let cfg = ConnConfig {
         role,
         version: 1,
         credits,
-        send_pool: MemRef::new(POOL, 0, send_len),
+        send_pool: MemRef::new(pool, 0, send_len),
         send_slots,
         send_size: size,
-        recv_pool: MemRef::new(POOL, u64::from(send_len), recv_len),
+        recv_pool: MemRef::new(pool, u64::from(send_len), recv_len),
         recv_slots,
         recv_size: size,
         shared_recv: false,
@@ -423,12 +464,9 @@ fn lean(role: Role) -> Lean {
         max_reads: 16,
         max_call_size: 1 << 20,
     };
-    let mut mem = VecMemory::new();
-    mem.add(POOL, (send_len + recv_len) as usize);
-    mem.add(APP, 1 << 20);
     Lean {
         conn: Connection::new(cfg).unwrap(),
-        env: LeanEnv(mem, std::cell::Cell::new(0)),
+        env,
         posted: VecDeque::new(),
         cq: VecDeque::new(),
         work: 0,
@@ -451,9 +489,10 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
                 tag, buf, signaled, ..
             } => {
                 let (rtag, rbuf) = peer.posted.pop_front().expect("posted receive");
-                let src = me.env.0.slice(buf).unwrap();
-                let dst = peer.env.0.slice_mut(rbuf.prefix(buf.len).unwrap()).unwrap();
-                dst.copy_from_slice(src);
+                assert!(buf.len <= rbuf.len);
+                let n = buf.len as usize;
+                let (from, to) = (me.env.pool_mem(), peer.env.pool_mem());
+                assert!(from.copy_to(buf.offset, to, rbuf.offset, n));
                 // As a provider does: no completion for an unsignaled Send.
                 if signaled {
                     me.cq.push_back(ok(tag, 0));
@@ -472,12 +511,13 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
     // The server's receives are posted before anything is sent.
     exec(&mut s, &mut c);
     let now = Instant::now();
-    let k = |i: u64| MemRef::new(APP, i * 512, 64);
+    let (capp, sapp) = (c.env.app, s.env.app);
+    let k = |i: u64| MemRef::new(capp, i * 512, 64);
     for i in 0..32u64 {
         assert!(c.env.write(k(i).prefix(4).unwrap(), &64u32.to_be_bytes()));
         assert!(s
             .env
-            .write(MemRef::new(APP, 65536 + i * 256, 4), &64u32.to_be_bytes()));
+            .write(MemRef::new(sapp, 65536 + i * 256, 4), &64u32.to_be_bytes()));
     }
     let submit = |c: &mut Lean, i: u64, xid: u32| {
         let base = k(i);
@@ -489,11 +529,11 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
             proc_: rdmatest::ECHO,
             msg: base.prefix(4).unwrap(),
             args: &[ArgPiece {
-                mem: MemRef::new(APP, base.offset + 64, 64),
+                mem: MemRef::new(capp, base.offset + 64, 64),
                 xdr_pos: 4,
             }],
-            results: &[MemRef::new(APP, base.offset + 128, 64)],
-            reply: MemRef::new(APP, base.offset + 256, 128),
+            results: &[MemRef::new(capp, base.offset + 128, 64)],
+            reply: MemRef::new(capp, base.offset + 256, 128),
         };
         c.conn.submit_call(&spec, &mut c.env).unwrap();
     };
@@ -535,19 +575,19 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
                     .conn
                     .accept_call(
                         ic.id,
-                        MemRef::new(APP, 131072 + slot * 256, 128),
+                        MemRef::new(sapp, 131072 + slot * 256, 128),
                         &mut s.env,
                     )
                     .unwrap();
                 // An inline call's arguments are in place as soon as it is accepted.
                 assert!(matches!(got, Accepted::Ready { .. }), "{got:?}");
                 let results = [ResultPiece {
-                    mem: MemRef::new(APP, 131072 + slot * 256 + 4, 64),
+                    mem: MemRef::new(sapp, 131072 + slot * 256 + 4, 64),
                     xdr_pos: 4,
                 }];
                 let spec = ReplySpec {
                     accept_stat: 0,
-                    msg: MemRef::new(APP, 65536 + slot * 256, 4),
+                    msg: MemRef::new(sapp, 65536 + slot * 256, 4),
                     results: &results,
                 };
                 s.conn.submit_reply(ic.id, &spec, &mut s.env).unwrap();
@@ -580,7 +620,7 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
     let t = start.elapsed();
     depth_seen.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
     depth_seen.tally[0] = c.work + s.work;
-    depth_seen.tally[3] = c.env.1.get() + s.env.1.get();
+    depth_seen.tally[3] = c.env.ops.get() + s.env.ops.get();
     (t, depth_seen)
 }
 

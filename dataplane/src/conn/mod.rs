@@ -1584,6 +1584,63 @@ impl Connection {
     }
 }
 
+/// A Short message without chunks (RDMA_MSG or RDMA2_MSG with three empty lists), the
+/// dominant case: its transport header has a fixed layout.
+pub(super) struct Plain<'a> {
+    /// Version two (else version 1): a reply answers in its call's version.
+    pub(super) v2: bool,
+    pub(super) direction: MsgType,
+    pub(super) xid: u32,
+    pub(super) credit: u32,
+    /// The RPC header, sent right after the transport header.
+    pub(super) rpc: &'a [u8],
+    /// Bytes of payload after the RPC header.
+    pub(super) stream: u32,
+}
+
+impl Plain<'_> {
+    /// The message's length: fixed words, three empty lists (a word each), RPC header,
+    /// payload.
+    pub(super) fn len(&self) -> Option<u32> {
+        let hdr = if self.v2 { 20 } else { 16 } + 12u32;
+        hdr.checked_add(self.rpc.len() as u32)?
+            .checked_add(self.stream)
+    }
+}
+
+impl Connection {
+    /// Writes `m` into send buffer `slot`: transport and RPC headers in one copy, then the
+    /// payload stream (`msg` with `items` inline); the bytes to send, `None` if the
+    /// message exceeds the inline threshold or memory fails.
+    pub(super) fn write_plain(
+        &mut self,
+        slot: u32,
+        m: &Plain<'_>,
+        msg: MemRef,
+        items: impl Iterator<Item = (u32, MemRef)>,
+        env: &mut impl Env,
+    ) -> Option<MemRef> {
+        let total = m.len()?;
+        if total > self.threshold() {
+            return None;
+        }
+        let n = if m.v2 {
+            v2::emit_msg(&mut self.hdr, m.xid, m.credit, m.direction)?
+        } else {
+            v1::emit_msg(&mut self.hdr, m.xid, m.credit)?
+        };
+        self.hdr.get_mut(n..n + m.rpc.len())?.copy_from_slice(m.rpc);
+        let head = u32::try_from(n + m.rpc.len()).ok()?;
+        let buf = self.send_buf(slot)?.prefix(total)?;
+        if !env.write(buf, self.hdr.get(..head as usize)?) {
+            return None;
+        }
+        write_stream(env, buf, head, msg, items)?;
+        self.stats.short_sent += 1;
+        Some(buf)
+    }
+}
+
 /// Pad of an XDR item of `len` bytes to a multiple of 4.
 fn pad4(len: u32) -> u32 {
     len.wrapping_neg() & 3

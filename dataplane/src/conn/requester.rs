@@ -12,8 +12,8 @@ use rpcrdma_verbs::Access;
 
 use super::{
     emit_header, round4, tag, walk_stream, write_stream, CallDone, CallStatus, Connection, Event,
-    Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
-    TAIL_RPC, TAIL_ZERO,
+    Plain, Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS,
+    TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -62,34 +62,38 @@ enum State {
 }
 
 /// One call slot of the requester.
+///
+/// Laid out in declaration order (`repr(C)`): what every call touches comes first, the
+/// arrays that only chunked calls fill last, so a plain call's record spans few cache lines.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Call {
     state: State,
-    user: u64,
-    xid: u32,
-    prog: u32,
-    vers: u32,
-    proc_: u32,
-    msg: MemRef,
-    args: [ArgPiece; MAX_PIECES],
     n_args: u8,
-    results: [MemRef; MAX_PIECES],
     n_results: u8,
-    reply: MemRef,
-    slot: Option<u32>,
-    rkeys: [u32; MAX_EXPOSE],
     n_rkeys: u8,
     inv_pending: u8,
-    wseg: [Segment; MAX_WCHUNKS],
     n_w: u8,
-    reply_segs: [Segment; 2],
     n_reply: u8,
-    done: Option<CallDone>,
     /// Resend as version 1 once invalidation ends (ERR_VERS to a version-two call).
     requeue: bool,
     retried: bool,
     /// Cancelled while sent: after invalidation the slot waits for the reply as a ghost.
     ghost: bool,
+    xid: u32,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    slot: Option<u32>,
+    user: u64,
+    msg: MemRef,
+    reply: MemRef,
+    args: [ArgPiece; MAX_PIECES],
+    results: [MemRef; MAX_PIECES],
+    done: Option<CallDone>,
+    wseg: [Segment; MAX_WCHUNKS],
+    reply_segs: [Segment; 2],
+    rkeys: [u32; MAX_EXPOSE],
 }
 
 impl Call {
@@ -493,25 +497,17 @@ impl Connection {
         inline_len: u32,
         env: &mut impl Env,
     ) -> Option<()> {
-        let credit = self.cfg.credits;
-        let n = if self.vers == v2::VERSION {
-            v2::emit_msg(&mut self.hdr, c.xid, credit, MsgType::Call)?
-        } else {
-            v1::emit_msg(&mut self.hdr, c.xid, credit)?
-        };
         let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
-        self.hdr.get_mut(n..n + rpc.len())?.copy_from_slice(&rpc);
-        let head = u32::try_from(n + rpc.len()).ok()?;
-        let total = u32::try_from(n).ok()?.checked_add(inline_len)?;
-        if total > self.threshold() {
-            return None;
-        }
-        let buf = self.send_buf(slot)?.prefix(total)?;
-        if !env.write(buf, self.hdr.get(..head as usize)?) {
-            return None;
-        }
-        write_stream(env, buf, head, c.msg, items(c.args(), &[false; MAX_PIECES]))?;
-        self.stats.short_sent += 1;
+        let plain = Plain {
+            v2: self.vers == v2::VERSION,
+            direction: MsgType::Call,
+            xid: c.xid,
+            credit: self.cfg.credits,
+            rpc: &rpc,
+            stream: inline_len - rpc.len() as u32,
+        };
+        let items = items(c.args(), &[false; MAX_PIECES]);
+        let buf = self.write_plain(slot, &plain, c.msg, items, env)?;
         self.queue_send(slot, buf, None);
         Some(())
     }

@@ -9,8 +9,8 @@ use rpcrdma_proto::{
 
 use super::{
     emit_header, pad4, round4, scatter, tag, walk_stream, write_stream, Accepted, CloseReason,
-    Connection, Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work,
-    K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src, SubmitError,
+    Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -55,41 +55,46 @@ struct DataChunk {
 }
 
 /// One call being served.
+///
+/// Laid out in declaration order (`repr(C)`): what every call touches comes first, the
+/// segment array that only chunked calls fill last, so a plain call's record spans few
+/// cache lines.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Serve {
     state: State,
+    n_segs: u8,
+    p0: u8,
+    n_pzrc: u8,
+    n_dchunk: u8,
+    n_wchunk: u8,
+    r0: u8,
+    n_rseg: u8,
+    has_reply: bool,
+    counted: bool,
+    silent: bool,
     gen: u32,
     xid: u32,
     vers: u32,
     prog: u32,
     prog_vers: u32,
     proc_: u32,
-    /// The receive buffer still holding the inline payload (or the PZRC head).
-    recv: Option<MemRef>,
     s_off: u32,
     s_len: u32,
     s_local: u32,
-    /// Every segment of the call: PZRC, data chunks, Write chunks, Reply chunk (by range).
-    segs: [Segment; CALL_SEGS],
-    n_segs: u8,
-    p0: u8,
-    n_pzrc: u8,
-    dchunk: [DataChunk; MAX_RCHUNKS],
-    n_dchunk: u8,
-    wchunk: [(u8, u8); MAX_WCHUNKS],
-    n_wchunk: u8,
-    r0: u8,
-    n_rseg: u8,
-    has_reply: bool,
-    inv_rkey: Option<u32>,
     args_off: u32,
     args_len: u32,
-    dest: MemRef,
     reads_pending: u32,
     pending: u32,
-    counted: bool,
-    silent: bool,
+    inv_rkey: Option<u32>,
     status: Option<ReplyStatus>,
+    /// The receive buffer still holding the inline payload (or the PZRC head).
+    recv: Option<MemRef>,
+    dest: MemRef,
+    wchunk: [(u8, u8); MAX_WCHUNKS],
+    dchunk: [DataChunk; MAX_RCHUNKS],
+    /// Every segment of the call: PZRC, data chunks, Write chunks, Reply chunk (by range).
+    segs: [Segment; CALL_SEGS],
 }
 
 impl Serve {
@@ -768,6 +773,11 @@ impl Connection {
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
     ) -> Option<bool> {
+        if s.n_wchunk == 0 {
+            if let Some(sent) = self.reply_plain(s, slot, spec, env) {
+                return sent;
+            }
+        }
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
         // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order.
@@ -961,6 +971,58 @@ impl Connection {
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
         Some(true)
+    }
+
+    /// [`reply_from`](Self::reply_from) of the dominant case: the call offered no Write
+    /// chunk and the reply fits inline, so it goes as a Short reply without chunks (an
+    /// offered Reply chunk stays unused and is marked absent, AMB-8). The transport and RPC
+    /// headers are written in one copy, then the results. `None`: not this case (the reply
+    /// needs the Reply chunk), nothing done.
+    fn reply_plain(
+        &mut self,
+        s: &mut Serve,
+        slot: u32,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Option<Option<bool>> {
+        let v2 = s.vers == v2::VERSION;
+        let items = || spec.results.iter().map(|r| (r.xdr_pos, r.mem));
+        let mut stream = 0u32;
+        walk_stream(spec.msg, items(), |p| {
+            let n = match p {
+                Src::Mem(m) => m.len,
+                Src::Zero(z) => z,
+            };
+            stream = stream.checked_add(n)?;
+            Some(())
+        })?;
+        let rpc = rpcmsg::reply_header(s.xid, spec.accept_stat);
+        let plain = Plain {
+            v2,
+            direction: MsgType::Reply,
+            xid: s.xid,
+            credit: self.grant,
+            rpc: &rpc,
+            stream,
+        };
+        if plain.len()? > self.threshold() {
+            return None;
+        }
+        let Some(buf) = self.write_plain(slot, &plain, spec.msg, items(), env) else {
+            return Some(None);
+        };
+        // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
+        let invalidate = if self.peer_takes_inv {
+            s.inv_rkey
+        } else {
+            None
+        };
+        self.queue_send(slot, buf, invalidate);
+        self.stats.replies_sent += 1;
+        s.pending = 1;
+        s.state = State::Replying;
+        s.status = Some(ReplyStatus::Sent);
+        Some(Some(true))
     }
 
     fn uncount(&mut self, i: u32) {

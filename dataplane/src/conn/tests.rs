@@ -1393,6 +1393,32 @@ fn v2_5_3_a_version_two_call_and_reply() {
     assert_eq!(&r[16..20], &1u32.to_be_bytes());
 }
 
+/// A responder configured for version two answers a version-1 call in version 1: an inline
+/// reply (the plain path) and one using a Write chunk (the general path).
+#[test]
+fn v2_5_3_a_version_one_call_to_a_version_two_responder() {
+    let mut server = sim::config(Role::Server, 8);
+    server.version = 2;
+    let mut p = Pair::new(sim::config(Role::Client, 8), server);
+    let reply = bulk(&mut p, 1, &[3; 8], 64);
+    p.run();
+    serve(&mut p);
+    let data = pattern(5, 20000);
+    let (result, _) = echo(&mut p, 2, &data);
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(d.len(), 2);
+    assert!(d.iter().all(|d| d.status == CallStatus::Ok), "{d:?}");
+    assert_eq!(p.a.get(reply.prefix(8).unwrap()), vec![3; 8]);
+    assert_eq!(p.a.get(result), data);
+    assert_eq!(p.b.sent.len(), 2);
+    for r in &p.b.sent {
+        let f = proto::Fixed::peek(r).unwrap();
+        assert_eq!((f.vers, f.proc), (1, v1::RDMA_MSG));
+    }
+}
+
 #[test]
 fn v2_3_1_b_optional_messages_surface_and_unknown_get_inval_option() {
     let mut client = sim::config(Role::Client, 8);
