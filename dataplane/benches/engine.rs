@@ -378,23 +378,38 @@ struct LeanEnv {
     p: SoftMem,
     mem: RegisteredMem,
     pool: MrId,
+    /// Where the pool is among the regions (sorted by id, fixed once built).
+    pool_at: usize,
     app: MrId,
     ops: std::cell::Cell<u64>,
 }
 
 impl LeanEnv {
-    fn new(pool_len: usize, app_len: usize) -> LeanEnv {
+    /// The pool, `extra` idle regions standing for other apps' arenas (a poll thread holds
+    /// one per attached app; `ENGINE_BENCH_REGIONS`), and the app's arena, registered in that
+    /// order.
+    fn new(pool_len: usize, app_len: usize, extra: usize) -> LeanEnv {
         let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
         let pd = p.alloc_pd().unwrap();
         let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-        let pool = Registered::new(&mut p, pd, Mapped::anonymous(pool_len).unwrap(), rw).unwrap();
-        let app = Registered::new(&mut p, pd, Mapped::anonymous(app_len).unwrap(), rw).unwrap();
+        let mut reg = |len| Registered::new(&mut p, pd, Mapped::anonymous(len).unwrap(), rw);
+        let mut regs = vec![reg(pool_len).unwrap()];
+        for _ in 0..extra {
+            regs.push(reg(4096).unwrap());
+        }
+        regs.push(reg(app_len).unwrap());
+        let (pool, app) = (regs[0].mr().id, regs[extra + 1].mr().id);
+        let mem = RegisteredMem::new(regs);
+        let pool_at = mem
+            .regions()
+            .iter()
+            .position(|r| r.mr().id == pool)
+            .unwrap();
         LeanEnv {
-            pool: pool.mr().id,
-            app: app.mr().id,
-            mem: RegisteredMem {
-                regs: vec![pool, app],
-            },
+            pool,
+            pool_at,
+            app,
+            mem,
             p,
             ops: std::cell::Cell::new(0),
         }
@@ -402,13 +417,13 @@ impl LeanEnv {
 
     /// The pool's mapping (what the executor standing in for the NIC moves Sends from and to).
     fn pool_mem(&self) -> &Mapped {
-        self.mem.regs[0].mem()
+        self.mem.regions()[self.pool_at].mem()
     }
 }
 
 impl Drop for LeanEnv {
     fn drop(&mut self) {
-        for r in self.mem.regs.drain(..) {
+        for r in self.mem.take_all() {
             r.deregister(&mut self.p).unwrap();
         }
     }
@@ -435,12 +450,22 @@ impl Env for LeanEnv {
     }
 }
 
+/// Idle regions registered besides part 0's pool and app arena (`ENGINE_BENCH_REGIONS`,
+/// default 0): a daemon's poll thread holds one per attached app, and every `Memory`
+/// operation looks its region up among them.
+fn extra_regions() -> usize {
+    std::env::var("ENGINE_BENCH_REGIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn lean(role: Role) -> Lean {
     let (credits, recv_slots, size) = (32u32, 34u32, 4096u32);
     let send_slots = credits + recv_slots + 1;
     let send_len = ConnConfig::send_pool_len(send_slots, size).unwrap();
     let recv_len = ConnConfig::recv_pool_len(recv_slots, size).unwrap();
-    let env = LeanEnv::new((send_len + recv_len) as usize, 1 << 20);
+    let env = LeanEnv::new((send_len + recv_len) as usize, 1 << 20, extra_regions());
     let pool = env.pool;
     let cfg = ConnConfig {
         role,

@@ -2,6 +2,8 @@
 //! read and written through a [`Memory`] the poll thread provides, and exposed to the peer
 //! through an [`Env`] (the [`Driver`](crate::Driver) implements it over a provider).
 
+use std::cell::Cell;
+
 use rpcrdma_proto::Segment;
 use rpcrdma_verbs::mapped::Registered;
 use rpcrdma_verbs::{Access, MrId};
@@ -193,15 +195,68 @@ impl Memory for VecMemory {
 }
 
 /// Registered memory reached by [`MemRef`]s: a poll thread's buffer pools and its apps' arenas.
+///
+/// Every `Memory` operation looks its region up by `MrId`, several times per RPC, and a poll
+/// thread holds one region per attached app. The regions are kept sorted by id (found by
+/// binary search), and the last two found are tried first: an RPC's operations alternate
+/// between the buffer pool and one app's arena, so most lookups end there, however many apps
+/// are attached.
 #[derive(Debug, Default)]
 pub struct RegisteredMem {
-    /// The regions, each found by its `MrId`.
-    pub regs: Vec<Registered>,
+    /// Sorted by `MrId`.
+    regs: Vec<Registered>,
+    /// Indexes of the two regions found last, the latest first (checked before use: an
+    /// index made stale by an insert or removal only costs a search).
+    recent: Cell<[u32; 2]>,
 }
 
 impl RegisteredMem {
+    /// Memory made of `regs`.
+    pub fn new(mut regs: Vec<Registered>) -> RegisteredMem {
+        regs.sort_unstable_by_key(|r| r.mr().id);
+        RegisteredMem {
+            regs,
+            recent: Cell::default(),
+        }
+    }
+
+    /// Adds a region (its `MrId` is new: providers never reuse a live one).
+    pub fn insert(&mut self, reg: Registered) {
+        let id = reg.mr().id;
+        let at = self.regs.partition_point(|r| r.mr().id < id);
+        self.regs.insert(at, reg);
+    }
+
+    /// Takes region `mr` out, if held.
+    pub fn remove(&mut self, mr: MrId) -> Option<Registered> {
+        let i = self.regs.binary_search_by_key(&mr, |r| r.mr().id).ok()?;
+        Some(self.regs.remove(i))
+    }
+
+    /// The regions, by ascending `MrId`.
+    pub fn regions(&self) -> &[Registered] {
+        &self.regs
+    }
+
+    /// Takes every region out (to deregister them).
+    pub fn take_all(&mut self) -> Vec<Registered> {
+        std::mem::take(&mut self.regs)
+    }
+
+    #[inline]
     fn find(&self, mr: MrId) -> Option<&Registered> {
-        self.regs.iter().find(|r| r.mr().id == mr)
+        let [a, b] = self.recent.get();
+        let at = |i: u32| self.regs.get(i as usize).filter(|r| r.mr().id == mr);
+        if let Some(r) = at(a) {
+            return Some(r);
+        }
+        if let Some(r) = at(b) {
+            self.recent.set([b, a]);
+            return Some(r);
+        }
+        let i = self.regs.binary_search_by_key(&mr, |r| r.mr().id).ok()?;
+        self.recent.set([i as u32, a]);
+        self.regs.get(i)
     }
 }
 
@@ -229,5 +284,65 @@ impl Memory for RegisteredMem {
         };
         a.mem()
             .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rpcrdma_verbs::mapped::Mapped;
+    use rpcrdma_verbs::soft::link::MemFabric;
+    use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
+    use rpcrdma_verbs::{PdId, Provider};
+
+    fn region(p: &mut SoftMem, pd: PdId, fill: u8) -> Registered {
+        let m = Mapped::anonymous(4096).unwrap();
+        assert!(m.write(0, &[fill; 16]));
+        Registered::new(p, pd, m, Access::LOCAL_WRITE).unwrap()
+    }
+
+    /// Lookups find the right region whatever the order of inserts and removals, including
+    /// through the two remembered indexes after the regions around them moved.
+    #[test]
+    fn regions_are_found_by_id_after_inserts_and_removals() {
+        let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
+        let pd = p.alloc_pd().unwrap();
+        let regs: Vec<Registered> = (0..6).map(|k| region(&mut p, pd, k as u8 + 1)).collect();
+        let ids: Vec<MrId> = regs.iter().map(|r| r.mr().id).collect();
+        let mut it = regs.into_iter().rev();
+        let mut mem = RegisteredMem::new(it.by_ref().take(3).collect());
+        let first = |mem: &RegisteredMem, k: usize| {
+            let mut b = [0u8; 1];
+            mem.read(MemRef::new(ids[k], 0, 1), &mut b).then_some(b[0])
+        };
+        // Regions 5, 4, 3 held; 0..3 not yet.
+        assert_eq!(first(&mem, 4), Some(5));
+        assert_eq!(first(&mem, 3), Some(4));
+        assert_eq!(first(&mem, 0), None);
+        for r in it {
+            mem.insert(r);
+        }
+        for k in [4, 0, 3, 5, 1, 2, 4, 4, 0] {
+            assert_eq!(first(&mem, k), Some(k as u8 + 1), "region {k}");
+        }
+        assert!(mem
+            .regions()
+            .windows(2)
+            .all(|w| w[0].mr().id < w[1].mr().id));
+        // Remove the two regions just used: the remembered indexes now name others.
+        let gone = [mem.remove(ids[0]).unwrap(), mem.remove(ids[4]).unwrap()];
+        assert!(mem.remove(ids[0]).is_none());
+        assert_eq!(first(&mem, 0), None);
+        assert_eq!(first(&mem, 4), None);
+        for k in [1, 2, 3, 5, 2] {
+            assert_eq!(first(&mem, k), Some(k as u8 + 1), "region {k}");
+        }
+        // Copies between regions go through the same lookup.
+        assert!(mem.copy(MemRef::new(ids[5], 0, 16), MemRef::new(ids[1], 0, 16)));
+        assert_eq!(first(&mem, 1), Some(6));
+        assert!(!mem.copy(MemRef::new(ids[0], 0, 16), MemRef::new(ids[1], 0, 16)));
+        for r in gone.into_iter().chain(mem.take_all()) {
+            r.deregister(&mut p).unwrap();
+        }
     }
 }

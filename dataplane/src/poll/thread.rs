@@ -112,6 +112,8 @@ pub struct PollThread<P: Provider> {
     spec: PollSpec,
     drv: Driver<P>,
     mem: RegisteredMem,
+    /// The buffer pool's region.
+    pool_mr: MrId,
     pd: PdId,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
@@ -219,6 +221,7 @@ impl<P: Provider> PollThread<P> {
             Ok(x) => x,
             Err(e) => return Err((format!("provider: {e}"), notify)),
         };
+        let pool_mr = pool.mr().id;
         let drv = match plan.driver(provider, cq, pd, pool.mr()) {
             Ok(d) => d,
             Err(e) => return Err((format!("engine: {e}"), notify)),
@@ -272,7 +275,8 @@ impl<P: Provider> PollThread<P> {
         Ok(PollThread {
             spec,
             drv,
-            mem: RegisteredMem { regs: vec![pool] },
+            mem: RegisteredMem::new(vec![pool]),
+            pool_mr,
             pd,
             commands,
             events,
@@ -516,7 +520,7 @@ impl<P: Provider> PollThread<P> {
                     Ok(reg) => {
                         let mr = reg.mr();
                         self.drv.add_region(mr);
-                        self.mem.regs.push(reg);
+                        self.mem.insert(reg);
                         self.app_mem.push(AppMem {
                             owner: from,
                             app,
@@ -559,8 +563,7 @@ impl<P: Provider> PollThread<P> {
 
     fn deregister(&mut self, mr: MrId) {
         self.drv.remove_region(mr);
-        if let Some(i) = self.mem.regs.iter().position(|r| r.mr().id == mr) {
-            let reg = self.mem.regs.swap_remove(i);
+        if let Some(reg) = self.mem.remove(mr) {
             let _ = reg.deregister(self.drv.provider_mut());
         }
     }
@@ -1515,7 +1518,7 @@ impl<P: Provider> PollThread<P> {
         match self.table.attach(att) {
             Ok(app) => {
                 self.drv.add_region(mr);
-                self.mem.regs.push(reg);
+                self.mem.insert(reg);
                 self.app_mem.push(AppMem {
                     owner: self.port.me(),
                     app,
@@ -1551,11 +1554,7 @@ impl<P: Provider> PollThread<P> {
 
     /// Answers a call being served with SYSTEM_ERR (its serving app went away).
     fn fail_served(&mut self, conn: ConnId, sid: ServeId) {
-        let empty = MemRef::new(
-            self.mem.regs.first().map(|r| r.mr().id).unwrap_or_default(),
-            0,
-            0,
-        );
+        let empty = MemRef::new(self.pool_mr, 0, 0);
         let spec = ReplySpec {
             accept_stat: SYSTEM_ERR,
             msg: empty,
@@ -1745,8 +1744,8 @@ impl<P: Provider> PollThread<P> {
         self.stats.apps = t.apps;
         self.stats.app_ops = t.ops;
         self.stats.bad_submissions = t.bad_submissions;
-        self.stats.regions = self.mem.regs.len();
-        self.stats.region_bytes = self.mem.regs.iter().map(|r| r.mr().len).sum();
+        self.stats.regions = self.mem.regions().len();
+        self.stats.region_bytes = self.mem.regions().iter().map(|r| r.mr().len).sum();
         self.stats.rpcs_in_flight = self.pending.len() + self.serving.len();
         self.stats.buffers = self.drv.buffer_counts();
         snap.thread = self.stats;

@@ -138,9 +138,7 @@ fn node(f: &MemFabric, s: &Scenario, app_len: usize) -> Node {
         drv,
         pd,
         app: app.mr().id,
-        mem: RegisteredMem {
-            regs: vec![pool, app],
-        },
+        mem: RegisteredMem::new(vec![pool, app]),
         plan,
     }
 }
