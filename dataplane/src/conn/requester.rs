@@ -518,7 +518,6 @@ impl Connection {
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
-        c.done = Some(done);
         c.state = State::Invalidating;
         self.sent.remove(c.xid, i);
         c.inv_pending = 0;
@@ -538,7 +537,10 @@ impl Connection {
         self.stats.remote_invalidations += skipped;
         self.stats.invalidations += u64::from(pending);
         if pending == 0 {
-            self.finish_call(i);
+            self.finish_call(i, Some(done));
+        } else if let Some(c) = self.calls.get_mut(i as usize) {
+            // Reported once the invalidations complete.
+            c.done = Some(done);
         }
     }
 
@@ -551,17 +553,19 @@ impl Connection {
         }
         c.inv_pending = c.inv_pending.saturating_sub(1);
         if c.inv_pending == 0 {
-            self.finish_call(i);
+            let done = c.done.take();
+            self.finish_call(i, done);
         }
     }
 
-    fn finish_call(&mut self, i: u32) {
+    /// Ends call `i`, its memory fenced: reports `done` (unless the call goes again) and
+    /// frees its slot and send buffer.
+    fn finish_call(&mut self, i: u32, done: Option<CallDone>) {
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
         let slot = c.slot.take();
         c.n_rkeys = 0;
-        let done = c.done.take();
         if c.requeue {
             c.requeue = false;
             c.state = State::Queued;

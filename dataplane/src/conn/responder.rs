@@ -334,7 +334,8 @@ impl Connection {
         let ok = match self.serves.get_mut(i as usize) {
             Some(s) => {
                 s.reset(xid, vers, slot);
-                copy_lists(s, lists).is_some()
+                // `reset` leaves a slot without segments, as an empty header describes.
+                lists.is_empty() || copy_lists(s, lists).is_some()
             }
             None => false,
         };
