@@ -1,10 +1,12 @@
 //! The fixed-layout fast paths for chunk-less RDMA_MSG / RDMA2_MSG headers give exactly
 //! what the general encoder and decoder give: the same bytes written, the same header or
 //! the same rejection decoded, on many inputs around the fast layouts (hits and near
-//! misses alike).
+//! misses alike); and the fixed-layout RPC call header read gives what its general decoder
+//! gives.
 
 use proptest::prelude::*;
 use rpcrdma_proto::chunk::{Chunk, ChunkLists, ReadList, ReadSegment, Segment, WriteList};
+use rpcrdma_proto::rpc::CallHeader;
 use rpcrdma_proto::{decode, decode_general, decode_short, v1, v2, Limits, MsgType};
 
 /// Chunk lists picked by `kind`: empty most of the time, else one chunk of each kind.
@@ -129,6 +131,28 @@ proptest! {
             prop_assert_eq!(Ok(s.decoded()), general);
         }
         prop_assert_eq!(decode(&msg, &limits), general);
+    }
+
+    /// `CallHeader::parse` reads AUTH_NONE calls from their fixed layout; every input gets
+    /// what the general decoder gives (hits, near misses, short and garbage inputs alike).
+    #[test]
+    fn call_header_fast_path_yields_the_general_result(
+        (ids, args) in (any::<[u32; 4]>(), proptest::collection::vec(word(7), 0..6)),
+        change in proptest::option::of((0usize..10, word(7))),
+        keep in proptest::option::of(0usize..64),
+    ) {
+        // An AUTH_NONE call: xid, CALL, rpcvers 2, prog, vers, proc, two empty auths.
+        let mut words = vec![ids[0], 0, 2, ids[1], ids[2], ids[3], 0, 0, 0, 0];
+        words.extend(&args);
+        if let Some((k, v)) = change {
+            words[k] = v;
+        }
+        let mut msg: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+        if let Some(n) = keep {
+            msg.truncate(n);
+        }
+        let fast = CallHeader::parse(&msg);
+        prop_assert_eq!(fast, CallHeader::parse_general(&msg));
     }
 }
 
