@@ -1658,6 +1658,21 @@ enum Src {
     Zero(u32),
 }
 
+/// Bytes of the Payload stream `msg` with `items` inline (see [`walk_stream`]); `None` if the
+/// items do not fit `msg`'s positions or the length overflows.
+fn stream_len(msg: MemRef, items: impl Iterator<Item = (u32, MemRef)>) -> Option<u32> {
+    let mut len = 0u32;
+    walk_stream(msg, items, |p| {
+        let n = match p {
+            Src::Mem(m) => m.len,
+            Src::Zero(z) => z,
+        };
+        len = len.checked_add(n)?;
+        Some(())
+    })?;
+    Some(len)
+}
+
 /// Walks a Payload stream as it travels, piece by piece: the RPC message `msg` around the
 /// DDP items, and each item `(XDR position, memory)` that travels inline followed by its
 /// XDR pad (items at non-decreasing positions within `msg`). Stops at the first `None`

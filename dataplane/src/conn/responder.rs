@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    emit_header, pad4, round4, scatter, tag, walk_stream, write_stream, Accepted, CloseReason,
-    Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src, SubmitError,
-    Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, scatter, stream_len, tag, walk_stream, write_stream, Accepted,
+    CloseReason, Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src,
+    SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -805,15 +805,7 @@ impl Connection {
                 .filter(|(_, c)| !c)
                 .map(|(r, _)| (r.xdr_pos, r.mem))
         };
-        let mut r_len = hdr24.len() as u32;
-        walk_stream(spec.msg, items(), |p| {
-            let n = match p {
-                Src::Mem(m) => m.len,
-                Src::Zero(z) => z,
-            };
-            r_len = r_len.checked_add(n)?;
-            Some(())
-        })?;
+        let r_len = stream_len(spec.msg, items())?.checked_add(hdr24.len() as u32)?;
         let wlist_len: u32 = 4
             + (0..usize::from(s.n_wchunk))
                 .map(|k| 8 + 16 * s.wchunk_segs(k).len() as u32)
@@ -960,6 +952,13 @@ impl Connection {
             write_stream(env, buf, head, spec.msg, items())?;
             self.stats.short_sent += 1;
         }
+        self.send_reply(s, slot, buf, writes);
+        Some(true)
+    }
+
+    /// Queues the reply's Send from `buf` (after `writes` RDMA Writes): the serve is done
+    /// once all of them complete.
+    fn send_reply(&mut self, s: &mut Serve, slot: u32, buf: MemRef, writes: u32) {
         // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
         let invalidate = if self.peer_takes_inv {
             s.inv_rkey
@@ -971,7 +970,6 @@ impl Connection {
         s.pending = writes + 1;
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
-        Some(true)
     }
 
     /// [`reply_from`](Self::reply_from) of the dominant case: the call offered no Write
@@ -988,15 +986,7 @@ impl Connection {
     ) -> Option<Option<bool>> {
         let v2 = s.vers == v2::VERSION;
         let items = || spec.results.iter().map(|r| (r.xdr_pos, r.mem));
-        let mut stream = 0u32;
-        walk_stream(spec.msg, items(), |p| {
-            let n = match p {
-                Src::Mem(m) => m.len,
-                Src::Zero(z) => z,
-            };
-            stream = stream.checked_add(n)?;
-            Some(())
-        })?;
+        let stream = stream_len(spec.msg, items())?;
         let rpc = rpcmsg::reply_header(s.xid, spec.accept_stat);
         let plain = Plain {
             v2,
@@ -1012,17 +1002,7 @@ impl Connection {
         let Some(buf) = self.write_plain(slot, &plain, spec.msg, items(), env) else {
             return Some(None);
         };
-        // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
-        let invalidate = if self.peer_takes_inv {
-            s.inv_rkey
-        } else {
-            None
-        };
-        self.queue_send(slot, buf, invalidate);
-        self.stats.replies_sent += 1;
-        s.pending = 1;
-        s.state = State::Replying;
-        s.status = Some(ReplyStatus::Sent);
+        self.send_reply(s, slot, buf, 0);
         Some(Some(true))
     }
 
