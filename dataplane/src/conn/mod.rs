@@ -1567,12 +1567,11 @@ impl Connection {
 
     /// Moves queued calls out while credits allow, and RDMA Reads while ORD allows.
     fn pump(&mut self, env: &mut impl Env) {
-        // Calls may hold send buffers up to what the responder side's grant leaves free.
-        let call_room = self.cfg.send_slots.saturating_sub(self.grant_peak + 1);
-        while self.closed.is_none()
-            && self.in_flight < self.credit_limit()
-            && self.call_sends < call_room
-        {
+        // Nothing waits: the common case after most inputs.
+        if self.queued.is_empty() && self.reads.is_empty() {
+            return;
+        }
+        while self.may_start_call() {
             let Some(i) = self.queued.pop_front() else {
                 break;
             };
@@ -1581,6 +1580,15 @@ impl Connection {
             }
         }
         self.pump_reads();
+    }
+
+    /// Whether one more call may be sent now: credits (R8166-3.3.1-b) and send buffers
+    /// allow it.
+    #[inline]
+    fn may_start_call(&self) -> bool {
+        // Calls may hold send buffers up to what the responder side's grant leaves free.
+        let call_room = self.cfg.send_slots.saturating_sub(self.grant_peak + 1);
+        self.closed.is_none() && self.in_flight < self.credit_limit() && self.call_sends < call_room
     }
 }
 

@@ -201,8 +201,14 @@ impl Connection {
         if self.in_flight >= self.credit_limit() {
             self.stats.credit_stalls += 1;
         }
-        self.queued.push_back(i);
-        self.pump(env);
+        if self.queued.is_empty() && self.may_start_call() {
+            // Nothing ahead of it: sent at once (or queued by `start_call` if no send
+            // buffer is free).
+            self.start_call(i, env);
+        } else {
+            self.queued.push_back(i);
+            self.pump(env);
+        }
         Ok(())
     }
 
