@@ -5,8 +5,9 @@
 //! turn while calls remain to submit: mean, min, max), so the depth claimed is the depth
 //! measured, and the time the thread spent on a CPU (`/proc/thread-self/schedstat`), the
 //! useful cost on a shared machine:
-//! 0. the engine alone: two `Connection`s, a minimal in-process executor moving the Sends
-//!    between plain vectors (no provider), 64 bytes inline, 32 in flight; with each end's
+//! 0. the engine alone: two `Connection`s on the daemon's `RegisteredMem`, a minimal
+//!    in-process executor moving the Sends between them (no provider, no NIC), 64 bytes
+//!    inline, 32 in flight; with each end's
 //!    share of the time, the work requests, completions, events and `Memory` operations per
 //!    RPC, and its baseline measured in the same run: the floor, the same RPCs done by hand
 //!    with only the header coding and copies no implementation can avoid (`floor`);
@@ -19,7 +20,9 @@
 //! (default 1 000 000: the on-CPU clock advances by scheduler ticks, so a run must last well
 //! over 4 ms × 20 for a 5 % resolution);
 //! `ENGINE_BENCH_PARTS` picks parts (default `012`); `ENGINE_BENCH_CORE` picks the core to
-//! pin (default: the last one).
+//! pin (default: the last one); `ENGINE_BENCH_REGIONS` registers that many idle regions
+//! besides part 0's own (a poll thread holds one per attached app; default 0);
+//! `ENGINE_BENCH_FLOOR=0` shrinks the floor's runs to a token (to profile the engine).
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
