@@ -224,6 +224,39 @@ mod tests {
         assert!(!m.read(4095, &mut b));
     }
 
+    /// Every length and overlap gives what a plain vector's `copy_within` gives, and reads
+    /// and writes of every length round-trip.
+    #[test]
+    fn copies_of_every_small_length_and_overlap() {
+        let m = Mapped::anonymous(4096).expect("map");
+        let pattern: Vec<u8> = (0..512u32).map(|i| (i * 7 + 3) as u8).collect();
+        for n in 0..=130usize {
+            let half = n / 2;
+            let pairs = [
+                (0, 200),
+                (200, 0),
+                (10, 13),
+                (13, 10),
+                (100, 100 + half),
+                (100 + half, 100),
+                (5, 5),
+            ];
+            for (from, to) in pairs {
+                assert!(m.write(0, &pattern));
+                let mut want = pattern.clone();
+                want.copy_within(from..from + n, to);
+                assert!(m.copy_within(from as u64, to as u64, n));
+                let mut got = vec![0u8; 512];
+                assert!(m.read(0, &mut got));
+                assert_eq!(got, want, "{n} bytes from {from} to {to}");
+            }
+            assert!(m.write(1000 + n as u64, &pattern[..n]));
+            let mut back = vec![0u8; n];
+            assert!(m.read(1000 + n as u64, &mut back));
+            assert_eq!(back, &pattern[..n], "{n} bytes written and read");
+        }
+    }
+
     #[test]
     fn shared_range_maps_part_of_a_file_and_refuses_past_its_end() {
         use std::os::fd::AsFd;
