@@ -7,10 +7,10 @@
 //! useful cost on a shared machine:
 //! 0. the engine alone: two `Connection`s on the daemon's `RegisteredMem`, a minimal
 //!    in-process executor moving the Sends between them (no provider, no NIC), 64 bytes
-//!    inline, 32 in flight; with each end's
-//!    share of the time, the work requests, completions, events and `Memory` operations per
-//!    RPC, and its baseline measured in the same run: the floor, the same RPCs done by hand
-//!    with only the header coding and copies no implementation can avoid (`floor`);
+//!    inline, 32 in flight; with each end's share of the time, the work requests,
+//!    completions, events and `Memory` operations per RPC, and its baseline measured in the
+//!    same run: the floor, the same RPCs done by hand with only the header coding and copies
+//!    no implementation can avoid (`floor`);
 //! 1. two `Driver`s on the soft provider's in-memory fabric, 64 bytes inline, 32 in flight:
 //!    RPCs per second and ns per RPC;
 //! 2. the same, 64 KiB through a Read chunk and a Write chunk, 4 in flight: GB/s.

@@ -1610,16 +1610,20 @@ impl Plain<'_> {
     /// The message's length: fixed words, three empty lists (a word each), RPC header,
     /// payload.
     pub(super) fn len(&self) -> Option<u32> {
-        let hdr = if self.v2 { 20 } else { 16 } + 12u32;
-        hdr.checked_add(self.rpc.len() as u32)?
+        let hdr = if self.v2 {
+            v2::MSG_HEADER_LEN
+        } else {
+            v1::MIN_HEADER_LEN
+        };
+        u32::try_from(hdr + self.rpc.len())
+            .ok()?
             .checked_add(self.stream)
     }
 }
 
 impl Connection {
-    /// Writes `m` into send buffer `slot`: transport and RPC headers in one copy, then the
-    /// payload stream (`msg` with `items` inline); the bytes to send, `None` if the
-    /// message exceeds the inline threshold or memory fails.
+    /// Writes `m` into send buffer `slot` (the caller has checked that it fits the inline
+    /// threshold); the bytes to send, `None` if memory fails.
     pub(super) fn write_plain(
         &mut self,
         slot: u32,
@@ -1628,24 +1632,37 @@ impl Connection {
         items: impl Iterator<Item = (u32, MemRef)>,
         env: &mut impl Env,
     ) -> Option<MemRef> {
-        let total = m.len()?;
-        if total > self.threshold() {
-            return None;
-        }
         let n = if m.v2 {
             v2::emit_msg(&mut self.hdr, m.xid, m.credit, m.direction)?
         } else {
             v1::emit_msg(&mut self.hdr, m.xid, m.credit)?
         };
-        self.hdr.get_mut(n..n + m.rpc.len())?.copy_from_slice(m.rpc);
-        let head = u32::try_from(n + m.rpc.len()).ok()?;
-        let buf = self.send_buf(slot)?.prefix(total)?;
+        let buf = self.send_buf(slot)?.prefix(m.len()?)?;
+        self.write_short(buf, u32::try_from(n).ok()?, m.rpc, msg, items, env)?;
+        Some(buf)
+    }
+
+    /// Writes a Short message into `buf`: the transport header built in `self.hdr[..n]`
+    /// and the RPC header `rpc` after it, in one copy, then the payload stream (`msg` with
+    /// `items` inline).
+    pub(super) fn write_short(
+        &mut self,
+        buf: MemRef,
+        n: u32,
+        rpc: &[u8],
+        msg: MemRef,
+        items: impl Iterator<Item = (u32, MemRef)>,
+        env: &mut impl Env,
+    ) -> Option<()> {
+        let at = n as usize;
+        self.hdr.get_mut(at..at + rpc.len())?.copy_from_slice(rpc);
+        let head = n.checked_add(u32::try_from(rpc.len()).ok()?)?;
         if !env.write(buf, self.hdr.get(..head as usize)?) {
             return None;
         }
         write_stream(env, buf, head, msg, items)?;
         self.stats.short_sent += 1;
-        Some(buf)
+        Some(())
     }
 }
 

@@ -11,9 +11,9 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    emit_header, round4, tag, walk_stream, write_stream, CallDone, CallStatus, Connection, Event,
-    Plain, Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS,
-    TAIL_LAND, TAIL_RPC, TAIL_ZERO,
+    emit_header, round4, tag, walk_stream, CallDone, CallStatus, Connection, Event, Plain, Role,
+    SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
+    TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -472,20 +472,10 @@ impl Connection {
             return None;
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
-        // A Short call's RPC header goes out with the transport header, in one copy.
-        let head = if short {
-            let at = n as usize;
-            self.hdr.get_mut(at..at + rpc.len())?.copy_from_slice(&rpc);
-            n + hdr_rpc
-        } else {
-            n
-        };
-        if !env.write(buf, self.hdr.get(..head as usize)?) {
-            return None;
-        }
         if short {
-            write_stream(env, buf, head, c.msg, items(c.args(), &skip))?;
-            self.stats.short_sent += 1;
+            self.write_short(buf, n, &rpc, c.msg, items(c.args(), &skip), env)?;
+        } else if !env.write(buf, self.hdr.get(..n as usize)?) {
+            return None;
         }
         self.queue_send(slot, buf, None);
         Some(())
@@ -493,9 +483,8 @@ impl Connection {
 
     /// [`marshal`](Self::marshal) of the dominant case: a Short call without chunks (no
     /// argument reduced, no Write chunk, no Reply chunk). The header has a fixed layout, so
-    /// none of the chunk bookkeeping runs; the transport and RPC headers are written in one
-    /// copy, then the arguments. `inline_len` is the RPC header and payload, as `marshal`
-    /// measured them.
+    /// none of the chunk bookkeeping runs. `inline_len` is the RPC header and payload, as
+    /// `marshal` measured them (and found within the inline threshold).
     fn marshal_plain(
         &mut self,
         c: &Call,

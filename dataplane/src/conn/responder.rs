@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    emit_header, pad4, round4, scatter, stream_len, tag, walk_stream, write_stream, Accepted,
-    CloseReason, Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src,
-    SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    emit_header, pad4, round4, scatter, stream_len, tag, walk_stream, Accepted, CloseReason,
+    Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src, SubmitError,
+    Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -935,22 +935,10 @@ impl Connection {
         )?;
         let total = if short { n.checked_add(r_len)? } else { n };
         let buf = self.send_buf(slot)?.prefix(total)?;
-        // A Short reply's RPC header goes out with the transport header, in one copy.
-        let head = if short {
-            let at = n as usize;
-            self.hdr
-                .get_mut(at..at + hdr24.len())?
-                .copy_from_slice(&hdr24);
-            n + hdr24.len() as u32
-        } else {
-            n
-        };
-        if !env.write(buf, self.hdr.get(..head as usize)?) {
-            return None;
-        }
         if short {
-            write_stream(env, buf, head, spec.msg, items())?;
-            self.stats.short_sent += 1;
+            self.write_short(buf, n, &hdr24, spec.msg, items(), env)?;
+        } else if !env.write(buf, self.hdr.get(..n as usize)?) {
+            return None;
         }
         self.send_reply(s, slot, buf, writes);
         Some(true)
@@ -974,9 +962,8 @@ impl Connection {
 
     /// [`reply_from`](Self::reply_from) of the dominant case: the call offered no Write
     /// chunk and the reply fits inline, so it goes as a Short reply without chunks (an
-    /// offered Reply chunk stays unused and is marked absent, AMB-8). The transport and RPC
-    /// headers are written in one copy, then the results. `None`: not this case (the reply
-    /// needs the Reply chunk), nothing done.
+    /// offered Reply chunk stays unused and is marked absent, AMB-8). `None`: not this case
+    /// (the reply needs the Reply chunk), nothing done.
     fn reply_plain(
         &mut self,
         s: &mut Serve,
@@ -996,6 +983,7 @@ impl Connection {
             rpc: &rpc,
             stream,
         };
+        // Too long to go inline: the general path uses the Reply chunk.
         if plain.len()? > self.threshold() {
             return None;
         }

@@ -112,8 +112,6 @@ pub struct PollThread<P: Provider> {
     spec: PollSpec,
     drv: Driver<P>,
     mem: RegisteredMem,
-    /// The buffer pool's region.
-    pool_mr: MrId,
     pd: PdId,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
@@ -221,7 +219,6 @@ impl<P: Provider> PollThread<P> {
             Ok(x) => x,
             Err(e) => return Err((format!("provider: {e}"), notify)),
         };
-        let pool_mr = pool.mr().id;
         let drv = match plan.driver(provider, cq, pd, pool.mr()) {
             Ok(d) => d,
             Err(e) => return Err((format!("engine: {e}"), notify)),
@@ -276,7 +273,6 @@ impl<P: Provider> PollThread<P> {
             spec,
             drv,
             mem: RegisteredMem::new(vec![pool]),
-            pool_mr,
             pd,
             commands,
             events,
@@ -1554,10 +1550,10 @@ impl<P: Provider> PollThread<P> {
 
     /// Answers a call being served with SYSTEM_ERR (its serving app went away).
     fn fail_served(&mut self, conn: ConnId, sid: ServeId) {
-        let empty = MemRef::new(self.pool_mr, 0, 0);
         let spec = ReplySpec {
             accept_stat: SYSTEM_ERR,
-            msg: empty,
+            // No result bytes: an empty range, which names no memory that is read.
+            msg: MemRef::default(),
             results: &[],
         };
         if self
