@@ -17,7 +17,7 @@ use crate::conn::{
     Accepted, CloseReason, Completion, ConfigError, ConnConfig, Connection, Event, Role, ServeId,
     SubmitError, Work, SLOT_TAIL,
 };
-use crate::mem::{Env, MemRef, Memory};
+use crate::mem::{Env, MemRef, Memory, RegionIndex};
 use crate::{CallSpec, ReplySpec};
 
 /// Per-connection settings the driver applies to every connection it creates.
@@ -218,7 +218,8 @@ pub struct Driver<P: Provider> {
     shared: Option<Shared>,
     send_shared: Option<SendShared>,
     by_qp: HashMap<QpId, ConnId>,
-    regions: Vec<Mr>,
+    /// The pool's region and the apps' arenas (scatter/gather entries and exposures).
+    regions: RegionIndex<Mr>,
     pool: MemRef,
     tmpl: ConnTemplate,
     block_len: u32,
@@ -236,7 +237,7 @@ pub struct Driver<P: Provider> {
 struct DrvEnv<'a, P, M> {
     p: &'a mut P,
     mem: &'a mut M,
-    regions: &'a [Mr],
+    regions: &'a RegionIndex<Mr>,
     qp: QpId,
     sends: Option<&'a mut SendShared>,
 }
@@ -255,7 +256,7 @@ impl<P: Provider, M: Memory> Memory for DrvEnv<'_, P, M> {
 
 impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
     fn expose(&mut self, at: MemRef, access: Access) -> Option<Segment> {
-        let mr = self.regions.iter().find(|r| r.id == at.mr)?;
+        let mr = self.regions.find(at.mr)?;
         let end = at.offset.checked_add(u64::from(at.len))?;
         if end > mr.len {
             return None;
@@ -275,8 +276,8 @@ impl<P: Provider, M: Memory> Env for DrvEnv<'_, P, M> {
 }
 
 #[inline]
-fn sge(regions: &[Mr], at: MemRef) -> Option<Sge> {
-    let mr = regions.iter().find(|r| r.id == at.mr)?;
+fn sge(regions: &RegionIndex<Mr>, at: MemRef) -> Option<Sge> {
+    let mr = regions.find(at.mr)?;
     let end = at.offset.checked_add(u64::from(at.len))?;
     (end <= mr.len).then(|| Sge {
         addr: mr.addr_at(at.offset),
@@ -335,7 +336,7 @@ impl<P: Provider> Driver<P> {
             shared: None,
             send_shared: None,
             by_qp: HashMap::new(),
-            regions: vec![region],
+            regions: RegionIndex::new(vec![region]),
             pool,
             tmpl,
             block_len,
@@ -435,13 +436,12 @@ impl<P: Provider> Driver<P> {
 
     /// Makes a registered region (an app arena) usable in [`MemRef`]s.
     pub fn add_region(&mut self, mr: Mr) {
-        self.regions.retain(|r| r.id != mr.id);
-        self.regions.push(mr);
+        self.regions.insert(mr);
     }
 
     /// Forgets a region (after the connections that used it have finished with it).
     pub fn remove_region(&mut self, mr: MrId) {
-        self.regions.retain(|r| r.id != mr);
+        self.regions.remove(mr);
     }
 
     /// The connection template.
@@ -924,7 +924,13 @@ impl<P: Provider> Driver<P> {
     }
 }
 
-fn post<P: Provider>(p: &mut P, regions: &[Mr], qp: QpId, id: ConnId, w: &Work) -> Result<(), ()> {
+fn post<P: Provider>(
+    p: &mut P,
+    regions: &RegionIndex<Mr>,
+    qp: QpId,
+    id: ConnId,
+    w: &Work,
+) -> Result<(), ()> {
     let send = |p: &mut P, tag: u32, op: SendOp, at: Option<MemRef>, signaled: bool| {
         let one;
         let sg: &[Sge] = match at {

@@ -6,7 +6,7 @@ use std::cell::Cell;
 
 use rpcrdma_proto::Segment;
 use rpcrdma_verbs::mapped::Registered;
-use rpcrdma_verbs::{Access, MrId};
+use rpcrdma_verbs::{Access, Mr, MrId};
 
 /// A byte range of a registered region: `len` bytes at `offset` from the region's start.
 ///
@@ -194,59 +194,100 @@ impl Memory for VecMemory {
     }
 }
 
-/// Registered memory reached by [`MemRef`]s: a poll thread's buffer pools and its apps' arenas.
+/// Something found by the id of the region it describes.
+pub trait ByRegion {
+    /// The region's id.
+    fn region_id(&self) -> MrId;
+}
+
+impl ByRegion for Registered {
+    #[inline]
+    fn region_id(&self) -> MrId {
+        self.mr().id
+    }
+}
+
+impl ByRegion for Mr {
+    #[inline]
+    fn region_id(&self) -> MrId {
+        self.id
+    }
+}
+
+/// A poll thread's regions, found by id several times per RPC: the buffer pool plus one
+/// arena per attached app, in the daemon's memory ([`RegisteredMem`]) and in the driver's
+/// scatter/gather and exposure lookups.
 ///
-/// Every `Memory` operation looks its region up by `MrId`, several times per RPC, and a poll
-/// thread holds one region per attached app. The regions are kept sorted by id (found by
-/// binary search), and the last two found are tried first: an RPC's operations alternate
-/// between the buffer pool and one app's arena, so most lookups end there, however many apps
-/// are attached.
-#[derive(Debug, Default)]
-pub struct RegisteredMem {
-    /// Sorted by `MrId`.
-    regs: Vec<Registered>,
-    /// Indexes of the two regions found last, the latest first (checked before use: an
+/// The items are kept sorted by id (found by binary search), and the last two found are
+/// tried first: an RPC's lookups alternate between the buffer pool and one app's arena, so
+/// most of them end there, however many apps are attached.
+#[derive(Debug)]
+pub struct RegionIndex<T> {
+    /// Sorted by id, no id twice.
+    items: Vec<T>,
+    /// Indexes of the two items found last, the latest first (checked before use: an
     /// index made stale by an insert or removal only costs a search).
     recent: Cell<[u32; 2]>,
 }
 
-impl RegisteredMem {
-    /// Memory made of `regs`.
-    pub fn new(mut regs: Vec<Registered>) -> RegisteredMem {
-        regs.sort_unstable_by_key(|r| r.mr().id);
-        RegisteredMem {
-            regs,
+impl<T> Default for RegionIndex<T> {
+    fn default() -> Self {
+        RegionIndex {
+            items: Vec::new(),
             recent: Cell::default(),
         }
     }
+}
 
-    /// Adds a region (its `MrId` is new: providers never reuse a live one).
-    pub fn insert(&mut self, reg: Registered) {
-        let id = reg.mr().id;
-        let at = self.regs.partition_point(|r| r.mr().id < id);
-        self.regs.insert(at, reg);
+impl<T: ByRegion> RegionIndex<T> {
+    /// An index of `items` (of two with the same id, the last is kept).
+    pub fn new(items: Vec<T>) -> RegionIndex<T> {
+        let mut ix = RegionIndex::default();
+        for it in items {
+            ix.insert(it);
+        }
+        ix
     }
 
-    /// Takes region `mr` out, if held.
-    pub fn remove(&mut self, mr: MrId) -> Option<Registered> {
-        let i = self.regs.binary_search_by_key(&mr, |r| r.mr().id).ok()?;
-        Some(self.regs.remove(i))
+    /// Adds `item`; returns the one it replaces (same id), if any.
+    pub fn insert(&mut self, item: T) -> Option<T> {
+        let id = item.region_id();
+        match self.items.binary_search_by_key(&id, ByRegion::region_id) {
+            Ok(i) => self
+                .items
+                .get_mut(i)
+                .map(|old| std::mem::replace(old, item)),
+            Err(i) => {
+                self.items.insert(i, item);
+                None
+            }
+        }
     }
 
-    /// The regions, by ascending `MrId`.
-    pub fn regions(&self) -> &[Registered] {
-        &self.regs
+    /// Takes the item of region `mr` out, if held.
+    pub fn remove(&mut self, mr: MrId) -> Option<T> {
+        let i = self
+            .items
+            .binary_search_by_key(&mr, ByRegion::region_id)
+            .ok()?;
+        Some(self.items.remove(i))
     }
 
-    /// Takes every region out (to deregister them).
-    pub fn take_all(&mut self) -> Vec<Registered> {
-        std::mem::take(&mut self.regs)
+    /// The items, by ascending id.
+    pub fn items(&self) -> &[T] {
+        &self.items
     }
 
+    /// Takes every item out.
+    pub fn take_all(&mut self) -> Vec<T> {
+        std::mem::take(&mut self.items)
+    }
+
+    /// The item of region `mr`.
     #[inline]
-    fn find(&self, mr: MrId) -> Option<&Registered> {
+    pub fn find(&self, mr: MrId) -> Option<&T> {
         let [a, b] = self.recent.get();
-        let at = |i: u32| self.regs.get(i as usize).filter(|r| r.mr().id == mr);
+        let at = |i: u32| self.items.get(i as usize).filter(|r| r.region_id() == mr);
         if let Some(r) = at(a) {
             return Some(r);
         }
@@ -254,9 +295,55 @@ impl RegisteredMem {
             self.recent.set([b, a]);
             return Some(r);
         }
-        let i = self.regs.binary_search_by_key(&mr, |r| r.mr().id).ok()?;
+        let i = self
+            .items
+            .binary_search_by_key(&mr, ByRegion::region_id)
+            .ok()?;
         self.recent.set([i as u32, a]);
-        self.regs.get(i)
+        self.items.get(i)
+    }
+}
+
+/// Registered memory reached by [`MemRef`]s: a poll thread's buffer pools and its apps' arenas
+/// (found through a [`RegionIndex`]).
+#[derive(Debug, Default)]
+pub struct RegisteredMem {
+    regs: RegionIndex<Registered>,
+}
+
+impl RegisteredMem {
+    /// Memory made of `regs`.
+    pub fn new(regs: Vec<Registered>) -> RegisteredMem {
+        RegisteredMem {
+            regs: RegionIndex::new(regs),
+        }
+    }
+
+    /// Adds a region (its `MrId` is new: providers never reuse a live one).
+    pub fn insert(&mut self, reg: Registered) {
+        // A replaced region (never, by the rule above) would still be registered: it is
+        // leaked with its mapping rather than unmapping memory a provider may use.
+        let _ = self.regs.insert(reg);
+    }
+
+    /// Takes region `mr` out, if held.
+    pub fn remove(&mut self, mr: MrId) -> Option<Registered> {
+        self.regs.remove(mr)
+    }
+
+    /// The regions, by ascending `MrId`.
+    pub fn regions(&self) -> &[Registered] {
+        self.regs.items()
+    }
+
+    /// Takes every region out (to deregister them).
+    pub fn take_all(&mut self) -> Vec<Registered> {
+        self.regs.take_all()
+    }
+
+    #[inline]
+    fn find(&self, mr: MrId) -> Option<&Registered> {
+        self.regs.find(mr)
     }
 }
 
@@ -299,6 +386,32 @@ mod tests {
         let m = Mapped::anonymous(4096).unwrap();
         assert!(m.write(0, &[fill; 16]));
         Registered::new(p, pd, m, Access::LOCAL_WRITE).unwrap()
+    }
+
+    /// The driver's index of region descriptions: an id added again replaces its entry (an
+    /// app arena registered anew), and lookups stay right around removals.
+    #[test]
+    fn region_index_replaces_an_id_added_again() {
+        let mr = |id: u32, len: u64| Mr {
+            id: MrId(id),
+            lkey: id,
+            rkey: id,
+            addr: 0x1000,
+            len,
+        };
+        let mut ix = RegionIndex::new(vec![mr(30, 1), mr(10, 1), mr(20, 1)]);
+        assert_eq!(ix.find(MrId(20)).map(|m| m.len), Some(1));
+        assert_eq!(ix.insert(mr(20, 2)).map(|m| m.len), Some(1));
+        assert_eq!(ix.insert(mr(15, 3)), None);
+        let ids: Vec<u32> = ix.items().iter().map(|m| m.id.0).collect();
+        assert_eq!(ids, [10, 15, 20, 30]);
+        assert_eq!(ix.find(MrId(20)).map(|m| m.len), Some(2));
+        assert_eq!(ix.find(MrId(15)).map(|m| m.len), Some(3));
+        assert!(ix.remove(MrId(10)).is_some());
+        assert_eq!(ix.find(MrId(10)), None);
+        for (id, len) in [(15, 3), (20, 2), (30, 1), (20, 2)] {
+            assert_eq!(ix.find(MrId(id)).map(|m| m.len), Some(len), "region {id}");
+        }
     }
 
     /// Lookups find the right region whatever the order of inserts and removals, including
