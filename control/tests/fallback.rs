@@ -111,7 +111,7 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -
     let p = SoftProvider::tcp(SoftConfig::default()).expect("soft provider");
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::new(p);
+    } = Side::with_access(p, rpcrdma_dataplane::REGISTERED_ACCESS);
     let tmpl = ConnTemplate {
         version: if mode == Mode::V2WithoutXcharext {
             2

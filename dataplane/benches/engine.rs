@@ -108,7 +108,10 @@ fn node(f: &MemFabric, tmpl: ConnTemplate) -> Node {
     };
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::new(SoftProvider::memory(f, cfg));
+    } = Side::with_access(
+        SoftProvider::memory(f, cfg),
+        rpcrdma_dataplane::REGISTERED_ACCESS,
+    );
     let pool = MemRef::new(mr.id, 0, tmpl.block_len().unwrap());
     let base = u64::from(pool.len).div_ceil(4096) * 4096;
     let drv = Driver::new(p, cq, mr, pool, tmpl).unwrap();
@@ -394,7 +397,7 @@ impl LeanEnv {
     fn new(pool_len: usize, app_len: usize, extra: usize) -> LeanEnv {
         let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
         let pd = p.alloc_pd().unwrap();
-        let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let rw = rpcrdma_dataplane::REGISTERED_ACCESS;
         let mut reg = |len| Registered::new(&mut p, pd, Mapped::anonymous(len).unwrap(), rw);
         let mut regs = vec![reg(pool_len).unwrap()];
         for _ in 0..extra {

@@ -293,7 +293,8 @@ fn wr_id(c: ConnId, tag: u32) -> u64 {
 
 impl<P: Provider> Driver<P> {
     /// A driver over `provider` polling `cq`; `pool`, a range of `region` (registered with
-    /// local write, remote read and remote write rights; added as with
+    /// local write and [`Access::BIND`], so that calls may expose their Reply chunk landing
+    /// areas; added as with
     /// [`add_region`](Self::add_region)), is cut into one block per connection.
     pub fn new(
         provider: P,

@@ -58,5 +58,5 @@ pub use conn::{
 pub use driver::{
     from_serve_tag, serve_tag, BufferCounts, ConnId, ConnTemplate, Driver, DriverError,
 };
-pub use mem::{Env, MemRef, Memory, RegisteredMem, VecMemory};
+pub use mem::{Env, MemRef, Memory, RegisteredMem, VecMemory, REGISTERED_ACCESS};
 pub mod poll;

@@ -8,6 +8,13 @@ use rpcrdma_proto::Segment;
 use rpcrdma_verbs::mapped::Registered;
 use rpcrdma_verbs::{Access, Mr, MrId};
 
+/// The rights a poll thread registers its memory with (its buffer pool, the apps' arenas):
+/// local write, and exposure ([`Access::BIND`]). No remote right: a peer reaches this memory
+/// only through the keys of one RPC's exposures, never under a region's own key, which a
+/// peer could guess and which would reach every connection's buffers and every app's arena
+/// (R8166-8.1.3-a).
+pub const REGISTERED_ACCESS: Access = Access::LOCAL_WRITE.union(Access::BIND);
+
 /// A byte range of a registered region: `len` bytes at `offset` from the region's start.
 ///
 /// App memory is named this way (the app's arena registered once, `offset` = arena offset

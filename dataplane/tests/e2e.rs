@@ -20,9 +20,13 @@ use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_verbs::conformance::{Side, GUARD};
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftProvider};
-use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider, QpId, QpInit, SendOp};
+use rpcrdma_verbs::{Access, CmEvent, ConnParams, MrId, PdId, Provider, QpId, QpInit, SendOp};
 
 const BULK_PROG: u32 = 0x4000_0000;
+
+/// The nodes' memory is registered as the daemon's is: no remote right, so peers reach it
+/// through exposures only.
+const DAEMON_ACCESS: Access = rpcrdma_dataplane::REGISTERED_ACCESS;
 
 /// The registered bytes of a conformance `Side` (region = `buf[GUARD..GUARD + len]`).
 #[derive(Debug)]
@@ -110,7 +114,7 @@ fn template() -> ConnTemplate {
 fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::new(p);
+    } = Side::with_access(p, DAEMON_ACCESS);
     let tmpl = template();
     let pool = MemRef::new(mr.id, 0, tmpl.block_len().unwrap() * blocks);
     let base = u64::from(pool.len).div_ceil(4096) * 4096;
@@ -134,7 +138,7 @@ fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
 fn node_shared<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::new(p);
+    } = Side::with_access(p, DAEMON_ACCESS);
     let tmpl = template();
     let _ = blocks;
     let send = ConnConfig::send_pool_len(24, tmpl.send_size).unwrap();
@@ -1338,6 +1342,72 @@ fn e2e_fault_write_chunk_overrun_by_the_peer_ends_the_connection() {
         "nothing written past the chunk"
     );
     after_fault(&mut c, &mut s, &mut h, good, bad, &[1, 2, 3]);
+}
+
+/// A peer that knows where our memory lies (the Write chunk it was offered says) and has
+/// guessed the key of the region around it, not the chunk's: its RDMA Write there and its
+/// RDMA Read of our other bytes are refused at the provider, because the memory is
+/// registered as the daemon registers it, with no remote right (R8166-8.1.3-a). Nothing of
+/// ours is written or read, and only its connection ends.
+#[test]
+fn e2e_fault_access_under_a_region_key_is_refused() {
+    for (k, read) in [(0u16, false), (1, true)] {
+        let f = MemFabric::new();
+        let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20051 + k);
+        let (msg, result, reply) = read_spec(&mut c, 4096);
+        // Bytes of ours near the chunk, which the peer was never offered.
+        let secret = MemRef::new(result.mr, result.offset + 8192, 4096);
+        assert!(c.mem.write(secret, &[0x5a; 4096]));
+        submit(
+            &mut c,
+            bad,
+            &CallSpec {
+                user: 1,
+                xid: 1,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::READ,
+                msg,
+                args: &[],
+                results: &[result],
+                reply,
+            },
+        );
+        let (w, _) = raw_server_call(&mut c, &mut h);
+        let seg = w.expect("a Write chunk offered");
+        // The soft provider's region key (its lkey and rkey alike).
+        let key = c.mem.mr.0;
+        assert_ne!(key, seg.handle, "the chunk has a key of its own");
+        let sink = 300_000;
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr: seg.offset + 8192,
+                rkey: key,
+            }
+        } else {
+            h.fill(sink, &[0xee; 64]);
+            SendOp::RdmaWrite {
+                remote_addr: seg.offset,
+                rkey: key,
+            }
+        };
+        let sge = h.sge(sink, 64);
+        let wr = rpcrdma_verbs::SendWr {
+            wr_id: 78,
+            op,
+            sg: &[sge],
+            signaled: true,
+        };
+        h.p.post_send(hq, &wr).unwrap();
+        until_closed(&mut c, &mut s, &mut h, bad);
+        if read {
+            assert!(h.mem(sink, 64).iter().all(|&b| b == 0), "nothing read");
+        } else {
+            assert_eq!(c.get(result), vec![0; 4096], "nothing written");
+        }
+        assert_eq!(c.get(secret), vec![0x5a; 4096], "nothing else written");
+        after_fault(&mut c, &mut s, &mut h, good, bad, &[1]);
+    }
 }
 
 #[test]

@@ -53,7 +53,7 @@ pub struct Side<P> {
     pub srq: Option<SrqId>,
     /// Test memory; the registered region excludes the guards.
     pub buf: Vec<u8>,
-    /// The registered region (all rights).
+    /// The registered region (all rights, unless made [`with_access`](Side::with_access)).
     pub mr: Mr,
     /// Completions seen so far.
     pub wcs: Vec<WorkCompletion>,
@@ -63,22 +63,25 @@ pub struct Side<P> {
 
 impl<P: Provider> Side<P> {
     /// Set up a side on `p`: PD, one CQ, a guarded buffer registered with all rights.
-    pub fn new(mut p: P) -> Side<P> {
+    pub fn new(p: P) -> Side<P> {
+        Side::with_access(
+            p,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+    }
+
+    /// [`new`](Side::new), with the buffer registered with `access` (for instance
+    /// `LOCAL_WRITE | BIND`, as the daemon registers its memory: reached remotely only
+    /// through exposures).
+    pub fn with_access(mut p: P, access: Access) -> Side<P> {
         let pd = p.alloc_pd().expect("alloc_pd");
         let cq = p.create_cq(1024).expect("create_cq");
         let mut buf = vec![GUARD_BYTE; BUF_LEN];
         let len = BUF_LEN - 2 * GUARD;
         // SAFETY: the region lies inside `buf`, which is never resized or dropped while the
         // side (and so the provider) lives; the side is dropped with its provider.
-        let mr = unsafe {
-            p.register(
-                pd,
-                buf.as_mut_ptr().add(GUARD),
-                len,
-                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
-            )
-        }
-        .expect("register");
+        let mr =
+            unsafe { p.register(pd, buf.as_mut_ptr().add(GUARD), len, access) }.expect("register");
         for b in &mut buf[GUARD..BUF_LEN - GUARD] {
             *b = 0;
         }
@@ -827,6 +830,125 @@ pub fn window_invalidation_then_refused<H: Harness>(h: &mut H) {
     );
 }
 
+/// Offset and length, in side `b`'s test region, of the second region that
+/// [`region_without_remote_rights_is_reached_only_through_exposures`] registers there.
+const PLAIN_OFF: usize = 512 << 10;
+const PLAIN_LEN: usize = 64 << 10;
+
+/// Registers `b`'s bytes `PLAIN_OFF..PLAIN_OFF + PLAIN_LEN` again, as a region of their own
+/// with `access`.
+fn register_plain<P: Provider>(b: &mut Side<P>, access: Access) -> Mr {
+    let base = b.buf.as_mut_ptr();
+    // SAFETY: the bytes lie inside `b.buf` (inside its registered part, away from the
+    // guards), which is never resized or dropped while the side, and so its provider, lives.
+    unsafe {
+        b.p.register(b.pd, base.add(GUARD + PLAIN_OFF), PLAIN_LEN, access)
+    }
+    .expect("register")
+}
+
+/// Memory registered for good with [`Access::BIND`] and no remote right, as the daemon
+/// registers its buffer pool and the apps' arenas: the rules of exposure on it, a peer's
+/// Write through an exposure landing, and a peer's Write or Read under the region's own
+/// key refused: nothing placed, nothing read, the connection ended (R8166-8.1.3-a).
+pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness>(h: &mut H) {
+    // Which exposures such a region allows, and a region without the bind right.
+    let mut p = connect(h, false);
+    let qb = p.b.qp();
+    let bind_only = register_plain(&mut p.b, Access::BIND);
+    assert!(p
+        .b
+        .p
+        .expose(qb, bind_only.id, 0, 4096, Access::REMOTE_READ)
+        .is_ok());
+    assert!(
+        p.b.p
+            .expose(qb, bind_only.id, 0, 4096, Access::REMOTE_WRITE)
+            .is_err(),
+        "a remotely writable exposure needs local write on its region"
+    );
+    let local = register_plain(&mut p.b, Access::LOCAL_WRITE);
+    assert!(
+        p.b.p
+            .expose(qb, local.id, 0, 4096, Access::REMOTE_READ)
+            .is_err(),
+        "a region without the bind right is not exposed"
+    );
+
+    // Through an exposure, a peer's Write lands.
+    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+    let win =
+        p.b.p
+            .expose(qb, plain.id, 0, 4096, Access::REMOTE_WRITE)
+            .unwrap();
+    p.a.fill(0, &[0x31; 64]);
+    let s = [p.a.sge(0, 64)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: plain.addr_at(0),
+        rkey: win,
+    };
+    p.a.post(1, op, &s, true);
+    p.wait("write through the exposure", |p| p.a.wc(1).is_some());
+    assert_eq!(p.a.wc(1).unwrap().status, WcStatus::Success);
+    p.wait("write visible", |p| p.b.mem(PLAIN_OFF, 64) == [0x31; 64]);
+
+    // Under the region's own keys (a peer may guess them): refused. Each refusal ends its
+    // connection, so each attempt has a pair, and a region, of its own.
+    let keys: [fn(&Mr) -> u32; 2] = [|m| m.lkey, |m| m.rkey];
+    for key_of in keys {
+        let mut p = connect(h, false);
+        let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+        let key = key_of(&plain);
+        p.a.fill(0, &[0x77; 64]);
+        let s = [p.a.sge(0, 64)];
+        let op = SendOp::RdmaWrite {
+            remote_addr: plain.addr_at(4096),
+            rkey: key,
+        };
+        p.a.post(1, op, &s, true);
+        expect_refused(&mut p, 1);
+        assert!(
+            p.b.buf.iter().all(|&b| b != 0x77),
+            "a Write under the region's key {key:#x} placed nothing"
+        );
+
+        let mut p = connect(h, false);
+        let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+        let key = key_of(&plain);
+        p.b.fill(PLAIN_OFF, &[0x99; 4096]);
+        let s = [p.a.sge(0, 64)];
+        let op = SendOp::RdmaRead {
+            remote_addr: plain.addr_at(0),
+            rkey: key,
+        };
+        p.a.post(1, op, &s, true);
+        expect_refused(&mut p, 1);
+        assert!(
+            p.a.mem(0, 64).iter().all(|&b| b == 0),
+            "a Read under the region's key {key:#x} read nothing"
+        );
+    }
+}
+
+/// After a refused Read or Write (id `wr`): the connection ends (both queue pairs in error,
+/// both sides told), and the guards are untouched. How the request itself completes is left
+/// to the provider: iWARP completes a Write before the peer checks it, and siw completes a
+/// refused Read as flushed; what matters here is what was placed or read, which the caller
+/// checks.
+fn expect_refused<P: Provider>(p: &mut Pair<P>, wr: u64) {
+    let (qa, qb) = (p.a.qp(), p.b.qp());
+    p.wait("both sides disconnected", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    p.wait("the refused request completed", |p| p.a.wc(wr).is_some());
+    assert_eq!(p.a.p.qp_state(qa).unwrap(), QpState::Error);
+    assert_eq!(p.b.p.qp_state(qb).unwrap(), QpState::Error);
+    assert!(
+        p.a.guards_intact() && p.b.guards_intact(),
+        "guards untouched"
+    );
+}
+
 /// After a refused Write (id `wr`): both queue pairs end in error (on iWARP the Write itself
 /// may already have completed successfully; on InfiniBand it fails), later work is flushed,
 /// and nothing outside the regions changed.
@@ -1073,7 +1195,8 @@ macro_rules! conformance_tests {
             rdma_on_a_shared_file_mapping_sees_the_apps_writes,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
-            no_receive_posted, disconnect_flushes, shared_receive_queue);
+            no_receive_posted, disconnect_flushes, shared_receive_queue,
+            region_without_remote_rights_is_reached_only_through_exposures);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

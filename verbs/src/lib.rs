@@ -137,14 +137,29 @@ impl Access {
     pub const REMOTE_READ: Access = Access(2);
     /// A peer may RDMA Write.
     pub const REMOTE_WRITE: Access = Access(4);
+    /// A region's only: exposures ([`Provider::expose`]) may grant peers remote rights that
+    /// the region's own key does not carry (ibverbs `IBV_ACCESS_MW_BIND`). Memory registered
+    /// for good (buffer pools, app arenas) takes this instead of remote rights, so that a
+    /// peer reaches it only through the keys of one RPC's exposures, never under the
+    /// region's key (RFC 8166 §8.1.2–8.1.3).
+    pub const BIND: Access = Access(8);
 
-    /// The raw bits (1 local write, 2 remote read, 4 remote write).
+    /// The raw bits (1 local write, 2 remote read, 4 remote write, 8 bind).
     pub const fn bits(self) -> u8 {
         self.0
     }
     /// Whether every right in `other` is present.
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
+    }
+    /// Whether a region with these rights may be exposed with `want`: it has those rights
+    /// itself, or it allows exposures ([`BIND`](Access::BIND)) and, for a remote write,
+    /// local write as well (what ibverbs asks of a memory window bind).
+    pub const fn may_expose(self, want: Access) -> bool {
+        self.contains(want)
+            || (self.contains(Access::BIND)
+                && !want.contains(Access::BIND)
+                && (!want.contains(Access::REMOTE_WRITE) || self.contains(Access::LOCAL_WRITE)))
     }
     /// Union of two sets of rights.
     pub const fn union(self, other: Access) -> Access {
@@ -461,8 +476,9 @@ pub trait Provider {
     /// Deregister a region; every window bound to it is invalidated first.
     fn deregister(&mut self, mr: MrId) -> Result<()>;
 
-    /// Expose `len` bytes at `offset` in `mr` to the peer of `qp` with `access` (a subset of
-    /// the region's rights) and return a fresh rkey (memory window type 2 semantics).
+    /// Expose `len` bytes at `offset` in `mr` to the peer of `qp` with `access` (rights the
+    /// region [may expose](Access::may_expose)) and return a fresh rkey (memory window type
+    /// 2 semantics).
     ///
     /// The peer addresses the bytes at `mr.addr + offset`. The key is valid for work
     /// requests posted on `qp` after this call, until invalidated locally

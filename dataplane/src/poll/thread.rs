@@ -14,7 +14,7 @@ use crate::conn::{
     Accepted, CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId, SubmitError,
 };
 use crate::driver::{from_serve_tag, serve_tag, ConnId, Driver};
-use crate::mem::{MemRef, RegisteredMem};
+use crate::mem::{MemRef, RegisteredMem, REGISTERED_ACCESS};
 use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
 use rpcrdma_proto::cm::PrivateData as CmData;
@@ -25,7 +25,7 @@ use rpcrdma_shm::daemon::{
     Submission, TableConfig,
 };
 use rpcrdma_verbs::mapped::{Mapped, Registered};
-use rpcrdma_verbs::{Access, CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
+use rpcrdma_verbs::{CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -170,10 +170,6 @@ struct IdleState {
 
 type StartError = (String, Box<dyn Fn() + Send>);
 
-fn rw() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
-}
-
 /// The thread that minted call tag `tag` (the connection side of the call).
 fn tag_thread(tag: u64) -> usize {
     (tag >> TAG_THREAD_SHIFT) as usize
@@ -212,7 +208,8 @@ impl<P: Provider> PollThread<P> {
                 .create_cq(plan.cq_depth(pd))
                 .map_err(|e| e.to_string())?;
             let pool = Mapped::anonymous(pool_len).map_err(|e| format!("buffer pool: {e}"))?;
-            let pool = Registered::new(&mut provider, pd, pool, rw()).map_err(|e| e.to_string())?;
+            let pool = Registered::new(&mut provider, pd, pool, REGISTERED_ACCESS)
+                .map_err(|e| e.to_string())?;
             Ok((pd, cq, pool))
         })();
         let (pd, cq, pool) = match setup {
@@ -509,7 +506,7 @@ impl<P: Provider> PollThread<P> {
                 let reg = Mapped::shared_range(fd.as_fd(), offset, len)
                     .map_err(|e| e.to_string())
                     .and_then(|m| {
-                        Registered::new(self.drv.provider_mut(), self.pd, m, rw())
+                        Registered::new(self.drv.provider_mut(), self.pd, m, REGISTERED_ACCESS)
                             .map_err(|e| e.to_string())
                     });
                 match reg {
@@ -1488,7 +1485,7 @@ impl<P: Provider> PollThread<P> {
         let reg = Mapped::shared_range(att.region().fd(), offset, arena_len)
             .map_err(|e| e.to_string())
             .and_then(|m| {
-                Registered::new(self.drv.provider_mut(), self.pd, m, rw())
+                Registered::new(self.drv.provider_mut(), self.pd, m, REGISTERED_ACCESS)
                     .map_err(|e| e.to_string())
             });
         let reg = match reg {

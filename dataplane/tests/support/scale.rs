@@ -100,8 +100,9 @@ fn transport(s: &Scenario) -> TransportSpec {
     }
 }
 
+/// As the daemon registers its memory: peers reach it through exposures only.
 fn rw() -> Access {
-    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+    rpcrdma_dataplane::REGISTERED_ACCESS
 }
 
 fn node(f: &MemFabric, s: &Scenario, app_len: usize) -> Node {

@@ -735,7 +735,11 @@ impl Provider for IbvProvider {
         access: Access,
     ) -> Result<Mr> {
         let e = slot(&self.pds, pd.0)?;
-        let remote = access.contains(Access::REMOTE_READ) || access.contains(Access::REMOTE_WRITE);
+        let remote = access.contains(Access::REMOTE_READ)
+            || access.contains(Access::REMOTE_WRITE)
+            || access.contains(Access::BIND);
+        // Windows need the bind right on their region; without windows each exposure is a
+        // region of its own (`expose`), and this one keeps only the rights asked for.
         let flags = access_flags(access, remote && self.has_mw2);
         // SAFETY: the caller guarantees the range stays valid while registered (trait contract).
         let mr = unsafe { e.pd.reg_mr(addr as usize, len, flags) }
@@ -794,7 +798,7 @@ impl Provider for IbvProvider {
         if end > m.len || len == 0 {
             return Err(Error::InvalidArgument("exposure outside the region"));
         }
-        if !m.access.contains(access) {
+        if !m.access.may_expose(access) {
             return Err(Error::InvalidArgument(
                 "exposure wider than the region's rights",
             ));

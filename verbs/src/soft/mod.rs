@@ -1496,7 +1496,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
             Some(end) if end <= rlen => {}
             _ => return Err(Error::InvalidArgument("window outside the region")),
         }
-        if !racc.contains(access) {
+        if !racc.may_expose(access) {
             return Err(Error::InvalidArgument("window rights exceed the region's"));
         }
         self.mem
