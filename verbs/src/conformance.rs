@@ -906,7 +906,7 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
             rkey: key,
         };
         p.a.post(1, op, &s, true);
-        expect_refused(&mut p, 1);
+        expect_refused(&mut p, 1, false);
         assert!(
             p.b.buf.iter().all(|&b| b != 0x77),
             "a Write under the region's key {key:#x} placed nothing"
@@ -922,7 +922,7 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
             rkey: key,
         };
         p.a.post(1, op, &s, true);
-        expect_refused(&mut p, 1);
+        expect_refused(&mut p, 1, true);
         assert!(
             p.a.mem(0, 64).iter().all(|&b| b == 0),
             "a Read under the region's key {key:#x} read nothing"
@@ -932,15 +932,20 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
 
 /// After a refused Read or Write (id `wr`): the connection ends (both queue pairs in error,
 /// both sides told), and the guards are untouched. How the request itself completes is left
-/// to the provider: iWARP completes a Write before the peer checks it, and siw completes a
-/// refused Read as flushed; what matters here is what was placed or read, which the caller
-/// checks.
-fn expect_refused<P: Provider>(p: &mut Pair<P>, wr: u64) {
+/// to the provider (iWARP completes a Write before the peer checks it; siw completes a
+/// refused Read as flushed), except that a Read must not succeed; what was placed or read
+/// the caller checks.
+fn expect_refused<P: Provider>(p: &mut Pair<P>, wr: u64, read: bool) {
     let (qa, qb) = (p.a.qp(), p.b.qp());
+    p.wait("the refused request completed", |p| p.a.wc(wr).is_some());
+    let status = p.a.wc(wr).map(|w| w.status);
+    assert!(
+        !read || status != Some(WcStatus::Success),
+        "the peer served the Read"
+    );
     p.wait("both sides disconnected", |p| {
         p.a.disconnected(qa) && p.b.disconnected(qb)
     });
-    p.wait("the refused request completed", |p| p.a.wc(wr).is_some());
     assert_eq!(p.a.p.qp_state(qa).unwrap(), QpState::Error);
     assert_eq!(p.b.p.qp_state(qb).unwrap(), QpState::Error);
     assert!(
