@@ -161,8 +161,8 @@ impl PoolPlan {
     }
 
     /// A driver over `provider` with this plan's shared pools carved from `region`
-    /// (registered, at least [`registered_len`](Self::registered_len) bytes, local write
-    /// and remote read and write).
+    /// (registered, at least [`registered_len`](Self::registered_len) bytes, with
+    /// [`REGISTERED_ACCESS`](crate::REGISTERED_ACCESS)).
     pub fn driver<P: Provider>(
         &self,
         provider: P,
