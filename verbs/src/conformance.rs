@@ -1188,6 +1188,51 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
     }
 }
 
+/// iWARP semantics of a shared receive queue (not in [`conformance_tests!`]: InfiniBand and
+/// RoCE retry a Send that finds no receive, Receiver Not Ready, instead): one connection's
+/// burst takes every receive of the queue, and the next Send on another connection, arriving
+/// before any receive is posted again, finds none and ends that other connection.
+pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Harness>(h: &mut H) {
+    let mut p = connect(h, true);
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    for i in 0..4 {
+        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
+    }
+    let (burst, other) = (p.a.qps[0], p.a.qps[1]);
+    let send = |p: &mut Pair<H::P>, qp: QpId, wr_id: u64| {
+        let s = [p.a.sge(0, 8)];
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        p.a.p.post_send(qp, &wr).expect("post_send");
+    };
+    for k in 0..8 {
+        send(&mut p, burst, k);
+    }
+    p.wait("the queue emptied by the burst", |p| {
+        p.b.wcs
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .count()
+            == 4
+    });
+    assert!(p.b.wcs.iter().all(|w| w.qp == p.b.qps[0]));
+    let (qa1, qb1) = (p.a.qps[1], p.b.qps[1]);
+    p.settle();
+    assert!(
+        !p.a.disconnected(qa1) && !p.b.disconnected(qb1),
+        "the other connection lives until it sends"
+    );
+    send(&mut p, other, 99);
+    p.wait("the other connection ended", |p| {
+        p.a.disconnected(qa1) && p.b.disconnected(qb1)
+    });
+}
+
 /// Generate one `#[test]` per conformance check for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {

@@ -43,3 +43,14 @@ mod small_fpdu_rev1 {
         }
     });
 }
+
+/// iWARP's answer to a Send that finds the shared receive queue empty, whoever emptied it (see
+/// `dataplane/README.md`, "What the shared receive queue cannot promise on iWARP").
+#[test]
+fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender() {
+    rpcrdma_verbs::conformance::shared_receive_queue_emptied_by_one_connection_ends_the_next_sender(
+        &mut Mem {
+            cfg: SoftConfig::default(),
+        },
+    );
+}
