@@ -486,6 +486,11 @@ fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {
             format!("at least {need_recv}"),
         );
     }
+    // Buffers of their own per connection: full credits, nothing shared to divide (the
+    // poll thread refuses to start if the blocks pass 4 GiB).
+    if p.receive_queue == ReceiveQueue::PerConnection {
+        return;
+    }
     // One shared receive queue per poll thread: each connection slot owns
     // `recv-buffers / connections` of its buffers, one kept spare for one-way v2 optional
     // messages (AMB-19), the rest its credits and backchannel credits, scaled down to fit

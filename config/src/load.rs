@@ -262,8 +262,9 @@ fn enum_hint(path: &str) -> Option<String> {
     let values = match last {
         "log-format" => "`human` or `json`",
         "log-level" => "one of `error`, `warn`, `info`, `debug`, `trace`",
-        "policy" => "`spin` or `backoff`",
+        "policy" => "`spin`, `backoff` or `yield`",
         "kind" | "provider" => "`soft`, `ibv` or `mem`",
+        "receive-queue" => "`shared` or `per-connection`",
         _ => return None,
     };
     Some(format!("expected {values}"))

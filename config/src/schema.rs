@@ -325,6 +325,8 @@ pub struct Pools {
     pub recv_buffers: u32,
     /// Bytes per receive buffer; at least `transport.inline-recv` and `transport.xcharext.max-rbsiz`.
     pub recv_buffer_size: u32,
+    /// Where connections take their receive buffers from.
+    pub receive_queue: ReceiveQueue,
 }
 
 impl Default for Pools {
@@ -335,6 +337,34 @@ impl Default for Pools {
             send_buffer_size: 4096,
             recv_buffers: 512,
             recv_buffer_size: 8192,
+            receive_queue: ReceiveQueue::Shared,
+        }
+    }
+}
+
+/// Where a poll thread's connections take their receive buffers from (`pools.receive-queue`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReceiveQueue {
+    /// One shared receive queue per poll thread (`pools.recv-buffers`): receive memory does
+    /// not grow with connections × credits. On iWARP a peer that sends far past its grant can
+    /// empty the queue before the poll thread reposts, and another peer's Send arriving then
+    /// ends that other connection.
+    #[default]
+    Shared,
+    /// A receive queue of its own for each connection (its credits, backchannel credits and
+    /// one spare) and its own send buffers: a burst past the grant reaches only the sender's
+    /// queue. Memory grows with connections × credits; `recv-buffers` and `send-buffers` are
+    /// not used.
+    PerConnection,
+}
+
+impl ReceiveQueue {
+    /// The name used in the configuration file.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReceiveQueue::Shared => "shared",
+            ReceiveQueue::PerConnection => "per-connection",
         }
     }
 }

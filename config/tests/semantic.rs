@@ -196,6 +196,24 @@ fn r8166_3_3_1_g_shared_receives_cover_every_grant() {
     assert_eq!(errs[0].hint.as_deref(), Some("at least 6"));
 }
 
+/// `pools.receive-queue = "per-connection"`: every connection has receives of its own, so
+/// nothing is divided and the shared pools' sizes are not checked (they are not used).
+#[test]
+fn receive_queues_of_their_own_skip_the_shared_pool_checks() {
+    let base = "[transport]\ncredits = 10\nbackchannel-credits = 2\n[pools]\nconnections = 2\nsend-buffers = 1\nrecv-buffers = 1\n";
+    let shared = errors(base);
+    let paths: Vec<_> = shared.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["pools.recv-buffers"], "{shared:#?}");
+    let own = format!("{base}receive-queue = \"per-connection\"\n");
+    assert!(errors(&own).is_empty() && warnings(&own).is_empty());
+    let cfg = from_str_named(&own, "t.toml").expect("valid");
+    assert_eq!(cfg.pools.receive_queue, ReceiveQueue::PerConnection);
+    assert_eq!(Config::default().pools.receive_queue, ReceiveQueue::Shared);
+    let errs = errors(&format!("{base}receive-queue = \"per-qp\"\n"));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "pools.receive-queue");
+}
+
 #[test]
 fn divide_share_never_gives_more_than_the_share() {
     for share in 0..200u32 {

@@ -10,8 +10,7 @@ use mio::net::{TcpListener, UnixListener};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
 use rpcrdma_dataplane::poll::{
-    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, PoolSpec, Snapshot,
-    TransportSpec,
+    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot,
 };
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
@@ -272,12 +271,6 @@ impl Daemon {
             .map_err(io_err("register signals"))?;
         let waker = Arc::new(Waker::new(reg, WAKER).map_err(io_err("waker"))?);
 
-        let t = &cfg.transport;
-        let s = &cfg.provider.soft;
-        let (ird, ord) = match cfg.provider.kind {
-            ProviderKind::Soft | ProviderKind::Mem => (s.ird, s.ord),
-            ProviderKind::Ibv => (cfg.provider.ibv.ird, cfg.provider.ibv.ord),
-        };
         let max_conns = cfg.pools.connections.max(1);
         let cores: Vec<Option<usize>> = if cfg.cpu.poll_cores.is_empty() {
             vec![None]
@@ -309,28 +302,9 @@ impl Daemon {
             index: 0,
             core: None,
             idle: idle_spec(&cfg),
-            transport: TransportSpec {
-                version: t.version,
-                inline_send: t.inline_send,
-                inline_recv: t.inline_recv,
-                credits: t.credits,
-                backchannel_credits: t.backchannel_credits,
-                ddp_threshold: t.ddp_threshold,
-                remote_invalidation: t.remote_invalidation,
-                recv_buffer_size: cfg.pools.recv_buffer_size,
-                ird: u16::try_from(ird).unwrap_or(u16::MAX),
-                ord: u16::try_from(ord).unwrap_or(u16::MAX),
-                v2_first_reply_timeout: Duration::from_millis(u64::from(
-                    t.v2_first_message_timeout_ms,
-                )),
-                max_segments_per_chunk: t.max_segments_per_chunk,
-                max_chunks_per_list: t.max_chunks_per_list,
-            },
+            transport: crate::startup::transport_spec(&cfg),
             max_conns,
-            pools: PoolSpec {
-                recv_buffers: cfg.pools.recv_buffers,
-                send_buffers: cfg.pools.send_buffers,
-            },
+            pools: crate::startup::pool_spec(&cfg),
             max_apps: u16::try_from(cfg.apps.max_apps).unwrap_or(u16::MAX),
             geometry,
             peers: peer_names,

@@ -1,10 +1,12 @@
 //! Start-up checks that turn the usual deployment mistakes into one clear message each.
 
-use rpcrdma_config::{Config, ProviderKind};
+use rpcrdma_config::{Config, ProviderKind, ReceiveQueue};
+use rpcrdma_dataplane::poll::{PoolPlan, PoolSpec, ReceiveQueues, TransportSpec};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::time::Duration;
 
 /// Why the daemon cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -44,19 +46,56 @@ pub enum StartError {
     PollThread(String),
 }
 
-/// Bytes of memory the daemon registers with an RDMA provider for `cfg`.
-pub fn registered_bytes(cfg: &Config) -> u64 {
-    let p = &cfg.pools;
-    let threads = cfg.cpu.poll_cores.len().max(1) as u64;
-    // What each poll thread registers (`rpcrdma_dataplane::poll::PoolPlan`): the shared send
-    // pool at `inline-send` plus the engine's 128-byte tail per buffer, page aligned, then the
-    // shared receive queue's buffers.
+/// What a poll thread is told of the transport, from `cfg`.
+pub fn transport_spec(cfg: &Config) -> TransportSpec {
     let t = &cfg.transport;
-    let send = u64::from(p.send_buffers) * (u64::from(t.inline_send) + 128);
-    let pools = send.div_ceil(4096) * 4096
-        + u64::from(p.recv_buffers) * u64::from(p.recv_buffer_size.max(t.inline_recv));
-    // Every poll thread registers every app's arena (a thread serves the connections of
-    // apps of any thread), so arenas count once per thread too.
+    let s = &cfg.provider.soft;
+    let (ird, ord) = match cfg.provider.kind {
+        ProviderKind::Soft | ProviderKind::Mem => (s.ird, s.ord),
+        ProviderKind::Ibv => (cfg.provider.ibv.ird, cfg.provider.ibv.ord),
+    };
+    TransportSpec {
+        version: t.version,
+        inline_send: t.inline_send,
+        inline_recv: t.inline_recv,
+        credits: t.credits,
+        backchannel_credits: t.backchannel_credits,
+        ddp_threshold: t.ddp_threshold,
+        remote_invalidation: t.remote_invalidation,
+        recv_buffer_size: cfg.pools.recv_buffer_size,
+        ird: u16::try_from(ird).unwrap_or(u16::MAX),
+        ord: u16::try_from(ord).unwrap_or(u16::MAX),
+        v2_first_reply_timeout: Duration::from_millis(u64::from(t.v2_first_message_timeout_ms)),
+        max_segments_per_chunk: t.max_segments_per_chunk,
+        max_chunks_per_list: t.max_chunks_per_list,
+    }
+}
+
+/// A poll thread's buffer pools, from `cfg`.
+pub fn pool_spec(cfg: &Config) -> PoolSpec {
+    PoolSpec {
+        recv_buffers: cfg.pools.recv_buffers,
+        send_buffers: cfg.pools.send_buffers,
+        receive_queues: match cfg.pools.receive_queue {
+            ReceiveQueue::Shared => ReceiveQueues::Shared,
+            ReceiveQueue::PerConnection => ReceiveQueues::PerConnection,
+        },
+    }
+}
+
+/// Bytes of memory the daemon registers with an RDMA provider for `cfg`: what each poll
+/// thread's [`PoolPlan`] registers (0 for pools that cannot work: the poll threads then
+/// refuse to start, with the reason), and every app's arena once per poll thread (a thread
+/// serves the connections of apps of any thread).
+pub fn registered_bytes(cfg: &Config) -> u64 {
+    let threads = cfg.cpu.poll_cores.len().max(1) as u64;
+    let pools = PoolPlan::new(
+        &transport_spec(cfg),
+        pool_spec(cfg),
+        cfg.pools.connections,
+        u32::try_from(cfg.apps.arena_size).unwrap_or(u32::MAX),
+    )
+    .map_or(0, |p| p.registered_len());
     (pools + u64::from(cfg.apps.max_apps) * cfg.apps.arena_size) * threads
 }
 
@@ -188,7 +227,6 @@ pub fn bind_admin(path: &Path) -> Result<UnixListener, StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rpcrdma_dataplane::poll::{PoolPlan, PoolSpec, TransportSpec};
 
     #[test]
     fn checker_and_poll_thread_divide_receives_alike_and_memlock_counts_the_pools() {
@@ -203,37 +241,24 @@ mod tests {
         }
         let mut cfg = Config::default();
         cfg.apps.max_apps = 1;
-        let t = &cfg.transport;
-        let spec = TransportSpec {
-            version: t.version,
-            inline_send: t.inline_send,
-            inline_recv: t.inline_recv,
-            credits: t.credits,
-            backchannel_credits: t.backchannel_credits,
-            ddp_threshold: t.ddp_threshold,
-            remote_invalidation: t.remote_invalidation,
-            recv_buffer_size: cfg.pools.recv_buffer_size,
-            ird: 16,
-            ord: 16,
-            v2_first_reply_timeout: rpcrdma_dataplane::conn::V2_FIRST_REPLY_TIMEOUT,
-            max_segments_per_chunk: 16,
-            max_chunks_per_list: 4,
-        };
-        let pools = PoolSpec {
-            recv_buffers: cfg.pools.recv_buffers,
-            send_buffers: cfg.pools.send_buffers,
-        };
-        let plan = PoolPlan::new(&spec, pools, cfg.pools.connections, 1 << 20).expect("plan");
-        assert_eq!(
-            registered_bytes(&cfg),
-            plan.registered_len() + cfg.apps.arena_size
-        );
+        let (t, p) = (cfg.transport.clone(), cfg.pools.clone());
+        let arena = cfg.apps.arena_size;
+        let tail = u64::from(t.inline_send) + 128;
+        let recv_size = u64::from(p.recv_buffer_size.max(t.inline_recv));
+        // Shared pools: the send pool (page aligned), then the shared receive queue.
+        let shared = (u64::from(p.send_buffers) * tail).div_ceil(4096) * 4096
+            + u64::from(p.recv_buffers) * recv_size;
+        assert_eq!(registered_bytes(&cfg), shared + arena);
         // Three poll threads: three pools, and every arena registered on each of them.
         cfg.cpu.poll_cores = vec![0, 1, 2];
-        assert_eq!(
-            registered_bytes(&cfg),
-            3 * (plan.registered_len() + cfg.apps.arena_size)
-        );
+        assert_eq!(registered_bytes(&cfg), 3 * (shared + arena));
+        // Buffers of their own: per connection, its full credits, backchannel credits and a
+        // spare as receives, and send buffers for calls in flight plus answers.
+        cfg.pools.receive_queue = ReceiveQueue::PerConnection;
+        let recv_slots = u64::from(t.credits + t.backchannel_credits + 1);
+        let send_slots = u64::from(t.credits) + recv_slots + 1;
+        let own = u64::from(p.connections) * (send_slots * tail + recv_slots * recv_size);
+        assert_eq!(registered_bytes(&cfg), 3 * (own + arena));
     }
 
     #[test]

@@ -41,7 +41,35 @@ fn mem_config_idle(dir: &std::path::Path, peer_port: u16, idle: &str) -> String 
 fn mem_provider_carries_null_echo_and_every_chunk_mode_through_one_daemon() {
     let dir = tmpdir("mem");
     let text = mem_config(&dir, PORT);
-    let d = Daemon::start_with(dir, PORT, &text);
+    let d = every_mode_through_one_daemon(dir, &text);
+    assert!(d.log().contains("receive_queues=Shared"), "{}", d.log());
+}
+
+/// The same with `pools.receive-queue = "per-connection"`: each connection has receives and
+/// send buffers of its own, at full credits, and every transfer mode works the same.
+#[test]
+fn receive_queues_of_their_own_carry_every_chunk_mode_too() {
+    let dir = tmpdir("mem-own");
+    let text = mem_config(&dir, PORT).replace(
+        "[pools]\nconnections = 4\n",
+        "[pools]\nconnections = 4\nreceive-queue = \"per-connection\"\n",
+    );
+    assert!(text.contains("per-connection"));
+    let d = every_mode_through_one_daemon(dir, &text);
+    let log = d.log();
+    assert!(log.contains("receive_queues=PerConnection"), "{log}");
+    // 64 credits, 8 backchannel credits, 1 spare (the defaults): the configured credits.
+    assert!(
+        log.contains("credits=64 receives_per_connection=73"),
+        "{log}"
+    );
+}
+
+/// NULL, ECHO, a Read chunk, a Write chunk, a long call and a long reply through the one
+/// daemon of `text` (peer "self"), checked in the connection statistics; the daemon, still
+/// running, for more checks.
+fn every_mode_through_one_daemon(dir: std::path::PathBuf, text: &str) -> Daemon {
+    let d = Daemon::start_with(dir, PORT, text);
     d.wait_peer_up("self");
     let status = d.ctl_json(&["status"]);
     assert_eq!(status["provider"], "mem", "{status}");
@@ -135,6 +163,7 @@ fn mem_provider_carries_null_echo_and_every_chunk_mode_through_one_daemon() {
     );
     assert_eq!(out["long-calls"], 1, "{stats}");
     assert_eq!(inc["long-replies"], 1, "{stats}");
+    d
 }
 
 #[test]

@@ -91,6 +91,7 @@ fn r8166_3_3_1_g_grants_summed_over_connections_never_exceed_the_receive_queue()
                 let pools = PoolSpec {
                     recv_buffers,
                     send_buffers: tmpl.send_slots() * conns,
+                    receive_queues: rpcrdma_dataplane::poll::ReceiveQueues::Shared,
                 };
                 let plan = PoolPlan::new(&t(c, b), pools, conns, 1 << 20).expect("plan");
                 // One send buffer fewer than every connection may hold: refused.

@@ -46,6 +46,7 @@ fn spec(index: usize) -> PollSpec {
         pools: PoolSpec {
             recv_buffers: 128,
             send_buffers: 256,
+            receive_queues: rpcrdma_dataplane::poll::ReceiveQueues::Shared,
         },
         max_apps: 4,
         geometry: Geometry {

@@ -1233,6 +1233,56 @@ pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Ha
     });
 }
 
+/// The same burst against receive queues of their own (not in [`conformance_tests!`]: on
+/// InfiniBand and RoCE the burst is retried, Receiver Not Ready, rather than ending its
+/// connection): it ends only the connection that sent it, and the other's Send lands.
+pub fn receive_queues_of_their_own_contain_a_burst<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    let (qb0, qb1) = (p.b.qps[0], p.b.qps[1]);
+    for i in 0..4u64 {
+        let s = [p.b.sge(i as usize * 256, 256)];
+        p.b.p.post_recv(qb0, 100 + i, &s).expect("post_recv");
+        let s = [p.b.sge(2048 + i as usize * 256, 256)];
+        p.b.p.post_recv(qb1, 200 + i, &s).expect("post_recv");
+    }
+    let (burst, other) = (p.a.qps[0], p.a.qps[1]);
+    p.a.fill(0, &[7; 8]);
+    for k in 0..8 {
+        let s = [p.a.sge(0, 8)];
+        let wr = SendWr {
+            wr_id: k,
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        p.a.p.post_send(burst, &wr).expect("post_send");
+    }
+    p.wait("the burst's connection ended", |p| {
+        p.a.disconnected(burst) && p.b.disconnected(qb0)
+    });
+    p.a.fill(64, &[9; 8]);
+    let s = [p.a.sge(64, 8)];
+    let wr = SendWr {
+        wr_id: 99,
+        op: SendOp::Send,
+        sg: &s,
+        signaled: true,
+    };
+    p.a.p.post_send(other, &wr).expect("post_send");
+    p.wait("the other connection's Send landed", |p| {
+        p.b.wcs
+            .iter()
+            .any(|w| w.qp == qb1 && w.opcode == WcOpcode::Recv)
+    });
+    let w = p.b.wcs.iter().find(|w| w.qp == qb1).copied().unwrap();
+    assert_eq!((w.status, w.wr_id, w.byte_len), (WcStatus::Success, 200, 8));
+    assert_eq!(p.b.mem(2048, 8), &[9; 8][..]);
+    p.settle();
+    assert!(!p.a.disconnected(other) && !p.b.disconnected(qb1));
+}
+
 /// Generate one `#[test]` per conformance check for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {

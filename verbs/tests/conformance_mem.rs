@@ -54,3 +54,11 @@ fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender() {
         },
     );
 }
+
+/// The same burst against receive queues of their own ends only the connection that sent it.
+#[test]
+fn receive_queues_of_their_own_contain_a_burst() {
+    rpcrdma_verbs::conformance::receive_queues_of_their_own_contain_a_burst(&mut Mem {
+        cfg: SoftConfig::default(),
+    });
+}

@@ -61,6 +61,7 @@ pub fn full_sample() -> Config {
         send_buffer_size: 8192,
         recv_buffers: 64,
         recv_buffer_size: 16384,
+        receive_queue: ReceiveQueue::PerConnection,
     };
     c.listeners = vec![Listener {
         address: "[::1]:20051".into(),

@@ -90,7 +90,7 @@ pub struct TransportSpec {
     pub max_chunks_per_list: u32,
 }
 
-/// Buffer pools of a poll thread (shared by all its connections; see [`PoolPlan`]).
+/// Buffer pools of a poll thread (see [`PoolPlan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolSpec {
     /// Buffers of the shared receive queue (`TransportSpec::recv_buffer_size` bytes each).
@@ -98,6 +98,24 @@ pub struct PoolSpec {
     /// Buffers of the shared send pool (`TransportSpec::inline_send` bytes plus the engine's
     /// 128-byte tail each).
     pub send_buffers: u32,
+    /// Where connections take their receives from ([`recv_buffers`](Self::recv_buffers) and
+    /// [`send_buffers`](Self::send_buffers) are for [`ReceiveQueues::Shared`] only).
+    pub receive_queues: ReceiveQueues,
+}
+
+/// Where a poll thread's connections take their receive buffers from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReceiveQueues {
+    /// One shared receive queue for the thread, and one shared send pool: memory does not grow
+    /// with connections × credits. On iWARP a peer sending far past its grant can empty the
+    /// queue before the thread reposts, which ends another connection whose Send arrives then
+    /// (see the crate README).
+    #[default]
+    Shared,
+    /// Each connection its own receive queue (credits, backchannel credits and one spare) and
+    /// its own send buffers: a burst past the grant reaches only the sender's queue; memory
+    /// grows with connections × credits.
+    PerConnection,
 }
 
 /// Everything a poll thread needs to start.

@@ -1,6 +1,9 @@
 //! How a poll thread sizes its buffers: one shared receive queue of `recv_buffers` buffers
 //! and one shared send pool of `send_buffers` buffers, both registered once, for every
-//! connection of the thread.
+//! connection of the thread ([`ReceiveQueues::Shared`]); or, with
+//! [`ReceiveQueues::PerConnection`], a block of its own per connection slot (its receives:
+//! full credits, backchannel credits and a spare; its send buffers), at the price of memory
+//! growing with connections × credits.
 //!
 //! Receive memory is `recv_buffers × recv_size`, whatever the number of connections. The
 //! grants stay covered by posted receives (R8166-3.3.1-g/h) because each connection slot
@@ -12,7 +15,7 @@
 //! The send pool must cover what those capped shares can have in flight at once, so a
 //! connection never finds it empty.
 
-use super::{PoolSpec, TransportSpec};
+use super::{PoolSpec, ReceiveQueues, TransportSpec};
 use crate::conn::SLOT_TAIL;
 use crate::driver::{ConnTemplate, Driver, DriverError};
 use crate::mem::MemRef;
@@ -55,6 +58,9 @@ pub struct PoolPlan {
     pub recv_buffers: u32,
     /// Buffers of the shared send pool.
     pub send_buffers: u32,
+    /// Shared pools, or a block per connection (then `recv_buffers` and `send_buffers` are
+    /// the sums over the blocks).
+    pub receive_queues: ReceiveQueues,
 }
 
 impl PoolPlan {
@@ -90,8 +96,28 @@ impl PoolPlan {
         })
     }
 
+    /// The template of a connection with receives of its own: the configured credits and
+    /// backchannel credits in full, plus [`SPARE_RECEIVES`].
+    pub fn template_own(t: &TransportSpec, max_call_size: u32) -> ConnTemplate {
+        let credits = t.credits.max(1);
+        ConnTemplate {
+            version: t.version,
+            credits,
+            max_calls: credits.saturating_mul(2),
+            send_size: t.inline_send,
+            recv_size: t.inline_recv.max(t.recv_buffer_size),
+            recv_slots: credits
+                .saturating_add(t.backchannel_credits)
+                .saturating_add(SPARE_RECEIVES),
+            ddp_threshold: t.ddp_threshold,
+            max_reads: u32::from(t.ord).max(1),
+            max_call_size,
+        }
+    }
+
     /// The plan for `max_conns` connections of transport `t` with pools `p`; the error says
-    /// which setting cannot work. The send pool must hold `max_conns × tmpl.send_slots()`.
+    /// which setting cannot work. Shared pools: the send pool must hold
+    /// `max_conns × tmpl.send_slots()`. Per connection: the blocks must fit 4 GiB.
     pub fn new(
         t: &TransportSpec,
         p: PoolSpec,
@@ -99,6 +125,24 @@ impl PoolPlan {
         max_call_size: u32,
     ) -> Result<PoolPlan, String> {
         let max_conns = max_conns.max(1);
+        if p.receive_queues == ReceiveQueues::PerConnection {
+            let tmpl = Self::template_own(t, max_call_size);
+            let plan = PoolPlan {
+                tmpl,
+                max_conns,
+                recv_buffers: tmpl.recv_slots.saturating_mul(max_conns),
+                send_buffers: tmpl.send_slots().saturating_mul(max_conns),
+                receive_queues: p.receive_queues,
+            };
+            if tmpl.block_len().is_none() || plan.registered_len() > u64::from(u32::MAX) {
+                return Err(format!(
+                    "{max_conns} connections with buffers of their own ({} receives, {} send buffers each) need more than 4 GiB",
+                    tmpl.recv_slots,
+                    tmpl.send_slots()
+                ));
+            }
+            return Ok(plan);
+        }
         let tmpl = Self::template_for(t, p.recv_buffers, max_conns, max_call_size)?;
         let credits = tmpl.credits;
         let plan = PoolPlan {
@@ -106,6 +150,7 @@ impl PoolPlan {
             max_conns,
             recv_buffers: p.recv_buffers,
             send_buffers: p.send_buffers,
+            receive_queues: p.receive_queues,
         };
         let need_send = u64::from(tmpl.send_slots()) * u64::from(max_conns);
         if u64::from(p.send_buffers) < need_send {
@@ -136,9 +181,15 @@ impl PoolPlan {
         u64::from(self.recv_buffers) * u64::from(self.tmpl.recv_size)
     }
 
-    /// Bytes to register: send pool, then receive buffers (page aligned).
+    /// Bytes to register: send pool, then receive buffers (page aligned); or the
+    /// connections' blocks one after the other.
     pub fn registered_len(&self) -> u64 {
-        self.recv_offset() + self.recv_len()
+        match self.receive_queues {
+            ReceiveQueues::Shared => self.recv_offset() + self.recv_len(),
+            ReceiveQueues::PerConnection => {
+                u64::from(self.tmpl.block_len().unwrap_or(u32::MAX)) * u64::from(self.max_conns)
+            }
+        }
     }
 
     fn recv_offset(&self) -> u64 {
@@ -152,7 +203,7 @@ impl PoolPlan {
     }
 
     /// Completion queue entries for the thread: every connection's send queue plus the
-    /// shared receive queue.
+    /// receive buffers (the shared queue's, or every connection's own).
     pub fn cq_depth(&self, pd: PdId) -> u32 {
         let per_qp = self.tmpl.qp_init(pd, CqId::default()).max_send_wr;
         self.max_conns
@@ -171,6 +222,11 @@ impl PoolPlan {
         region: Mr,
     ) -> Result<Driver<P>, DriverError> {
         let bad = || DriverError::Config(crate::ConfigError("buffer pools exceed their region"));
+        if self.receive_queues == ReceiveQueues::PerConnection {
+            let len = u32::try_from(self.registered_len()).map_err(|_| bad())?;
+            let blocks = MemRef::new(region.id, 0, len);
+            return Driver::new(provider, cq, region, blocks, self.tmpl);
+        }
         let send_len = u32::try_from(self.send_len()).map_err(|_| bad())?;
         let recv_len = u32::try_from(self.recv_len()).map_err(|_| bad())?;
         let send = MemRef::new(region.id, 0, send_len);
@@ -192,6 +248,78 @@ impl PoolPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn transport(credits: u32, backchannel_credits: u32) -> TransportSpec {
+        TransportSpec {
+            version: 1,
+            inline_send: 4096,
+            inline_recv: 4096,
+            credits,
+            backchannel_credits,
+            ddp_threshold: 1024,
+            remote_invalidation: true,
+            recv_buffer_size: 4096,
+            ird: 16,
+            ord: 16,
+            v2_first_reply_timeout: crate::conn::V2_FIRST_REPLY_TIMEOUT,
+            max_segments_per_chunk: 16,
+            max_chunks_per_list: 4,
+        }
+    }
+
+    /// Receive queues of their own: the configured credits in full whatever the shared sizes
+    /// say, a block per connection, and a driver without a shared receive queue.
+    #[test]
+    fn buffers_of_their_own_hold_full_credits_in_a_block_per_connection() {
+        use rpcrdma_verbs::mapped::{Mapped, Registered};
+        use rpcrdma_verbs::soft::{link::MemFabric, SoftConfig, SoftProvider};
+
+        let t = transport(32, 8);
+        let own = PoolSpec {
+            recv_buffers: 1,
+            send_buffers: 1,
+            receive_queues: ReceiveQueues::PerConnection,
+        };
+        let plan = PoolPlan::new(&t, own, 10, 1 << 20).expect("plan");
+        assert_eq!(
+            (plan.tmpl.credits, plan.share()),
+            (32, 32 + 8 + SPARE_RECEIVES)
+        );
+        assert_eq!(plan.recv_buffers, 10 * 41);
+        assert_eq!(plan.send_buffers, 10 * plan.tmpl.send_slots());
+        let block = u64::from(plan.tmpl.block_len().expect("block"));
+        assert_eq!(plan.registered_len(), 10 * block);
+        assert_eq!(
+            plan.cq_depth(PdId(0)) - 10 * plan.tmpl.qp_init(PdId(0), CqId(0)).max_send_wr,
+            410
+        );
+        // The same sizes shared: one receive for ten connections, refused.
+        let shared = PoolSpec {
+            receive_queues: ReceiveQueues::Shared,
+            ..own
+        };
+        assert!(PoolPlan::new(&t, shared, 10, 1 << 20).is_err());
+        // Blocks past 4 GiB: refused, with the reason.
+        let e = PoolPlan::new(&t, own, 20_000, 1 << 20).expect_err("too large");
+        assert!(e.contains("4 GiB"), "{e}");
+
+        let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
+        let pd = p.alloc_pd().expect("pd");
+        let cq = p.create_cq(plan.cq_depth(pd)).expect("cq");
+        let len = usize::try_from(plan.registered_len()).expect("len");
+        let reg = Registered::new(
+            &mut p,
+            pd,
+            Mapped::anonymous(len).expect("map"),
+            crate::REGISTERED_ACCESS,
+        )
+        .expect("register");
+        let d = plan.driver(p, cq, pd, reg.mr()).expect("driver");
+        assert_eq!(d.free_blocks(), 10);
+        assert_eq!(d.qp_init(pd).srq, None);
+        // `reg` goes out of scope still registered with the provider the driver owns, and
+        // is leaked with its mapping (see `Registered`).
+    }
 
     #[test]
     fn full_credits_when_the_share_holds_them() {

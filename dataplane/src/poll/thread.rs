@@ -186,7 +186,8 @@ impl<P: Provider> PollThread<P> {
         notify: Box<dyn Fn() + Send>,
     ) -> Result<PollThread<P>, StartError> {
         // One shared receive queue and one shared send pool for every connection, each
-        // connection's credits capped to its share of the queue (see `PoolPlan`).
+        // connection's credits capped to its share of the queue; or a block of its own per
+        // connection (see `PoolPlan`).
         let plan = match PoolPlan::new(
             &spec.transport,
             spec.pools,
@@ -223,6 +224,7 @@ impl<P: Provider> PollThread<P> {
         tracing::info!(
             thread = spec.index,
             connections = plan.max_conns,
+            receive_queues = ?plan.receive_queues,
             credits = tmpl.credits,
             receives_per_connection = plan.share(),
             recv_buffers = plan.recv_buffers,

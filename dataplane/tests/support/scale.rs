@@ -115,6 +115,7 @@ fn node(f: &MemFabric, s: &Scenario, app_len: usize) -> Node {
         PoolSpec {
             recv_buffers: s.recv_buffers,
             send_buffers: tmpl.send_slots() * s.conns,
+            receive_queues: rpcrdma_dataplane::poll::ReceiveQueues::Shared,
         },
         s.conns,
         1 << 20,
