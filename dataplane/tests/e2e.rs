@@ -1047,6 +1047,27 @@ fn read_spec<P: Provider>(c: &mut Node<P>, count: u32) -> (MemRef, MemRef, MemRe
     (msg, result, reply)
 }
 
+/// Submits, on `conn`, a READ (`xid`) of `count` bytes into a Write chunk; its result buffer.
+fn submit_read<P: Provider>(c: &mut Node<P>, conn: ConnId, xid: u32, count: u32) -> MemRef {
+    let (msg, result, reply) = read_spec(c, count);
+    submit(
+        c,
+        conn,
+        &CallSpec {
+            user: u64::from(xid),
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::READ,
+            msg,
+            args: &[],
+            results: &[result],
+            reply,
+        },
+    );
+    result
+}
+
 fn null_spec<P: Provider>(c: &mut Node<P>) -> (MemRef, MemRef) {
     (c.alloc(0), c.alloc(16))
 }
@@ -1294,25 +1315,10 @@ fn e2e_fault_write_chunk_overrun_by_the_peer_ends_the_connection() {
     let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20049);
     // A READ of 4096 bytes into a Write chunk, then two NULLs queued behind it (one credit
     // until the first reply).
-    let (msg, result, reply) = read_spec(&mut c, 4096);
+    let result = submit_read(&mut c, bad, 1, 4096);
     // The bytes after the result buffer must never change.
     let after = MemRef::new(result.mr, result.offset + 4096, 4096);
     assert!(c.mem.write(after, &[0x5a; 4096]));
-    submit(
-        &mut c,
-        bad,
-        &CallSpec {
-            user: 1,
-            xid: 1,
-            prog: RDMATEST_PROG,
-            vers: 1,
-            proc_: rdmatest::READ,
-            msg,
-            args: &[],
-            results: &[result],
-            reply,
-        },
-    );
     for x in 2..4 {
         let (msg, reply) = null_spec(&mut c);
         submit(
@@ -1354,25 +1360,11 @@ fn e2e_fault_access_under_a_region_key_is_refused() {
     for (k, read) in [(0u16, false), (1, true)] {
         let f = MemFabric::new();
         let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20051 + k);
-        let (msg, result, reply) = read_spec(&mut c, 4096);
-        // Bytes of ours near the chunk, which the peer was never offered.
+        let result = submit_read(&mut c, bad, 1, 4096);
+        // Bytes of ours near the chunk, which the peer was never offered (what its Read
+        // aims at).
         let secret = MemRef::new(result.mr, result.offset + 8192, 4096);
         assert!(c.mem.write(secret, &[0x5a; 4096]));
-        submit(
-            &mut c,
-            bad,
-            &CallSpec {
-                user: 1,
-                xid: 1,
-                prog: RDMATEST_PROG,
-                vers: 1,
-                proc_: rdmatest::READ,
-                msg,
-                args: &[],
-                results: &[result],
-                reply,
-            },
-        );
         let (w, _) = raw_server_call(&mut c, &mut h);
         let seg = w.expect("a Write chunk offered");
         // The soft provider's region key (its lkey and rkey alike).
