@@ -137,11 +137,11 @@ impl Access {
     pub const REMOTE_READ: Access = Access(2);
     /// A peer may RDMA Write.
     pub const REMOTE_WRITE: Access = Access(4);
-    /// A region's only: exposures ([`Provider::expose`]) may grant peers remote rights that
-    /// the region's own key does not carry (ibverbs `IBV_ACCESS_MW_BIND`). Memory registered
-    /// for good (buffer pools, app arenas) takes this instead of remote rights, so that a
-    /// peer reaches it only through the keys of one RPC's exposures, never under the
-    /// region's key (RFC 8166 §8.1.2–8.1.3).
+    /// For regions: exposures ([`Provider::expose`]) of the region may grant peers remote
+    /// rights that the region's own key does not carry (ibverbs `IBV_ACCESS_MW_BIND`).
+    /// Memory registered for good (buffer pools, app arenas) takes this instead of remote
+    /// rights, so that a peer reaches it only through the keys of one RPC's exposures, never
+    /// under the region's key (RFC 8166 §8.1.2–8.1.3).
     pub const BIND: Access = Access(8);
 
     /// The raw bits (1 local write, 2 remote read, 4 remote write, 8 bind).
@@ -152,13 +152,17 @@ impl Access {
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
-    /// Whether a region with these rights may be exposed with `want`: it has those rights
-    /// itself, or it allows exposures ([`BIND`](Access::BIND)) and, for a remote write,
-    /// local write as well (what ibverbs asks of a memory window bind).
+    /// Whether a region with these rights may be exposed with `want` (remote rights only):
+    /// the region has those rights itself, or it allows exposures ([`BIND`](Access::BIND))
+    /// and, for a remote write, local write as well (what ibverbs asks of a memory window
+    /// bind).
     pub const fn may_expose(self, want: Access) -> bool {
+        let remote = Access::REMOTE_READ.union(Access::REMOTE_WRITE);
+        if !remote.contains(want) {
+            return false;
+        }
         self.contains(want)
             || (self.contains(Access::BIND)
-                && !want.contains(Access::BIND)
                 && (!want.contains(Access::REMOTE_WRITE) || self.contains(Access::LOCAL_WRITE)))
     }
     /// Union of two sets of rights.
@@ -549,4 +553,35 @@ pub trait Provider {
     /// A file descriptor that becomes readable when [`poll_cm`](Provider::poll_cm) may have
     /// work (for a control thread's `mio`), where the provider has one.
     fn event_fd(&self) -> Option<std::os::fd::RawFd>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Access;
+
+    /// Which exposures a region's rights allow: its own remote rights, or any remote right
+    /// through the bind right (a remote write only with local write); never a right that is
+    /// not a remote one.
+    #[test]
+    fn exposures_a_region_allows() {
+        let (lw, rr, rw, bind) = (
+            Access::LOCAL_WRITE,
+            Access::REMOTE_READ,
+            Access::REMOTE_WRITE,
+            Access::BIND,
+        );
+        let cases = [
+            (lw | rr | rw, rr | rw, true),
+            (lw | rr, rw, false),
+            (lw, rr, false),
+            (lw | bind, rr | rw, true),
+            (bind, rr, true),
+            (bind, rw, false),
+            (lw | bind, bind, false),
+            (lw | bind, lw, false),
+        ];
+        for (region, want, ok) in cases {
+            assert_eq!(region.may_expose(want), ok, "{region:?} exposing {want:?}");
+        }
+    }
 }
