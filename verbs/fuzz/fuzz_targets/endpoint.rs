@@ -64,7 +64,7 @@ fuzz_target!(|input: &[u8]| {
     p.post_recv(qp, 2, &[sge(64, 32), sge(2048, 32)]).unwrap();
     p.accept(req_id, qp, &ConnParams { private_data: &[], responder_resources: 4, initiator_depth: 4 })
         .unwrap();
-    let win = p.expose(qp, mr.id, 1024, 1024, all).unwrap();
+    let win = p.expose(qp, mr.id, 1024, 1024, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
     let mut data = input.to_vec();
     replace(&mut data, b"KEYW", &win.to_be_bytes());
     replace(&mut data, b"KEYM", &mr.rkey.to_be_bytes());
