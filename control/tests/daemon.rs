@@ -423,3 +423,61 @@ fn sigint_stops_like_sigterm_and_human_tables_print() {
     a.signal("INT");
     assert_eq!(a.wait_exit(20), Some(0), "{}", a.log());
 }
+
+/// Receive queues of their own (`pools.receive-queue = "per-connection"`) over the soft
+/// provider on TCP, one connection block per poll thread: a connection closed three times is
+/// reconnected each time into the block its predecessor gave back, and calls go through.
+#[test]
+fn receive_queues_of_their_own_survive_reconnects_into_the_same_block() {
+    let own = |text: String| {
+        text.replace(
+            "[pools]\nconnections = 4\n",
+            "[pools]\nconnections = 1\nreceive-queue = \"per-connection\"\n",
+        )
+    };
+    let dir_b = tmpdir("own-b");
+    let port_b = free_port();
+    let b = Daemon::start_with(
+        dir_b.clone(),
+        port_b,
+        &own(config(&dir_b, port_b, None, "")),
+    );
+    let dir_a = tmpdir("own-a");
+    let port_a = free_port();
+    let text_a = own(config(&dir_a, port_a, Some(("server", port_b)), ""));
+    assert!(text_a.contains("per-connection"));
+    let a = Daemon::start_with(dir_a, port_a, &text_a);
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    echo(&mut c, peer, 64);
+    // Connection ids name slots, so the reconnected connection has the same one: count the
+    // connections that came up instead.
+    let ups = |d: &Daemon| d.log().matches("connection up").count();
+    for round in 0..3 {
+        let before = ups(&a);
+        let id = a.ctl_json(&["conns"])[0]["id"].as_u64().expect("id");
+        assert!(a.ctl(&["conn", "close", &id.to_string()]).status.success());
+        let again = eventually(20, || {
+            let s = a.ctl_json(&["status"]);
+            (ups(&a) > before && s["peers"][0]["state"] == "up").then_some(())
+        });
+        assert!(
+            again.is_some(),
+            "round {round}: not reconnected\n{}",
+            a.log()
+        );
+        echo(&mut c, peer, 3000);
+    }
+    assert!(
+        a.log().contains("receive_queues=PerConnection"),
+        "{}",
+        a.log()
+    );
+    assert!(
+        b.log().contains("receive_queues=PerConnection"),
+        "{}",
+        b.log()
+    );
+}
