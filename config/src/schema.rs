@@ -359,16 +359,6 @@ pub enum ReceiveQueue {
     PerConnection,
 }
 
-impl ReceiveQueue {
-    /// The name used in the configuration file.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReceiveQueue::Shared => "shared",
-            ReceiveQueue::PerConnection => "per-connection",
-        }
-    }
-}
-
 /// One listening address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]

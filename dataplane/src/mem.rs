@@ -347,17 +347,13 @@ impl RegisteredMem {
     pub fn take_all(&mut self) -> Vec<Registered> {
         self.regs.take_all()
     }
-
-    #[inline]
-    fn find(&self, mr: MrId) -> Option<&Registered> {
-        self.regs.find(mr)
-    }
 }
 
 impl Memory for RegisteredMem {
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
         dst.len() <= at.len as usize
             && self
+                .regs
                 .find(at.mr)
                 .is_some_and(|r| r.mem().read(at.offset, dst))
     }
@@ -365,6 +361,7 @@ impl Memory for RegisteredMem {
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
         src.len() <= at.len as usize
             && self
+                .regs
                 .find(at.mr)
                 .is_some_and(|r| r.mem().write(at.offset, src))
     }
@@ -373,7 +370,7 @@ impl Memory for RegisteredMem {
         if from.len > to.len {
             return false;
         }
-        let (Some(a), Some(b)) = (self.find(from.mr), self.find(to.mr)) else {
+        let (Some(a), Some(b)) = (self.regs.find(from.mr), self.regs.find(to.mr)) else {
             return false;
         };
         a.mem()

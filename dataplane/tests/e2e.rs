@@ -13,20 +13,16 @@ use std::time::{Duration, Instant};
 use rpcrdma_dataplane::{
     Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId,
     ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId,
-    SubmitError,
+    SubmitError, REGISTERED_ACCESS,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_verbs::conformance::{Side, GUARD};
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftProvider};
-use rpcrdma_verbs::{Access, CmEvent, ConnParams, MrId, PdId, Provider, QpId, QpInit, SendOp};
+use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider, QpId, QpInit, SendOp};
 
 const BULK_PROG: u32 = 0x4000_0000;
-
-/// The nodes' memory is registered as the daemon's is: no remote right, so peers reach it
-/// through exposures only.
-const DAEMON_ACCESS: Access = rpcrdma_dataplane::REGISTERED_ACCESS;
 
 /// The registered bytes of a conformance `Side` (region = `buf[GUARD..GUARD + len]`).
 #[derive(Debug)]
@@ -112,9 +108,10 @@ fn template() -> ConnTemplate {
 }
 
 fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
+    // Memory registered as the daemon's is: peers reach it through exposures only.
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::with_access(p, DAEMON_ACCESS);
+    } = Side::with_access(p, REGISTERED_ACCESS);
     let tmpl = template();
     let pool = MemRef::new(mr.id, 0, tmpl.block_len().unwrap() * blocks);
     let base = u64::from(pool.len).div_ceil(4096) * 4096;
@@ -138,7 +135,7 @@ fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
 fn node_shared<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let Side {
         p, pd, cq, buf, mr, ..
-    } = Side::with_access(p, DAEMON_ACCESS);
+    } = Side::with_access(p, REGISTERED_ACCESS);
     let tmpl = template();
     let _ = blocks;
     let send = ConnConfig::send_pool_len(24, tmpl.send_size).unwrap();
