@@ -9,10 +9,27 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A loopback TCP port nobody listens on right now.
+/// A loopback TCP port nobody listens on right now, for a daemon to bind a moment later.
+///
+/// Taken below the kernel's ephemeral range (32768 and up by default), never from it: a port
+/// the kernel handed out for `bind(0)` goes back into the pool that outgoing connections draw
+/// their source ports from, and the daemons of concurrent tests connect to each other all the
+/// time. One of those connections took such a port between this function and the daemon's
+/// bind, once, in CI. Below the range only another caller of this function competes: each
+/// test process walks its own stretch (from its pid) and skips ports something holds.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(97);
+    for _ in 0..SPAN {
+        let port = (FIRST + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// A fresh directory for one daemon.
