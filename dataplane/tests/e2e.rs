@@ -1399,6 +1399,110 @@ fn e2e_fault_access_under_a_region_key_is_refused() {
     }
 }
 
+/// R8166-8.1.1-a: a chunk offered on one connection is reached from no other. Our client
+/// has two connections to the same raw peer (one protection domain on our side, as a poll
+/// thread has); the peer takes the Write chunk offered on the first and RDMA-Writes into it,
+/// then the Read chunk and RDMA-Reads it, each from the second connection. Both are refused
+/// at the provider: nothing of ours is written or read, only the second connection ends, and
+/// the first still owns its chunks: the Write there lands.
+#[test]
+fn r8166_8_1_1_a_a_chunk_is_refused_on_another_connection() {
+    for (k, read) in [(0u16, false), (1, true)] {
+        let f = MemFabric::new();
+        let mut c = node(soft(&f), 3);
+        let mut s = node(soft(&f), 1);
+        let port = 20061 + k;
+        let (good, _) = connect(&mut c, &mut s, SocketAddr::from(([10, 0, 4, 1], port)));
+        let mut h = Side::new(soft(&f));
+        let (own, hq_own) =
+            connect_raw_server(&mut c, &mut h, SocketAddr::from(([10, 0, 4, 2], port)));
+        let (bad, hq_bad) =
+            connect_raw_server(&mut c, &mut h, SocketAddr::from(([10, 0, 4, 3], port)));
+        let (seg, target) = if read {
+            // A WRITE whose 4000 data bytes travel in a Read chunk.
+            let msg = c.put(&be(&[4, 4000]));
+            let piece = c.put(&[0x5a; 4000]);
+            let reply = c.alloc(64);
+            submit(
+                &mut c,
+                own,
+                &CallSpec {
+                    user: 1,
+                    xid: 1,
+                    prog: RDMATEST_PROG,
+                    vers: 1,
+                    proc_: rdmatest::WRITE,
+                    msg,
+                    args: &[ArgPiece {
+                        mem: piece,
+                        xdr_pos: 8,
+                    }],
+                    results: &[],
+                    reply,
+                },
+            );
+            let (_, r) = raw_server_call(&mut c, &mut h);
+            (r.expect("a Read chunk offered"), piece)
+        } else {
+            let result = submit_read(&mut c, own, 1, 4096);
+            let (w, _) = raw_server_call(&mut c, &mut h);
+            (w.expect("a Write chunk offered"), result)
+        };
+        let sink = 300_000;
+        h.fill(sink, &[0xee; 64]);
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr: seg.offset,
+                rkey: seg.handle,
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr: seg.offset,
+                rkey: seg.handle,
+            }
+        };
+        let sge = h.sge(sink, 64);
+        let wr = rpcrdma_verbs::SendWr {
+            wr_id: 78,
+            op,
+            sg: &[sge],
+            signaled: true,
+        };
+        h.p.post_send(hq_bad, &wr).unwrap();
+        until_closed(&mut c, &mut s, &mut h, bad);
+        if read {
+            assert!(h.mem(sink, 64).iter().all(|&b| b == 0xee), "nothing read");
+            assert_eq!(c.get(target), vec![0x5a; 4000], "the chunk is unchanged");
+        } else {
+            assert_eq!(c.get(target), vec![0; 4096], "nothing written");
+        }
+        assert!(!closed(&c, own), "the chunk's own connection lives");
+        if !read {
+            // The key still works on the connection it was offered on.
+            raw_write(&mut h, hq_own, seg, 16);
+            let start = Instant::now();
+            while c.get(target.prefix(16).unwrap()) != vec![0xee; 16] {
+                c.poll();
+                hstep(&mut h);
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the Write on the chunk's own connection never landed"
+                );
+            }
+            assert!(!closed(&c, own));
+        }
+        for _ in 0..50 {
+            c.poll();
+            s.poll();
+            serve(&mut s);
+            hstep(&mut h);
+        }
+        assert_failed_once(&mut c, bad, &[]);
+        assert!(!closed(&c, own), "the chunk's own connection still lives");
+        echo_works(&mut c, &mut s, good, 900, 40_000);
+    }
+}
+
 #[test]
 fn e2e_fault_write_into_a_read_only_chunk_is_a_protection_error() {
     let f = MemFabric::new();

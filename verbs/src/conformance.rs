@@ -930,6 +930,103 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
     }
 }
 
+/// An exposure bound on one connection is refused on another connection between the same two
+/// sides, in the same protection domain (R8166-8.1.1-a: a handle from another connection
+/// fails at once). A peer's Write and its Read on the second and third connections under
+/// the first connection's exposure key are refused, each ending only its own connection;
+/// the same key still works on the connection it was exposed on.
+///
+/// Providers that expose by binding a window to the queue pair pass; a provider whose
+/// exposures are regions of the protection domain (the `ibv` provider without type 2
+/// windows) cannot, and fails here by design (see `tests/vm/expected-fail`).
+pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    connect_one(&mut p, addr);
+    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+    let qb0 = p.b.qps[0];
+    let key =
+        p.b.p
+            .expose(
+                qb0,
+                plain.id,
+                0,
+                4096,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .expect("expose");
+    p.b.fill(PLAIN_OFF + 1024, &[0x99; 64]);
+    p.a.fill(0, &[0x77; 64]);
+    let attempts = [
+        (
+            1usize,
+            SendOp::RdmaWrite {
+                remote_addr: plain.addr_at(0),
+                rkey: key,
+            },
+        ),
+        (
+            2,
+            SendOp::RdmaRead {
+                remote_addr: plain.addr_at(1024),
+                rkey: key,
+            },
+        ),
+    ];
+    for (k, op) in attempts {
+        let read = matches!(op, SendOp::RdmaRead { .. });
+        let (qa, qb) = (p.a.qps[k], p.b.qps[k]);
+        let sink = 8192 * k;
+        let s = [if read {
+            p.a.sge(sink, 64)
+        } else {
+            p.a.sge(0, 64)
+        }];
+        let wr = SendWr {
+            wr_id: k as u64,
+            op,
+            sg: &s,
+            signaled: true,
+        };
+        p.a.p.post_send(qa, &wr).expect("post_send");
+        p.wait("the request on the other connection completed", |p| {
+            p.a.wc(k as u64).is_some()
+        });
+        assert!(
+            !read || p.a.wc(k as u64).map(|w| w.status) != Some(WcStatus::Success),
+            "a Read under another connection's exposure key {key:#x} was served"
+        );
+        p.wait("the other connection ended", |p| {
+            p.a.disconnected(qa) && p.b.disconnected(qb)
+        });
+        assert!(
+            p.a.mem(sink, 64).iter().all(|&b| b != 0x99),
+            "nothing read through connection {k}"
+        );
+        assert!(
+            p.b.mem(PLAIN_OFF, 64).iter().all(|&b| b != 0x77),
+            "nothing written through connection {k}"
+        );
+    }
+    // The connection the key was exposed on lives, and the key works there.
+    let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
+    assert!(!p.a.disconnected(qa0) && !p.b.disconnected(qb0));
+    let s = [p.a.sge(0, 64)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: plain.addr_at(0),
+        rkey: key,
+    };
+    p.a.post(9, op, &s, true);
+    p.wait("the Write on its own connection", |p| p.a.wc(9).is_some());
+    assert_eq!(p.a.wc(9).unwrap().status, WcStatus::Success);
+    p.wait("the Write landed", |p| p.b.mem(PLAIN_OFF, 64) == [0x77; 64]);
+    assert!(
+        p.a.guards_intact() && p.b.guards_intact(),
+        "guards untouched"
+    );
+}
+
 /// After a refused Read or Write (id `wr`): the connection ends (both queue pairs in error,
 /// both sides told), and the guards are untouched. How the request itself completes is left
 /// to the provider (iWARP completes a Write before the peer checks it; siw completes a
@@ -1296,7 +1393,8 @@ macro_rules! conformance_tests {
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, shared_receive_queue,
-            region_without_remote_rights_is_reached_only_through_exposures);
+            region_without_remote_rights_is_reached_only_through_exposures,
+            exposure_is_refused_on_another_connection);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

@@ -78,7 +78,9 @@ pub enum Exposure {
     Auto,
     /// Type 2 memory windows, bound per exposure (fails to open without them).
     MemoryWindow,
-    /// A memory region registered per exposure, deregistered on invalidation.
+    /// A memory region registered per exposure, deregistered on invalidation. Its key is
+    /// good on every queue pair of the protection domain, not only the one it was exposed
+    /// for (windows are bound to their queue pair).
     RegionPerExposure,
 }
 
