@@ -189,7 +189,7 @@ fn peer(stop: Arc<AtomicBool>, port: std::sync::mpsc::Sender<u16>, mode: Mode) -
                 let init = drv.qp_init(pd);
                 let qp = drv.provider_mut().create_qp(&init).expect("qp");
                 let pd8797 = PrivateData::parse(private_data.as_slice());
-                drv.add_connection(qp, Role::Server, pd8797, &mut mem)
+                drv.add_connection(qp, Role::Server, pd8797)
                     .expect("engine");
                 drv.provider_mut().accept(req, qp, &params).expect("accept");
             }

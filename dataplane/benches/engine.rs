@@ -137,10 +137,7 @@ fn connect(c: &mut Node, s: &mut Node) -> ConnId {
     let addr = s.drv.provider().listen_addr(l).unwrap();
     let init = c.drv.template().qp_init(c.pd, c.drv.cq());
     let qa = c.drv.provider_mut().create_qp(&init).unwrap();
-    let ca = c
-        .drv
-        .add_connection(qa, Role::Client, None, &mut c.mem)
-        .unwrap();
+    let ca = c.drv.add_connection(qa, Role::Client, None).unwrap();
     let pd = c.drv.template().private_data().emit();
     let params = ConnParams {
         private_data: &pd,
@@ -160,9 +157,7 @@ fn connect(c: &mut Node, s: &mut Node) -> ConnId {
                 let init = s.drv.template().qp_init(s.pd, s.drv.cq());
                 let qb = s.drv.provider_mut().create_qp(&init).unwrap();
                 let peer = PrivateData::parse(private_data.as_slice());
-                s.drv
-                    .add_connection(qb, Role::Server, peer, &mut s.mem)
-                    .unwrap();
+                s.drv.add_connection(qb, Role::Server, peer).unwrap();
                 s.drv.provider_mut().accept(req, qb, &params).unwrap();
                 accepted = true;
             }
@@ -874,15 +869,18 @@ fn provider_small(calls: u64) {
     let conn = connect(&mut c, &mut s);
     let sl = slots(&mut c, &mut s, 32, 64);
     run(&mut c, &mut s, conn, &sl, 20_000);
+    let polled = |c: &Node, s: &Node| c.drv.completions() + s.drv.completions();
+    let before = polled(&c, &s);
     let (t, d) = median(
         (0..5)
             .map(|_| run(&mut c, &mut s, conn, &sl, calls))
             .collect(),
     );
+    let wcs = (polled(&c, &s) - before) as f64 / (5 * calls) as f64;
     let ns = t.as_nanos() as f64 / calls as f64;
     let cpu = d.cpu as f64 / calls as f64;
     println!(
-        "soft provider (in-memory fabric), echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC wall ({:.2} M RPC/s), {:.0} ns/RPC on CPU ({:.2} M RPC/s per core) ({calls} calls, median of 5); {}",
+        "soft provider (in-memory fabric), echo 64 B, 32 in flight, both ends on one thread: {:.0} ns/RPC wall ({:.2} M RPC/s), {:.0} ns/RPC on CPU ({:.2} M RPC/s per core) ({calls} calls, median of 5); {}; work completions per RPC, both ends: {wcs:.2}",
         ns,
         1e3 / ns,
         cpu,

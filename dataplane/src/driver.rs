@@ -171,6 +171,8 @@ struct Entry {
     qp: QpId,
     block: u32,
     dead: bool,
+    /// Work waits in the connection for [`Driver::post_pending`] (listed in `pending`).
+    pending: bool,
 }
 
 /// A shared receive queue and the buffers posted to it.
@@ -230,6 +232,10 @@ pub struct Driver<P: Provider> {
     gens: Vec<u32>,
     wcs: Vec<WorkCompletion>,
     events: VecDeque<(ConnId, Event)>,
+    /// Connections whose work waits for [`post_pending`](Driver::post_pending).
+    pending: Vec<ConnId>,
+    /// Work completions polled so far.
+    completions: u64,
 }
 
 /// The [`Env`] of one connection: memory through the owner's [`Memory`], exposure through
@@ -347,6 +353,8 @@ impl<P: Provider> Driver<P> {
             gens: Vec::new(),
             wcs: vec![WorkCompletion::default(); 64],
             events: VecDeque::with_capacity(256),
+            pending: Vec::with_capacity(64),
+            completions: 0,
         })
     }
 
@@ -469,6 +477,12 @@ impl<P: Provider> Driver<P> {
         self.send_shared.as_ref().map_or(0, |s| s.free.len())
     }
 
+    /// Work completions polled from the completion queue so far (receives, and the Sends,
+    /// Reads and Writes posted signalled).
+    pub fn completions(&self) -> u64 {
+        self.completions
+    }
+
     /// Free and total buffers of the send and receive pools (for statistics: walks the
     /// connections). Per-connection blocks count whole: an unused block's buffers are free.
     pub fn buffer_counts(&self) -> BufferCounts {
@@ -520,10 +534,9 @@ impl<P: Provider> Driver<P> {
         qp: QpId,
         role: Role,
         peer: Option<PrivateData>,
-        mem: &mut impl Memory,
     ) -> Result<ConnId, DriverError> {
         let version = self.tmpl.version;
-        self.add_connection_version(qp, role, peer, version, mem)
+        self.add_connection_version(qp, role, peer, version)
     }
 
     /// [`add_connection`](Self::add_connection) speaking at most `version` (1 or 2) instead
@@ -535,7 +548,6 @@ impl<P: Provider> Driver<P> {
         role: Role,
         peer: Option<PrivateData>,
         version: u32,
-        mem: &mut impl Memory,
     ) -> Result<ConnId, DriverError> {
         let shared_send = self.send_shared.is_some();
         let block = if shared_send {
@@ -615,6 +627,7 @@ impl<P: Provider> Driver<P> {
                 qp,
                 block,
                 dead: false,
+                pending: false,
             });
         }
         let id = ConnId {
@@ -622,7 +635,7 @@ impl<P: Provider> Driver<P> {
             gen,
         };
         self.by_qp.insert(qp, id);
-        self.flush(id, mem);
+        self.flush(id);
         Ok(id)
     }
 
@@ -680,8 +693,42 @@ impl<P: Provider> Driver<P> {
             sends: self.send_shared.as_mut(),
         };
         let r = f(&mut e.conn, &mut env);
-        self.flush(id, mem);
+        self.settle(id);
         Some(r)
+    }
+
+    /// After an input to connection `id`: its events are collected at once; its work waits
+    /// for [`post_pending`](Self::post_pending), so that the Sends one batch of inputs makes
+    /// are posted together and only the last asks for a completion (selective signalling).
+    /// A connection that has closed is flushed at once (what it queued before closing goes
+    /// out before the disconnect).
+    fn settle(&mut self, id: ConnId) {
+        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if e.dead || e.conn.closed().is_some() {
+            self.flush(id);
+            return;
+        }
+        while let Some(ev) = e.conn.poll_event() {
+            self.events.push_back((id, ev));
+        }
+        if !e.pending {
+            e.pending = true;
+            self.pending.push(id);
+        }
+    }
+
+    /// Posts the work the connections queued since the last call (the poll loop calls it
+    /// once per turn, after feeding the apps' submissions; [`poll`](Self::poll) calls it
+    /// before and after the completions it feeds).
+    pub fn post_pending(&mut self) {
+        let mut list = std::mem::take(&mut self.pending);
+        for id in list.drain(..) {
+            self.flush(id);
+        }
+        // Keeps the list's capacity (no allocation per turn); `flush` queues nothing here.
+        self.pending = list;
     }
 
     /// Queues a call on connection `id` (see [`Connection::submit_call`]).
@@ -784,6 +831,8 @@ impl<P: Provider> Driver<P> {
         if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
             return Err(DriverError::BadId);
         }
+        // Shared buffers it still has to give back go back now.
+        self.flush(id);
         let e = self
             .conns
             .get_mut(id.idx as usize)
@@ -800,8 +849,10 @@ impl<P: Provider> Driver<P> {
     /// Polls the completion queue once and runs timers: completions go to their
     /// connections, which post follow-up work; returns the completions handled.
     pub fn poll(&mut self, now: Instant, mem: &mut impl Memory) -> usize {
+        self.post_pending();
         let mut wcs = std::mem::take(&mut self.wcs);
         let n = self.p.poll_cq(self.cq, &mut wcs).unwrap_or(0);
+        self.completions += n as u64;
         for wc in wcs.iter().take(n) {
             if wc.wr_id >> 48 == SRQ_CONN {
                 self.on_shared_recv(now, wc, mem);
@@ -834,6 +885,7 @@ impl<P: Provider> Driver<P> {
                 self.with(id, mem, |conn, _| conn.handle_timeout(now));
             }
         }
+        self.post_pending();
         n
     }
 
@@ -875,10 +927,14 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Posts connection `id`'s work and collects its events.
-    fn flush(&mut self, id: ConnId, _mem: &mut impl Memory) {
+    fn flush(&mut self, id: ConnId) {
+        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+            return;
+        }
         let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
             return;
         };
+        e.pending = false;
         while let Some(w) = e.conn.poll_work() {
             if let Work::Release { buf } = w {
                 // A shared send buffer goes back to its pool.

@@ -235,10 +235,7 @@ fn connect<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, addr: SocketAddr) -> (
     let l = s.drv.provider_mut().listen(addr).expect("listen");
     let addr = s.drv.provider().listen_addr(l).expect("listen_addr");
     let qa = c.qp();
-    let ca = c
-        .drv
-        .add_connection(qa, Role::Client, None, &mut c.mem)
-        .expect("add a");
+    let ca = c.drv.add_connection(qa, Role::Client, None).expect("add a");
     let pd = c.drv.template().private_data().emit();
     let params = ConnParams {
         private_data: &pd,
@@ -266,10 +263,7 @@ fn connect<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, addr: SocketAddr) -> (
     let qb = s.qp();
     let peer = PrivateData::parse(private_data.as_slice());
     assert!(peer.is_some(), "client private data parses");
-    let cb = s
-        .drv
-        .add_connection(qb, Role::Server, peer, &mut s.mem)
-        .expect("add b");
+    let cb = s.drv.add_connection(qb, Role::Server, peer).expect("add b");
     let spd = s.drv.template().private_data().emit();
     s.drv
         .provider_mut()
@@ -824,10 +818,7 @@ fn connect_raw_server(c: &mut Node<Soft>, h: &mut Side<Soft>, addr: SocketAddr) 
     let l = h.p.listen(addr).unwrap();
     let addr = h.p.listen_addr(l).unwrap();
     let qa = c.qp();
-    let ca = c
-        .drv
-        .add_connection(qa, Role::Client, None, &mut c.mem)
-        .unwrap();
+    let ca = c.drv.add_connection(qa, Role::Client, None).unwrap();
     let pd = c.drv.template().private_data().emit();
     let params = ConnParams {
         private_data: &pd,
@@ -904,11 +895,7 @@ fn connect_raw_client(
                 unreachable!()
             };
             let qb = s.qp();
-            sconn = Some(
-                s.drv
-                    .add_connection(qb, Role::Server, None, &mut s.mem)
-                    .unwrap(),
-            );
+            sconn = Some(s.drv.add_connection(qb, Role::Server, None).unwrap());
             s.drv.provider_mut().accept(req, qb, &params).unwrap();
         }
         assert!(
@@ -1397,6 +1384,52 @@ fn e2e_fault_access_under_a_region_key_is_refused() {
         assert_eq!(c.get(secret), vec![0x5a; 4096], "nothing else written");
         after_fault(&mut c, &mut s, &mut h, good, bad, &[1]);
     }
+}
+
+/// Selective signalling through the driver: the Sends one batch of inputs makes are posted
+/// together at the next poll, and only the last asks for a completion. Four calls (the
+/// grant) submitted at once on a warm connection cost the client five completions (four
+/// replies and one Send), not eight.
+#[test]
+fn e2e_a_batch_of_calls_is_posted_with_one_signalled_send() {
+    let f = MemFabric::new();
+    let (mut c, mut s, g, _) = rig_two(&f, false, 20071);
+    let before = c.drv.completions();
+    for x in 0..4u32 {
+        let (msg, reply) = null_spec(&mut c);
+        submit(
+            &mut c,
+            g.0,
+            &CallSpec {
+                user: u64::from(100 + x),
+                xid: 100 + x,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::NULL,
+                msg,
+                args: &[],
+                results: &[],
+                reply,
+            },
+        );
+    }
+    let done = |c: &Node<Soft>| {
+        c.events
+            .iter()
+            .filter(|(id, e)| *id == g.0 && matches!(e, Event::CallDone(_)))
+            .count()
+    };
+    drive(&mut c, &mut s, "four replies", |c, _| done(c) == 4);
+    for (_, e) in &c.events {
+        if let Event::CallDone(d) = e {
+            assert_eq!(d.status, CallStatus::Ok);
+        }
+    }
+    assert_eq!(
+        c.drv.completions() - before,
+        5,
+        "four receives and one Send completion"
+    );
 }
 
 /// R8166-8.1.1-a: a chunk offered on one connection is reached from no other. Our client

@@ -318,6 +318,7 @@ impl<P: Provider> PollThread<P> {
             loops = loops.wrapping_add(1);
             if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
                 work |= self.housekeeping();
+                self.drv.post_pending();
             }
             if work {
                 self.stats.busy_polls += 1;
@@ -376,7 +377,11 @@ impl<P: Provider> PollThread<P> {
             self.on_submission(app, s);
         }
         self.subs = subs;
-        work | self.poll_hops(now)
+        work |= self.poll_hops(now);
+        // The turn's Sends go out together: only the last of each connection's asks for a
+        // completion.
+        self.drv.post_pending();
+        work
     }
 
     /// Hops from the other threads and from this one; true if any.
@@ -1237,10 +1242,7 @@ impl<P: Provider> PollThread<P> {
             .create_qp(&init)
             .map_err(|e| format!("create queue pair: {e}"))?;
         let version = version.clamp(1, self.spec.transport.version.max(1));
-        let conn = match self
-            .drv
-            .add_connection_version(qp, role, pd, version, &mut self.mem)
-        {
+        let conn = match self.drv.add_connection_version(qp, role, pd, version) {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.drv.provider_mut().destroy_qp(qp);

@@ -211,7 +211,7 @@ pub fn run(s: Scenario) -> Figures {
         let qp = cli.drv.provider_mut().create_qp(&init).expect("client qp");
         let id = cli
             .drv
-            .add_connection(qp, Role::Client, None, &mut cli.mem)
+            .add_connection(qp, Role::Client, None)
             .expect("client connection");
         by_qp.insert(qp, (i, id));
         client_conns.push(id);
@@ -242,7 +242,7 @@ pub fn run(s: Scenario) -> Figures {
                 let qp = srv.drv.provider_mut().create_qp(&init).expect("server qp");
                 let peer = PrivateData::parse(private_data.as_slice());
                 srv.drv
-                    .add_connection(qp, Role::Server, peer, &mut srv.mem)
+                    .add_connection(qp, Role::Server, peer)
                     .expect("server connection");
                 let params = ConnParams {
                     private_data: &spd,
