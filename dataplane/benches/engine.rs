@@ -344,6 +344,8 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Dur
             };
             s.drv.submit_reply(sc, id, &spec, &mut s.mem).unwrap();
         }
+        // As a poll thread ends its turn: the turn's work goes out together.
+        s.drv.post_pending();
         while let Some((_, ev)) = c.drv.poll_event() {
             if let Event::CallDone(d) = ev {
                 assert_eq!(d.status, rpcrdma_dataplane::CallStatus::Ok);
@@ -355,6 +357,7 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Dur
                 }
             }
         }
+        c.drv.post_pending();
     }
     let t = start.elapsed();
     depth_seen.cpu = cpu_ns().zip(cpu0).map_or(0, |(b, a)| b - a);
