@@ -1023,6 +1023,33 @@ fn echo_works<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, conn: ConnId, xid: 
     }
 }
 
+/// Submits a WRITE of `data` (at least 1024 bytes: it travels in a Read chunk) at offset 4
+/// on `conn`; returns where `data` lies (what the chunk exposes).
+fn submit_write<P: Provider>(c: &mut Node<P>, conn: ConnId, xid: u32, data: &[u8]) -> MemRef {
+    let msg = c.put(&be(&[4, data.len() as u32]));
+    let piece = c.put(data);
+    let reply = c.alloc(64);
+    submit(
+        c,
+        conn,
+        &CallSpec {
+            user: u64::from(xid),
+            xid,
+            prog: RDMATEST_PROG,
+            vers: 1,
+            proc_: rdmatest::WRITE,
+            msg,
+            args: &[ArgPiece {
+                mem: piece,
+                xdr_pos: 8,
+            }],
+            results: &[],
+            reply,
+        },
+    );
+    piece
+}
+
 /// READ of `count` bytes into a Write chunk.
 fn read_spec<P: Provider>(c: &mut Node<P>, count: u32) -> (MemRef, MemRef, MemRef) {
     let msg = c.put(&be(&[count, 3]));
@@ -1229,6 +1256,30 @@ fn raw_server_call(
     (w, r)
 }
 
+/// The raw peer RDMA-Reads 64 bytes at `addr` under `rkey` into its bytes at `sink`, or
+/// RDMA-Writes its 64 bytes at `sink` there, on `qp` (request 78, signalled).
+fn raw_access(h: &mut Side<Soft>, qp: QpId, read: bool, addr: u64, rkey: u32, sink: usize) {
+    let op = if read {
+        SendOp::RdmaRead {
+            remote_addr: addr,
+            rkey,
+        }
+    } else {
+        SendOp::RdmaWrite {
+            remote_addr: addr,
+            rkey,
+        }
+    };
+    let sge = h.sge(sink, 64);
+    let wr = rpcrdma_verbs::SendWr {
+        wr_id: 78,
+        op,
+        sg: &[sge],
+        signaled: true,
+    };
+    h.p.post_send(qp, &wr).unwrap();
+}
+
 /// The raw server RDMA-Writes `len` bytes of 0xee into `seg` (whatever its length).
 fn raw_write(h: &mut Side<Soft>, qp: QpId, seg: rpcrdma_proto::Segment, len: usize) {
     h.fill(200_000, &vec![0xee; len]);
@@ -1355,26 +1406,12 @@ fn e2e_fault_access_under_a_region_key_is_refused() {
         let key = c.mem.mr.0;
         assert_ne!(key, seg.handle, "the chunk has a key of its own");
         let sink = 300_000;
-        let op = if read {
-            SendOp::RdmaRead {
-                remote_addr: seg.offset + 8192,
-                rkey: key,
-            }
+        if read {
+            raw_access(&mut h, hq, true, seg.offset + 8192, key, sink);
         } else {
             h.fill(sink, &[0xee; 64]);
-            SendOp::RdmaWrite {
-                remote_addr: seg.offset,
-                rkey: key,
-            }
-        };
-        let sge = h.sge(sink, 64);
-        let wr = rpcrdma_verbs::SendWr {
-            wr_id: 78,
-            op,
-            sg: &[sge],
-            signaled: true,
-        };
-        h.p.post_send(hq, &wr).unwrap();
+            raw_access(&mut h, hq, false, seg.offset, key, sink);
+        }
         until_closed(&mut c, &mut s, &mut h, bad);
         if read {
             assert!(h.mem(sink, 64).iter().all(|&b| b == 0), "nothing read");
@@ -1452,28 +1489,7 @@ fn r8166_8_1_1_a_a_chunk_is_refused_on_another_connection() {
         let (bad, hq_bad) =
             connect_raw_server(&mut c, &mut h, SocketAddr::from(([10, 0, 4, 3], port)));
         let (seg, target) = if read {
-            // A WRITE whose 4000 data bytes travel in a Read chunk.
-            let msg = c.put(&be(&[4, 4000]));
-            let piece = c.put(&[0x5a; 4000]);
-            let reply = c.alloc(64);
-            submit(
-                &mut c,
-                own,
-                &CallSpec {
-                    user: 1,
-                    xid: 1,
-                    prog: RDMATEST_PROG,
-                    vers: 1,
-                    proc_: rdmatest::WRITE,
-                    msg,
-                    args: &[ArgPiece {
-                        mem: piece,
-                        xdr_pos: 8,
-                    }],
-                    results: &[],
-                    reply,
-                },
-            );
+            let piece = submit_write(&mut c, own, 1, &[0x5a; 4000]);
             let (_, r) = raw_server_call(&mut c, &mut h);
             (r.expect("a Read chunk offered"), piece)
         } else {
@@ -1483,25 +1499,7 @@ fn r8166_8_1_1_a_a_chunk_is_refused_on_another_connection() {
         };
         let sink = 300_000;
         h.fill(sink, &[0xee; 64]);
-        let op = if read {
-            SendOp::RdmaRead {
-                remote_addr: seg.offset,
-                rkey: seg.handle,
-            }
-        } else {
-            SendOp::RdmaWrite {
-                remote_addr: seg.offset,
-                rkey: seg.handle,
-            }
-        };
-        let sge = h.sge(sink, 64);
-        let wr = rpcrdma_verbs::SendWr {
-            wr_id: 78,
-            op,
-            sg: &[sge],
-            signaled: true,
-        };
-        h.p.post_send(hq_bad, &wr).unwrap();
+        raw_access(&mut h, hq_bad, read, seg.offset, seg.handle, sink);
         until_closed(&mut c, &mut s, &mut h, bad);
         if read {
             assert!(h.mem(sink, 64).iter().all(|&b| b == 0xee), "nothing read");
@@ -1542,27 +1540,7 @@ fn e2e_fault_write_into_a_read_only_chunk_is_a_protection_error() {
     let (mut c, mut s, mut h, hq, good, bad) = rig_raw_server(&f, 20050);
     // A WRITE whose 4000 data bytes travel in a Read chunk (remote read only).
     let data = pattern(4, 4000);
-    let msg = c.put(&be(&[4, 4000]));
-    let piece = c.put(&data);
-    let reply = c.alloc(64);
-    submit(
-        &mut c,
-        bad,
-        &CallSpec {
-            user: 1,
-            xid: 1,
-            prog: RDMATEST_PROG,
-            vers: 1,
-            proc_: rdmatest::WRITE,
-            msg,
-            args: &[ArgPiece {
-                mem: piece,
-                xdr_pos: 8,
-            }],
-            results: &[],
-            reply,
-        },
-    );
+    let piece = submit_write(&mut c, bad, 1, &data);
     let (_, r) = raw_server_call(&mut c, &mut h);
     let seg = r.expect("a Read chunk offered");
     raw_write(&mut h, hq, seg, 16);
