@@ -162,6 +162,10 @@ pub struct ThreadStatus {
     /// Empty polls that yielded the CPU (`cpu.idle.policy = "yield"`).
     #[serde(default)]
     pub yields: u64,
+    /// Work completions polled (receives, and Sends, Reads, Writes and invalidations posted
+    /// signalled).
+    #[serde(default)]
+    pub completions: u64,
     /// Apps attached.
     pub apps: usize,
     /// App operations in flight.

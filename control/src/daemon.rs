@@ -1193,6 +1193,7 @@ impl Daemon {
                     hops_in: t.hops_in,
                     hops_deferred: t.hops_deferred,
                     yields: t.yields,
+                    completions: t.completions,
                     apps: t.apps,
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,

@@ -104,7 +104,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let per_thread: [(&str, &str, &str, PerThread); 8] = [
+    let per_thread: [(&str, &str, &str, PerThread); 9] = [
         (
             "rpcrdmad_thread_hops_sent_total",
             "counter",
@@ -122,6 +122,12 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             "counter",
             "hops held back because the queue to another poll thread was full",
             |t| t.hops_deferred,
+        ),
+        (
+            "rpcrdmad_thread_completions_total",
+            "counter",
+            "work completions polled (receives, and work posted signalled)",
+            |t| t.completions,
         ),
         ("rpcrdmad_apps", "gauge", "apps attached", |t| t.apps as u64),
         (

@@ -192,6 +192,17 @@ fn metrics_endpoint_serves_prometheus_text_with_counters_and_histograms() {
         .samples
         .iter()
         .any(|s| s.metric == "rpcrdmad_thread_busy_seconds_total"));
+    // At least the three replies' receive completions were polled, on one thread or another.
+    let completions: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "rpcrdmad_thread_completions_total")
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) => v,
+            _ => panic!("not a counter: {s:?}"),
+        })
+        .sum();
+    assert!(completions >= 3.0, "{completions}");
     // Resource gauges: the buffer pool and this client's arena are registered.
     assert!(
         matches!(value("rpcrdmad_regions"), Some(prometheus_parse::Value::Gauge(v)) if v == 2.0)

@@ -196,6 +196,9 @@ pub struct ThreadStats {
     pub hops_deferred: u64,
     /// Times an empty poll handed the CPU away (`sched_yield`; `IdleSpec::Yield` only).
     pub yields: u64,
+    /// Work completions polled (receives, and the Sends, Reads, Writes and invalidations
+    /// posted signalled): per RPC, what selective signalling leaves.
+    pub completions: u64,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.

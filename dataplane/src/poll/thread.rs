@@ -1745,6 +1745,7 @@ impl<P: Provider> PollThread<P> {
         self.stats.region_bytes = self.mem.regions().iter().map(|r| r.mr().len).sum();
         self.stats.rpcs_in_flight = self.pending.len() + self.serving.len();
         self.stats.buffers = self.drv.buffer_counts();
+        self.stats.completions = self.drv.completions();
         snap.thread = self.stats;
         snap.n = 0;
         for i in 0..self.slots.len() {
