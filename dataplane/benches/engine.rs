@@ -859,6 +859,11 @@ fn provider_parts(calls: u64, parts: &str) {
     }
 }
 
+/// Work completions both nodes' drivers have polled.
+fn polled(c: &Node, s: &Node) -> u64 {
+    c.drv.completions() + s.drv.completions()
+}
+
 fn provider_small(calls: u64) {
     // 1. ECHO 64 bytes, 32 in flight.
     let tmpl = ConnTemplate {
@@ -872,7 +877,6 @@ fn provider_small(calls: u64) {
     let conn = connect(&mut c, &mut s);
     let sl = slots(&mut c, &mut s, 32, 64);
     run(&mut c, &mut s, conn, &sl, 20_000);
-    let polled = |c: &Node, s: &Node| c.drv.completions() + s.drv.completions();
     let before = polled(&c, &s);
     let (t, d) = median(
         (0..5)
@@ -906,11 +910,13 @@ fn provider_large(calls: u64) {
     let sl = slots(&mut c, &mut s, 4, 64 << 10);
     let n = (calls / 50).max(100);
     run(&mut c, &mut s, conn, &sl, n / 10);
+    let before = polled(&c, &s);
     let (t, d) = median((0..5).map(|_| run(&mut c, &mut s, conn, &sl, n)).collect());
+    let wcs = (polled(&c, &s) - before) as f64 / (5 * n) as f64;
     let bytes = n as f64 * f64::from(64u32 << 10);
     let cpu_s = d.cpu as f64 / 1e9;
     println!(
-        "soft provider (in-memory fabric), echo 64 KiB via read + write chunks, 4 in flight: {:.2} GB/s wall, {:.2} GB/s per core on CPU, of echoed data each way; {:.1} us/RPC wall ({n} calls, median of 5); {}",
+        "soft provider (in-memory fabric), echo 64 KiB via read + write chunks, 4 in flight: {:.2} GB/s wall, {:.2} GB/s per core on CPU, of echoed data each way; {:.1} us/RPC wall ({n} calls, median of 5); {}; work completions per RPC, both ends: {wcs:.2}",
         bytes / t.as_secs_f64() / 1e9,
         if cpu_s > 0.0 { bytes / cpu_s / 1e9 } else { 0.0 },
         t.as_micros() as f64 / n as f64,

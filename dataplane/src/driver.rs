@@ -1045,6 +1045,7 @@ fn post<P: Provider>(
             local,
             rkey,
             addr,
+            signaled,
         } => send(
             p,
             tag,
@@ -1053,7 +1054,7 @@ fn post<P: Provider>(
                 rkey,
             },
             Some(local),
-            true,
+            signaled,
         ),
         Work::Invalidate { tag, rkey } => {
             send(p, tag, SendOp::LocalInvalidate { rkey }, None, true)

@@ -285,6 +285,12 @@ pub enum Work {
         rkey: u32,
         /// Peer address.
         addr: u64,
+        /// Ask for a completion. The engine sets it false: a reply's Writes go just ahead
+        /// of its Send, whose completion retires them (a send queue completes in order), so
+        /// they need none of their own. A failed Write is reported whatever this says, and
+        /// ends the connection; a provider that reports a successful unsignaled one anyway
+        /// is handled too (it changes nothing).
+        signaled: bool,
     },
     /// Invalidate a key this side exposed.
     Invalidate {

@@ -818,7 +818,6 @@ impl Connection {
         }
 
         // RDMA Writes first: they precede the reply's Send on the queue pair (R8166-2.3.2-c).
-        let mut writes = 0u32;
         for (k, r) in spec.results.iter().enumerate() {
             if !to_chunk[k] {
                 continue;
@@ -833,8 +832,8 @@ impl Connection {
                         local,
                         rkey: g.handle,
                         addr: g.offset.wrapping_add(u64::from(off)),
+                        signaled: false,
                     });
-                    writes += 1;
                 }
             })?;
             // R8166-3.4.6-c: the echo keeps every segment, lengths rewritten.
@@ -887,8 +886,8 @@ impl Connection {
                         local,
                         rkey: g.handle,
                         addr: g.offset.wrapping_add(u64::from(off)),
+                        signaled: false,
                     });
-                    writes += 1;
                 }
             })?;
             let r0 = usize::from(s.r0);
@@ -940,13 +939,14 @@ impl Connection {
         } else if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
-        self.send_reply(s, slot, buf, writes);
+        self.send_reply(s, slot, buf);
         Some(true)
     }
 
-    /// Queues the reply's Send from `buf` (after `writes` RDMA Writes): the serve is done
-    /// once all of them complete.
-    fn send_reply(&mut self, s: &mut Serve, slot: u32, buf: MemRef, writes: u32) {
+    /// Queues the reply's Send from `buf` (after the reply's RDMA Writes, if any, posted
+    /// unsignaled): the serve is done once the Send completes, which retires the Writes
+    /// before it.
+    fn send_reply(&mut self, s: &mut Serve, slot: u32, buf: MemRef) {
         // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
         let invalidate = if self.peer_takes_inv {
             s.inv_rkey
@@ -955,7 +955,7 @@ impl Connection {
         };
         self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
-        s.pending = writes + 1;
+        s.pending = 1;
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
     }
@@ -990,7 +990,7 @@ impl Connection {
         let Some(buf) = self.write_plain(slot, &plain, spec.msg, items(), env) else {
             return Some(None);
         };
-        self.send_reply(s, slot, buf, 0);
+        self.send_reply(s, slot, buf);
         Some(Some(true))
     }
 
@@ -1141,9 +1141,9 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_write_done(&mut self, i: u32) {
-        self.serve_step_done(i);
-    }
+    /// A successful Write's completion, which only a provider that reports unsignaled work
+    /// sends: the reply's Send, which follows, says when the serve is done.
+    pub(super) fn on_write_done(&mut self, _i: u32) {}
 }
 
 /// Copies a received call's chunk lists into its serve slot; `None` if they exceed the

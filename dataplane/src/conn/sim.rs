@@ -450,6 +450,7 @@ impl Pair {
                     local,
                     rkey,
                     addr,
+                    signaled,
                 } => match peer
                     .env
                     .resolve(rkey, addr, local.len, Access::REMOTE_WRITE)
@@ -457,7 +458,9 @@ impl Pair {
                     Some(dst) => {
                         let data = me.get(local);
                         assert!(peer.env.write(dst, &data));
-                        me.cq.push_back(Cqe::Wc(ok(tag)));
+                        if signaled {
+                            me.cq.push_back(Cqe::Wc(ok(tag)));
+                        }
                     }
                     None => me
                         .cq

@@ -180,6 +180,29 @@ fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
             .rposition(|w| matches!(w, Work::Send { .. }))
             .unwrap();
     assert!(last_write < last_send);
+    // The Writes ask for no completion (the simulator then reports none, as a NIC does): the
+    // reply's Send after them retires them, and with it the serve ends, once.
+    assert!(p
+        .b
+        .log
+        .iter()
+        .all(|w| !matches!(w, Work::Write { signaled: true, .. })));
+    p.run();
+    let ends =
+        p.b.events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    Event::ReplyDone {
+                        status: ReplyStatus::Sent,
+                        ..
+                    }
+                )
+            })
+            .count();
+    assert_eq!(ends, 1, "{:?}", p.b.events);
+    assert_eq!(p.b.conn.send_free(), p.b.conn.config().send_slots);
     // R8166-4.4-b: everything exposed was invalidated before the completion.
     assert_eq!(p.a.env.live_windows(), 0);
 }
