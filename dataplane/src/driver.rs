@@ -478,7 +478,7 @@ impl<P: Provider> Driver<P> {
     }
 
     /// Work completions polled from the completion queue so far (receives, and the Sends,
-    /// Reads and Writes posted signalled).
+    /// Reads, Writes and invalidations posted signalled).
     pub fn completions(&self) -> u64 {
         self.completions
     }
@@ -846,8 +846,9 @@ impl<P: Provider> Driver<P> {
         Ok(())
     }
 
-    /// Polls the completion queue once and runs timers: completions go to their
-    /// connections, which post follow-up work; returns the completions handled.
+    /// Posts the work waiting since the last call, polls the completion queue once and runs
+    /// timers: completions go to their connections, whose follow-up work is posted before
+    /// it returns; returns the completions handled.
     pub fn poll(&mut self, now: Instant, mem: &mut impl Memory) -> usize {
         self.post_pending();
         let mut wcs = std::mem::take(&mut self.wcs);
