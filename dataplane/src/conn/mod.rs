@@ -995,7 +995,9 @@ impl Connection {
             K_RECV => self.on_recv(now, idx, wc.byte_len, wc.invalidated_rkey, env),
             K_SEND => self.on_send_completion(idx),
             K_READ => self.on_read_done(idx, env),
-            K_WRITE => self.on_write_done(idx),
+            // Only a provider that reports unsignaled work sends this: the reply's Send,
+            // which follows its Writes, says when the serve is done.
+            K_WRITE => {}
             K_INV => self.on_invalidate_done(idx),
             _ => {}
         }
@@ -1107,7 +1109,7 @@ impl Connection {
             Some(SendOwner::Orphan) => self.free_send(slot),
             Some(SendOwner::Serve(i)) => {
                 self.free_send(slot);
-                self.serve_step_done(i);
+                self.serve_sent(i);
             }
             Some(SendOwner::Bare) => self.free_send(slot),
             // A call's buffer stays until the call ends (its tail holds the Reply chunk's

@@ -85,7 +85,6 @@ pub(super) struct Serve {
     args_off: u32,
     args_len: u32,
     reads_pending: u32,
-    pending: u32,
     inv_rkey: Option<u32>,
     status: Option<ReplyStatus>,
     /// The receive buffer still holding the inline payload (or the PZRC head).
@@ -147,7 +146,6 @@ impl Serve {
         self.args_len = 0;
         self.dest = MemRef::default();
         self.reads_pending = 0;
-        self.pending = 0;
         self.counted = true;
         self.silent = false;
         self.status = None;
@@ -955,7 +953,6 @@ impl Connection {
         };
         self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
-        s.pending = 1;
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
     }
@@ -1113,23 +1110,19 @@ impl Connection {
         self.uncount(i);
         if let Some(d) = self.serves.get_mut(i as usize) {
             d.state = State::Replying;
-            d.pending = 1;
             d.silent = silent;
             d.status = Some(status);
         }
         self.send_bytes(SendOwner::Serve(i), bytes, env);
     }
 
-    /// One of the reply's Writes or its Send completed.
-    pub(super) fn serve_step_done(&mut self, i: u32) {
+    /// The answer's Send completed (and with it the reply's Writes before it): the serve
+    /// is done.
+    pub(super) fn serve_sent(&mut self, i: u32) {
         let Some(s) = self.serves.get_mut(i as usize) else {
             return;
         };
         if s.state != State::Replying {
-            return;
-        }
-        s.pending = s.pending.saturating_sub(1);
-        if s.pending > 0 {
             return;
         }
         s.state = State::Free;
@@ -1140,10 +1133,6 @@ impl Connection {
             self.events.push_back(Event::ReplyDone { id, status });
         }
     }
-
-    /// A successful Write's completion, which only a provider that reports unsignaled work
-    /// sends: the reply's Send, which follows, says when the serve is done.
-    pub(super) fn on_write_done(&mut self, _i: u32) {}
 }
 
 /// Copies a received call's chunk lists into its serve slot; `None` if they exceed the
