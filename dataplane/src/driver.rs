@@ -171,7 +171,8 @@ struct Entry {
     qp: QpId,
     block: u32,
     dead: bool,
-    /// Work waits in the connection for [`Driver::post_pending`] (listed in `pending`).
+    /// Listed in the driver's `pending` (cleared only by [`Driver::post_pending`], so that a
+    /// connection is listed once).
     pending: bool,
 }
 
@@ -635,6 +636,13 @@ impl<P: Provider> Driver<P> {
             gen,
         };
         self.by_qp.insert(qp, id);
+        // Room for every connection slot in the pending list, twice (a slot's old
+        // connection may still be listed when a new one takes it), so that listing never
+        // allocates on the data path.
+        let room = 2 * self.conns.len();
+        if self.pending.capacity() < room {
+            self.pending.reserve(room - self.pending.len());
+        }
         self.flush(id);
         Ok(id)
     }
@@ -725,6 +733,9 @@ impl<P: Provider> Driver<P> {
     pub fn post_pending(&mut self) {
         let mut list = std::mem::take(&mut self.pending);
         for id in list.drain(..) {
+            if let Some(e) = self.entry_mut(id) {
+                e.pending = false;
+            }
             self.flush(id);
         }
         // Keeps the list's capacity (no allocation per turn); `flush` queues nothing here.
@@ -935,7 +946,6 @@ impl<P: Provider> Driver<P> {
         let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
             return;
         };
-        e.pending = false;
         while let Some(w) = e.conn.poll_work() {
             if let Work::Release { buf } = w {
                 // A shared send buffer goes back to its pool.
