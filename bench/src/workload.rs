@@ -14,8 +14,13 @@ pub struct Workload {
     data: Vec<(u32, Vec<u8>)>,
 }
 
+/// The reply buffer a call of `size` data bytes asks for: the largest reply its procedure can
+/// give (RPC reply header, a length word, the data and its pad) and some slack, as the Linux
+/// client sizes replies per procedure. A larger buffer that may not fit the inline threshold
+/// would make the daemon offer a Reply chunk (R8166-3.5.3-c), so an `inline` case would not
+/// measure the inline path.
 fn reply_room(size: u32) -> u32 {
-    size.saturating_add(64).max(4096)
+    size.saturating_add(64)
 }
 
 impl Workload {
@@ -50,7 +55,9 @@ impl Workload {
             self.case.proc_.number(),
         );
         match self.case.proc_ {
-            Proc::Null => {}
+            Proc::Null => {
+                b.max_reply(reply_room(0));
+            }
             Proc::Echo => {
                 if self.case.mode == Mode::ReadChunk {
                     b.args().put_ddp_opaque(data);
@@ -72,6 +79,7 @@ impl Workload {
                 }
             }
             Proc::Write => {
+                b.max_reply(reply_room(0));
                 b.args().put_u32(seed);
                 if self.case.mode == Mode::ReadChunk {
                     b.args().put_ddp_opaque(data);
@@ -80,9 +88,11 @@ impl Workload {
                 }
             }
             Proc::Sleep => {
+                b.max_reply(reply_room(0));
                 b.args().put_u32(size);
             }
             Proc::Callback => {
+                b.max_reply(reply_room(0));
                 b.args().put_u32(1).put_u32(size);
             }
         }
