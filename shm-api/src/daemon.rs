@@ -362,6 +362,8 @@ pub struct AppTable {
     registry: Vec<Registration>,
     next_xid: u32,
     stats: TableStats,
+    /// See [`AppTable::recv_epoch`].
+    recv_epoch: u64,
 }
 
 fn err_cqe(s: &Sqe, code: u32) -> Cqe {
@@ -524,6 +526,7 @@ impl AppTable {
             registry: Vec::new(),
             next_xid: cfg.xid_first.wrapping_sub(cfg.xid_step.max(1)),
             stats: TableStats::default(),
+            recv_epoch: 0,
         })
     }
 
@@ -640,6 +643,10 @@ impl AppTable {
                     }
                 };
                 app.pending += 1;
+                if matches!(sqe.opcode, op::POST_RECV | op::UNREGISTER) {
+                    // A call held for want of a buffer (or of a server) may go now.
+                    self.recv_epoch = self.recv_epoch.wrapping_add(1);
+                }
                 match Self::validate(
                     app,
                     &mut self.registry,
@@ -886,6 +893,14 @@ impl AppTable {
         })
     }
 
+    /// A count that changes whenever an incoming call [`take_recv`](Self::take_recv) or
+    /// [`lookup`](Self::lookup) turned away might now fare differently: a receive buffer was
+    /// posted or put back, a program was unregistered, an app detached. A caller holding such
+    /// calls retries them when it changes, not on every poll.
+    pub fn recv_epoch(&self) -> u64 {
+        self.recv_epoch
+    }
+
     /// How many receive buffers `app` has posted and not yet been handed a call in.
     pub fn recv_posted(&self, app: AppId) -> usize {
         self.app(app).map_or(0, |a| a.recvs.len())
@@ -898,6 +913,7 @@ impl AppTable {
                 if let OpState::Filling { user_data, buf } = op.state {
                     op.state = OpState::Recv { user_data, buf };
                     a.recvs.push_front(rb.id.slot);
+                    self.recv_epoch = self.recv_epoch.wrapping_add(1);
                 }
             }
         }
@@ -997,6 +1013,7 @@ impl AppTable {
             .store(STATE_DETACHED, Ordering::Release);
         app.wake();
         self.registry.retain(|r| r.app != id);
+        self.recv_epoch = self.recv_epoch.wrapping_add(1);
         let mut calls = Vec::new();
         let mut serving_tags = Vec::new();
         for (slot, op) in app.ops.iter().enumerate() {

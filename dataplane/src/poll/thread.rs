@@ -26,18 +26,31 @@ use rpcrdma_shm::daemon::{
 };
 use rpcrdma_verbs::mapped::{Mapped, Registered};
 use rpcrdma_verbs::{CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The maps of in-flight RPCs, keyed by ids this thread mints itself (call tags, op ids of
+/// the app table, tokens): no peer or app chooses a key, so a hasher need not resist
+/// collisions crafted from outside, and std's SipHash (about a tenth of the poll thread's
+/// instructions per RPC, callgrind) buys nothing here. `rustc-hash`'s Fx hash is one
+/// multiply per key.
+type IdMap<V> = rustc_hash::FxHashMap<u64, V>;
+
+fn id_map<V>() -> IdMap<V> {
+    IdMap::with_capacity_and_hasher(8192, Default::default())
+}
+
 /// App submissions taken per poll.
 const SUB_BATCH: usize = 32;
 /// Hops taken from each other thread per poll.
 const HOP_BATCH: usize = 256;
-/// Loop iterations between housekeeping rounds while busy (app reap, commands).
+/// Loop iterations between chores while busy: connection-manager events, commands, app
+/// reaping. Each may cost a system call (`rdma_get_cm_event` reads its channel, the doorbell
+/// is read, app sockets are polled), which a busy turn must not pay every time.
 const HOUSEKEEPING_EVERY: u32 = 256;
 /// Longest park: the provider's sockets cannot wake a parked thread, so it looks again this often.
 const PARK_MAX: Duration = Duration::from_millis(2);
@@ -127,17 +140,19 @@ pub struct PollThread<P: Provider> {
     subs: Vec<(AppId, Submission)>,
     // App side.
     /// Calls of our apps in flight, by op, with the thread of their connection.
-    pending: HashMap<u64, usize>,
-    serving: HashMap<u64, Serving>,
+    pending: IdMap<usize>,
+    serving: IdMap<Serving>,
     held_in: VecDeque<(usize, Inbound)>,
+    /// The app table's [`AppTable::recv_epoch`] when `held_in` was last tried.
+    held_epoch: u64,
     /// Programs our apps serve, as told to the other threads.
     announced: Vec<(u32, u32, bool, AppId)>,
     // Connection side.
     waiting: VecDeque<(u32, usize, CallRequest)>,
-    calls: HashMap<u64, Pending>,
+    calls: IdMap<Pending>,
     next_token: u64,
-    served: HashMap<u64, Served>,
-    by_tag: HashMap<u64, u64>,
+    served: IdMap<Served>,
+    by_tag: IdMap<u64>,
     /// Programs served by apps of other threads: (prog, vers, backchannel, thread).
     servers: Vec<(u32, u32, bool, usize)>,
     args: [ArgPiece; MAX_PIECES],
@@ -283,15 +298,16 @@ impl<P: Provider> PollThread<P> {
             app_mem: Vec::new(),
             retired: Vec::new(),
             subs: Vec::with_capacity(SUB_BATCH),
-            pending: HashMap::with_capacity(8192),
-            serving: HashMap::with_capacity(8192),
+            pending: id_map(),
+            serving: id_map(),
             held_in: VecDeque::with_capacity(MAX_WAITING),
+            held_epoch: 0,
             announced: Vec::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
-            calls: HashMap::with_capacity(8192),
+            calls: id_map(),
             next_token: 0,
-            served: HashMap::with_capacity(8192),
-            by_tag: HashMap::with_capacity(8192),
+            served: id_map(),
+            by_tag: id_map(),
             servers: Vec::new(),
             args: [ArgPiece::default(); MAX_PIECES],
             results: [MemRef::default(); MAX_PIECES],
@@ -316,7 +332,13 @@ impl<P: Provider> PollThread<P> {
             let now = Instant::now();
             let mut work = self.poll_once(now);
             loops = loops.wrapping_add(1);
+            // Chores run every few busy turns, and on every idle one (an idle turn's cost sets
+            // how long `cpu.idle.spin-polls` spins: cheapening it would shorten the spin).
             if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
+                while let Some(ev) = self.drv.provider_mut().poll_cm() {
+                    self.on_cm(ev);
+                    work = true;
+                }
                 work |= self.housekeeping();
                 self.drv.post_pending();
             }
@@ -342,13 +364,10 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// One pass over the provider, the engine, the apps and the hops; true if anything happened.
+    /// One pass over the completions, the engine, the apps and the hops; true if anything
+    /// happened.
     fn poll_once(&mut self, now: Instant) -> bool {
         let mut work = self.drv.poll(now, &mut self.mem) > 0;
-        while let Some(ev) = self.drv.provider_mut().poll_cm() {
-            self.on_cm(ev);
-            work = true;
-        }
         while let Some((conn, ev)) = self.drv.poll_event() {
             self.on_engine(conn, ev, now);
             work = true;
@@ -361,14 +380,27 @@ impl<P: Provider> PollThread<P> {
             self.send_call(slot, origin, c, now);
         }
         work |= self.waiting.len() < held;
-        let held = self.held_in.len();
-        for _ in 0..held {
-            let Some((from, call)) = self.held_in.pop_front() else {
-                break;
-            };
-            self.app_incoming(from, call);
+        // Calls held for want of a receive buffer are tried again only once something that
+        // could place them has happened (retrying them every pass cost a quarter of the
+        // thread's instructions when a busy server kept its buffers in use).
+        let epoch = self.table.recv_epoch();
+        if epoch != self.held_epoch {
+            self.held_epoch = epoch;
+            let held = self.held_in.len();
+            for _ in 0..held {
+                let Some((from, call)) = self.held_in.pop_front() else {
+                    break;
+                };
+                match self.server_of(&call) {
+                    // Its server still has no buffer: it keeps its place in the line.
+                    Some(app) if self.table.recv_posted(app) == 0 => {
+                        self.held_in.push_back((from, call));
+                    }
+                    _ => self.app_incoming(from, call),
+                }
+            }
+            work |= self.held_in.len() < held;
         }
-        work |= self.held_in.len() < held;
         let mut subs = std::mem::take(&mut self.subs);
         subs.clear();
         self.table.poll_submissions(&mut subs, SUB_BATCH);
@@ -695,17 +727,21 @@ impl<P: Provider> PollThread<P> {
         );
     }
 
+    /// The app serving `call`'s program, if one does.
+    fn server_of(&self, call: &Inbound) -> Option<AppId> {
+        let (p, v) = (call.ic.prog, call.ic.vers);
+        self.table.lookup(p, v).or_else(|| {
+            call.backchannel
+                .then(|| self.table.lookup_backchannel(p, v))
+                .flatten()
+        })
+    }
+
     /// A call for a program our app serves: takes one of its receive buffers and asks the
     /// connection side to place the arguments there. While every buffer of that app is busy
     /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
     fn app_incoming(&mut self, from: usize, call: Inbound) {
-        let (p, v) = (call.ic.prog, call.ic.vers);
-        let server = self.table.lookup(p, v).or_else(|| {
-            call.backchannel
-                .then(|| self.table.lookup_backchannel(p, v))
-                .flatten()
-        });
-        let Some(app) = server else {
+        let Some(app) = self.server_of(&call) else {
             return self.hop(
                 from,
                 Hop::Refuse {
