@@ -335,10 +335,6 @@ impl<P: Provider> PollThread<P> {
             // Chores run every few busy turns, and on every idle one (an idle turn's cost sets
             // how long `cpu.idle.spin-polls` spins: cheapening it would shorten the spin).
             if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
-                while let Some(ev) = self.drv.provider_mut().poll_cm() {
-                    self.on_cm(ev);
-                    work = true;
-                }
                 work |= self.housekeeping();
                 self.drv.post_pending();
             }
@@ -391,13 +387,7 @@ impl<P: Provider> PollThread<P> {
                 let Some((from, call)) = self.held_in.pop_front() else {
                     break;
                 };
-                match self.server_of(&call) {
-                    // Its server still has no buffer: it keeps its place in the line.
-                    Some(app) if self.table.recv_posted(app) == 0 => {
-                        self.held_in.push_back((from, call));
-                    }
-                    _ => self.app_incoming(from, call),
-                }
+                self.app_incoming(from, call);
             }
             work |= self.held_in.len() < held;
         }
@@ -727,21 +717,17 @@ impl<P: Provider> PollThread<P> {
         );
     }
 
-    /// The app serving `call`'s program, if one does.
-    fn server_of(&self, call: &Inbound) -> Option<AppId> {
-        let (p, v) = (call.ic.prog, call.ic.vers);
-        self.table.lookup(p, v).or_else(|| {
-            call.backchannel
-                .then(|| self.table.lookup_backchannel(p, v))
-                .flatten()
-        })
-    }
-
     /// A call for a program our app serves: takes one of its receive buffers and asks the
     /// connection side to place the arguments there. While every buffer of that app is busy
     /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
     fn app_incoming(&mut self, from: usize, call: Inbound) {
-        let Some(app) = self.server_of(&call) else {
+        let (p, v) = (call.ic.prog, call.ic.vers);
+        let server = self.table.lookup(p, v).or_else(|| {
+            call.backchannel
+                .then(|| self.table.lookup_backchannel(p, v))
+                .flatten()
+        });
+        let Some(app) = server else {
             return self.hop(
                 from,
                 Hop::Refuse {
@@ -750,6 +736,13 @@ impl<P: Provider> PollThread<P> {
                 },
             );
         };
+        // Every buffer of the server in use: the call waits for one, keeping its place in
+        // the line (checked first, as a waiting call comes here again whenever a buffer is
+        // posted).
+        if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING {
+            self.held_in.push_back((from, call));
+            return;
+        }
         match self.table.take_recv(app, call.ic.args_len) {
             Ok(rb) => {
                 let buf = rb.buf;
@@ -763,9 +756,6 @@ impl<P: Provider> PollThread<P> {
                         buf,
                     },
                 );
-            }
-            Err(_) if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING => {
-                self.held_in.push_back((from, call));
             }
             Err(_) => self.hop(
                 from,
@@ -1439,9 +1429,14 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// Commands, app reap, retired memory, drain; true if anything happened.
+    /// The chores: connection-manager events, commands, app reap, retired memory, drain;
+    /// true if anything happened.
     fn housekeeping(&mut self) -> bool {
         let mut work = false;
+        while let Some(ev) = self.drv.provider_mut().poll_cm() {
+            self.on_cm(ev);
+            work = true;
+        }
         let mut buf = [0u8; 64];
         while matches!(self.port.bell().read(&mut buf), Ok(n) if n > 0) {}
         while let Some(cmd) = self.commands.pop() {
