@@ -94,10 +94,16 @@ pub fn idle_of(cfg: &rpcrdma_config::Config) -> String {
     let i = &cfg.cpu.idle;
     match i.policy {
         rpcrdma_config::IdlePolicy::Spin => "spin".into(),
-        rpcrdma_config::IdlePolicy::Backoff => format!(
-            "backoff: spin {} polls, sleep <= {} us, park after {} us",
-            i.spin_polls, i.backoff_max_us, i.park_after_us
-        ),
+        rpcrdma_config::IdlePolicy::Backoff => {
+            let spin = match i.spin_polls {
+                Some(n) => format!("{n} polls"),
+                None => format!("{} us", i.spin_us),
+            };
+            format!(
+                "backoff: spin {spin}, sleep <= {} us, park after {} us",
+                i.backoff_max_us, i.park_after_us
+            )
+        }
         rpcrdma_config::IdlePolicy::Yield => {
             format!(
                 "yield: sched_yield per empty poll, park after {} us",

@@ -255,6 +255,13 @@ fn cpu(s: &mut Sink<'_, '_>, c: &Cpu, host: &HostFacts) {
         }
     }
     let idle = &c.idle;
+    if let Some(n) = idle.spin_polls {
+        s.warn(
+            p!("cpu", "idle", "spin-polls"),
+            format!("`cpu.idle.spin-polls` is deprecated: {n} empty polls last as long as an empty poll takes, which changes with the provider, the apps attached and the daemon's version"),
+            "use `spin-us` (how long to spin, in microseconds) and remove `spin-polls`".to_string(),
+        );
+    }
     s.range(
         p!("cpu", "idle", "backoff-max-us"),
         idle.backoff_max_us.into(),

@@ -120,8 +120,12 @@ pub enum IdlePolicy {
 pub struct Idle {
     /// Spin or back off; `backoff` keeps tests and laptops from burning a core.
     pub policy: IdlePolicy,
-    /// Empty polls before backing off (backoff only).
-    pub spin_polls: u32,
+    /// How long an idle thread spins before backing off, in microseconds (backoff only).
+    pub spin_us: u32,
+    /// Deprecated: empty polls before backing off (backoff only); when present it is used
+    /// instead of `spin_us`. How long that lasts follows what an empty poll costs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spin_polls: Option<u32>,
     /// Longest pause between polls while backing off, in microseconds (backoff only).
     pub backoff_max_us: u32,
     /// Idle time after which the thread parks until woken by work, in microseconds (backoff and yield).
@@ -132,7 +136,8 @@ impl Default for Idle {
     fn default() -> Self {
         Self {
             policy: IdlePolicy::Backoff,
-            spin_polls: 1000,
+            spin_us: 1000,
+            spin_polls: None,
             backoff_max_us: 100,
             park_after_us: 10_000,
         }

@@ -10,7 +10,7 @@ use mio::net::{TcpListener, UnixListener};
 use mio::{Events, Interest, Poll, Token, Waker};
 use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
 use rpcrdma_dataplane::poll::{
-    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot,
+    self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot, SpinLimit,
 };
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
@@ -159,7 +159,10 @@ fn idle_spec(cfg: &Config) -> IdleSpec {
     match i.policy {
         IdlePolicy::Spin => IdleSpec::Spin,
         IdlePolicy::Backoff => IdleSpec::Backoff {
-            spin_polls: i.spin_polls,
+            spin: match i.spin_polls {
+                Some(n) => SpinLimit::Polls(n),
+                None => SpinLimit::For(Duration::from_micros(u64::from(i.spin_us))),
+            },
             backoff_max: Duration::from_micros(u64::from(i.backoff_max_us)),
             park_after: Duration::from_micros(u64::from(i.park_after_us)),
         },

@@ -8,6 +8,7 @@ use serde_json::Value;
 const LIVE: &[&str] = &[
     "daemon.log-level",
     "cpu.idle.policy",
+    "cpu.idle.spin-us",
     "cpu.idle.spin-polls",
     "cpu.idle.backoff-max-us",
     "cpu.idle.park-after-us",

@@ -19,7 +19,7 @@ fn mem_config(dir: &std::path::Path, peer_port: u16) -> String {
     mem_config_idle(
         dir,
         peer_port,
-        "policy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n",
+        "policy = \"backoff\"\nspin-us = 100\nbackoff-max-us = 50\npark-after-us = 2000\n",
     )
 }
 
@@ -217,18 +217,62 @@ fn nulls(d: &Daemon, n: usize) {
     }
 }
 
-#[test]
-fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
-    // Parking after an hour: every empty poll yields, the thread never parks, calls are served.
-    let dir = tmpdir("mem-yield");
-    let text = mem_config_idle(
-        &dir,
-        PORT,
-        "policy = \"yield\"\npark-after-us = 3600000000\n",
-    );
+/// A mem daemon with these `[cpu.idle]` lines, its peer up and an RDMATEST server attached.
+fn idle_daemon(name: &str, idle: &str) -> Daemon {
+    let dir = tmpdir(name);
+    let text = mem_config_idle(&dir, PORT, idle);
     let d = Daemon::start_with(dir, PORT, &text);
     d.wait_peer_up("self");
     rdmatest_server(&d.app);
+    d
+}
+
+/// The backoff policy spins for `spin-us` of time, however many empty polls that takes: with
+/// an hour to spin, an idle thread polls on (far more than the 1000 polls the old count
+/// defaulted to) and never sleeps or parks; with no spin at all, it parks, and a doorbell
+/// still wakes it.
+#[test]
+fn backoff_spins_for_spin_us_of_time_not_a_count_of_polls() {
+    let d = idle_daemon(
+        "mem-spin-hour",
+        "policy = \"backoff\"\nspin-us = 3600000000\nbackoff-max-us = 50\npark-after-us = 1000\n",
+    );
+    nulls(&d, 20);
+    let polls = |s: &serde_json::Value| thread_sum(s, "idle-polls");
+    let before = polls(&d.ctl_json(&["stats"]));
+    let spun = eventually(60, || {
+        let s = d.ctl_json(&["stats"]);
+        (polls(&s) > before + 200_000).then_some(s)
+    })
+    .unwrap_or_else(|| panic!("an idle thread keeps polling\n{}", d.log()));
+    assert_eq!(thread_sum(&spun, "parks"), 0, "{spun}");
+    nulls(&d, 5);
+    drop(d);
+
+    let d = idle_daemon(
+        "mem-spin-none",
+        "policy = \"backoff\"\nspin-us = 0\nbackoff-max-us = 50\npark-after-us = 1000\n",
+    );
+    nulls(&d, 5);
+    let parked = eventually(60, || {
+        let s = d.ctl_json(&["stats"]);
+        (thread_sum(&s, "parks") > 0).then_some(s)
+    });
+    assert!(
+        parked.is_some(),
+        "a thread that does not spin parks\n{}",
+        d.log()
+    );
+    nulls(&d, 5);
+}
+
+#[test]
+fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
+    // Parking after an hour: every empty poll yields, the thread never parks, calls are served.
+    let d = idle_daemon(
+        "mem-yield",
+        "policy = \"yield\"\npark-after-us = 3600000000\n",
+    );
     nulls(&d, 50);
     let stats = d.ctl_json(&["stats"]);
     assert!(thread_sum(&stats, "yields") > 0, "{stats}");
@@ -236,11 +280,10 @@ fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
     drop(d);
 
     // Parking after 1 ms: an idle thread parks, and an app's doorbell still wakes it for the next call.
-    let dir = tmpdir("mem-yield-park");
-    let text = mem_config_idle(&dir, PORT, "policy = \"yield\"\npark-after-us = 1000\n");
-    let d = Daemon::start_with(dir, PORT, &text);
-    d.wait_peer_up("self");
-    rdmatest_server(&d.app);
+    let d = idle_daemon(
+        "mem-yield-park",
+        "policy = \"yield\"\npark-after-us = 1000\n",
+    );
     nulls(&d, 5);
     let parked = eventually(60, || {
         let s = d.ctl_json(&["stats"]);

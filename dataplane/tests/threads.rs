@@ -6,7 +6,8 @@
 #![forbid(unsafe_code)]
 
 use rpcrdma_dataplane::poll::{
-    self, Command, Event, IdleSpec, Mesh, PollHandle, PollSpec, PoolSpec, Snapshot, TransportSpec,
+    self, Command, Event, IdleSpec, Mesh, PollHandle, PollSpec, PoolSpec, Snapshot, SpinLimit,
+    TransportSpec,
 };
 use rpcrdma_shm::abi::Geometry;
 use rpcrdma_shm::attach::Listener;
@@ -23,7 +24,7 @@ fn spec(index: usize) -> PollSpec {
         index,
         core: None,
         idle: IdleSpec::Backoff {
-            spin_polls: 100,
+            spin: SpinLimit::For(Duration::from_micros(100)),
             backoff_max: Duration::from_micros(50),
             park_after: Duration::from_millis(2),
         },

@@ -1047,14 +1047,19 @@ impl AppTable {
     /// longer than `limit`: its calls are reported for cancellation and its memory released.
     pub fn evict_stalled(&mut self, limit: Duration) -> Vec<Detached> {
         let now = Instant::now();
+        let over = |a: &App| {
+            a.stalled_since
+                .is_some_and(|t| now.duration_since(t) > limit)
+        };
+        // The common case allocates nothing.
+        if !self.apps.iter().flatten().any(over) {
+            return Vec::new();
+        }
         let stalled: Vec<AppId> = self
             .apps
             .iter()
             .flatten()
-            .filter(|a| {
-                a.stalled_since
-                    .is_some_and(|t| now.duration_since(t) > limit)
-            })
+            .filter(|a| over(a))
             .map(|a| a.id)
             .collect();
         stalled

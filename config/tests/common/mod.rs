@@ -19,7 +19,8 @@ pub fn full_sample() -> Config {
     c.cpu.control_core = Some(0);
     c.cpu.idle = Idle {
         policy: IdlePolicy::Spin,
-        spin_polls: 7,
+        spin_us: 70,
+        spin_polls: Some(7),
         backoff_max_us: 50,
         park_after_us: 500,
     };

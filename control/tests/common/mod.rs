@@ -70,7 +70,7 @@ pub fn config(dir: &Path, port: u16, peer: Option<(&str, u16)>, extra: &str) -> 
     let mut c = format!(
         "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"debug\"\n\
          [cpu]\npoll-cores = [0, 1]\n\
-         [cpu.idle]\npolicy = \"backoff\"\nspin-polls = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
+         [cpu.idle]\npolicy = \"backoff\"\nspin-us = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
          [provider]\nkind = \"soft\"\n\
          [pools]\nconnections = 4\n\
          [apps]\nmax-apps = 4\narena-size = 4194304\n\

@@ -39,11 +39,11 @@ use std::time::{Duration, Instant};
 pub enum IdleSpec {
     /// Busy-poll forever.
     Spin,
-    /// Spin `spin_polls` empty polls, sleep with growing pauses up to `backoff_max`, and park
+    /// Spin (see [`SpinLimit`]), sleep with growing pauses up to `backoff_max`, and park
     /// (wake on app doorbells and commands) once idle for `park_after`.
     Backoff {
-        /// Empty polls before the first pause.
-        spin_polls: u32,
+        /// How long the thread spins before its first pause.
+        spin: SpinLimit,
         /// Longest pause.
         backoff_max: Duration,
         /// Idle time before parking.
@@ -56,6 +56,17 @@ pub enum IdleSpec {
         /// Idle time before parking.
         park_after: Duration,
     },
+}
+
+/// How long a backing-off thread spins before its first pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpinLimit {
+    /// This long after its last work (`cpu.idle.spin-us`).
+    For(Duration),
+    /// This many empty polls (`cpu.idle.spin-polls`, deprecated): how long that lasts follows
+    /// what an empty poll costs, which changes with the provider, the apps attached and every
+    /// change to the loop.
+    Polls(u32),
 }
 
 /// Transport settings every connection of the thread starts with.

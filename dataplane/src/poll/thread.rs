@@ -9,7 +9,7 @@
 
 use super::mesh::{Hop, Port, Results};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
-use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason};
+use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit};
 use crate::conn::{
     Accepted, CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId, SubmitError,
 };
@@ -52,6 +52,13 @@ const HOP_BATCH: usize = 256;
 /// reaping. Each may cost a system call (`rdma_get_cm_event` reads its channel, the doorbell
 /// is read, app sockets are polled), which a busy turn must not pay every time.
 const HOUSEKEEPING_EVERY: u32 = 256;
+/// Shortest time between chores on idle turns. Run on every one, they made an idle thread's
+/// spin a string of system calls (the connection manager's channel, the doorbell, the apps'
+/// sockets), each delaying the thread's answer to the work that ends the spin.
+const IDLE_CHORES_EVERY: Duration = Duration::from_micros(50);
+/// Shortest time between looks at the apps' sockets for apps that went away (a `poll(2)`;
+/// a parked thread hears of them at once anyway).
+const REAP_EVERY: Duration = Duration::from_millis(1);
 /// Longest park: the provider's sockets cannot wake a parked thread, so it looks again this often.
 const PARK_MAX: Duration = Duration::from_millis(2);
 /// Apps that leave completions undrained this long are detached.
@@ -162,6 +169,9 @@ pub struct PollThread<P: Provider> {
     slots: Vec<Slot>,
     stats: ThreadStats,
     idle: IdleState,
+    /// When the chores last ran, and the apps' sockets were last looked at.
+    chores_at: Instant,
+    reaped_at: Instant,
     draining: Option<Instant>,
     quiet_since: Option<Instant>,
     stop: bool,
@@ -316,6 +326,8 @@ impl<P: Provider> PollThread<P> {
             slots,
             stats,
             idle: IdleState::default(),
+            chores_at: Instant::now(),
+            reaped_at: Instant::now(),
             draining: None,
             quiet_since: None,
             stop: false,
@@ -332,10 +344,12 @@ impl<P: Provider> PollThread<P> {
             let now = Instant::now();
             let mut work = self.poll_once(now);
             loops = loops.wrapping_add(1);
-            // Chores run every few busy turns, and on every idle one (an idle turn's cost sets
-            // how long `cpu.idle.spin-polls` spins: cheapening it would shorten the spin).
-            if loops % HOUSEKEEPING_EVERY == 0 || self.idle.empty_polls > 0 {
-                work |= self.housekeeping();
+            // Chores run every few busy turns, and on idle turns every so often.
+            if loops % HOUSEKEEPING_EVERY == 0
+                || (!work && now.duration_since(self.chores_at) >= IDLE_CHORES_EVERY)
+            {
+                self.chores_at = now;
+                work |= self.housekeeping(now);
                 self.drv.post_pending();
             }
             if work {
@@ -1431,25 +1445,30 @@ impl<P: Provider> PollThread<P> {
 
     /// The chores: connection-manager events, commands, app reap, retired memory, drain;
     /// true if anything happened.
-    fn housekeeping(&mut self) -> bool {
+    fn housekeeping(&mut self, now: Instant) -> bool {
         let mut work = false;
         while let Some(ev) = self.drv.provider_mut().poll_cm() {
             self.on_cm(ev);
             work = true;
         }
-        let mut buf = [0u8; 64];
-        while matches!(self.port.bell().read(&mut buf), Ok(n) if n > 0) {}
-        while let Some(cmd) = self.commands.pop() {
-            work = true;
-            self.on_command(cmd);
+        // Each command rings the doorbell once: its bytes are read when commands were taken
+        // (and before parking), not by a system call on every chore.
+        if !self.commands.is_empty() {
+            self.drain_bell();
+            while let Some(cmd) = self.commands.pop() {
+                work = true;
+                self.on_command(cmd);
+            }
         }
-        let mut gone = self.table.reap();
-        gone.extend(self.table.evict_stalled(STALL_LIMIT));
-        for d in gone {
-            work = true;
-            self.on_detached(d);
+        if now.duration_since(self.reaped_at) >= REAP_EVERY {
+            self.reaped_at = now;
+            let mut gone = self.table.reap();
+            gone.extend(self.table.evict_stalled(STALL_LIMIT));
+            for d in gone {
+                work = true;
+                self.on_detached(d);
+            }
         }
-        let now = Instant::now();
         // A gone app's memory stays registered (here and on every other thread) while an
         // engine may still touch it.
         let mut k = 0;
@@ -1806,13 +1825,17 @@ impl<P: Provider> PollThread<P> {
         match self.spec.idle {
             IdleSpec::Spin => std::hint::spin_loop(),
             IdleSpec::Backoff {
-                spin_polls,
+                spin,
                 backoff_max,
                 park_after,
             } => {
                 self.idle.empty_polls = self.idle.empty_polls.saturating_add(1);
                 let since = *self.idle.since.get_or_insert(now);
-                if self.idle.empty_polls < spin_polls {
+                let spinning = match spin {
+                    SpinLimit::For(t) => now.duration_since(since) < t,
+                    SpinLimit::Polls(n) => self.idle.empty_polls < n,
+                };
+                if spinning {
                     std::hint::spin_loop();
                 } else if now.duration_since(since) < park_after {
                     self.idle.pause = (self.idle.pause * 2)
@@ -1836,8 +1859,20 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
+    /// Reads the doorbell's pending rings (nonblocking).
+    fn drain_bell(&mut self) {
+        let mut buf = [0u8; 64];
+        while matches!(self.port.bell().read(&mut buf), Ok(n) if n > 0) {}
+    }
+
     /// Parks until an app's doorbell, a command, a hop or [`PARK_MAX`] (unless a hop is already waiting).
     fn park(&mut self) {
+        // A ring left unread would end the park at once; a command whose ring this read takes
+        // is served now, not after the park.
+        self.drain_bell();
+        if !self.commands.is_empty() {
+            return;
+        }
         if self.port.park() {
             self.stats.parks += 1;
             let fds = [self.port.bell().as_fd()];
