@@ -12,9 +12,10 @@ use rpcrdma_config::{Config, IdlePolicy, LogLevel, ProviderKind};
 use rpcrdma_dataplane::poll::{
     self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot, SpinLimit,
 };
+use rpcrdma_shm::attach::Attachment;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,6 +92,8 @@ pub struct Daemon {
     threads: Vec<PollHandle>,
     /// Apps attached to each poll thread (from its events).
     apps_on: Vec<usize>,
+    /// Apps that found `apps.max-apps` reached, waiting (until the instant) for a slot.
+    held_apps: VecDeque<(Attachment, Instant)>,
     /// Routes global connection ids to their poll thread.
     mesh: poll::Mesh,
     latest: Vec<Snapshot>,
@@ -141,6 +144,14 @@ struct AwaitingRespxch {
     xid: u32,
     deadline: Instant,
 }
+
+/// How long an app that finds `apps.max-apps` reached waits for a slot before it is refused.
+/// An app that closed without saying so on its ring is noticed by its poll thread within about a
+/// millisecond; until then it still counts, and the app that replaces it must not be refused
+/// for it.
+const ATTACH_HOLD: Duration = Duration::from_millis(200);
+/// Apps held so at most; more are refused at once.
+const MAX_HELD_APPS: usize = 16;
 
 /// How long `xchar request` waits for the peer's RESPXCH.
 const RESPXCH_WAIT: Duration = Duration::from_secs(3);
@@ -360,6 +371,7 @@ impl Daemon {
             metrics,
             signals,
             apps_on: vec![0; threads_n],
+            held_apps: VecDeque::new(),
             apps,
             latest: (0..threads_n)
                 .map(|_| Snapshot::with_capacity(max_conns as usize))
@@ -845,8 +857,9 @@ impl Daemon {
                     _ => {}
                 }
             }
-            self.accept_apps();
+            // Events first: an app that detached frees its slot for one waiting to attach.
             self.drain_events();
+            self.accept_apps();
             self.serve_parked();
             self.answer_awaiting();
             self.clients.expire(self.poll.registry(), Instant::now());
@@ -888,6 +901,10 @@ impl Daemon {
             t = t.min(d.saturating_duration_since(now));
         }
         if let Some((_, d)) = self.snap_round {
+            t = t.min(d.saturating_duration_since(now));
+        }
+        if let Some((_, d)) = self.held_apps.front() {
+            // Retried on every turn (a detach wakes the loop); refused at the deadline.
             t = t.min(d.saturating_duration_since(now));
         }
         for p in &self.peers {
@@ -993,9 +1010,23 @@ impl Daemon {
         Response::ok(outcome)
     }
 
-    /// Accepts waiting apps, each to the poll thread with the fewest (`apps.max-apps` is
-    /// the daemon's limit; beyond it the app's socket is closed at once).
+    /// Accepts waiting apps, each to the poll thread with the fewest. `apps.max-apps` is the
+    /// daemon's limit: an app beyond it waits up to [`ATTACH_HOLD`] for a slot (in arrival
+    /// order), then its socket is closed.
     fn accept_apps(&mut self) {
+        let now = Instant::now();
+        let full = |d: &Daemon| d.apps_on.iter().sum::<usize>() >= d.cfg.apps.max_apps as usize;
+        while let Some((att, until)) = self.held_apps.pop_front() {
+            if self.draining.is_some() || now >= until {
+                warn!(pid = ?att.pid(), "app refused: draining or apps.max-apps reached");
+                continue;
+            }
+            if full(self) {
+                self.held_apps.push_front((att, until));
+                break;
+            }
+            self.place_app(att);
+        }
         // Bounded: an accept error that repeats (no fd left) must not spin the control loop;
         // the loop calls this again on its next turn (at least every 500 ms).
         for _ in 0..64 {
@@ -1007,24 +1038,33 @@ impl Daemon {
                     continue;
                 }
             };
-            let total: usize = self.apps_on.iter().sum();
-            if self.draining.is_some() || total >= self.cfg.apps.max_apps as usize {
-                warn!(pid = ?att.pid(), apps = total, "app refused: draining or apps.max-apps reached");
-                continue;
+            if self.draining.is_some() {
+                warn!(pid = ?att.pid(), "app refused: draining");
+            } else if !full(self) && self.held_apps.is_empty() {
+                self.place_app(att);
+            } else if self.held_apps.len() < MAX_HELD_APPS {
+                debug!(pid = ?att.pid(), "apps.max-apps reached: the app waits for a slot");
+                self.held_apps.push_back((att, now + ATTACH_HOLD));
+            } else {
+                warn!(pid = ?att.pid(), "app refused: apps.max-apps reached");
             }
-            let t = (0..self.apps_on.len())
-                .min_by_key(|&t| self.apps_on[t])
-                .unwrap_or(0);
-            // Counted now, so a burst of attaches spreads before the threads report; a thread
-            // that cannot take the app answers `AppDetached`.
-            self.apps_on[t] += 1;
-            if self.threads[t]
-                .send(Command::Attach(Box::new(att)))
-                .is_err()
-            {
-                self.apps_on[t] -= 1;
-                warn!(thread = t, "poll thread command queue full; app refused");
-            }
+        }
+    }
+
+    /// Hands `att` to the poll thread with the fewest apps.
+    fn place_app(&mut self, att: Attachment) {
+        let t = (0..self.apps_on.len())
+            .min_by_key(|&t| self.apps_on[t])
+            .unwrap_or(0);
+        // Counted now, so a burst of attaches spreads before the threads report; a thread
+        // that cannot take the app answers `AppDetached`.
+        self.apps_on[t] += 1;
+        if self.threads[t]
+            .send(Command::Attach(Box::new(att)))
+            .is_err()
+        {
+            self.apps_on[t] -= 1;
+            warn!(thread = t, "poll thread command queue full; app refused");
         }
     }
 

@@ -227,6 +227,53 @@ fn idle_daemon(name: &str, idle: &str) -> Daemon {
     d
 }
 
+/// `apps.max-apps` counts an app until its poll thread sees it gone. An app that closes without
+/// a word (no DETACH on its ring, as after a crash) is noticed within about a millisecond; the
+/// app that takes its place at once waits for the slot instead of being refused. With every
+/// slot held by a live app, a newcomer is still refused.
+#[test]
+fn an_app_replacing_one_that_just_closed_at_max_apps_is_not_refused() {
+    let d = idle_daemon(
+        "mem-max-apps",
+        "policy = \"backoff\"\nspin-us = 100\nbackoff-max-us = 50\npark-after-us = 2000\n",
+    );
+    // The RDMATEST server holds one slot; raise nothing: the config allows four apps.
+    let apps = |d: &Daemon| thread_sum(&d.ctl_json(&["stats"]), "apps");
+    let live: Vec<_> = (0..3)
+        .map(|_| rpcrdma_shm::attach::connect(&d.app).expect("attach"))
+        .collect();
+    assert!(
+        eventually(20, || (apps(&d) == 4).then_some(())).is_some(),
+        "{}",
+        d.log()
+    );
+    for (i, closed) in live.into_iter().enumerate() {
+        // Closed without DETACH; the replacement attaches in the same instant.
+        drop(closed);
+        nulls(&d, 1);
+        assert!(
+            !d.log().contains("app refused"),
+            "replacement {i}:\n{}",
+            d.log()
+        );
+    }
+    let full: Vec<_> = (0..3)
+        .map(|_| rpcrdma_shm::attach::connect(&d.app).expect("attach"))
+        .collect();
+    assert!(
+        eventually(20, || (apps(&d) == 4).then_some(())).is_some(),
+        "{}",
+        d.log()
+    );
+    let mut extra = Client::connect(&d.app).expect("the socket handshake still completes");
+    let peer = extra.peer("self").expect("peer");
+    let t = extra.call(peer, rdmatest::PROG, 1, rdmatest::NULL).submit();
+    let refused = t.and_then(|t| extra.wait(t, T)).is_err();
+    assert!(refused, "a fifth app is refused\n{}", d.log());
+    assert!(d.log().contains("app refused"), "{}", d.log());
+    drop(full);
+}
+
 /// The backoff policy spins for `spin-us` of time, however many empty polls that takes: with
 /// an hour to spin, an idle thread polls on (far more than the 1000 polls the old count
 /// defaulted to) and never sleeps or parks; with no spin at all, it parks, and a doorbell

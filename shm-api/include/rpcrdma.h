@@ -36,6 +36,7 @@
 #define RR_OP_REGISTER 3u
 #define RR_OP_UNREGISTER 4u
 #define RR_OP_POST_RECV 5u
+#define RR_OP_DETACH 6u /* closing: the daemon frees the app's slot at once (no completion) */
 
 /* Submission flags. */
 #define RR_FLAG_XID_APP 1u
@@ -213,11 +214,19 @@ fail:
     return err;
 }
 
-/* Detaches: unmaps and closes everything (the daemon sees the socket close). */
+static inline int rr_submit(struct rr_app *app, const struct rr_sqe *s);
+
+/* Detaches: says so on the ring (RR_OP_DETACH, so the daemon frees the app's slot on its next
+   poll), then unmaps and closes everything (a closed socket detaches the app anyway). */
 static inline void rr_close(struct rr_app *app)
 {
-    if (app->base)
+    if (app->base) {
+        struct rr_sqe bye;
+        memset(&bye, 0, sizeof bye);
+        bye.opcode = RR_OP_DETACH;
+        (void)rr_submit(app, &bye);
         munmap(app->base, app->len);
+    }
     close(app->sock);
     memset(app, 0, sizeof *app);
 }

@@ -92,6 +92,10 @@ pub mod op {
     pub const UNREGISTER: u8 = 4;
     /// Lend `msg_off`/`msg_len` of the arena to the daemon for one incoming call; it completes with that call.
     pub const POST_RECV: u8 = 5;
+    /// The app is closing: the daemon detaches it at once, as if its socket had closed, without
+    /// waiting for its periodic look at the sockets. No completion. Optional: a closed socket
+    /// still detaches an app that never sends it (a crash, `kill -9`).
+    pub const DETACH: u8 = 6;
 }
 
 /// Submission flags (`Sqe::flags`).

@@ -323,6 +323,20 @@ impl Endpoint {
     }
 }
 
+impl Drop for Endpoint {
+    /// Says goodbye on the ring ([`op::DETACH`]) before the socket closes: the daemon frees the
+    /// app's slot (and cancels what it had in flight) on its next poll rather than at its next
+    /// look at the sockets. With the ring full it is skipped; the closed socket still does it.
+    fn drop(&mut self) {
+        if !self.detached() {
+            let _ = self.submit(Sqe {
+                opcode: op::DETACH,
+                ..Sqe::default()
+            });
+        }
+    }
+}
+
 fn narrow(r: ArenaRange, at: u32) -> Option<ArenaRange> {
     ArenaRange::new(r.off().checked_add(at)?, r.len().checked_sub(at)?, u32::MAX)
 }

@@ -30,6 +30,12 @@
 //!                 table.complete_reply(r.id, status::OK);
 //!             }
 //!             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+//!             // The app is closing: detach it now, as `reap` would once its socket closed.
+//!             Submission::Detach => {
+//!                 if let Some(gone) = table.detach(app, "closed") {
+//!                     let _ = gone.calls; // as below
+//!                 }
+//!             }
 //!         }
 //!     }
 //!     for gone in table.reap() {
@@ -208,6 +214,9 @@ pub enum Submission {
         /// Version.
         vers: u32,
     },
+    /// The app is closing ([`op::DETACH`]): detach it now ([`AppTable::detach`]). Nothing of
+    /// this app's is taken after it.
+    Detach,
 }
 
 /// How a call ended, for [`AppTable::complete_call`].
@@ -654,6 +663,10 @@ impl AppTable {
                     self.cfg.peers,
                     &sqe,
                 ) {
+                    Ok(Some(Submission::Detach)) => {
+                        out.push((app.id, Submission::Detach));
+                        break;
+                    }
                     Ok(Some(sub)) => out.push((app.id, sub)),
                     Ok(None) => {}
                     Err(code) => {
@@ -723,6 +736,7 @@ impl AppTable {
                 }
                 Ok(Some(Submission::Call(req)))
             }
+            op::DETACH => Ok(Some(Submission::Detach)),
             op::POST_RECV => {
                 let buf = app
                     .region()
@@ -1258,6 +1272,44 @@ mod tests {
         let mut v = Vec::new();
         t.poll_submissions(&mut v, 64);
         v
+    }
+
+    /// DETACH ends what the table takes from the app: it comes out as `Submission::Detach`
+    /// after the app's earlier submissions and before nothing of its later ones; another app
+    /// is served on as before; the detach itself frees the slot.
+    #[test]
+    fn detach_on_the_ring_ends_the_apps_submissions_and_frees_its_slot() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (leaving, mut a) = attach(&mut t, geometry());
+        let (staying, mut b) = attach(&mut t, geometry());
+        a.submit(call(1));
+        a.submit(Sqe {
+            opcode: op::DETACH,
+            ..Sqe::default()
+        });
+        a.submit(call(2));
+        b.submit(call(3));
+        let got = poll(&mut t);
+        let kinds: Vec<(AppId, u64)> = got
+            .iter()
+            .map(|(id, s)| match s {
+                Submission::Call(c) => (*id, c.user_data),
+                Submission::Detach => (*id, 0),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kinds, [(leaving, 1), (leaving, 0), (staying, 3)]);
+        let d = t
+            .detach(leaving, "closed")
+            .expect("attached until detached");
+        assert_eq!(d.calls.len(), 1, "its call in flight is reported");
+        assert!(t.detach(leaving, "closed").is_none());
+        assert_eq!(
+            a.region.header().state.value.load(Ordering::Acquire),
+            STATE_DETACHED
+        );
+        assert!(poll(&mut t).is_empty(), "nothing more from either app");
+        assert!(t.region(staying).is_some());
     }
 
     #[test]

@@ -173,6 +173,11 @@ impl Loopback {
                 Submission::Call(c) => self.route_call(app, c),
                 Submission::Reply(r) => self.route_reply(r),
                 Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+                Submission::Detach => {
+                    if let Some(d) = self.table.detach(app, "closed") {
+                        self.on_detached(d);
+                    }
+                }
             }
         }
         self.subs = subs;

@@ -691,6 +691,13 @@ impl<P: Provider> PollThread<P> {
                 });
             }
             Submission::Unregistered { .. } => self.sync_announced(),
+            // An app closing says so on its ring: its slot is free for the next app now, not
+            // at the next look at the sockets.
+            Submission::Detach => {
+                if let Some(d) = self.table.detach(app, "closed") {
+                    self.on_detached(d);
+                }
+            }
         }
     }
 

@@ -127,6 +127,11 @@ impl Rng {
 /// scribbles.
 fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
     let mut rng = Rng(seed | 1);
+    // Every opcode, and an unknown one; DETACH seldom, as it ends the attachment.
+    let hostile_opcode = |rng: &mut Rng| match rng.below(8) as u8 {
+        op::DETACH if rng.below(1024) != 0 => op::DETACH + 1,
+        o => o,
+    };
     for _ in 0..rounds {
         let conn = connect(path)?;
         let g = conn.region.layout().geometry;
@@ -148,7 +153,7 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                 continue;
             }
             let mut d: Sqe = Sqe {
-                opcode: rng.below(7) as u8,
+                opcode: hostile_opcode(&mut rng),
                 flags: if rng.below(4) == 0 {
                     rng.next() as u8
                 } else {
@@ -217,7 +222,7 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
             if rng.below(4) == 0 {
                 // Rewrite the slot just published, racing the daemon's single copy of it.
                 let junk = Sqe {
-                    opcode: rng.below(7) as u8,
+                    opcode: hostile_opcode(&mut rng),
                     msg_len: rng.next() as u32,
                     ..d
                 };
