@@ -237,18 +237,18 @@ fn an_app_replacing_one_that_just_closed_at_max_apps_is_not_refused() {
         "mem-max-apps",
         "policy = \"backoff\"\nspin-us = 100\nbackoff-max-us = 50\npark-after-us = 2000\n",
     );
-    // The RDMATEST server holds one slot; raise nothing: the config allows four apps.
-    let apps = |d: &Daemon| thread_sum(&d.ctl_json(&["stats"]), "apps");
-    let live: Vec<_> = (0..3)
-        .map(|_| rpcrdma_shm::attach::connect(&d.app).expect("attach"))
-        .collect();
-    assert!(
-        eventually(20, || (apps(&d) == 4).then_some(())).is_some(),
-        "{}",
-        d.log()
-    );
-    for (i, closed) in live.into_iter().enumerate() {
-        // Closed without DETACH; the replacement attaches in the same instant.
+    // The RDMATEST server holds one slot of the four the config allows; three raw
+    // attachments (no DETACH when dropped, as after a crash) take the others.
+    let fill = || {
+        let raw: Vec<_> = (0..3)
+            .map(|_| rpcrdma_shm::attach::connect(&d.app).expect("attach"))
+            .collect();
+        let four = || (thread_sum(&d.ctl_json(&["stats"]), "apps") == 4).then_some(());
+        assert!(eventually(20, four).is_some(), "{}", d.log());
+        raw
+    };
+    for (i, closed) in fill().into_iter().enumerate() {
+        // Closed silently; the replacement attaches in the same instant.
         drop(closed);
         nulls(&d, 1);
         assert!(
@@ -257,14 +257,7 @@ fn an_app_replacing_one_that_just_closed_at_max_apps_is_not_refused() {
             d.log()
         );
     }
-    let full: Vec<_> = (0..3)
-        .map(|_| rpcrdma_shm::attach::connect(&d.app).expect("attach"))
-        .collect();
-    assert!(
-        eventually(20, || (apps(&d) == 4).then_some(())).is_some(),
-        "{}",
-        d.log()
-    );
+    let full = fill();
     let mut extra = Client::connect(&d.app).expect("the socket handshake still completes");
     let peer = extra.peer("self").expect("peer");
     let t = extra.call(peer, rdmatest::PROG, 1, rdmatest::NULL).submit();
@@ -296,21 +289,24 @@ fn backoff_spins_for_spin_us_of_time_not_a_count_of_polls() {
     nulls(&d, 5);
     drop(d);
 
-    let d = idle_daemon(
+    parks_and_wakes(
         "mem-spin-none",
         "policy = \"backoff\"\nspin-us = 0\nbackoff-max-us = 50\npark-after-us = 1000\n",
     );
+}
+
+/// A daemon with these idle lines serves calls, parks once idle, and an app's doorbell still
+/// wakes it for the next calls.
+fn parks_and_wakes(name: &str, idle: &str) -> Daemon {
+    let d = idle_daemon(name, idle);
     nulls(&d, 5);
     let parked = eventually(60, || {
         let s = d.ctl_json(&["stats"]);
         (thread_sum(&s, "parks") > 0).then_some(s)
     });
-    assert!(
-        parked.is_some(),
-        "a thread that does not spin parks\n{}",
-        d.log()
-    );
+    assert!(parked.is_some(), "an idle thread parks\n{}", d.log());
     nulls(&d, 5);
+    d
 }
 
 #[test]
@@ -327,21 +323,10 @@ fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
     drop(d);
 
     // Parking after 1 ms: an idle thread parks, and an app's doorbell still wakes it for the next call.
-    let d = idle_daemon(
+    let d = parks_and_wakes(
         "mem-yield-park",
         "policy = \"yield\"\npark-after-us = 1000\n",
     );
-    nulls(&d, 5);
-    let parked = eventually(60, || {
-        let s = d.ctl_json(&["stats"]);
-        (thread_sum(&s, "parks") > 0).then_some(s)
-    });
-    assert!(
-        parked.is_some(),
-        "an idle yielding thread parks\n{}",
-        d.log()
-    );
-    nulls(&d, 5);
     let stats = d.ctl_json(&["stats"]);
     assert!(thread_sum(&stats, "yields") > 0, "{stats}");
 }
