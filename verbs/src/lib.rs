@@ -551,8 +551,10 @@ pub trait Provider {
     fn poll_cm(&mut self) -> Option<CmEvent>;
 
     /// A file descriptor that becomes readable when [`poll_cm`](Provider::poll_cm) may have
-    /// work (for a control thread's `mio`), where the provider has one.
-    fn event_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// work, where the provider has one: what a parked poll thread waits on besides its
+    /// doorbell. A call to `poll_cm` consumes what made it readable (the soft provider's
+    /// sockets: new data too, as `poll_cm` also moves it; rdma_cm: its events).
+    fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
 }
 
 #[cfg(test)]

@@ -440,6 +440,7 @@ fn readable(fd: std::os::fd::RawFd) -> bool {
 fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
     let mut n = Node::new(SoftConfig::default());
     let fd = n.p.event_fd().expect("the TCP provider has an event fd");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = n.p.listen_addr(l).unwrap();
     assert!(n.p.poll_cm().is_none());
@@ -461,6 +462,46 @@ fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
     // SAFETY: `p` is one valid pollfd for the duration of the call.
     let r = unsafe { libc::poll(&mut p, 1, 0) };
     assert_eq!(r, 0, "no readiness left after poll_cm drained it");
+}
+
+/// Data that makes the event fd readable is read by the `poll_cm` that consumes that
+/// readiness, even on a link resting after empty reads (`rx_skip`). A poll thread parked on the
+/// event fd is woken by the readiness once; data left unread then would wait, unannounced, for
+/// the park's timeout (it did: 2 ms per call on a soft-provider daemon that parks).
+#[test]
+fn data_that_raised_the_event_fd_is_read_by_the_poll_cm_that_consumes_it() {
+    let cfg = SoftConfig {
+        crc: false,
+        ..SoftConfig::default()
+    };
+    let (mut n, mut s, _) = accept_raw(cfg, &siw_request(wire::MPA_ENHANCED, 0, 128), 0, 128);
+    // The MPA Reply: its fixed part, then the private data.
+    let _ = read_exact(&mut n, &mut s, wire::MPA_HDR_LEN + SERVER_PD.len());
+    let qp = n.qp.unwrap();
+    let fd = n.p.event_fd().expect("the TCP provider has an event fd");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    let mut send = golden_send();
+    // Rest the link for a different number of empty polls each time, so that some sends find
+    // it skipping reads.
+    for (msn, idle) in (1u8..).zip(1..=16) {
+        let r = n.sge(0, 1024);
+        n.p.post_recv(qp, u64::from(msn), &[r]).unwrap();
+        for _ in 0..idle {
+            n.step();
+        }
+        assert!(n.wcs.is_empty() && n.p.poll_cm().is_none());
+        send[15] = msn;
+        s.write_all(&send).unwrap();
+        assert!(readable(fd), "send {msn}: the event fd wakes a sleeper");
+        assert!(n.p.poll_cm().is_none());
+        let mut w = [WorkCompletion::default(); 4];
+        let got = n.p.poll_cq(n.cq, &mut w).unwrap();
+        assert_eq!(
+            got, 1,
+            "send {msn} after {idle} idle polls: read by the poll_cm that woke"
+        );
+        assert_eq!((w[0].wr_id, w[0].byte_len), (u64::from(msn), 68));
+    }
 }
 
 #[test]

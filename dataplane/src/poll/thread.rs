@@ -59,7 +59,9 @@ const IDLE_CHORES_EVERY: Duration = Duration::from_micros(50);
 /// Shortest time between looks at the apps' sockets for apps that went away (a `poll(2)`;
 /// a parked thread hears of them at once anyway).
 const REAP_EVERY: Duration = Duration::from_millis(1);
-/// Longest park: the provider's sockets cannot wake a parked thread, so it looks again this often.
+/// Longest park. The apps' sockets, the doorbell and the provider's event fd (the soft
+/// provider's sockets, rdma_cm's channel) wake a parked thread; completions of the `ibv`
+/// provider do not (no completion channel), so it looks again this often.
 const PARK_MAX: Duration = Duration::from_millis(2);
 /// Apps that leave completions undrained this long are detached.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
@@ -191,6 +193,8 @@ struct IdleState {
     empty_polls: u32,
     since: Option<Instant>,
     pause: Duration,
+    /// The provider's ready list was emptied for a park ([`PollThread::park`]).
+    park_armed: bool,
 }
 
 type StartError = (String, Box<dyn Fn() + Send>);
@@ -1880,10 +1884,24 @@ impl<P: Provider> PollThread<P> {
         if !self.commands.is_empty() {
             return;
         }
+        // The provider's event fd (the soft provider's sockets, rdma_cm's channel) wakes a
+        // parked thread, but only for what happens after its ready list is emptied: that is
+        // done first, and the thread looks at everything once more before it parks.
+        if !self.idle.park_armed {
+            while let Some(ev) = self.drv.provider_mut().poll_cm() {
+                self.on_cm(ev);
+            }
+            self.idle.park_armed = true;
+            return;
+        }
+        self.idle.park_armed = false;
         if self.port.park() {
             self.stats.parks += 1;
-            let fds = [self.port.bell().as_fd()];
-            self.table.park(PARK_MAX, &fds);
+            let bell = self.port.bell().as_fd();
+            match self.drv.provider().event_fd() {
+                Some(provider) => self.table.park(PARK_MAX, &[bell, provider]),
+                None => self.table.park(PARK_MAX, &[bell]),
+            }
             self.port.unpark();
         }
     }

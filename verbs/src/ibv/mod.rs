@@ -28,7 +28,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList, TransportType};
@@ -1170,8 +1169,10 @@ impl Provider for IbvProvider {
         self.events.pop_front()
     }
 
-    fn event_fd(&self) -> Option<RawFd> {
-        Some(self.channel.fd())
+    fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        // SAFETY: the event channel's descriptor stays open for as long as the channel, which
+        // `self` owns and which outlives this borrow.
+        Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(self.channel.fd()) })
     }
 }
 

@@ -36,11 +36,14 @@ pub trait Transport {
     /// Start connecting to `addr` (finishes later; see [`Link::connected`]).
     fn connect(&mut self, addr: SocketAddr) -> io::Result<Self::Link>;
     /// A descriptor that becomes readable when any listener or link may have work.
-    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
-    /// Consume the readiness behind [`Transport::event_fd`] (the caller then polls everything).
-    fn clear_events(&mut self) {}
+    /// Consume the readiness behind [`Transport::event_fd`]; true if there was any (the caller
+    /// then polls everything, and must read every link: the readiness it consumed is gone).
+    fn clear_events(&mut self) -> bool {
+        false
+    }
 }
 
 /// TCP through nonblocking `mio` sockets. The provider busy-polls them; they are also
@@ -146,19 +149,25 @@ impl Transport for Tcp {
         self.watch(&mut s)?;
         Ok(TcpLink(s))
     }
-    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsRawFd;
-        Some(self.poll.as_raw_fd())
+        // SAFETY: the epoll descriptor is owned by `self.poll` and stays open for as long as
+        // `self` is borrowed (mio's `Poll` offers `AsRawFd` only).
+        Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(self.poll.as_raw_fd()) })
     }
-    fn clear_events(&mut self) {
+    fn clear_events(&mut self) -> bool {
         // Edge-triggered: fetching the events empties the ready list, so the descriptor
         // stops being readable until something new happens.
+        let mut any = false;
         while self
             .poll
             .poll(&mut self.events, Some(std::time::Duration::ZERO))
             .is_ok()
             && !self.events.is_empty()
-        {}
+        {
+            any = true;
+        }
+        any
     }
 }
 

@@ -1848,14 +1848,21 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
         if self.events.is_empty() {
-            self.transport.clear_events();
+            if self.transport.clear_events() {
+                // The readiness just consumed will not be reported again: every link is read
+                // now, even one resting after empty reads (`rx_skip`). Otherwise its data
+                // waits, unannounced, while the owner sleeps on `event_fd`.
+                for q in self.qps.iter_mut().flatten() {
+                    q.rx_skip = 0;
+                }
+            }
             self.progress_cm();
             self.progress();
         }
         self.events.pop_front()
     }
 
-    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.transport.event_fd()
     }
 }
