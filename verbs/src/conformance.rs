@@ -1330,6 +1330,62 @@ pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Ha
     });
 }
 
+/// Whether `fd` is readable now (`wait_ms` 0) or within `wait_ms`.
+fn readable(fd: std::os::fd::BorrowedFd<'_>, wait_ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, wait_ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// A side that has called `poll_cm` and found its CQ empty may sleep on its event fd: the
+/// next completion (a Send arriving in a posted receive) makes the descriptor readable, and
+/// after `poll_cm` the completion is in the CQ. What a parked poll thread relies on.
+pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let s = p.b.sge(0, 1024);
+    p.b.recv(7, &[s]);
+    p.settle();
+    for round in 0..3u64 {
+        // The sleeper's side: readiness consumed and the CQs armed, nothing left to take.
+        while p.b.p.poll_cm().is_some() {}
+        let mut w = [WorkCompletion::default(); 4];
+        assert_eq!(p.b.p.poll_cq(p.b.cq, &mut w).expect("poll_cq"), 0);
+        let fd = p.b.p.event_fd().expect("this provider has an event fd");
+        assert!(
+            !readable(fd, 0),
+            "round {round}: quiet before anything is sent"
+        );
+        let data = pattern(round as u8, 100);
+        p.a.fill(0, &data);
+        let s = p.a.sge(0, data.len());
+        p.a.post(round, SendOp::Send, &[s], true);
+        // Only the sender is driven; the sleeper waits on its descriptor (a hang guard of
+        // DEADLINE, not a timing assertion).
+        let start = Instant::now();
+        while !readable(p.b.p.event_fd().expect("event fd"), 1) {
+            p.a.step();
+            assert!(
+                start.elapsed() < DEADLINE,
+                "round {round}: the event fd never woke"
+            );
+        }
+        while p.b.p.poll_cm().is_some() {}
+        let n = p.b.p.poll_cq(p.b.cq, &mut w).expect("poll_cq");
+        assert_eq!(n, 1, "round {round}: the completion that woke the sleeper");
+        assert_eq!((w[0].wr_id, w[0].status), (7 + round, WcStatus::Success));
+        assert_eq!(p.b.mem(0, data.len()), &data[..]);
+        let s = p.b.sge(0, 1024);
+        p.b.recv(8 + round, &[s]);
+        p.wait("the send completion", |p| p.a.wc(round).is_some());
+    }
+}
+
 /// The same burst against receive queues of their own (not in [`conformance_tests!`]: on
 /// InfiniBand and RoCE the burst is retried, Receiver Not Ready, rather than ending its
 /// connection): it ends only the connection that sent it, and the other's Send lands.
@@ -1383,6 +1439,11 @@ pub fn receive_queues_of_their_own_contain_a_burst<H: Harness>(h: &mut H) {
 /// Generate one `#[test]` per conformance check for a harness expression.
 #[macro_export]
 macro_rules! conformance_tests {
+    // For providers with an event fd (`Provider::event_fd`): the suite, and its wake-up test.
+    ($harness:expr, event_fd) => {
+        $crate::conformance_tests!($harness);
+        $crate::conformance_tests!(@t $harness; event_fd_wakes_a_sleeper_at_the_next_completion);
+    };
     ($harness:expr) => {
         $crate::conformance_tests!(@t $harness;
             cm_private_data_and_reject, send_recv_matching_and_ordering,

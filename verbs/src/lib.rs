@@ -550,10 +550,12 @@ pub trait Provider {
     /// Drive connection management and return the next event, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
 
-    /// A file descriptor that becomes readable when [`poll_cm`](Provider::poll_cm) may have
-    /// work, where the provider has one: what a parked poll thread waits on besides its
-    /// doorbell. A call to `poll_cm` consumes what made it readable (the soft provider's
-    /// sockets: new data too, as `poll_cm` also moves it; rdma_cm: its events).
+    /// A file descriptor that becomes readable when [`poll_cm`](Provider::poll_cm) or a
+    /// completion queue may have work, where the provider has one: what a parked poll thread
+    /// waits on besides its doorbell. A call to `poll_cm` consumes what made it readable and
+    /// arms it for what comes next (the soft provider's sockets: new data too, as `poll_cm`
+    /// also moves it; `ibv`: rdma_cm's events and the CQs' next completions), so an owner
+    /// calls `poll_cm`, polls its CQs once more, then sleeps on it.
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
 }
 

@@ -20,4 +20,4 @@ impl Harness for Tcp {
     }
 }
 
-rpcrdma_verbs::conformance_tests!(Tcp);
+rpcrdma_verbs::conformance_tests!(Tcp, event_fd);

@@ -56,4 +56,4 @@ impl Harness for Ibv {
     }
 }
 
-rpcrdma_verbs::conformance_tests!(harness());
+rpcrdma_verbs::conformance_tests!(harness(), event_fd);

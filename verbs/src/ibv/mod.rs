@@ -210,6 +210,10 @@ pub struct IbvProvider {
     /// Scatter entries an RDMA Read sink may have (siw: 1).
     max_sge_rd: usize,
     channel: sys::EventChannel,
+    /// The CQs' completion channel, and the epoll descriptor over it and `channel` that
+    /// [`Provider::event_fd`] offers. Dropped after the CQs (`Drop` clears them first).
+    comp: sys::CompChannel,
+    wake: sys::Wake,
     pds: Vec<Option<PdEntry>>,
     mrs: Vec<Option<MrEntry>>,
     cqs: Vec<Option<CqEntry>>,
@@ -324,6 +328,12 @@ impl IbvProvider {
             Exposure::RegionPerExposure => false,
         };
         let channel = sys::EventChannel::new().map_err(|e| OpenError::Device("rdma_cm", e))?;
+        // SAFETY: the pointer is used only to create the channel, while `ctx` lives.
+        let raw_ctx = unsafe { ctx.context().as_ptr() };
+        let comp = sys::CompChannel::new(raw_ctx)
+            .map_err(|e| OpenError::Device("completion channel", e))?;
+        let wake = sys::Wake::new(&[channel.fd(), comp.fd()])
+            .map_err(|e| OpenError::Device("epoll", e))?;
         Ok(IbvProvider {
             cfg,
             ctx,
@@ -335,6 +345,8 @@ impl IbvProvider {
                 .unwrap_or(1)
                 .clamp(1, MAX_SGE),
             channel,
+            comp,
+            wake,
             pds: Vec::new(),
             mrs: Vec::new(),
             cqs: Vec::new(),
@@ -853,7 +865,7 @@ impl Provider for IbvProvider {
     }
 
     fn create_cq(&mut self, depth: u32) -> Result<CqId> {
-        let cq = RawCq::new(self.ctx_ptr(), depth)?;
+        let cq = RawCq::new(self.ctx_ptr(), depth, &self.comp)?;
         Ok(CqId(push(
             &mut self.cqs,
             CqEntry {
@@ -1161,6 +1173,13 @@ impl Provider for IbvProvider {
     }
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
+        // Completions: the channel's events are taken and every CQ is armed again, so the
+        // event fd wakes a sleeper at the next completion (its owner polls the CQs once more
+        // before it sleeps: what completed before the arming is found that way).
+        self.comp.drain();
+        for c in self.cqs.iter().flatten() {
+            let _ = c.cq.arm();
+        }
         if self.events.is_empty() {
             while let Some(ev) = self.channel.next_event() {
                 self.on_cm_event(ev);
@@ -1170,9 +1189,7 @@ impl Provider for IbvProvider {
     }
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        // SAFETY: the event channel's descriptor stays open for as long as the channel, which
-        // `self` owns and which outlives this borrow.
-        Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(self.channel.fd()) })
+        Some(self.wake.fd())
     }
 }
 

@@ -83,14 +83,107 @@ fn mw_access(a: Access) -> u32 {
     f
 }
 
+/// Sets `O_NONBLOCK` on `fd`.
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: `fd` is an open descriptor of the caller's; F_GETFL/F_SETFL only change flags.
+    let ok = unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A completion channel (nonblocking): a CQ created on it and armed ([`RawCq::arm`]) reports
+/// its next completion as an event on the channel's descriptor.
+pub(super) struct CompChannel(*mut ffi::ibv_comp_channel);
+
+impl CompChannel {
+    pub(super) fn new(ctx: *mut ibv_context) -> io::Result<CompChannel> {
+        // SAFETY: `ctx` is a live device context owned by the provider; null means failure.
+        let ch = unsafe { ffi::ibv_create_comp_channel(ctx) };
+        if ch.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        let ch = CompChannel(ch);
+        set_nonblocking(ch.fd())?;
+        Ok(ch)
+    }
+
+    pub(super) fn fd(&self) -> RawFd {
+        // SAFETY: the channel is live.
+        unsafe { (*self.0).fd }
+    }
+
+    /// Takes and acknowledges every pending event (so that the CQs can be destroyed and the
+    /// descriptor quiets down).
+    pub(super) fn drain(&self) {
+        loop {
+            let (mut cq, mut cq_ctx) = (ptr::null_mut(), ptr::null_mut());
+            // SAFETY: the channel is live and nonblocking: with no event this returns -1 at
+            // once (EAGAIN) instead of waiting.
+            if unsafe { ffi::ibv_get_cq_event(self.0, &mut cq, &mut cq_ctx) } != 0 {
+                return;
+            }
+            // SAFETY: `cq` is the live CQ the event was reported for (CQs outlive their
+            // events: they are destroyed only after the channel was drained).
+            unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: the channel is live and every CQ created on it has been destroyed.
+        unsafe { ffi::ibv_destroy_comp_channel(self.0) };
+    }
+}
+
+/// An epoll descriptor readable while any of its members is (level-triggered): what the
+/// provider offers as its event fd, over the rdma_cm channel and the completion channel.
+pub(super) struct Wake(std::os::fd::OwnedFd);
+
+impl Wake {
+    pub(super) fn new(members: &[RawFd]) -> io::Result<Wake> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain constructor; a negative return is failure with errno.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` was just created and is owned by nothing else.
+        let wake = Wake(unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) });
+        for &fd in members {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: 0,
+            };
+            // SAFETY: `ep` and `fd` are open descriptors; `ev` is a valid event for the call.
+            if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(wake)
+    }
+
+    pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.0)
+    }
+}
+
 /// A completion queue.
 pub(super) struct RawCq(*mut ffi::ibv_cq);
 
 impl RawCq {
-    pub(super) fn new(ctx: *mut ibv_context, depth: u32) -> Result<RawCq> {
+    /// A CQ of `depth` entries reporting on `channel` once armed.
+    pub(super) fn new(ctx: *mut ibv_context, depth: u32, channel: &CompChannel) -> Result<RawCq> {
         let depth = i32::try_from(depth).map_err(|_| Error::InvalidArgument("CQ depth"))?;
-        // SAFETY: `ctx` is a live device context owned by the provider; no channel is used.
-        let cq = unsafe { ffi::ibv_create_cq(ctx, depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        // SAFETY: `ctx` is a live device context and `channel` a live completion channel on
+        // it, both owned by the provider, which destroys the CQ first.
+        let cq = unsafe { ffi::ibv_create_cq(ctx, depth, ptr::null_mut(), channel.0, 0) };
         if cq.is_null() {
             return Err(Error::Io(io::Error::last_os_error()));
         }
@@ -99,6 +192,12 @@ impl RawCq {
 
     pub(super) fn ptr(&self) -> *mut ffi::ibv_cq {
         self.0
+    }
+
+    /// Asks for an event on the channel at the CQ's next completion.
+    pub(super) fn arm(&self) -> bool {
+        // SAFETY: the CQ is live.
+        unsafe { ffi::ibv_req_notify_cq(self.0, 0) == 0 }
     }
 
     /// Up to `out.len()` completions; returns how many were written.
@@ -429,15 +528,7 @@ impl EventChannel {
             return Err(io::Error::last_os_error());
         }
         let ch = EventChannel(ch);
-        let fd = ch.fd();
-        // SAFETY: `fd` is the channel's open descriptor; F_GETFL/F_SETFL only change flags.
-        let ok = unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
-        };
-        if !ok {
-            return Err(io::Error::last_os_error());
-        }
+        set_nonblocking(ch.fd())?;
         Ok(ch)
     }
 
