@@ -60,8 +60,8 @@ const IDLE_CHORES_EVERY: Duration = Duration::from_micros(50);
 /// a parked thread hears of them at once anyway).
 const REAP_EVERY: Duration = Duration::from_millis(1);
 /// Longest park. The apps' sockets, the doorbell and the provider's event fd (the soft
-/// provider's sockets, rdma_cm's channel) wake a parked thread; completions of the `ibv`
-/// provider do not (no completion channel), so it looks again this often.
+/// provider's sockets; rdma_cm's channel and the completion channel of `ibv`) wake a parked
+/// thread; this bounds the wait for the rest (the engine's timers, the in-memory fabric).
 const PARK_MAX: Duration = Duration::from_millis(2);
 /// Apps that leave completions undrained this long are detached.
 const STALL_LIMIT: Duration = Duration::from_secs(10);
