@@ -561,6 +561,7 @@ pub fn compare(
         warmup: opts.warmup,
         stop: Stop::Duration(opts.duration),
         in_flight: 1,
+        think: Duration::ZERO,
         progress: opts.progress,
     };
     let t0 = Instant::now();

@@ -194,6 +194,10 @@ struct RunArgs {
     /// Calls in flight (1 = latency; more = throughput, coordinated-omission corrected).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     in_flight: u32,
+    /// Pause (µs) between a reply and the next call in its slot, outside the measured round trip:
+    /// with more than the daemon's `cpu.idle.park-after-us`, every call meets a parked daemon.
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    think_us: u64,
     /// Print the JSON document (schema rpcrdma-bench/run/1) on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -273,6 +277,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         warmup: a.warmup,
         stop: a.count.map_or(Stop::Duration(a.duration), Stop::Count),
         in_flight: a.in_flight as usize,
+        think: Duration::from_micros(a.think_us),
         progress: !a.no_progress && std::io::stderr().is_terminal(),
     };
     let out = OutFiles::new(&a.out, "run", SystemTime::now())?;

@@ -67,6 +67,9 @@ pub struct Settings {
     pub count: Option<u64>,
     /// Calls outstanding.
     pub in_flight: u32,
+    /// Pause before each call takes a freed slot (µs; 0: none).
+    #[serde(default)]
+    pub think_us: u64,
 }
 
 impl Settings {
@@ -81,6 +84,7 @@ impl Settings {
             duration_s,
             count,
             in_flight: o.in_flight as u32,
+            think_us: u64::try_from(o.think.as_micros()).unwrap_or(u64::MAX),
         }
     }
 }

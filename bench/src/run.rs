@@ -35,6 +35,9 @@ pub struct RunOptions {
     /// Calls outstanding (1: latency mode; more: throughput mode, recorded with coordinated-omission
     /// correction).
     pub in_flight: usize,
+    /// Pause between a reply and the call that takes its slot (not part of the round trip):
+    /// calls then reach a daemon that has gone idle, parked or asleep, as sporadic calls do.
+    pub think: Duration,
     /// Draw a progress bar (only shown on a terminal).
     pub progress: bool,
 }
@@ -103,6 +106,7 @@ struct Loop<'a> {
     w: &'a Workload,
     slots: Vec<Option<(Ticket, Instant, usize)>>,
     next: usize,
+    think: Duration,
     errors: u64,
     first_error: Option<String>,
 }
@@ -145,6 +149,9 @@ impl Loop<'_> {
             Ok(r) => self.w.check(k, &r),
             Err(e) => Err(format!("{}: {e}", self.w.case())),
         };
+        if !self.think.is_zero() {
+            std::thread::sleep(self.think);
+        }
         self.issue(i)?;
         match outcome {
             Ok(()) => Ok(Some(
@@ -210,6 +217,7 @@ pub fn run_case(
         w: &w,
         slots: vec![None; n],
         next: 0,
+        think: opts.think,
         errors: 0,
         first_error: None,
     };

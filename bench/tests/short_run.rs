@@ -16,6 +16,7 @@ fn opts(count: u64, in_flight: usize) -> RunOptions {
         warmup: Duration::ZERO,
         stop: Stop::Count(count),
         in_flight,
+        think: Duration::ZERO,
         progress: false,
     }
 }
@@ -78,6 +79,25 @@ fn throughput_mode_keeps_calls_in_flight_and_records_corrected_latencies() {
         assert!(r.hist.len() >= 50);
         assert_eq!(c.in_flight(), 0, "{s}: calls left in flight after the case");
     }
+}
+
+/// A think time spaces the calls out but stays outside the round trips: the measured phase
+/// lasts at least one pause per call, and every call is still recorded once.
+#[test]
+fn think_time_spaces_the_calls_and_is_not_counted_in_round_trips() {
+    let session = Target::Loopback
+        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
+        .unwrap();
+    let (mut c, peer, _) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    let think = Duration::from_millis(20);
+    let o = RunOptions {
+        think,
+        ..opts(5, 1)
+    };
+    let r = run_case(&mut c, peer, "null".parse().unwrap(), &o, Instant::now()).unwrap();
+    assert_eq!((r.count, r.errors, r.hist.len()), (5, 0, 5));
+    assert!(r.elapsed >= think * 5, "{:?}", r.elapsed);
+    assert_eq!(rpcrdma_bench::report::Settings::from(&o).think_us, 20_000);
 }
 
 #[test]
