@@ -885,6 +885,8 @@ impl Provider for IbvProvider {
         {
             return Err(Error::BadState);
         }
+        // Events already queued are taken and acknowledged while every CQ still lives.
+        self.comp.drain();
         self.cqs[cq.0 as usize] = None;
         Ok(())
     }
@@ -1207,6 +1209,7 @@ impl Drop for IbvProvider {
         }
         self.qps.clear();
         self.srqs.clear();
+        self.comp.drain();
         self.cqs.clear();
         self.mrs.clear();
         self.pds.clear();
