@@ -552,27 +552,9 @@ fn pools(s: &mut Sink<'_, '_>, p: &Pools, t: &Transport) {
     }
 }
 
-/// Forward and backward credits each connection gets from `share` shared receive buffers:
-/// all of them if the share holds them plus one spare, else both scaled down (at least one
-/// each, backchannel only if configured); `None` if the share is too small. The poll thread
-/// applies the same rule (`rpcrdma_dataplane::poll::divide_share`; a test in the control
-/// crate checks they agree).
-pub fn divide_share(credits: u32, backchannel: u32, share: u32) -> Option<(u32, u32)> {
-    let credits = credits.max(1);
-    let avail = share.checked_sub(1)?;
-    if avail >= credits.saturating_add(backchannel) {
-        return Some((credits, backchannel));
-    }
-    let bc = if backchannel == 0 {
-        0
-    } else {
-        let scaled = u64::from(avail) * u64::from(backchannel)
-            / (u64::from(credits) + u64::from(backchannel));
-        (scaled as u32).clamp(1, backchannel)
-    };
-    let fwd = avail.checked_sub(bc).filter(|&f| f >= 1)?;
-    Some((fwd.min(credits), bc))
-}
+/// The poll thread's own rule for the credits a share of receives holds (one definition, in
+/// `rpcrdma-proto`, for the checker and the poll thread).
+pub use rpcrdma_proto::credits::divide_share;
 
 /// Parses `ip:port`, `[v6]:port` or a bare IP (port 20049).
 pub fn parse_address(a: &str) -> Option<SocketAddr> {

@@ -47,6 +47,7 @@ use core::fmt;
 
 pub mod chunk;
 pub mod cm;
+pub mod credits;
 mod display;
 mod error;
 pub mod rpc;

@@ -21,30 +21,7 @@ use crate::driver::{ConnTemplate, Driver, DriverError};
 use crate::mem::MemRef;
 use rpcrdma_verbs::{CqId, Mr, PdId, Provider};
 
-/// Receives each connection keeps unassigned (a version-two optional message, AMB-19).
-pub const SPARE_RECEIVES: u32 = 1;
-
-/// Forward and backward credits a connection gets from a share of `share` receive buffers,
-/// given the configured `credits` and `backchannel` credits: all of them when the share holds
-/// them plus [`SPARE_RECEIVES`]; otherwise both are scaled down in proportion (backchannel
-/// at least 1 if configured, forward at least 1). `None`: the share cannot hold one forward
-/// credit (and one backchannel credit, if configured) plus the spare.
-pub fn divide_share(credits: u32, backchannel: u32, share: u32) -> Option<(u32, u32)> {
-    let credits = credits.max(1);
-    let avail = share.checked_sub(SPARE_RECEIVES)?;
-    if avail >= credits.saturating_add(backchannel) {
-        return Some((credits, backchannel));
-    }
-    let bc = if backchannel == 0 {
-        0
-    } else {
-        let scaled = u64::from(avail) * u64::from(backchannel)
-            / (u64::from(credits) + u64::from(backchannel));
-        (scaled as u32).clamp(1, backchannel)
-    };
-    let fwd = avail.checked_sub(bc).filter(|&f| f >= 1)?;
-    Some((fwd.min(credits), bc))
-}
+pub use rpcrdma_proto::credits::{divide_share, SPARE_RECEIVES};
 
 /// A poll thread's buffer plan: the per-connection template (credits capped to the share)
 /// and where the send pool and the shared receive queue lie in one registered region.
