@@ -3,8 +3,9 @@
 
 use rpcrdma_bench::case::{self, Case, Mode, Proc};
 use rpcrdma_bench::run::{run_case, RunOptions, Stop};
-use rpcrdma_bench::target::{spawn_ready, temp_socket, Target};
+use rpcrdma_bench::target::{spawn_ready, temp_socket, Session, Target};
 use rpcrdma_bench::{attach, serve};
+use rpcrdma_shm::Client;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -21,12 +22,19 @@ fn opts(count: u64, in_flight: usize) -> RunOptions {
     }
 }
 
-#[test]
-fn every_mode_and_size_end_completes_with_intact_data_through_loopback_and_serve() {
+/// The loopback harness (kept running while the session lives) and a client attached to it:
+/// the client, the peer index and its name.
+fn loopback() -> (Session, Client, u32, String) {
     let session = Target::Loopback
         .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
         .unwrap();
-    let (mut c, peer, name) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    let (c, peer, name) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    (session, c, peer, name)
+}
+
+#[test]
+fn every_mode_and_size_end_completes_with_intact_data_through_loopback_and_serve() {
+    let (session, mut c, peer, name) = loopback();
     assert_eq!(name, "loopback");
     serve::start_callbacks(session.socket.clone(), Duration::ZERO).unwrap();
     let mut cases = case::matrix("quick").unwrap();
@@ -64,10 +72,7 @@ fn every_mode_and_size_end_completes_with_intact_data_through_loopback_and_serve
 
 #[test]
 fn throughput_mode_keeps_calls_in_flight_and_records_corrected_latencies() {
-    let session = Target::Loopback
-        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
-        .unwrap();
-    let (mut c, peer, _) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    let (_session, mut c, peer, _) = loopback();
     for s in ["null", "echo/read-chunk/64KiB", "read/write-chunk/1MiB"] {
         let case: Case = s.parse().unwrap();
         let r = run_case(&mut c, peer, case, &opts(50, 8), Instant::now()).unwrap();
@@ -85,10 +90,7 @@ fn throughput_mode_keeps_calls_in_flight_and_records_corrected_latencies() {
 /// lasts at least one pause per call, and every call is still recorded once.
 #[test]
 fn think_time_spaces_the_calls_and_is_not_counted_in_round_trips() {
-    let session = Target::Loopback
-        .open(Path::new(EXE), Duration::ZERO, Duration::from_micros(200))
-        .unwrap();
-    let (mut c, peer, _) = attach(&session.socket, "", Duration::ZERO).unwrap();
+    let (_session, mut c, peer, _) = loopback();
     let think = Duration::from_millis(20);
     let o = RunOptions {
         think,

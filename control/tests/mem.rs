@@ -280,11 +280,8 @@ fn backoff_spins_for_spin_us_of_time_not_a_count_of_polls() {
     nulls(&d, 20);
     let polls = |s: &serde_json::Value| thread_sum(s, "idle-polls");
     let before = polls(&d.ctl_json(&["stats"]));
-    let spun = eventually(60, || {
-        let s = d.ctl_json(&["stats"]);
-        (polls(&s) > before + 200_000).then_some(s)
-    })
-    .unwrap_or_else(|| panic!("an idle thread keeps polling\n{}", d.log()));
+    let spun = stats_until(&d, |s| polls(s) > before + 200_000)
+        .unwrap_or_else(|| panic!("an idle thread keeps polling\n{}", d.log()));
     assert_eq!(thread_sum(&spun, "parks"), 0, "{spun}");
     nulls(&d, 5);
     drop(d);
@@ -295,15 +292,20 @@ fn backoff_spins_for_spin_us_of_time_not_a_count_of_polls() {
     );
 }
 
+/// The daemon's stats once `ready` holds of them (within a minute).
+fn stats_until(
+    d: &Daemon,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> Option<serde_json::Value> {
+    eventually(60, || Some(d.ctl_json(&["stats"])).filter(|s| ready(s)))
+}
+
 /// A daemon with these idle lines serves calls, parks once idle, and an app's doorbell still
 /// wakes it for the next calls.
 fn parks_and_wakes(name: &str, idle: &str) -> Daemon {
     let d = idle_daemon(name, idle);
     nulls(&d, 5);
-    let parked = eventually(60, || {
-        let s = d.ctl_json(&["stats"]);
-        (thread_sum(&s, "parks") > 0).then_some(s)
-    });
+    let parked = stats_until(&d, |s| thread_sum(s, "parks") > 0);
     assert!(parked.is_some(), "an idle thread parks\n{}", d.log());
     nulls(&d, 5);
     d

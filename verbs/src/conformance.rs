@@ -1330,8 +1330,8 @@ pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Ha
     });
 }
 
-/// Whether `fd` is readable now (`wait_ms` 0) or within `wait_ms`.
-fn readable(fd: std::os::fd::BorrowedFd<'_>, wait_ms: i32) -> bool {
+/// Whether `fd` is readable now (`wait_ms` 0) or within `wait_ms` (poll(2)).
+pub fn readable(fd: std::os::fd::BorrowedFd<'_>, wait_ms: i32) -> bool {
     use std::os::fd::AsRawFd;
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),

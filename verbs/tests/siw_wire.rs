@@ -5,6 +5,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use rpcrdma_verbs::conformance::readable;
 use rpcrdma_verbs::soft::{wire, SoftConfig, SoftProvider, SoftTcp};
 use rpcrdma_verbs::{
     Access, CmEvent, ConnParams, CqId, Mr, Provider, QpId, QpInit, SendOp, SendWr, Sge, WcStatus,
@@ -424,28 +425,24 @@ fn iwarp_1_4_reply_with_excess_ord_fails_connect() {
     );
 }
 
-/// Wait until `fd` is readable (poll(2)); false after the hang guard.
-fn readable(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut p, 1, 20_000) };
-    n == 1 && p.revents & libc::POLLIN != 0
+/// How long a test waits for the event fd (a hang guard, not a timing assertion).
+const HANG_GUARD_MS: i32 = 20_000;
+
+fn event_fd(n: &Node) -> std::os::fd::BorrowedFd<'_> {
+    n.p.event_fd().expect("the TCP provider has an event fd")
 }
 
 #[test]
 fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
     let mut n = Node::new(SoftConfig::default());
-    let fd = n.p.event_fd().expect("the TCP provider has an event fd");
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = n.p.listen_addr(l).unwrap();
     assert!(n.p.poll_cm().is_none());
     let mut s = TcpStream::connect(addr).unwrap();
-    assert!(readable(fd), "event fd readable after a connection arrives");
+    assert!(
+        readable(event_fd(&n), HANG_GUARD_MS),
+        "event fd readable after a connection arrives"
+    );
     s.write_all(&siw_request(wire::MPA_ENHANCED, 1, 1)).unwrap();
     wait(&mut n, "connect request", |n| {
         n.events
@@ -453,15 +450,11 @@ fn cm_event_fd_wakes_on_connect_request_and_quiets_after_poll() {
             .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
     });
     // Everything was consumed: the descriptor is quiet again.
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
     assert!(n.p.poll_cm().is_none());
-    // SAFETY: `p` is one valid pollfd for the duration of the call.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    assert_eq!(r, 0, "no readiness left after poll_cm drained it");
+    assert!(
+        !readable(event_fd(&n), 0),
+        "no readiness left after poll_cm drained it"
+    );
 }
 
 /// Data that makes the event fd readable is read by the `poll_cm` that consumes that
@@ -478,8 +471,6 @@ fn data_that_raised_the_event_fd_is_read_by_the_poll_cm_that_consumes_it() {
     // The MPA Reply: its fixed part, then the private data.
     let _ = read_exact(&mut n, &mut s, wire::MPA_HDR_LEN + SERVER_PD.len());
     let qp = n.qp.unwrap();
-    let fd = n.p.event_fd().expect("the TCP provider has an event fd");
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let mut send = golden_send();
     // Rest the link for a different number of empty polls each time, so that some sends find
     // it skipping reads.
@@ -492,7 +483,10 @@ fn data_that_raised_the_event_fd_is_read_by_the_poll_cm_that_consumes_it() {
         assert!(n.wcs.is_empty() && n.p.poll_cm().is_none());
         send[15] = msn;
         s.write_all(&send).unwrap();
-        assert!(readable(fd), "send {msn}: the event fd wakes a sleeper");
+        assert!(
+            readable(event_fd(&n), HANG_GUARD_MS),
+            "send {msn}: the event fd wakes a sleeper"
+        );
         assert!(n.p.poll_cm().is_none());
         let mut w = [WorkCompletion::default(); 4];
         let got = n.p.poll_cq(n.cq, &mut w).unwrap();
