@@ -109,6 +109,31 @@ fn stats(h: &PollHandle) -> rpcrdma_dataplane::poll::ThreadStats {
     })
 }
 
+/// Makes thread `h` listen and connect to itself as configured peer 0 (both ends of the
+/// connection are its own); the connection's id.
+fn self_connection(h: &PollHandle) -> u32 {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    h.send(Command::Listen { addr: any }).expect("listen");
+    let addr = expect(h, "Listening", |e| match e {
+        Event::Listening { result, .. } => Some(result.expect("bound")),
+        _ => None,
+    });
+    h.send(Command::Connect {
+        peer: 0,
+        addr,
+        version: 1,
+    })
+    .expect("connect");
+    expect(h, "Up", |e| match e {
+        Event::Up {
+            conn,
+            peer: Some(0),
+            ..
+        } => Some(conn),
+        _ => None,
+    })
+}
+
 fn server(path: &Path) -> Server {
     let mut s = Server::connect(path).expect("server attach");
     s.receive_buffers(8, 64 * 1024);
@@ -132,26 +157,7 @@ fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
         });
     }
     // Thread 1 listens and connects to itself: both ends of the connection are its own.
-    let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    t1.send(Command::Listen { addr: any }).expect("listen");
-    let addr = expect(&t1, "Listening", |e| match e {
-        Event::Listening { result, .. } => Some(result.expect("bound")),
-        _ => None,
-    });
-    t1.send(Command::Connect {
-        peer: 0,
-        addr,
-        version: 1,
-    })
-    .expect("connect");
-    let conn = expect(&t1, "Up", |e| match e {
-        Event::Up {
-            conn,
-            peer: Some(0),
-            ..
-        } => Some(conn),
-        _ => None,
-    });
+    let conn = self_connection(&t1);
     assert_eq!(mesh.thread_of(conn), 1, "connection ids name their thread");
 
     // Both apps on thread 0.
@@ -223,5 +229,98 @@ fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
     for h in [t0, t1] {
         let _ = h.send(Command::Stop);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Incoming calls wait for a receive buffer in one line per serving app: a server with every
+/// buffer in use holds up only its own calls, not another app's (whose own waiting calls are
+/// placed as its buffers come back), and its calls reach it in the order they came.
+#[test]
+fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() {
+    let dir = std::env::temp_dir().join(format!("rpcrdma-dp-held-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("app.sock");
+    let mut mesh = Mesh::new(1, 2, 1, 64).expect("mesh");
+    let soft = rpcrdma_verbs::soft::SoftConfig::default();
+    let t0 = poll::spawn_mem(spec(0), mesh.port(0).expect("port"), soft, Box::new(|| {}))
+        .expect("thread");
+    expect(&t0, "Started", |e| {
+        matches!(e, Event::Started { .. }).then_some(())
+    });
+    self_connection(&t0);
+    let mut apps = Listener::bind(&path, spec(0).geometry, vec!["self".into()]).expect("apps");
+
+    // A: two buffers, and it serves only when told to; it tells the order of its calls.
+    let (a_ready, a_registered) = std::sync::mpsc::channel();
+    let (go, a_go) = std::sync::mpsc::channel::<()>();
+    let (a_saw, seen) = std::sync::mpsc::channel();
+    let p = path.clone();
+    let _a = attach(&mut apps, &t0, move || {
+        let mut s = Server::connect(&p).expect("server a");
+        s.receive_buffers(2, 4096);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register a");
+        let _ = a_ready.send(());
+        let _ = a_go.recv();
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, |call, reply| {
+            let _ = a_saw.send(call.args.get(4).copied().unwrap_or(u8::MAX));
+            rdmatest::handle(call, reply);
+        });
+    });
+    a_registered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a registered");
+    // B: version 2 of the program, one buffer, serving at once.
+    let (b_ready, b_registered) = std::sync::mpsc::channel();
+    let p = path.clone();
+    let _b = attach(&mut apps, &t0, move || {
+        let mut s = Server::connect(&p).expect("server b");
+        s.receive_buffers(1, 4096);
+        s.start(rdmatest::PROG, 2).expect("register b");
+        let _ = b_ready.send(());
+        let _ = s.serve(rdmatest::PROG, 2, rdmatest::handle);
+    });
+    b_registered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("b registered");
+    let p = path.clone();
+    let mut c = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"))
+        .join()
+        .expect("client thread");
+    let peer = c.peer("self").expect("peer");
+    let echo = |c: &mut Client, vers: u32, i: u8| {
+        let mut call = c.call(peer, rdmatest::PROG, vers, rdmatest::ECHO);
+        call.args().put_opaque(&[i; 8]);
+        call.max_reply(64);
+        call.submit().expect("submit")
+    };
+    // A fresh connection's requester has one credit until a reply grants more: one call
+    // answered by B first, or A's unanswered first call would hold up everything after it.
+    let warm = echo(&mut c, 2, 99);
+    c.wait(warm, T).expect("first call");
+    // Six calls for A (two take its buffers, four wait), then four for B (three wait for its
+    // one buffer, behind A's line).
+    let for_a: Vec<_> = (0..6u8).map(|i| echo(&mut c, rdmatest::VERS, i)).collect();
+    let for_b: Vec<_> = (0..4u8).map(|i| echo(&mut c, 2, 100 + i)).collect();
+    let short = Some(Duration::from_secs(10));
+    for (i, t) in for_b.into_iter().enumerate() {
+        let r = c
+            .wait(t, short)
+            .unwrap_or_else(|e| panic!("B's call {i} held up behind A: {e:?}"));
+        assert_eq!(r.body[4..], [100 + i as u8; 8], "B's call {i}");
+    }
+    go.send(()).expect("go");
+    for (i, t) in for_a.into_iter().enumerate() {
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("A's call {i}: {e:?}"));
+        assert_eq!(r.body[4..], [i as u8; 8], "A's call {i}");
+    }
+    let order: Vec<u8> = seen.try_iter().collect();
+    assert_eq!(
+        order,
+        [0, 1, 2, 3, 4, 5],
+        "A's calls in the order they came"
+    );
+    let _ = t0.send(Command::Stop);
     let _ = std::fs::remove_dir_all(&dir);
 }

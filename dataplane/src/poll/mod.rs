@@ -14,6 +14,7 @@
 //! [`PoolPlan`] from [`PoolSpec`]; each connection's credits are capped to its share of the
 //! receive queue (see `dataplane/README.md`).
 
+mod held;
 mod mesh;
 mod pools;
 mod stats;

@@ -7,6 +7,7 @@
 //! another thread or to this one (see `mesh.rs`), so an app's call travels the same path
 //! whether its connection lives here or elsewhere.
 
+use super::held::HeldLines;
 use super::mesh::{Hop, Port, Results};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit};
@@ -154,7 +155,9 @@ pub struct PollThread<P: Provider> {
     /// Calls of our apps in flight, by op, with the thread of their connection.
     pending: IdMap<usize>,
     serving: IdMap<Serving>,
-    held_in: VecDeque<(usize, Inbound)>,
+    /// Incoming calls waiting for a receive buffer, one line per serving app (with the
+    /// thread they came from).
+    held_in: HeldLines<AppId, (usize, Inbound)>,
     /// The app table's [`AppTable::recv_epoch`] when `held_in` was last tried.
     held_epoch: u64,
     /// Programs our apps serve, as told to the other threads.
@@ -317,7 +320,7 @@ impl<P: Provider> PollThread<P> {
             subs: Vec::with_capacity(SUB_BATCH),
             pending: id_map(),
             serving: id_map(),
-            held_in: VecDeque::with_capacity(MAX_WAITING),
+            held_in: HeldLines::new(MAX_WAITING),
             held_epoch: 0,
             announced: Vec::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
@@ -403,14 +406,7 @@ impl<P: Provider> PollThread<P> {
         let epoch = self.table.recv_epoch();
         if epoch != self.held_epoch {
             self.held_epoch = epoch;
-            let held = self.held_in.len();
-            for _ in 0..held {
-                let Some((from, call)) = self.held_in.pop_front() else {
-                    break;
-                };
-                self.app_incoming(from, call);
-            }
-            work |= self.held_in.len() < held;
+            work |= self.place_held();
         }
         let mut subs = std::mem::take(&mut self.subs);
         subs.clear();
@@ -539,7 +535,7 @@ impl<P: Provider> PollThread<P> {
                 Some(Serving::Replying(op)) => {
                     self.table.complete_reply(op, status::TRANSPORT);
                 }
-                None => self.held_in.retain(|(_, c)| c.ic.tag != tag),
+                None => self.held_in.remove_where(|(_, c)| c.ic.tag == tag),
             },
             Hop::FailServed { tag } => {
                 if let Some(&stag) = self.by_tag.get(&tag) {
@@ -749,13 +745,7 @@ impl<P: Provider> PollThread<P> {
     /// connection side to place the arguments there. While every buffer of that app is busy
     /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
     fn app_incoming(&mut self, from: usize, call: Inbound) {
-        let (p, v) = (call.ic.prog, call.ic.vers);
-        let server = self.table.lookup(p, v).or_else(|| {
-            call.backchannel
-                .then(|| self.table.lookup_backchannel(p, v))
-                .flatten()
-        });
-        let Some(app) = server else {
+        let Some(app) = self.server_app(&call) else {
             return self.hop(
                 from,
                 Hop::Refuse {
@@ -764,13 +754,59 @@ impl<P: Provider> PollThread<P> {
                 },
             );
         };
-        // Every buffer of the server in use: the call waits for one, keeping its place in
-        // the line (checked first, as a waiting call comes here again whenever a buffer is
-        // posted).
-        if self.table.recv_posted(app) == 0 && self.held_in.len() < MAX_WAITING {
-            self.held_in.push_back((from, call));
-            return;
+        // Behind the calls already waiting for this server, or waiting while every buffer
+        // of it is in use. With every node of the lines in use, it tries for a buffer at once
+        // (and is refused without one).
+        let call = if self.held_in.line_len(app) > 0 || self.table.recv_posted(app) == 0 {
+            match self.held_in.push(app, (from, call)) {
+                Ok(()) => return,
+                Err((_, call)) => call,
+            }
+        } else {
+            call
+        };
+        self.place_incoming(from, app, call);
+    }
+
+    /// The app of this thread serving `call`'s program (a callback program only on a
+    /// connection this side opened).
+    fn server_app(&self, call: &Inbound) -> Option<AppId> {
+        let (p, v) = (call.ic.prog, call.ic.vers);
+        self.table.lookup(p, v).or_else(|| {
+            call.backchannel
+                .then(|| self.table.lookup_backchannel(p, v))
+                .flatten()
+        })
+    }
+
+    /// Places held calls whose server has a buffer now, in order, each line until its
+    /// server has none; a call whose program is served by another app now (or by none) is
+    /// routed again. True if any call left the lines.
+    fn place_held(&mut self) -> bool {
+        let mut moved = false;
+        let mut k = 0;
+        while let Some((app, &(from, call))) = self.held_in.head(k) {
+            let server = self.server_app(&call);
+            if server == Some(app) && self.table.recv_posted(app) == 0 {
+                k += 1;
+                continue;
+            }
+            // Line `k` is looked at again: the same line, or, if it emptied and went, the
+            // last line, which took its place unseen. A call routed again joins the line of
+            // its new server (which has no buffer, or calls ahead of it) or is placed: the
+            // table's registrations do not change in this pass, so no call moves twice.
+            self.held_in.pop(k);
+            moved = true;
+            match server {
+                Some(a) if a == app => self.place_incoming(from, app, call),
+                _ => self.app_incoming(from, call),
+            }
         }
+        moved
+    }
+
+    /// Gives `call` a receive buffer of `app` and asks its connection side for the arguments.
+    fn place_incoming(&mut self, from: usize, app: AppId, call: Inbound) {
         match self.table.take_recv(app, call.ic.args_len) {
             Ok(rb) => {
                 let buf = rb.buf;
