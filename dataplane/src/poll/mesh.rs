@@ -25,6 +25,63 @@ use std::sync::Arc;
 /// Results of a call as [`Hop::CallDone`] carries them (offset, length of each DDP result).
 pub(crate) type Results = [(u32, u32); rpcrdma_shm::abi::MAX_PIECES];
 
+/// Boxes of the two large things hops carry (a call's request, a reply's result pieces), kept
+/// for reuse.
+///
+/// A hop is as large as its largest kind and is moved into a queue and out again: with a
+/// call's request inline (328 bytes) every hop, even a 16-byte answer, was a `memcpy` call of
+/// 336 bytes, about a tenth of a daemon's instructions per RPC. Boxed, a hop is small enough to
+/// move in registers. The thread that sends a call or a reply takes a box here; the thread that
+/// receives it keeps the box once it has read it, and the hop answering it (`CallDone`,
+/// `ReplyDone`) brings a box back when it crosses threads. So boxes stay with the threads that
+/// use them, and a thread allocates one only when it has more in flight at once than it ever had
+/// (the first calls after a start; the stack itself is sized once).
+#[derive(Debug)]
+pub(crate) struct Spares<T> {
+    free: Vec<Box<T>>,
+}
+
+impl<T: Copy> Spares<T> {
+    /// Boxes kept at most (more are freed).
+    const MAX: usize = 4096;
+
+    /// No box yet, room for [`Self::MAX`].
+    pub(crate) fn new() -> Spares<T> {
+        Spares {
+            free: Vec::with_capacity(Self::MAX),
+        }
+    }
+
+    /// `v` in a box (a kept one when there is one).
+    pub(crate) fn boxed(&mut self, v: T) -> Box<T> {
+        match self.free.pop() {
+            Some(mut b) => {
+                *b = v;
+                b
+            }
+            None => Box::new(v),
+        }
+    }
+
+    /// Keeps `b` for reuse.
+    pub(crate) fn keep(&mut self, b: Box<T>) {
+        if self.free.len() < Self::MAX {
+            self.free.push(b);
+        }
+    }
+
+    /// A kept box to send back to the thread a request came from.
+    pub(crate) fn give(&mut self) -> Option<Box<T>> {
+        self.free.pop()
+    }
+
+    /// Boxes kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.free.len()
+    }
+}
+
 /// A message from one poll thread to another (or to itself). "App side" is the thread owning
 /// the app, "connection side" the thread owning the connection.
 #[derive(Debug)]
@@ -33,8 +90,9 @@ pub(crate) enum Hop {
     Call {
         /// Global connection id.
         conn: u32,
-        /// The validated call (its `id` names the app on the sending thread).
-        req: CallRequest,
+        /// The validated call (its `id` names the app on the sending thread), boxed
+        /// ([`Spares`]).
+        req: Box<CallRequest>,
     },
     /// Connection side → app side: how call `op` ended.
     CallDone {
@@ -50,6 +108,8 @@ pub(crate) enum Hop {
         n: u8,
         /// DDP results (offset, length) in the app's arena.
         results: Results,
+        /// A box for the app side's next call, when the call came from another thread.
+        spare: Option<Box<CallRequest>>,
     },
     /// Connection side → app side: an incoming call for a program this thread's app serves.
     Incoming(super::thread::Inbound),
@@ -86,8 +146,8 @@ pub(crate) enum Hop {
         accept_stat: u32,
         /// Reply message in the arena.
         msg: ArenaRange,
-        /// DDP-eligible results.
-        results: PieceList,
+        /// DDP-eligible results, boxed ([`Spares`]).
+        results: Box<PieceList>,
     },
     /// Connection side → app side: the reply of `tag` went out (`code` OK) or failed.
     ReplyDone {
@@ -95,6 +155,8 @@ pub(crate) enum Hop {
         tag: u64,
         /// ABI status.
         code: u32,
+        /// A box for the app side's next reply, when the reply came from another thread.
+        spare: Option<Box<PieceList>>,
     },
     /// Connection side → app side: the call `tag` ended before its reply (connection lost).
     Aborted {
@@ -363,6 +425,40 @@ mod tests {
         assert_eq!(b.bell().read(&mut buf).unwrap(), 1, "the sender rang");
         b.unpark();
         assert!(!b.park(), "a queued hop keeps the thread awake");
+    }
+
+    /// A hop is moved into a queue and out again, whatever its kind: it must stay small
+    /// enough to move without a `memcpy` call (the large payloads travel boxed).
+    #[test]
+    fn a_hop_is_small() {
+        assert!(
+            std::mem::size_of::<Hop>() <= 128,
+            "{}",
+            std::mem::size_of::<Hop>()
+        );
+    }
+
+    /// Boxes are reused: taking and keeping them allocates nothing new, and a box given back
+    /// to another thread leaves this one's spares.
+    #[test]
+    fn spare_boxes_are_reused_and_bounded() {
+        let mut sp = Spares::new();
+        let a = sp.boxed(1u64);
+        let b = sp.boxed(2);
+        let (pa, pb) = (&*a as *const u64, &*b as *const u64);
+        assert_eq!((sp.len(), *a, *b), (0, 1, 2), "an empty stack allocates");
+        sp.keep(a);
+        sp.keep(b);
+        let again = sp.boxed(4);
+        assert!(std::ptr::eq(&*again, pb), "the last kept box serves next");
+        assert_eq!(*again, 4);
+        assert!(sp.give().is_some_and(|g| std::ptr::eq(&*g, pa)));
+        assert!(sp.give().is_none());
+        let mut full = Spares::new();
+        for k in 0..Spares::<u8>::MAX + 5 {
+            full.keep(Box::new(k as u8));
+        }
+        assert_eq!(full.len(), Spares::<u8>::MAX, "kept boxes are bounded");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! whether its connection lives here or elsewhere.
 
 use super::held::HeldLines;
-use super::mesh::{Hop, Port, Results};
+use super::mesh::{Hop, Port, Results, Spares};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit};
 use crate::conn::{
@@ -162,8 +162,11 @@ pub struct PollThread<P: Provider> {
     held_epoch: u64,
     /// Programs our apps serve, as told to the other threads.
     announced: Vec<(u32, u32, bool, AppId)>,
+    /// Boxes for the requests and result pieces hops carry (see [`Spares`]).
+    call_boxes: Spares<CallRequest>,
+    piece_boxes: Spares<PieceList>,
     // Connection side.
-    waiting: VecDeque<(u32, usize, CallRequest)>,
+    waiting: VecDeque<(u32, usize, Box<CallRequest>)>,
     calls: IdMap<Pending>,
     next_token: u64,
     served: IdMap<Served>,
@@ -323,6 +326,8 @@ impl<P: Provider> PollThread<P> {
             held_in: HeldLines::new(MAX_WAITING),
             held_epoch: 0,
             announced: Vec::new(),
+            call_boxes: Spares::new(),
+            piece_boxes: Spares::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
             calls: id_map(),
             next_token: 0,
@@ -456,11 +461,17 @@ impl<P: Provider> PollThread<P> {
         work
     }
 
-    /// Sends `hop` to thread `to` (this one included); never drops it.
-    fn hop(&mut self, to: usize, hop: Hop) {
+    /// Sends `hop` to thread `to` (this one included); never drops it. An answer to another
+    /// thread's call or reply takes a box back to it ([`Spares`]).
+    fn hop(&mut self, to: usize, mut hop: Hop) {
         if to == self.port.me() {
             self.local.push_back(hop);
             return;
+        }
+        match &mut hop {
+            Hop::CallDone { spare, .. } => *spare = self.call_boxes.give(),
+            Hop::ReplyDone { spare, .. } => *spare = self.piece_boxes.give(),
+            _ => {}
         }
         let Some(out) = self.outbox.get_mut(to) else {
             tracing::debug!(to, "hop to an unknown thread dropped");
@@ -498,7 +509,11 @@ impl<P: Provider> PollThread<P> {
                 reply_len,
                 n,
                 results,
+                spare,
             } => {
+                if let Some(b) = spare {
+                    self.call_boxes.keep(b);
+                }
                 self.pending.remove(&op.to_u64());
                 if code != status::OK {
                     self.stats.totals.call_errors += 1;
@@ -523,8 +538,14 @@ impl<P: Provider> PollThread<P> {
                 accept_stat,
                 msg,
                 results,
-            } => self.conn_reply(from, tag, app, accept_stat, msg, &results),
-            Hop::ReplyDone { tag, code } => {
+            } => {
+                self.conn_reply(from, tag, app, accept_stat, msg, &results);
+                self.piece_boxes.keep(results);
+            }
+            Hop::ReplyDone { tag, code, spare } => {
+                if let Some(b) = spare {
+                    self.piece_boxes.keep(b);
+                }
                 if let Some(Serving::Replying(op)) = self.serving.remove(&tag) {
                     self.table.complete_reply(op, code);
                 }
@@ -651,7 +672,8 @@ impl<P: Provider> PollThread<P> {
                 match to {
                     Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
                         self.pending.insert(c.id.to_u64(), to);
-                        self.hop(to, Hop::Call { conn, req: c });
+                        let req = self.call_boxes.boxed(c);
+                        self.hop(to, Hop::Call { conn, req });
                     }
                     _ => {
                         tracing::debug!(peer = c.peer, "call failed: no connection up to the peer");
@@ -667,6 +689,7 @@ impl<P: Provider> PollThread<P> {
                     return;
                 }
                 self.serving.insert(r.tag, Serving::Replying(r.id));
+                let results = self.piece_boxes.boxed(r.results);
                 self.hop(
                     tag_thread(r.tag),
                     Hop::Reply {
@@ -674,7 +697,7 @@ impl<P: Provider> PollThread<P> {
                         app: r.id.app(),
                         accept_stat: r.accept_stat,
                         msg: r.msg,
-                        results: r.results,
+                        results,
                     },
                 );
             }
@@ -850,7 +873,7 @@ impl<P: Provider> PollThread<P> {
     // ----- Connection side --------------------------------------------------------------
 
     /// A call from an app of thread `origin` for connection `conn` of this thread.
-    fn conn_call(&mut self, origin: usize, conn: u32, c: CallRequest, now: Instant) {
+    fn conn_call(&mut self, origin: usize, conn: u32, c: Box<CallRequest>, now: Instant) {
         let up = self
             .local_slot(conn)
             .filter(|&i| self.slots[i].stats.info.state == ConnState::Up);
@@ -859,21 +882,44 @@ impl<P: Provider> PollThread<P> {
             _ => {
                 tracing::debug!(conn, "call failed: connection not up");
                 self.call_failed(origin, c.id, status::TRANSPORT, None);
+                self.call_boxes.keep(c);
             }
         }
     }
 
     /// Hands a call to the engine of connection slot `i` (held if every call slot is busy).
-    fn send_call(&mut self, i: u32, origin: usize, c: CallRequest, now: Instant) {
+    fn send_call(&mut self, i: u32, origin: usize, c: Box<CallRequest>, now: Instant) {
+        match self.submit_call(i, origin, &c, now) {
+            Err(()) if self.waiting.len() < MAX_WAITING => self.waiting.push_back((i, origin, c)),
+            Err(()) => {
+                tracing::debug!(conn = i, "call refused: too many calls waiting for a slot");
+                self.call_failed(origin, c.id, status::TRANSPORT, Some(i));
+                self.call_boxes.keep(c);
+            }
+            Ok(()) => self.call_boxes.keep(c),
+        }
+    }
+
+    /// [`send_call`](Self::send_call) but for holding the call: `Err` if every call slot of the
+    /// connection is busy (the call is not ended then); any other outcome is reported.
+    fn submit_call(
+        &mut self,
+        i: u32,
+        origin: usize,
+        c: &CallRequest,
+        now: Instant,
+    ) -> Result<(), ()> {
         let Some(conn) = self.slots.get(i as usize).and_then(|s| s.conn) else {
-            return self.call_failed(origin, c.id, status::TRANSPORT, None);
+            self.call_failed(origin, c.id, status::TRANSPORT, None);
+            return Ok(());
         };
         let app = c.id.app();
         let (Some(msg), Some(reply)) = (
             self.app_ref(origin, app, c.msg),
             self.app_ref(origin, app, c.reply),
         ) else {
-            return self.call_failed(origin, c.id, status::BAD_RANGE, Some(i));
+            self.call_failed(origin, c.id, status::BAD_RANGE, Some(i));
+            return Ok(());
         };
         let mut na = 0;
         for p in c.args.as_slice() {
@@ -935,15 +981,14 @@ impl<P: Provider> PollThread<P> {
                     .bytes_out
                     .saturating_add(u64::from(c.msg.len()));
             }
-            Err(crate::SubmitError::Busy) if self.waiting.len() < MAX_WAITING => {
-                self.waiting.push_back((i, origin, c));
-            }
+            Err(crate::SubmitError::Busy) => return Err(()),
             Err(e) => {
                 // The shm ABI has one code for every transport failure; the reason goes to the log.
                 tracing::debug!(conn = i, error = ?e, len = c.msg.len(), "call refused by the engine");
                 self.call_failed(origin, c.id, status::TRANSPORT, Some(i))
             }
         }
+        Ok(())
     }
 
     /// Ends a call of thread `origin`'s app on the connection side with `code`.
@@ -960,6 +1005,7 @@ impl<P: Provider> PollThread<P> {
                 reply_len: 0,
                 n: 0,
                 results: Results::default(),
+                spare: None,
             },
         );
     }
@@ -1096,6 +1142,7 @@ impl<P: Provider> PollThread<P> {
                 Hop::ReplyDone {
                     tag,
                     code: status::TRANSPORT,
+                    spare: None,
                 },
             );
         };
@@ -1108,6 +1155,7 @@ impl<P: Provider> PollThread<P> {
                 Hop::ReplyDone {
                     tag,
                     code: status::BAD_RANGE,
+                    spare: None,
                 },
             );
         };
@@ -1138,6 +1186,7 @@ impl<P: Provider> PollThread<P> {
                 Hop::ReplyDone {
                     tag,
                     code: status::TRANSPORT,
+                    spare: None,
                 },
             );
         }
@@ -1212,6 +1261,7 @@ impl<P: Provider> PollThread<P> {
                         reply_len: if code == status::OK { d.reply_len } else { 0 },
                         n,
                         results,
+                        spare: None,
                     },
                 );
             }
@@ -1226,7 +1276,12 @@ impl<P: Provider> PollThread<P> {
                         ReplyStatus::Sent => status::OK,
                         ReplyStatus::ErrChunk | ReplyStatus::Closed => status::TRANSPORT,
                     };
-                    self.hop(s.app_thread, Hop::ReplyDone { tag: s.tag, code });
+                    let done = Hop::ReplyDone {
+                        tag: s.tag,
+                        code,
+                        spare: None,
+                    };
+                    self.hop(s.app_thread, done);
                 }
                 if st == ReplyStatus::Sent {
                     if let Some(i) = slot {
