@@ -38,9 +38,9 @@ pub fn ring_echo(socket: &Path, spin: Duration) -> anyhow::Result<()> {
         table.poll_submissions(&mut subs, 32);
         let work = !subs.is_empty();
         for (_, s) in subs.drain(..) {
-            if let Submission::Call(c) = s {
+            if let Submission::Call(id) = s {
                 table.complete_call(
-                    c.id,
+                    id,
                     CallOutcome {
                         status: status::OK,
                         ..CallOutcome::default()

@@ -29,7 +29,7 @@
 //!
 //! | app side (`AppTable`)                      | engine side                                         |
 //! |--------------------------------------------|-----------------------------------------------------|
-//! | `Submission::Call(c)`                      | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
+//! | `Submission::Call(id)`, `c = call_request(id)` | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
 //! | app gone (`Detached::calls`)               | `cancel_call(conn, xid)` (fences its memory first)   |
 //! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
 //! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |

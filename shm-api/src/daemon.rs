@@ -21,9 +21,9 @@
 //!         match sub {
 //!             // Gather `c.msg` and `c.args` from `table.region(app)` and send them; when the reply has been
 //!             // placed in `c.reply` / `c.results`, call `complete_call` with its length and results.
-//!             Submission::Call(c) => {
-//!                 let _ = (app, c.peer);
-//!                 table.complete_call(c.id, CallOutcome { status: status::TRANSPORT, ..Default::default() });
+//!             Submission::Call(id) => {
+//!                 let _ = (app, table.call_request(id).map(|c| c.peer));
+//!                 table.complete_call(id, CallOutcome { status: status::TRANSPORT, ..Default::default() });
 //!             }
 //!             // Send the reply to the requester identified by `r.tag`, then `complete_reply`.
 //!             Submission::Reply(r) => {
@@ -194,8 +194,9 @@ pub struct ReplyRequest {
 /// What an app asked for, after validation.
 #[derive(Debug, Clone, Copy)]
 pub enum Submission {
-    /// Send a call to a peer.
-    Call(CallRequest),
+    /// Send a call to a peer: the validated request is [`AppTable::call_request`]`(id)`, kept
+    /// in the table (not copied here: it is 328 bytes, and this value is moved several times).
+    Call(OpId),
     /// Send a reply to a call delivered earlier.
     Reply(ReplyRequest),
     /// The app now serves (`prog`, `vers`) (already recorded for [`AppTable::lookup`]).
@@ -711,7 +712,7 @@ impl AppTable {
                     *next_xid = next_xid.wrapping_add(xid_step);
                     *next_xid
                 };
-                let mut req = CallRequest {
+                let req = CallRequest {
                     id: OpId {
                         app: app.id,
                         slot: 0,
@@ -730,11 +731,14 @@ impl AppTable {
                     user_data: s.user_data,
                 };
                 let id = app.alloc_op(OpState::Call(req)).ok_or(status::TOO_MANY)?;
-                req.id = id;
-                if let Some(op) = app.op_mut(id) {
-                    op.state = OpState::Call(req);
+                if let Some(Op {
+                    state: OpState::Call(c),
+                    ..
+                }) = app.op_mut(id)
+                {
+                    c.id = id;
                 }
-                Ok(Some(Submission::Call(req)))
+                Ok(Some(Submission::Call(id)))
             }
             op::DETACH => Ok(Some(Submission::Detach)),
             op::POST_RECV => {
@@ -1293,7 +1297,7 @@ mod tests {
         let kinds: Vec<(AppId, u64)> = got
             .iter()
             .map(|(id, s)| match s {
-                Submission::Call(c) => (*id, c.user_data),
+                Submission::Call(op) => (*id, t.call_request(*op).unwrap().user_data),
                 Submission::Detach => (*id, 0),
                 other => panic!("{other:?}"),
             })
@@ -1460,10 +1464,14 @@ mod tests {
         app.submit(call(100));
         let subs = poll(&mut t);
         assert_eq!(subs.len(), 1, "only the good call passes");
-        let Submission::Call(c) = subs[0].1 else {
+        let Submission::Call(op) = subs[0].1 else {
             panic!("not a call")
         };
-        assert_eq!((c.msg.off(), c.msg.len(), c.reply.len()), (0, 8, 1024));
+        let c = *t.call_request(op).unwrap();
+        assert_eq!(
+            (c.id, c.msg.off(), c.msg.len(), c.reply.len()),
+            (op, 0, 8, 1024)
+        );
         let got = app.drain();
         assert_eq!(got.len(), cases.len());
         for (cqe, (sqe, code)) in got.iter().zip(&cases) {
@@ -1515,10 +1523,11 @@ mod tests {
             ..call(5)
         });
         let subs = poll(&mut t);
-        let Submission::Call(c) = subs[0].1 else {
+        let Submission::Call(op) = subs[0].1 else {
             panic!("not a call")
         };
-        assert_eq!(c.xid, 7);
+        let c = *t.call_request(op).unwrap();
+        assert_eq!((c.id, c.xid), (op, 7));
         assert_eq!(t.stats().ops, 1);
         assert!(t.complete_call(
             c.id,
@@ -1543,8 +1552,12 @@ mod tests {
             panic!("not a call")
         };
         let d = t.detach(id, "detached").unwrap();
-        assert_eq!(d.calls, vec![c2.id]);
-        assert!(!t.complete_call(c2.id, CallOutcome::default()));
+        assert_eq!(d.calls, vec![c2]);
+        assert!(
+            t.call_request(c2).is_none(),
+            "a detached app's call is gone"
+        );
+        assert!(!t.complete_call(c2, CallOutcome::default()));
         assert_eq!(t.stats().stale_completions, 2);
         assert_eq!(t.stats().apps, 0);
         assert_eq!(

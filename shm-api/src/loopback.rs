@@ -170,7 +170,11 @@ impl Loopback {
         }
         for (app, s) in subs.drain(..) {
             match s {
-                Submission::Call(c) => self.route_call(app, c),
+                Submission::Call(id) => {
+                    if let Some(&c) = self.table.call_request(id) {
+                        self.route_call(app, c);
+                    }
+                }
                 Submission::Reply(r) => self.route_reply(r),
                 Submission::Registered { .. } | Submission::Unregistered { .. } => {}
                 Submission::Detach => {

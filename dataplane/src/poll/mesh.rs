@@ -63,6 +63,17 @@ impl<T: Copy> Spares<T> {
         }
     }
 
+    /// A copy of `v` in a box (a kept one when there is one), copied once.
+    pub(crate) fn boxed_from(&mut self, v: &T) -> Box<T> {
+        match self.free.pop() {
+            Some(mut b) => {
+                *b = *v;
+                b
+            }
+            None => Box::new(*v),
+        }
+    }
+
     /// Keeps `b` for reuse.
     pub(crate) fn keep(&mut self, b: Box<T>) {
         if self.free.len() < Self::MAX {

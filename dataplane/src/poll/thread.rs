@@ -661,7 +661,12 @@ impl<P: Provider> PollThread<P> {
 
     fn on_submission(&mut self, app: AppId, s: Submission) {
         match s {
-            Submission::Call(c) => {
+            Submission::Call(id) => {
+                // Boxed straight from the table's copy, once.
+                let Some(c) = self.table.call_request(id) else {
+                    return;
+                };
+                let c = self.call_boxes.boxed_from(c);
                 let configured = self.spec.peers.len() as u32;
                 let conn = match c.peer.checked_sub(configured) {
                     // A connection addressed directly (backward-direction calls).
@@ -672,12 +677,12 @@ impl<P: Provider> PollThread<P> {
                 match to {
                     Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
                         self.pending.insert(c.id.to_u64(), to);
-                        let req = self.call_boxes.boxed(c);
-                        self.hop(to, Hop::Call { conn, req });
+                        self.hop(to, Hop::Call { conn, req: c });
                     }
                     _ => {
                         tracing::debug!(peer = c.peer, "call failed: no connection up to the peer");
                         self.fail_call(c.id, status::TRANSPORT);
+                        self.call_boxes.keep(c);
                     }
                 }
             }
