@@ -180,6 +180,15 @@ pub struct ThreadStatus {
     pub region_bytes: u64,
     /// RPCs the engine carries for apps (calls awaiting replies, calls being served).
     pub rpcs_in_flight: usize,
+    /// Incoming calls waiting now for a receive buffer of their serving app.
+    #[serde(default)]
+    pub calls_held: usize,
+    /// Incoming calls that had to wait for a receive buffer of their serving app.
+    #[serde(default)]
+    pub calls_held_total: u64,
+    /// Calls waiting now for a free call slot of their connection.
+    #[serde(default)]
+    pub calls_waiting_slot: usize,
     /// Send buffers free.
     pub send_buffers_free: u64,
     /// Send buffers in the pool.

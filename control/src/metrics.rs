@@ -104,7 +104,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let per_thread: [(&str, &str, &str, PerThread); 9] = [
+    let per_thread: [(&str, &str, &str, PerThread); 12] = [
         (
             "rpcrdmad_thread_hops_sent_total",
             "counter",
@@ -141,6 +141,24 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             "gauge",
             "RPCs the engine carries for apps (sent or being served)",
             |t| t.rpcs_in_flight as u64,
+        ),
+        (
+            "rpcrdmad_calls_held",
+            "gauge",
+            "incoming calls waiting for a receive buffer of their serving app",
+            |t| t.calls_held as u64,
+        ),
+        (
+            "rpcrdmad_calls_held_total",
+            "counter",
+            "incoming calls that had to wait for a receive buffer of their serving app",
+            |t| t.calls_held_total,
+        ),
+        (
+            "rpcrdmad_calls_waiting_slot",
+            "gauge",
+            "calls waiting for a free call slot of their connection",
+            |t| t.calls_waiting_slot as u64,
         ),
         (
             "rpcrdmad_regions",

@@ -208,6 +208,16 @@ fn metrics_endpoint_serves_prometheus_text_with_counters_and_histograms() {
         matches!(value("rpcrdmad_regions"), Some(prometheus_parse::Value::Gauge(v)) if v == 2.0)
     );
     assert!(matches!(value("rpcrdmad_apps"), Some(prometheus_parse::Value::Gauge(v)) if v == 1.0));
+    // Nothing is served on the calling side: no call waits for a server's buffer or a slot.
+    assert!(
+        matches!(value("rpcrdmad_calls_held"), Some(prometheus_parse::Value::Gauge(v)) if v == 0.0)
+    );
+    assert!(
+        matches!(value("rpcrdmad_calls_held_total"), Some(prometheus_parse::Value::Counter(v)) if v == 0.0)
+    );
+    assert!(
+        matches!(value("rpcrdmad_calls_waiting_slot"), Some(prometheus_parse::Value::Gauge(v)) if v == 0.0)
+    );
     for pool in ["send", "recv"] {
         let total = scrape
             .samples

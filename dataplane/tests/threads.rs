@@ -308,6 +308,10 @@ fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() 
             .unwrap_or_else(|e| panic!("B's call {i} held up behind A: {e:?}"));
         assert_eq!(r.body[4..], [100 + i as u8; 8], "B's call {i}");
     }
+    // A's calls came before B's, which are answered: two are in A's buffers, four wait.
+    let held = stats(&t0);
+    assert_eq!(held.calls_held, 4, "{held:?}");
+    assert!(held.calls_held_total >= 4, "{held:?}");
     go.send(()).expect("go");
     for (i, t) in for_a.into_iter().enumerate() {
         let r = c
@@ -315,6 +319,9 @@ fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() 
             .unwrap_or_else(|e| panic!("A's call {i}: {e:?}"));
         assert_eq!(r.body[4..], [i as u8; 8], "A's call {i}");
     }
+    let after = stats(&t0);
+    assert_eq!(after.calls_held, 0, "{after:?}");
+    assert!(after.calls_held_total >= held.calls_held_total);
     let order: Vec<u8> = seen.try_iter().collect();
     assert_eq!(
         order,

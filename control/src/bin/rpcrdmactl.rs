@@ -302,6 +302,7 @@ fn human(req: &Request, r: &Value) -> String {
                     "apps",
                     "app-ops",
                     "rpcs-in-flight",
+                    "calls-held",
                     "regions",
                     "region-bytes",
                     "send-buffers-free",
@@ -312,8 +313,8 @@ fn human(req: &Request, r: &Value) -> String {
             );
             let totals = rows(&r["threads"], &["send-buffers", "recv-buffers"]);
             for (t, tot) in threads.iter_mut().zip(&totals) {
-                t[10] = format!("{}/{}", t[10], tot[0]);
-                t[11] = format!("{}/{}", t[11], tot[1]);
+                t[11] = format!("{}/{}", t[11], tot[0]);
+                t[12] = format!("{}/{}", t[12], tot[1]);
             }
             out += &table::render(
                 &[
@@ -325,6 +326,7 @@ fn human(req: &Request, r: &Value) -> String {
                     "APPS",
                     "APP-OPS",
                     "RPCS",
+                    "HELD",
                     "REGIONS",
                     "REGION-BYTES",
                     "SEND-BUFS(FREE/ALL)",

@@ -54,7 +54,6 @@ impl<K: Copy + Eq, T> HeldLines<K, T> {
     }
 
     /// Items held in all lines.
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.nodes.len() - self.free.len()
     }

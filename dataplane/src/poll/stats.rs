@@ -215,6 +215,13 @@ pub struct ThreadStats {
     /// RPCs the engine carries for apps now: calls sent and not yet answered, plus calls
     /// received and not yet answered.
     pub rpcs_in_flight: usize,
+    /// Incoming calls waiting now for a receive buffer of the app that serves them (it has
+    /// every buffer it posted in use: it posts too few for the calls it is sent, or is slow).
+    pub calls_held: usize,
+    /// Incoming calls that had to wait for a receive buffer of their serving app.
+    pub calls_held_total: u64,
+    /// Calls of apps waiting now for a free call slot of their connection.
+    pub calls_waiting_slot: usize,
     /// Free and total buffers of the send and receive pools.
     pub buffers: crate::driver::BufferCounts,
     /// Totals over every connection this thread has had (closed ones included).

@@ -773,6 +773,12 @@ impl<P: Provider> PollThread<P> {
     /// connection side to place the arguments there. While every buffer of that app is busy
     /// the call waits (bounded); without a serving app it gets PROG_UNAVAIL.
     fn app_incoming(&mut self, from: usize, call: Inbound) {
+        self.route_incoming(from, call, true);
+    }
+
+    /// [`app_incoming`](Self::app_incoming) of a call that is `new` (counted if it waits), or
+    /// of one held already whose program another app serves now (or none).
+    fn route_incoming(&mut self, from: usize, call: Inbound, new: bool) {
         let Some(app) = self.server_app(&call) else {
             return self.hop(
                 from,
@@ -787,7 +793,10 @@ impl<P: Provider> PollThread<P> {
         // (and is refused without one).
         let call = if self.held_in.line_len(app) > 0 || self.table.recv_posted(app) == 0 {
             match self.held_in.push(app, (from, call)) {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.stats.calls_held_total += u64::from(new);
+                    return;
+                }
                 Err((_, call)) => call,
             }
         } else {
@@ -827,7 +836,7 @@ impl<P: Provider> PollThread<P> {
             moved = true;
             match server {
                 Some(a) if a == app => self.place_incoming(from, app, call),
-                _ => self.app_incoming(from, call),
+                _ => self.route_incoming(from, call, false),
             }
         }
         moved
@@ -1904,6 +1913,8 @@ impl<P: Provider> PollThread<P> {
         self.stats.regions = self.mem.regions().len();
         self.stats.region_bytes = self.mem.regions().iter().map(|r| r.mr().len).sum();
         self.stats.rpcs_in_flight = self.pending.len() + self.serving.len();
+        self.stats.calls_held = self.held_in.len();
+        self.stats.calls_waiting_slot = self.waiting.len();
         self.stats.buffers = self.drv.buffer_counts();
         self.stats.completions = self.drv.completions();
         snap.thread = self.stats;
