@@ -14,7 +14,7 @@ use rpcrdma_shm::attach::Listener;
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::{Client, Server};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
@@ -134,6 +134,28 @@ fn self_connection(h: &PollHandle) -> u32 {
     })
 }
 
+/// `n` started poll threads on one mesh (hop queues `queue` deep), and an app socket path in
+/// a fresh directory named after `name` (removed by the caller).
+fn threads(name: &str, n: usize, queue: usize) -> (PathBuf, PathBuf, Mesh, Vec<PollHandle>) {
+    let dir = std::env::temp_dir().join(format!("rpcrdma-dp-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("app.sock");
+    let mut mesh = Mesh::new(n, 2, 1, queue).expect("mesh");
+    let soft = rpcrdma_verbs::soft::SoftConfig::default();
+    let handles: Vec<PollHandle> = (0..n)
+        .map(|i| {
+            let port = mesh.port(i).expect("port");
+            poll::spawn_mem(spec(i), port, soft, Box::new(|| {})).expect("thread")
+        })
+        .collect();
+    for h in &handles {
+        expect(h, "Started", |e| {
+            matches!(e, Event::Started { .. }).then_some(())
+        });
+    }
+    (dir, path, mesh, handles)
+}
+
 fn server(path: &Path) -> Server {
     let mut s = Server::connect(path).expect("server attach");
     s.receive_buffers(8, 64 * 1024);
@@ -142,20 +164,8 @@ fn server(path: &Path) -> Server {
 
 #[test]
 fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
-    let dir = std::env::temp_dir().join(format!("rpcrdma-dp-threads-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("app.sock");
-    let mut mesh = Mesh::new(2, 2, 1, 16).expect("mesh");
-    let soft = rpcrdma_verbs::soft::SoftConfig::default();
-    let t0 = poll::spawn_mem(spec(0), mesh.port(0).expect("port"), soft, Box::new(|| {}))
-        .expect("thread 0");
-    let t1 = poll::spawn_mem(spec(1), mesh.port(1).expect("port"), soft, Box::new(|| {}))
-        .expect("thread 1");
-    for h in [&t0, &t1] {
-        expect(h, "Started", |e| {
-            matches!(e, Event::Started { .. }).then_some(())
-        });
-    }
+    let (dir, path, mesh, mut handles) = threads("threads", 2, 16);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
     // Thread 1 listens and connects to itself: both ends of the connection are its own.
     let conn = self_connection(&t1);
     assert_eq!(mesh.thread_of(conn), 1, "connection ids name their thread");
@@ -237,16 +247,8 @@ fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
 /// placed as its buffers come back), and its calls reach it in the order they came.
 #[test]
 fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() {
-    let dir = std::env::temp_dir().join(format!("rpcrdma-dp-held-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let path = dir.join("app.sock");
-    let mut mesh = Mesh::new(1, 2, 1, 64).expect("mesh");
-    let soft = rpcrdma_verbs::soft::SoftConfig::default();
-    let t0 = poll::spawn_mem(spec(0), mesh.port(0).expect("port"), soft, Box::new(|| {}))
-        .expect("thread");
-    expect(&t0, "Started", |e| {
-        matches!(e, Event::Started { .. }).then_some(())
-    });
+    let (dir, path, _mesh, mut handles) = threads("held", 1, 64);
+    let t0 = handles.pop().expect("thread");
     self_connection(&t0);
     let mut apps = Listener::bind(&path, spec(0).geometry, vec!["self".into()]).expect("apps");
 
