@@ -34,7 +34,7 @@
 //! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
 //! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |
 //! | `deliver_call(rb, IncomingCall { tag: serve_tag(conn, id), .. })` | when `accept_call` answers `Accepted::Ready { args_len }` (inline calls), or on `Event::ArgsReady { id, args_len }` after `Accepted::Pulling` (Read chunks) |
-//! | `Submission::Reply(r)`                     | `let (conn, id) = from_serve_tag(r.tag); submit_reply(conn, id, &ReplySpec { accept_stat: r.accept_stat, msg, results })` |
+//! | `Submission::Reply(id)`, `r = reply_request(id)` | `let (conn, id) = from_serve_tag(r.tag); submit_reply(conn, id, &ReplySpec { accept_stat: r.accept_stat, msg, results })` |
 //! | `complete_reply(r.id, status)`             | on `Event::ReplyDone { id, status }`                 |
 //! | `cancel_serving(id)`                       | on `Event::ServeAborted { id }`                      |
 //!

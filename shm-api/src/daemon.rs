@@ -25,9 +25,10 @@
 //!                 let _ = (app, table.call_request(id).map(|c| c.peer));
 //!                 table.complete_call(id, CallOutcome { status: status::TRANSPORT, ..Default::default() });
 //!             }
-//!             // Send the reply to the requester identified by `r.tag`, then `complete_reply`.
-//!             Submission::Reply(r) => {
-//!                 table.complete_reply(r.id, status::OK);
+//!             // Send the reply to the requester identified by its `tag`, then `complete_reply`.
+//!             Submission::Reply(id) => {
+//!                 let _ = table.reply_request(id).map(|r| r.tag);
+//!                 table.complete_reply(id, status::OK);
 //!             }
 //!             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
 //!             // The app is closing: detach it now, as `reap` would once its socket closed.
@@ -197,8 +198,9 @@ pub enum Submission {
     /// Send a call to a peer: the validated request is [`AppTable::call_request`]`(id)`, kept
     /// in the table (not copied here: it is 328 bytes, and this value is moved several times).
     Call(OpId),
-    /// Send a reply to a call delivered earlier.
-    Reply(ReplyRequest),
+    /// Send a reply to a call delivered earlier: the validated reply is
+    /// [`AppTable::reply_request`]`(id)`, kept in the table like a call's request.
+    Reply(OpId),
     /// The app now serves (`prog`, `vers`) (already recorded for [`AppTable::lookup`]).
     Registered {
         /// Program.
@@ -324,11 +326,11 @@ enum OpState {
     },
     Replying {
         user_data: u64,
-        tag: u64,
         prog: u32,
         vers: u32,
         proc_: u32,
-        xid: u32,
+        /// The validated reply ([`AppTable::reply_request`]).
+        req: ReplyRequest,
     },
 }
 
@@ -628,6 +630,15 @@ impl AppTable {
         }
     }
 
+    /// A reply being sent (to route it); `None` once completed or cancelled.
+    pub fn reply_request(&self, id: OpId) -> Option<&ReplyRequest> {
+        let op = self.app(id.app)?.ops.get(usize::from(id.slot))?;
+        match &op.state {
+            OpState::Replying { req, .. } if op.gen == id.gen => Some(req),
+            _ => None,
+        }
+    }
+
     /// Pops up to `budget` submissions per app, validates each and appends the good ones to `out`
     /// (reuse `out` across calls: it then never allocates). Bad ones complete with an error code here.
     pub fn poll_submissions(&mut self, out: &mut Vec<(AppId, Submission)>, budget: usize) {
@@ -779,20 +790,19 @@ impl AppTable {
                 };
                 op.state = OpState::Replying {
                     user_data: s.user_data,
-                    tag,
                     prog,
                     vers,
                     proc_,
-                    xid,
+                    req: ReplyRequest {
+                        id,
+                        tag,
+                        accept_stat: s.proc_,
+                        xid,
+                        msg,
+                        results,
+                    },
                 };
-                Ok(Some(Submission::Reply(ReplyRequest {
-                    id,
-                    tag,
-                    accept_stat: s.proc_,
-                    xid,
-                    msg,
-                    results,
-                })))
+                Ok(Some(Submission::Reply(id)))
             }
             op::REGISTER | op::UNREGISTER => {
                 let backchannel = s.flags & flag::BACKCHANNEL != 0;
@@ -994,8 +1004,7 @@ impl AppTable {
                     prog,
                     vers,
                     proc_,
-                    xid,
-                    ..
+                    req: ReplyRequest { xid, .. },
                 },
             ..
         }) = a.op_mut(id)
@@ -1041,9 +1050,8 @@ impl AppTable {
                     slot: slot as u16,
                     gen: op.gen,
                 }),
-                OpState::Serving { tag, .. } | OpState::Replying { tag, .. } => {
-                    serving_tags.push(tag)
-                }
+                OpState::Serving { tag, .. } => serving_tags.push(tag),
+                OpState::Replying { req, .. } => serving_tags.push(req.tag),
                 _ => {}
             }
         }
@@ -1499,6 +1507,70 @@ mod tests {
         let (ra, rb) = (t.region(a).unwrap(), t.region(b).unwrap());
         assert_ne!(ra.base(), rb.base());
         assert!(ra.range(4095, 2).is_none());
+    }
+
+    /// A REPLY is validated once and kept in the table: the submission names it by id, and
+    /// `reply_request` gives what was validated until the reply completes.
+    #[test]
+    fn a_reply_is_kept_in_the_table_until_it_completes() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (aid, mut app) = attach(&mut t, geometry());
+        app.submit(Sqe {
+            opcode: op::POST_RECV,
+            user_data: 1,
+            msg_off: 16384,
+            msg_len: 4096,
+            ..Sqe::default()
+        });
+        assert!(poll(&mut t).is_empty(), "a posted buffer is no submission");
+        let rb = t.take_recv(aid, 64).unwrap();
+        let call = IncomingCall {
+            tag: 77,
+            peer: 0,
+            prog: 100,
+            vers: 1,
+            proc_: 1,
+            xid: 9,
+            args_len: 64,
+        };
+        let served = t.deliver_call(rb, call).unwrap();
+        assert_eq!(app.drain().len(), 1, "the delivered call");
+        let piece = Piece {
+            off: 20480,
+            len: 512,
+            xdr_pos: 4,
+            used: 0,
+        };
+        app.region.write_piece(8192, 0, piece);
+        app.submit(Sqe {
+            opcode: op::REPLY,
+            user_data: 2,
+            target: (u32::from(served.slot) << 16) | u32::from(served.gen),
+            msg_off: 24576,
+            msg_len: 8,
+            n_args: 1,
+            pieces_off: 8192,
+            ..Sqe::default()
+        });
+        let subs = poll(&mut t);
+        let Submission::Reply(id) = subs[0].1 else {
+            panic!("not a reply: {subs:?}")
+        };
+        assert_eq!(id, served);
+        let r = *t.reply_request(id).unwrap();
+        assert_eq!(
+            (r.id, r.tag, r.xid, r.accept_stat, r.msg.off(), r.msg.len()),
+            (served, 77, 9, 0, 24576, 8)
+        );
+        assert_eq!(r.results.as_slice(), [piece]);
+        assert!(t.call_request(id).is_none(), "a reply is no call");
+        assert!(t.complete_reply(id, status::OK));
+        assert!(t.reply_request(id).is_none(), "gone once completed");
+        let cqe = app.drain()[0];
+        assert_eq!(
+            (cqe.kind, cqe.user_data, cqe.status),
+            (op::REPLY, 2, status::OK)
+        );
     }
 
     #[test]

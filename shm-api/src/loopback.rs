@@ -175,7 +175,11 @@ impl Loopback {
                         self.route_call(app, c);
                     }
                 }
-                Submission::Reply(r) => self.route_reply(r),
+                Submission::Reply(id) => {
+                    if let Some(&r) = self.table.reply_request(id) {
+                        self.route_reply(r);
+                    }
+                }
                 Submission::Registered { .. } | Submission::Unregistered { .. } => {}
                 Submission::Detach => {
                     if let Some(d) = self.table.detach(app, "closed") {

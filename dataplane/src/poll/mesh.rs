@@ -52,19 +52,8 @@ impl<T: Copy> Spares<T> {
         }
     }
 
-    /// `v` in a box (a kept one when there is one).
-    pub(crate) fn boxed(&mut self, v: T) -> Box<T> {
-        match self.free.pop() {
-            Some(mut b) => {
-                *b = v;
-                b
-            }
-            None => Box::new(v),
-        }
-    }
-
     /// A copy of `v` in a box (a kept one when there is one), copied once.
-    pub(crate) fn boxed_from(&mut self, v: &T) -> Box<T> {
+    pub(crate) fn boxed(&mut self, v: &T) -> Box<T> {
         match self.free.pop() {
             Some(mut b) => {
                 *b = *v;
@@ -454,13 +443,13 @@ mod tests {
     #[test]
     fn spare_boxes_are_reused_and_bounded() {
         let mut sp = Spares::new();
-        let a = sp.boxed(1u64);
-        let b = sp.boxed(2);
+        let a = sp.boxed(&1u64);
+        let b = sp.boxed(&2);
         let (pa, pb) = (&*a as *const u64, &*b as *const u64);
         assert_eq!((sp.len(), *a, *b), (0, 1, 2), "an empty stack allocates");
         sp.keep(a);
         sp.keep(b);
-        let again = sp.boxed(4);
+        let again = sp.boxed(&4);
         assert!(std::ptr::eq(&*again, pb), "the last kept box serves next");
         assert_eq!(*again, 4);
         assert!(sp.give().is_some_and(|g| std::ptr::eq(&*g, pa)));

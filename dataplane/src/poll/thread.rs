@@ -666,7 +666,7 @@ impl<P: Provider> PollThread<P> {
                 let Some(c) = self.table.call_request(id) else {
                     return;
                 };
-                let c = self.call_boxes.boxed_from(c);
+                let c = self.call_boxes.boxed(c);
                 let configured = self.spec.peers.len() as u32;
                 let conn = match c.peer.checked_sub(configured) {
                     // A connection addressed directly (backward-direction calls).
@@ -686,22 +686,27 @@ impl<P: Provider> PollThread<P> {
                     }
                 }
             }
-            Submission::Reply(r) => {
+            Submission::Reply(id) => {
+                let Some(r) = self.table.reply_request(id) else {
+                    return;
+                };
+                let (tag, accept_stat, msg) = (r.tag, r.accept_stat, r.msg);
                 // Only a call delivered to this very app may be answered (the tag is app data).
-                let delivered = matches!(self.serving.get(&r.tag), Some(Serving::Delivered(op)) if op.app() == r.id.app());
+                let delivered = matches!(self.serving.get(&tag), Some(Serving::Delivered(op)) if op.app() == id.app());
                 if !delivered {
-                    self.table.complete_reply(r.id, status::BAD_HANDLE);
+                    self.table.complete_reply(id, status::BAD_HANDLE);
                     return;
                 }
-                self.serving.insert(r.tag, Serving::Replying(r.id));
-                let results = self.piece_boxes.boxed(r.results);
+                // Boxed straight from the table's copy, once.
+                let results = self.piece_boxes.boxed(&r.results);
+                self.serving.insert(tag, Serving::Replying(id));
                 self.hop(
-                    tag_thread(r.tag),
+                    tag_thread(tag),
                     Hop::Reply {
-                        tag: r.tag,
-                        app: r.id.app(),
-                        accept_stat: r.accept_stat,
-                        msg: r.msg,
+                        tag,
+                        app: id.app(),
+                        accept_stat,
+                        msg,
                         results,
                     },
                 );
