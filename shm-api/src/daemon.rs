@@ -623,20 +623,24 @@ impl AppTable {
 
     /// A call still in flight (to route it or to place its reply); `None` once completed or cancelled.
     pub fn call_request(&self, id: OpId) -> Option<&CallRequest> {
-        let op = self.app(id.app)?.ops.get(usize::from(id.slot))?;
-        match &op.state {
-            OpState::Call(c) if op.gen == id.gen => Some(c),
+        match self.op_state(id)? {
+            OpState::Call(c) => Some(c),
             _ => None,
         }
     }
 
     /// A reply being sent (to route it); `None` once completed or cancelled.
     pub fn reply_request(&self, id: OpId) -> Option<&ReplyRequest> {
-        let op = self.app(id.app)?.ops.get(usize::from(id.slot))?;
-        match &op.state {
-            OpState::Replying { req, .. } if op.gen == id.gen => Some(req),
+        match self.op_state(id)? {
+            OpState::Replying { req, .. } => Some(req),
             _ => None,
         }
+    }
+
+    /// The state of op `id`, if the id is current (not a slot's earlier op).
+    fn op_state(&self, id: OpId) -> Option<&OpState> {
+        let op = self.app(id.app)?.ops.get(usize::from(id.slot))?;
+        (op.gen == id.gen).then_some(&op.state)
     }
 
     /// Pops up to `budget` submissions per app, validates each and appends the good ones to `out`

@@ -662,27 +662,27 @@ impl<P: Provider> PollThread<P> {
     fn on_submission(&mut self, app: AppId, s: Submission) {
         match s {
             Submission::Call(id) => {
-                // Boxed straight from the table's copy, once.
                 let Some(c) = self.table.call_request(id) else {
                     return;
                 };
-                let c = self.call_boxes.boxed(c);
+                let peer = c.peer;
                 let configured = self.spec.peers.len() as u32;
-                let conn = match c.peer.checked_sub(configured) {
+                let conn = match peer.checked_sub(configured) {
                     // A connection addressed directly (backward-direction calls).
                     Some(i) => Some(i),
-                    None => self.port.route(c.peer),
+                    None => self.port.route(peer),
                 };
                 let to = conn.map(|g| (g, self.port.thread_of(g)));
                 match to {
                     Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
-                        self.pending.insert(c.id.to_u64(), to);
-                        self.hop(to, Hop::Call { conn, req: c });
+                        // Boxed straight from the table's copy, once.
+                        let req = self.call_boxes.boxed(c);
+                        self.pending.insert(id.to_u64(), to);
+                        self.hop(to, Hop::Call { conn, req });
                     }
                     _ => {
-                        tracing::debug!(peer = c.peer, "call failed: no connection up to the peer");
-                        self.fail_call(c.id, status::TRANSPORT);
-                        self.call_boxes.keep(c);
+                        tracing::debug!(peer, "call failed: no connection up to the peer");
+                        self.fail_call(id, status::TRANSPORT);
                     }
                 }
             }
