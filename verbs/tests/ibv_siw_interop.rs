@@ -4,7 +4,7 @@
 //! Without one every test fails (this suite never passes by skipping).
 #![cfg(feature = "ibv")]
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use rpcrdma_verbs::conformance::{Side, CLIENT_PD, SERVER_PD};
@@ -287,10 +287,51 @@ fn soft_initiator_without_crc_to_kernel_siw_listener() {
 #[test]
 fn kernel_siw_initiator_to_soft_listener() {
     let (kp, ip) = siw();
-    let mut k = Side::new(kp);
     let mut s = Side::new(soft(true));
     let l = s.p.listen(SocketAddr::new(ip, 0)).expect("listen");
     let addr = s.p.listen_addr(l).unwrap();
+    let (mut k, mut s) = kernel_to_soft(Side::new(kp), s, addr);
+    exchange(&mut k, &mut s);
+}
+
+/// rdma_cm picks an iWARP connection's source port from its own port space, blind to TCP's,
+/// and siw binds a TCP socket to it: a port a TCP listener holds fails the connect with
+/// EADDRINUSE (seen once in 400 connects in this VM, where mountd and statd listen on
+/// ephemeral ports). Here TCP listeners hold three of the four ports rdma_cm may pick: the
+/// provider moves on to another port until the connection stands, on the one port left.
+#[test]
+fn kernel_siw_initiator_moves_off_source_ports_tcp_holds() {
+    let (kp, ip) = siw();
+    let mut s = Side::new(soft(true));
+    let l = s.p.listen(SocketAddr::new(ip, 0)).expect("listen");
+    let addr = s.p.listen_addr(l).unwrap();
+    let lo = (40_000..60_000)
+        .step_by(8)
+        .find(|&p| {
+            !(p..p + 4).contains(&addr.port())
+                && (p..p + 4).all(|q| TcpListener::bind((ip, q)).is_ok())
+        })
+        .expect("four free ports");
+    let _held: Vec<TcpListener> = (lo..lo + 3)
+        .map(|q| TcpListener::bind((ip, q)).expect("hold a port"))
+        .collect();
+    let range = PortRange::narrow(lo, lo + 3);
+    let (mut k, mut s) = kernel_to_soft(Side::new(kp), s, addr);
+    drop(range);
+    assert_eq!(
+        tcp_source_ports_to(addr),
+        [lo + 3],
+        "the connection stands on the port TCP left free"
+    );
+    exchange(&mut k, &mut s);
+}
+
+/// The kernel side connects to the soft listener at `addr`: private data and IRD arrive.
+fn kernel_to_soft(
+    mut k: Side<IbvProvider>,
+    mut s: Side<SoftTcp>,
+    addr: SocketAddr,
+) -> (Side<IbvProvider>, Side<SoftTcp>) {
     let kq = k.p.create_qp(&init(&k)).unwrap();
     k.p.connect(kq, addr, &params(&CLIENT_PD)).expect("connect");
     wait(&mut k, &mut s, "connect request at soft", |_, s| {
@@ -307,5 +348,47 @@ fn kernel_siw_initiator_to_soft_listener() {
     assert_eq!(established(&k).unwrap(), SERVER_PD);
     k.qps.push(kq);
     s.qps.push(sq);
-    exchange(&mut k, &mut s);
+    (k, s)
+}
+
+/// Source ports of the established TCP connections to `to` (IPv4, from /proc/net/tcp, whose
+/// addresses are the in-memory word in hex and ports big-endian in hex).
+fn tcp_source_ports_to(to: SocketAddr) -> Vec<u16> {
+    let IpAddr::V4(ip) = to.ip() else {
+        panic!("the VM's siw0 address is IPv4")
+    };
+    let rem = format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), to.port());
+    std::fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let established = f.get(3) == Some(&"01");
+            let port = f.get(1)?.rsplit(':').next()?;
+            (established && f.get(2) == Some(&rem.as_str()))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+const PORT_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+
+/// The kernel's ephemeral port range (where rdma_cm takes source ports) narrowed while this
+/// lives (the VM runs the suite as root, one test at a time); restored on drop.
+struct PortRange(String);
+
+impl PortRange {
+    fn narrow(lo: u16, hi: u16) -> Self {
+        let saved = std::fs::read_to_string(PORT_RANGE).expect("read the port range");
+        std::fs::write(PORT_RANGE, format!("{lo} {hi}")).expect("narrow the port range");
+        PortRange(saved)
+    }
+}
+
+impl Drop for PortRange {
+    fn drop(&mut self) {
+        let _ = std::fs::write(PORT_RANGE, self.0.trim());
+    }
 }

@@ -190,12 +190,19 @@ struct PdEntry {
 }
 
 /// Pending outbound connection steps on the active side.
-#[derive(Clone, Copy)]
 struct Connecting {
     private_data: PrivateData,
     responder_resources: u16,
     initiator_depth: u16,
+    /// Where to (a fresh id resolves it again, see [`IbvProvider::connect_from_another_port`]).
+    addr: SocketAddr,
+    /// Ids whose connect the local TCP stack refused for their source port, kept (and so
+    /// their ports held in rdma_cm's port space) until the attempt ends.
+    spent: Vec<CmId>,
 }
+
+/// Source ports an iWARP connect tries before it reports the failure.
+const CONNECT_PORT_TRIES: usize = 4;
 
 /// One opened RDMA device driven by one poll thread.
 pub struct IbvProvider {
@@ -253,6 +260,15 @@ fn push<T>(v: &mut Vec<Option<T>>, t: T) -> Result<u32> {
     let i = u32::try_from(v.len()).map_err(|_| Error::QueueFull)?;
     v.push(Some(t));
     Ok(i)
+}
+
+/// A connect the local stack refused for its source port: in use by a TCP socket
+/// (`EADDRINUSE`), or the same four-tuple as one (`EADDRNOTAVAIL`).
+fn source_port_taken(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EADDRINUSE | libc::EADDRNOTAVAIL)
+    )
 }
 
 /// Private data without its trailing zero bytes (IB CM pads to a fixed size).
@@ -494,8 +510,14 @@ impl IbvProvider {
                 let Some(qp) = self.qp_for_id(ev.id) else {
                     return;
                 };
-                if self.send_connect(qp).is_err() {
-                    self.connect_failed(qp);
+                match self.send_connect(qp) {
+                    Ok(()) => {}
+                    Err(e) if self.iwarp && source_port_taken(&e) => {
+                        if !self.connect_from_another_port(qp) {
+                            self.connect_failed(qp);
+                        }
+                    }
+                    Err(_) => self.connect_failed(qp),
                 }
             }
             K::ConnectResponse => {
@@ -581,7 +603,7 @@ impl IbvProvider {
     }
 
     fn send_connect(&mut self, qp: QpId) -> io::Result<()> {
-        let c = *self
+        let c = self
             .connecting
             .get(&qp.0)
             .ok_or_else(|| io::Error::other("not connecting"))?;
@@ -596,6 +618,37 @@ impl IbvProvider {
             rnr_retry: self.cfg.rnr_retry,
             qp_num: e.qp.num(),
         })
+    }
+
+    /// iWARP: rdma_cm takes the source port from its own port space, blind to TCP's, and the
+    /// device's TCP stack (siw: the kernel's) then binds a socket to it, which fails when a
+    /// TCP socket holds the port (a listener in the ephemeral range: mountd, statd, any
+    /// application). Start over from address resolution on a fresh id, keeping the spent one
+    /// so that rdma_cm picks another port. False when the tries are used up or the fresh id
+    /// cannot start.
+    fn connect_from_another_port(&mut self, qp: QpId) -> bool {
+        let Some(c) = self.connecting.get_mut(&qp.0) else {
+            return false;
+        };
+        if c.spent.len() + 1 >= CONNECT_PORT_TRIES {
+            return false;
+        }
+        let Ok(id) = self.channel.create_id() else {
+            return false;
+        };
+        if id
+            .resolve_addr(None, c.addr, self.cfg.resolve_timeout_ms)
+            .is_err()
+        {
+            return false;
+        }
+        let Ok(e) = slot_mut(&mut self.qps, qp.0) else {
+            return false;
+        };
+        if let Some(spent) = e.id.replace(id) {
+            c.spent.push(spent);
+        }
+        true
     }
 
     fn connect_failed(&mut self, qp: QpId) {
@@ -1123,6 +1176,8 @@ impl Provider for IbvProvider {
                 private_data: PrivateData::new(params.private_data),
                 responder_resources: params.responder_resources,
                 initiator_depth: params.initiator_depth,
+                addr,
+                spent: Vec::new(),
             },
         );
         Ok(())
