@@ -576,12 +576,12 @@ impl Daemon {
                 }
             }
             Event::ConnectFailed { peer, reason } => {
-                self.peer_failed(peer as usize, &format!("connect failed: {reason:?}"));
+                self.peer_failed(peer as usize, &format!("connect failed: {reason}"));
             }
             Event::Down { conn, peer, reason } => {
                 let name = self.remote_of.remove(&conn).unwrap_or_default();
                 self.xchar.remove(&conn);
-                info!(conn, peer = %name, ?reason, "connection down");
+                info!(conn, peer = %name, %reason, "connection down");
                 match (peer, reason) {
                     (Some(p), poll::Reason::NoAnswer) if self.draining.is_none() => {
                         // AMB-33: a deployed v1 server drops version-two messages silently.

@@ -280,6 +280,16 @@ fn client_reconnects_after_the_peer_restarts() {
         (s["peers"][0]["state"] != "up").then_some(())
     });
     assert!(down.is_some(), "A noticed the loss");
+    let said = eventually(20, || {
+        a.log()
+            .contains("connect failed: the peer refused or did not answer")
+            .then_some(())
+    });
+    assert!(
+        said.is_some(),
+        "A says why reconnecting fails:\n{}",
+        a.log()
+    );
     let b2 = Daemon::start_with(dir_b, port_b, &text_b);
     a.wait_peer_up("server");
     rdmatest_server(&b2.app);

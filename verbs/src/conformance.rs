@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Access, CmEvent, ConnParams, CqId, Mr, PdId, Provider, QpId, QpInit, QpState, SendOp, SendWr,
-    Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
+    Access, CmEvent, ConnParams, ConnectFailure, CqId, Mr, PdId, Provider, QpId, QpInit, QpState,
+    SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Makes providers for the suite.
@@ -387,6 +387,50 @@ pub fn cm_private_data_and_reject<H: Harness>(h: &mut H) {
         .expect("Rejected names the queue pair");
     assert_eq!(rpd.as_slice(), b"no thanks");
     assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Error);
+}
+
+/// Connecting where nothing listens (any more) fails as unreachable, naming the queue pair,
+/// which is then in error.
+pub fn connect_where_nothing_listens_is_unreachable<H: Harness>(h: &mut H) {
+    let (pa, pb) = h.pair();
+    let mut b = Side::new(pb);
+    let l = b.p.listen(h.listen_addr()).unwrap();
+    let addr = b.p.listen_addr(l).unwrap();
+    b.p.close_listener(l).unwrap();
+    let mut pair = Pair {
+        a: Side::new(pa),
+        b,
+        addr,
+    };
+    let init = pair.a.qp_init();
+    let qa = pair.a.p.create_qp(&init).unwrap();
+    let params = ConnParams {
+        private_data: &CLIENT_PD,
+        responder_resources: 1,
+        initiator_depth: 1,
+    };
+    pair.a.p.connect(qa, addr, &params).unwrap();
+    pair.wait("connect error", |p| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectError { .. }))
+    });
+    assert_eq!(
+        pair.a.events,
+        [CmEvent::ConnectError {
+            qp: qa,
+            cause: ConnectFailure::Unreachable
+        }]
+    );
+    assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Error);
+    assert!(
+        !pair
+            .b
+            .events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. })),
+        "a closed listener hears nothing"
+    );
 }
 
 /// Sends land in posted receives in order, with their lengths and bytes; sends complete in order.
@@ -1446,7 +1490,8 @@ macro_rules! conformance_tests {
     };
     ($harness:expr) => {
         $crate::conformance_tests!(@t $harness;
-            cm_private_data_and_reject, send_recv_matching_and_ordering,
+            cm_private_data_and_reject, connect_where_nothing_listens_is_unreachable,
+            send_recv_matching_and_ordering,
             send_gather_and_large_message, write_then_send_visibility, rdma_read,
             rdma_toward_the_connecting_side, rdma_read_of_a_large_unaligned_exposure,
             rdma_read_of_a_large_aligned_exposure,

@@ -403,6 +403,56 @@ impl fmt::Debug for PrivateData {
     }
 }
 
+/// Why a connection could not be set up ([`CmEvent::ConnectError`]), for the operator's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// No route to the peer's address from this device (address or route resolution failed,
+    /// or the address is reached through another device).
+    NoRoute,
+    /// The peer refused (nothing listens there), did not answer in time, or is unreachable.
+    Unreachable,
+    /// This host refused to start or carry it; the OS error number (a source port in use,
+    /// out of resources).
+    Local(i32),
+    /// The set-up exchange broke down part way: a malformed or unexpected MPA or CM message,
+    /// or the peer hung up during it.
+    Handshake,
+}
+
+impl ConnectFailure {
+    /// A socket or verbs error met while connecting: the peer's side when the error says
+    /// refused, reset, timed out or unreachable, else this host's.
+    pub fn from_io(e: &std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(
+                libc::ECONNREFUSED
+                | libc::ECONNRESET
+                | libc::ETIMEDOUT
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH,
+            ) => ConnectFailure::Unreachable,
+            Some(n) => ConnectFailure::Local(n),
+            None => ConnectFailure::Local(0),
+        }
+    }
+}
+
+impl fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectFailure::NoRoute => write!(f, "no route to the peer from this device"),
+            ConnectFailure::Unreachable => write!(f, "the peer refused or did not answer"),
+            ConnectFailure::Local(0) => write!(f, "refused by this host"),
+            ConnectFailure::Local(n) => write!(
+                f,
+                "refused by this host: {}",
+                std::io::Error::from_raw_os_error(*n)
+            ),
+            ConnectFailure::Handshake => write!(f, "the connection set-up exchange failed"),
+        }
+    }
+}
+
 /// Connection-manager events, delivered by [`Provider::poll_cm`] (rdma_cm event subset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmEvent {
@@ -437,6 +487,8 @@ pub enum CmEvent {
     ConnectError {
         /// The queue pair passed to connect or accept (now in error).
         qp: QpId,
+        /// Why, as far as the provider can tell.
+        cause: ConnectFailure,
     },
     /// The connection ended (either side disconnected, Terminate, transport loss); its
     /// outstanding work was flushed.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use rpcrdma_verbs::conformance::readable;
 use rpcrdma_verbs::soft::{wire, SoftConfig, SoftProvider, SoftTcp};
 use rpcrdma_verbs::{
-    Access, CmEvent, ConnParams, CqId, Mr, Provider, QpId, QpInit, SendOp, SendWr, Sge, WcStatus,
-    WorkCompletion,
+    Access, CmEvent, ConnParams, ConnectFailure, CqId, Mr, Provider, QpId, QpInit, SendOp, SendWr,
+    Sge, WcStatus, WorkCompletion,
 };
 
 const CLIENT_PD: [u8; 8] = [0xf6, 0xab, 0x0e, 0x18, 0x01, 0x01, 0x03, 0x03];
@@ -415,7 +415,10 @@ fn iwarp_1_4_reply_with_excess_ord_fails_connect() {
     wire::emit_mpa(&mut rep, true, wire::MPA_ENHANCED, 2, Some((0, 3)), &[]);
     s.write_all(&rep).unwrap();
     wait(&mut n, "connect error", |n| {
-        n.events.contains(&CmEvent::ConnectError { qp })
+        n.events.contains(&CmEvent::ConnectError {
+            qp,
+            cause: ConnectFailure::Handshake,
+        })
     });
     let term = read_exact(&mut n, &mut s, 28);
     assert_eq!(
@@ -766,7 +769,10 @@ fn iwarp_1_4_silent_responder_times_out_connect() {
     .unwrap();
     // The TCP connection is accepted (by the kernel backlog) but no Reply ever comes.
     wait(&mut n, "connect error", |n| {
-        n.events.contains(&CmEvent::ConnectError { qp })
+        n.events.contains(&CmEvent::ConnectError {
+            qp,
+            cause: ConnectFailure::Unreachable,
+        })
     });
     drop(listener);
 }

@@ -254,8 +254,8 @@ pub const MAX_OPTINFO: usize = crate::conn::MAX_OPTINFO;
 pub enum Reason {
     /// The peer rejected the connection.
     Rejected,
-    /// Unreachable, refused, or set-up failed.
-    ConnectError,
+    /// Unreachable, refused, or set-up failed: the provider's word on why.
+    ConnectError(rpcrdma_verbs::ConnectFailure),
     /// The connection ended (either side, or transport loss).
     Disconnected,
     /// A version-two connection got no answer to its first call in time (AMB-33): the
@@ -265,6 +265,19 @@ pub enum Reason {
     Protocol(&'static str),
     /// A local resource could not be created; the text says which.
     Local(String),
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Rejected => write!(f, "the peer rejected it"),
+            Reason::ConnectError(cause) => write!(f, "{cause}"),
+            Reason::Disconnected => write!(f, "disconnected"),
+            Reason::NoAnswer => write!(f, "no answer to version 2 (AMB-33)"),
+            Reason::Protocol(why) => write!(f, "protocol error: {why}"),
+            Reason::Local(why) => write!(f, "local error: {why}"),
+        }
+    }
 }
 
 /// Something the control thread should know.

@@ -1524,11 +1524,10 @@ impl<P: Provider> PollThread<P> {
                 }
                 self.emit(Event::Up { conn, peer, remote });
             }
-            CmEvent::Rejected { qp, .. } | CmEvent::ConnectError { qp } => {
-                let reason = if matches!(ev, CmEvent::Rejected { .. }) {
-                    Reason::Rejected
-                } else {
-                    Reason::ConnectError
+            CmEvent::Rejected { qp, .. } | CmEvent::ConnectError { qp, .. } => {
+                let reason = match ev {
+                    CmEvent::ConnectError { cause, .. } => Reason::ConnectError(cause),
+                    _ => Reason::Rejected,
                 };
                 let Some(i) = self.slot_of_qp(qp) else {
                     return;

@@ -37,9 +37,9 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, CqId, Error, ListenerId, Mr, MrId, PdId, PrivateData,
-    Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus,
-    WorkCompletion, MAX_SGE,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, ListenerId, Mr, MrId,
+    PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
+    WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 
 use sys::{CmId, RawCq, RawMw, RawQp, RawSrq};
@@ -494,16 +494,18 @@ impl IbvProvider {
                 let Some(qp) = self.qp_for_id(ev.id) else {
                     return;
                 };
-                let ok = match self.check_device(qp) {
+                let route = match self.check_device(qp) {
                     Ok(()) => slot(&self.qps, qp.0)
                         .ok()
                         .and_then(|e| e.id.as_ref())
-                        .map(|id| id.resolve_route(self.cfg.resolve_timeout_ms).is_ok())
-                        .unwrap_or(false),
-                    Err(()) => false,
+                        .map_or(Err(ConnectFailure::Local(0)), |id| {
+                            id.resolve_route(self.cfg.resolve_timeout_ms)
+                                .map_err(|e| ConnectFailure::from_io(&e))
+                        }),
+                    Err(()) => Err(ConnectFailure::NoRoute),
                 };
-                if !ok {
-                    self.connect_failed(qp);
+                if let Err(cause) = route {
+                    self.connect_failed(qp, cause);
                 }
             }
             K::RouteResolved => {
@@ -514,10 +516,10 @@ impl IbvProvider {
                     Ok(()) => {}
                     Err(e) if self.iwarp && source_port_taken(&e) => {
                         if !self.connect_from_another_port(qp) {
-                            self.connect_failed(qp);
+                            self.connect_failed(qp, ConnectFailure::from_io(&e));
                         }
                     }
-                    Err(_) => self.connect_failed(qp),
+                    Err(e) => self.connect_failed(qp, ConnectFailure::from_io(&e)),
                 }
             }
             K::ConnectResponse => {
@@ -532,10 +534,9 @@ impl IbvProvider {
                     self.cm_modify(e, id, sys::QpTarget::Rts)?;
                     id.establish()
                 })();
-                if ok.is_err() {
-                    self.connect_failed(qp);
-                } else {
-                    self.established(qp, ev.private_data);
+                match ok {
+                    Ok(()) => self.established(qp, ev.private_data),
+                    Err(e) => self.connect_failed(qp, ConnectFailure::from_io(&e)),
                 }
             }
             K::Established => {
@@ -568,12 +569,15 @@ impl IbvProvider {
                         private_data: ev.private_data,
                     });
                 } else {
-                    self.events.push_back(CmEvent::ConnectError { qp });
+                    self.events.push_back(CmEvent::ConnectError {
+                        qp,
+                        cause: ConnectFailure::Unreachable,
+                    });
                 }
             }
-            K::Failed => {
+            K::Failed(cause) => {
                 if let Some(qp) = self.qp_for_id(ev.id) {
-                    self.connect_failed(qp);
+                    self.connect_failed(qp, cause);
                 }
             }
             K::Disconnected => {
@@ -651,7 +655,7 @@ impl IbvProvider {
         true
     }
 
-    fn connect_failed(&mut self, qp: QpId) {
+    fn connect_failed(&mut self, qp: QpId, cause: ConnectFailure) {
         self.connecting.remove(&qp.0);
         if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
             if e.state == QpState::Error {
@@ -660,7 +664,7 @@ impl IbvProvider {
             e.state = QpState::Error;
             e.qp.to_error();
         }
-        self.events.push_back(CmEvent::ConnectError { qp });
+        self.events.push_back(CmEvent::ConnectError { qp, cause });
     }
 
     fn established(&mut self, qp: QpId, private_data: PrivateData) {

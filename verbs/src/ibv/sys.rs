@@ -15,7 +15,7 @@ pub(super) use ffi::{
     ibv_context, ibv_pd, ibv_sge, ibv_wc, ibv_wc_opcode, ibv_wc_status, rdma_cm_id,
 };
 
-use crate::{Access, Error, PrivateData, Result, SendOp, SendWr};
+use crate::{Access, ConnectFailure, Error, PrivateData, Result, SendOp, SendWr};
 
 /// `IBV_WC_WITH_INV`: the completion's union holds the rkey the peer invalidated.
 pub(super) const IBV_WC_WITH_INV: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
@@ -586,10 +586,11 @@ impl EventChannel {
                 T::RDMA_CM_EVENT_DISCONNECTED | T::RDMA_CM_EVENT_DEVICE_REMOVAL => {
                     CmEventKind::Disconnected
                 }
-                T::RDMA_CM_EVENT_ADDR_ERROR
-                | T::RDMA_CM_EVENT_ROUTE_ERROR
-                | T::RDMA_CM_EVENT_CONNECT_ERROR
-                | T::RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Failed,
+                T::RDMA_CM_EVENT_ADDR_ERROR | T::RDMA_CM_EVENT_ROUTE_ERROR => {
+                    CmEventKind::Failed(ConnectFailure::NoRoute)
+                }
+                T::RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Failed(ConnectFailure::Unreachable),
+                T::RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::Failed(ConnectFailure::Handshake),
                 _ => CmEventKind::Other,
             };
             CmEventData {
@@ -625,7 +626,8 @@ pub(super) enum CmEventKind {
     ConnectResponse,
     Established,
     Rejected,
-    Failed,
+    /// Address, route or connection errors, and an unreachable peer.
+    Failed(ConnectFailure),
     Disconnected,
     Other,
 }

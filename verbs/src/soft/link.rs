@@ -312,7 +312,7 @@ impl Transport for MemFabric {
         let q = f
             .listeners
             .get_mut(&addr)
-            .ok_or(io::Error::from(io::ErrorKind::ConnectionRefused))?;
+            .ok_or(io::Error::from_raw_os_error(libc::ECONNREFUSED))?;
         let a = Rc::new(RefCell::new(Pipe::default()));
         let b = Rc::new(RefCell::new(Pipe::default()));
         q.push_back(MemLink {

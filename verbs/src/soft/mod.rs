@@ -24,9 +24,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, CqId, Error, ListenerId, Mr, MrId, PdId, PrivateData,
-    Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus,
-    WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, ListenerId, Mr, MrId,
+    PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
+    WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
 };
 use link::{Link, MemFabric, Tcp, Transport};
 use mem::{Kind, Mem};
@@ -308,6 +308,9 @@ struct Qp<L> {
     want_ird_ord: (u16, u16, bool),
     /// Initiator: when to give up waiting for the MPA Reply.
     connect_deadline: Option<Instant>,
+    /// Initiator: what a failure while connecting reports (the set-up exchange unless a
+    /// socket error or the deadline says otherwise).
+    connect_cause: ConnectFailure,
 }
 
 #[derive(Debug)]
@@ -592,19 +595,26 @@ impl<L: Link> Qp<L> {
             inbound: VecDeque::new(),
             want_ird_ord: (0, 0, false),
             connect_deadline: None,
+            connect_cause: ConnectFailure::Handshake,
         }
     }
 
     fn progress(&mut self, cx: &mut Ctx<'_>) {
         if self.phase == Phase::Connecting {
             if self.connect_deadline.is_some_and(|d| Instant::now() > d) {
+                self.connect_cause = ConnectFailure::Unreachable;
                 self.fail(cx, None);
                 return;
             }
             match self.link.as_mut().map(|l| l.connected()) {
                 Some(Ok(true)) => {}
                 Some(Ok(false)) => return,
-                _ => {
+                Some(Err(e)) => {
+                    self.connect_cause = ConnectFailure::from_io(&e);
+                    self.fail(cx, None);
+                    return;
+                }
+                None => {
                     self.fail(cx, None);
                     return;
                 }
@@ -659,7 +669,8 @@ impl<L: Link> Qp<L> {
                 Ok(n) => self.tx_off += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    self.connect_cause = ConnectFailure::from_io(&e);
                     self.fail(cx, None);
                     return false;
                 }
@@ -718,7 +729,8 @@ impl<L: Link> Qp<L> {
                     return true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    self.connect_cause = ConnectFailure::from_io(&e);
                     self.fail(cx, None);
                     return false;
                 }
@@ -1312,7 +1324,10 @@ impl<L: Link> Qp<L> {
                 l.shutdown();
             }
             self.phase = Phase::Dead;
-            cx.events.push_back(CmEvent::ConnectError { qp: self.id });
+            cx.events.push_back(CmEvent::ConnectError {
+                qp: self.id,
+                cause: self.connect_cause,
+            });
         } else {
             self.close(cx);
         }
@@ -1718,7 +1733,21 @@ impl<T: Transport> Provider for SoftProvider<T> {
         if self.qp_mut(qp)?.state != QpState::Init {
             return Err(Error::BadState);
         }
-        let link = self.transport.connect(addr)?;
+        let link = match self.transport.connect(addr) {
+            Ok(link) => link,
+            Err(e) => {
+                // Refused at once (nothing listens in memory; TCP's immediate errors): the
+                // same event a refusal on the wire gives.
+                let q = self.qp_mut(qp)?;
+                q.state = QpState::Error;
+                q.phase = Phase::Dead;
+                self.events.push_back(CmEvent::ConnectError {
+                    qp,
+                    cause: ConnectFailure::from_io(&e),
+                });
+                return Ok(());
+            }
+        };
         let seglen = self.seglen(&link);
         let cfg = self.cfg;
         let q = self.qp_mut(qp)?;
@@ -1840,7 +1869,10 @@ impl<T: Transport> Provider for SoftProvider<T> {
                 q.flush_all(&mut cx, WcStatus::Flushed);
                 q.close(&mut cx);
             }
-            Phase::Connecting => q.fail(&mut cx, None),
+            Phase::Connecting => {
+                q.connect_cause = ConnectFailure::Local(libc::ECANCELED);
+                q.fail(&mut cx, None);
+            }
             Phase::Idle | Phase::Dead => {}
         }
         Ok(())
