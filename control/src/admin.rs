@@ -131,6 +131,10 @@ pub struct PeerStatus {
     pub failures: u32,
     /// Milliseconds until the next attempt (backoff).
     pub retry_in_ms: Option<u64>,
+    /// Why the last attempt failed or the last connection ended, until the peer is up again
+    /// ("connect failed: the peer refused or did not answer").
+    #[serde(default)]
+    pub last_error: Option<String>,
     /// RPC-over-RDMA version offered to this peer: 1 once it is marked version-1-only
     /// because it never answered version two (AMB-33).
     pub version: u32,

@@ -70,6 +70,8 @@ struct PeerState {
     max: Duration,
     delay: Duration,
     failures: u32,
+    /// Why the last attempt failed or the last connection ended (cleared once up).
+    last_error: Option<String>,
     phase: PeerPhase,
     /// The peer never answered our first version-two call: it is spoken to in version 1
     /// until the daemon restarts (AMB-33, V2-5.2-b).
@@ -353,6 +355,7 @@ impl Daemon {
                 failures: 0,
                 phase: PeerPhase::Stopped,
                 v1_only: false,
+                last_error: None,
                 // Peers after the listeners, round robin; the in-memory provider's fabric is
                 // its thread's alone, so there everything stays on thread 0.
                 thread: if mem {
@@ -534,6 +537,9 @@ impl Daemon {
             return;
         }
         p.failures = p.failures.saturating_add(1);
+        if p.last_error.as_deref() != Some(why) {
+            p.last_error = Some(why.to_owned());
+        }
         let delay = p.delay;
         p.phase = PeerPhase::Backoff(Instant::now() + delay);
         p.delay = (p.delay * 2).min(p.max).max(p.initial);
@@ -551,6 +557,7 @@ impl Daemon {
                     Some(p) => {
                         p.phase = PeerPhase::Up(conn);
                         p.failures = 0;
+                        p.last_error = None;
                         p.delay = p.initial;
                         p.name.clone()
                     }
@@ -596,7 +603,9 @@ impl Daemon {
                         }
                         self.connect_peer(p as usize);
                     }
-                    (Some(p), _) => self.peer_failed(p as usize, "connection lost"),
+                    (Some(p), reason) => {
+                        self.peer_failed(p as usize, &format!("connection lost: {reason}"))
+                    }
                     (None, _) => {}
                 }
             }
@@ -1308,6 +1317,7 @@ impl Daemon {
                             conn,
                             failures: p.failures,
                             retry_in_ms: retry,
+                            last_error: p.last_error.clone(),
                         }
                     })
                     .collect();

@@ -290,6 +290,21 @@ fn client_reconnects_after_the_peer_restarts() {
         "A says why reconnecting fails:\n{}",
         a.log()
     );
+    let why = eventually(10, || {
+        let s = a.ctl_json(&["status"]);
+        let e = s["peers"][0]["last-error"].as_str().map(str::to_owned);
+        e.filter(|e| e.starts_with("connect failed"))
+    });
+    assert_eq!(
+        why.as_deref(),
+        Some("connect failed: the peer refused or did not answer"),
+        "status says why the peer is down"
+    );
+    let table = String::from_utf8_lossy(&a.ctl(&["status"]).stdout).into_owned();
+    assert!(
+        table.contains("LAST-ERROR") && table.contains("the peer refused or did not answer"),
+        "{table}"
+    );
     let b2 = Daemon::start_with(dir_b, port_b, &text_b);
     a.wait_peer_up("server");
     rdmatest_server(&b2.app);
@@ -298,6 +313,7 @@ fn client_reconnects_after_the_peer_restarts() {
     echo(&mut c, peer, 500);
     let s = a.ctl_json(&["status"]);
     assert_eq!(s["peers"][0]["failures"], 0, "failures reset once up");
+    assert!(s["peers"][0]["last-error"].is_null(), "and the last error");
 }
 
 #[test]

@@ -132,7 +132,14 @@ fn human(req: &Request, r: &Value) -> String {
             );
             out += &table::render(
                 &[
-                    "PEER", "ADDRESS", "STATE", "VERS", "CONN", "FAILURES", "RETRY-MS",
+                    "PEER",
+                    "ADDRESS",
+                    "STATE",
+                    "VERS",
+                    "CONN",
+                    "FAILURES",
+                    "RETRY-MS",
+                    "LAST-ERROR",
                 ],
                 &rows(
                     &r["peers"],
@@ -144,6 +151,7 @@ fn human(req: &Request, r: &Value) -> String {
                         "conn",
                         "failures",
                         "retry-in-ms",
+                        "last-error",
                     ],
                 ),
             );
