@@ -28,6 +28,12 @@ pub enum Request {
         /// Connection id.
         conn: u32,
     },
+    /// Forget that a configured peer is version-1-only (AMB-33) and reconnect it offering
+    /// version 2.
+    PeerRetryV2 {
+        /// Peer name (from the config, as `status` lists it).
+        peer: String,
+    },
     /// Counters per connection and per thread.
     Stats,
     /// Latency percentiles per connection.

@@ -74,7 +74,8 @@ struct PeerState {
     last_error: Option<String>,
     phase: PeerPhase,
     /// The peer never answered our first version-two call: it is spoken to in version 1
-    /// until the daemon restarts (AMB-33, V2-5.2-b).
+    /// until the daemon restarts or the operator clears it (`rpcrdmactl peer retry-v2`;
+    /// AMB-33, V2-5.2-b).
     v1_only: bool,
     /// The poll thread that connects to it.
     thread: usize,
@@ -525,6 +526,37 @@ impl Daemon {
                 version,
             },
         );
+    }
+
+    /// Forgets that peer `name` is version-1-only (AMB-33): its next connection offers
+    /// version 2 again, and an up connection is closed so that the next one comes now (the
+    /// calls in flight on it end with a transport error). A connection being set up keeps
+    /// the version it offered.
+    fn retry_v2(&mut self, name: &str) -> Response {
+        if self.cfg.transport.version != 2 {
+            return Response::err(
+                "transport.version is 1: no peer is offered version 2".to_string(),
+            );
+        }
+        let Some(p) = self.peers.iter_mut().find(|p| p.name == name) else {
+            return Response::err(format!("no peer {name:?} (rpcrdmactl status lists them)"));
+        };
+        let was = std::mem::take(&mut p.v1_only);
+        let closing = match p.phase {
+            PeerPhase::Up(conn) if was => Some(conn),
+            _ => None,
+        };
+        if was {
+            info!(peer = %p.name, conn = ?closing, "version-1-only mark cleared by the operator: the next connection offers version 2");
+        }
+        if let Some(conn) = closing {
+            self.send(conn, Command::Close { conn });
+        }
+        Response::ok(serde_json::json!({
+            "peer": name,
+            "was-v1-only": was,
+            "closing": closing,
+        }))
     }
 
     fn peer_failed(&mut self, i: usize, why: &str) {
@@ -1286,6 +1318,7 @@ impl Daemon {
                 };
             }
             Request::XcharSet { conn, set } => return self.xchar_set(conn, &set),
+            Request::PeerRetryV2 { peer } => return self.retry_v2(&peer),
             _ => {}
         }
         match req {

@@ -2,7 +2,8 @@
 //! like deployed version-1 servers (implementation-experience §4.6), drops version-two
 //! messages silently. The first call ends once, with an error, when the configured
 //! `transport.v2-first-message-timeout-ms` passes; the daemon marks the peer version-1-only,
-//! reconnects speaking version 1, and the next call is answered.
+//! reconnects speaking version 1, and the next call is answered. `rpcrdmactl peer retry-v2`
+//! clears the mark and reconnects offering version 2.
 //!
 //! The peer runs in the test process on the soft provider over TCP: its first connection is
 //! a bare queue pair with receives posted on a completion queue of its own, which the peer
@@ -324,9 +325,59 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
     let r = ok.unwrap_or_else(|| panic!("no version-1 answer:\n{}", a.log()));
     assert_eq!((r.accept_stat, r.body.len()), (0, 0));
 
+    // The operator clears the mark (`rpcrdmactl peer retry-v2`): the up connection is closed
+    // and the next one offers version 2 again. This peer answers that with ERR_VERS, so the
+    // engine falls back to 1 on the connection and the call is answered; ERR_VERS is an
+    // answer, so the peer is not marked again.
+    let old = a.ctl_json(&["status"])["peers"][0]["conn"].clone();
+    assert!(old.is_u64(), "{old}");
+    // Connection ids are reused: the new connection is told by the daemon's log.
+    let ups = || a.log().matches("connection up").count();
+    let before = ups();
+    let cleared = a.ctl_json(&["peer", "retry-v2", "server"]);
+    assert_eq!(cleared["was-v1-only"], true, "{cleared}");
+    assert_eq!(cleared["closing"], old, "{cleared}");
+    let anew = common::eventually(20, || {
+        let p = &a.ctl_json(&["status"])["peers"][0];
+        (p["state"] == "up" && p["version"] == 2 && ups() > before).then_some(())
+    });
+    assert!(
+        anew.is_some(),
+        "no reconnect offering version 2:\n{}",
+        a.log()
+    );
+    assert!(
+        a.log()
+            .contains("version-1-only mark cleared by the operator"),
+        "{}",
+        a.log()
+    );
+    let ok = common::eventually(20, || {
+        let t = c
+            .call(server, rdmatest::PROG, 1, rdmatest::NULL)
+            .submit()
+            .ok()?;
+        c.wait(t, T).ok()
+    });
+    assert!(ok.is_some(), "no answer after retry-v2:\n{}", a.log());
+    let conns = a.ctl_json(&["conns"]);
+    assert_eq!(conns[0]["version"], 1, "fell back on ERR_VERS: {conns}");
+    assert_eq!(a.ctl_json(&["status"])["peers"][0]["version"], 2);
+    // Asked again, nothing to clear; an unknown peer is refused.
+    let again = a.ctl(&["peer", "retry-v2", "server"]);
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success(), "{again:?}");
+    assert!(text.contains("not marked version-1-only"), "{text}");
+    let unknown = a.ctl(&["peer", "retry-v2", "nobody"]);
+    assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no peer \"nobody\""),
+        "{unknown:?}"
+    );
+
     stop.store(true, Ordering::Relaxed);
     let report = peer_thread.join().expect("peer thread");
-    assert!(report.accepted >= 2, "{report:?}");
+    assert!(report.accepted >= 3, "{report:?}");
     assert!(
         !report.swallowed.is_empty() && report.swallowed.iter().all(|&v| v == 2),
         "the silent connection saw version-2 messages only: {report:?}"

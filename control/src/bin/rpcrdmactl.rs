@@ -46,6 +46,11 @@ enum Cmd {
     Stats,
     /// Round-trip latency percentiles per connection.
     Latency,
+    /// A configured peer.
+    Peer {
+        #[command(subcommand)]
+        cmd: PeerCmd,
+    },
     /// Transport characteristics (RPC-over-RDMA version 2).
     Xchar {
         #[command(subcommand)]
@@ -66,6 +71,16 @@ enum ConnCmd {
     Close {
         /// Connection id.
         conn: u32,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum PeerCmd {
+    /// Offer version 2 again to a peer marked version-1-only (VERS 1 in `status`) after it
+    /// left a first version-2 call unanswered; its up connection is closed and made anew.
+    RetryV2 {
+        /// Peer name (as `status` lists it).
+        peer: String,
     },
 }
 
@@ -359,6 +374,15 @@ fn human(req: &Request, r: &Value) -> String {
                 ],
             ),
         ),
+        Request::PeerRetryV2 { peer } => match (r["was-v1-only"].as_bool(), r["closing"].as_u64()) {
+            (Some(true), Some(conn)) => format!(
+                "{peer}: version-1-only mark cleared; closing connection {conn}, the next one offers version 2\n"
+            ),
+            (Some(true), _) => {
+                format!("{peer}: version-1-only mark cleared; the next connection offers version 2\n")
+            }
+            _ => format!("{peer}: not marked version-1-only; it is offered version 2 already\n"),
+        },
         Request::Reload => {
             let mut out = String::new();
             for k in r["applied"].as_array().into_iter().flatten() {
@@ -403,6 +427,9 @@ fn main() -> ExitCode {
         Cmd::Conn {
             cmd: ConnCmd::Close { conn },
         } => Request::ConnClose { conn },
+        Cmd::Peer {
+            cmd: PeerCmd::RetryV2 { peer },
+        } => Request::PeerRetryV2 { peer },
         Cmd::Stats => Request::Stats,
         Cmd::Latency => Request::Latency,
         Cmd::Reload => Request::Reload,
