@@ -18,6 +18,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::time::Duration;
 
 /// Daemon side: the listening socket and the region geometry handed to each new app.
 #[derive(Debug)]
@@ -184,18 +185,13 @@ pub(crate) fn drain(sock: BorrowedFd<'_>) -> bool {
     true
 }
 
-/// Waits until `fd` is readable or `timeout_ms` passes (negative = forever).
-pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: i32) {
+/// Waits until `fd` is readable or `timeout` passes.
+pub(crate) fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) {
     let mut p = [PollFd::new(&fd, PollFlags::IN)];
-    let ts;
-    let t = if timeout_ms >= 0 {
-        ts = rustix::event::Timespec {
-            tv_sec: i64::from(timeout_ms / 1000),
-            tv_nsec: i64::from(timeout_ms % 1000) * 1_000_000,
-        };
-        Some(&ts)
-    } else {
-        None
+    // To the nanosecond (whole milliseconds made a 50 µs wait last 1 ms).
+    let ts = rustix::event::Timespec {
+        tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    let _ = rustix::event::poll(&mut p, t);
+    let _ = rustix::event::poll(&mut p, Some(&ts));
 }

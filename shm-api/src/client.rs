@@ -124,6 +124,10 @@ impl Arena {
 /// How long an app busy-polls its completion ring before sleeping on its socket, by default.
 pub const SPIN: Duration = Duration::from_micros(50);
 
+/// The longest single sleep of a wait (a bounded sleep also notices a detach that came without
+/// a wake-up).
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+
 /// How an app waits for a completion: poll its completion ring for `spin`, then sleep on its socket.
 ///
 /// Between polls it either busy-waits (a CPU pause hint: lowest hand-off latency when it has a core to
@@ -273,19 +277,19 @@ impl Endpoint {
                 h.app_waiting.value.store(0, Ordering::Relaxed);
                 return Ok(Some(c));
             }
-            let ms = match deadline {
-                None => 100,
+            let sleep = match deadline {
+                None => MAX_SLEEP,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         h.app_waiting.value.store(0, Ordering::Relaxed);
                         return Ok(None);
                     }
-                    left.as_millis().clamp(1, 100) as i32
+                    left.min(MAX_SLEEP)
                 }
             };
             // A bounded sleep also notices a detach that happened without a wake-up.
-            wait_readable(self.conn.sock.as_fd(), ms);
+            wait_readable(self.conn.sock.as_fd(), sleep);
             let open = drain(self.conn.sock.as_fd());
             h.app_waiting.value.store(0, Ordering::Relaxed);
             if !open {
