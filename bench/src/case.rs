@@ -197,6 +197,25 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, ParseError> {
     }
 }
 
+/// Parses a rate in calls per second: a positive number, optionally with `k` (10^3) or `M`
+/// (10^6), e.g. `50000`, `200k`, `1.5M`; at most 10^9.
+pub fn parse_rate(s: &str) -> Result<f64, ParseError> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix('k') {
+        (n, 1e3)
+    } else if let Some(n) = t.strip_suffix('M') {
+        (n, 1e6)
+    } else {
+        (t, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v * scale <= 1e9 => Ok(v * scale),
+        _ => err(format!(
+            "bad rate {s:?} (calls per second above 0, e.g. 50000, 200k or 1.5M)"
+        )),
+    }
+}
+
 impl FromStr for Proc {
     type Err = ParseError;
     fn from_str(s: &str) -> Result<Proc, ParseError> {
@@ -339,6 +358,17 @@ mod tests {
         assert!(parse_size("").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("12x").is_err());
+    }
+
+    #[test]
+    fn rates_take_decimal_k_and_m_and_refuse_zero_negative_and_huge() {
+        assert_eq!(parse_rate("50000"), Ok(50_000.0));
+        assert_eq!(parse_rate("200k"), Ok(200_000.0));
+        assert_eq!(parse_rate("1.5M"), Ok(1_500_000.0));
+        assert_eq!(parse_rate(" 0.5 "), Ok(0.5));
+        for bad in ["0", "-1k", "", "k", "2G", "1e10", "nan", "inf"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -562,6 +562,7 @@ pub fn compare(
         stop: Stop::Duration(opts.duration),
         in_flight: 1,
         think: Duration::ZERO,
+        rate: None,
         progress: opts.progress,
     };
     let t0 = Instant::now();

@@ -191,13 +191,19 @@ struct RunArgs {
     /// Measured calls per case (instead of --duration).
     #[arg(long)]
     count: Option<u64>,
-    /// Calls in flight (1 = latency; more = throughput, coordinated-omission corrected).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
-    in_flight: u32,
+    /// Calls in flight (1 = latency; more = throughput, coordinated-omission corrected). With
+    /// --rate: the most calls outstanding (default 32).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
+    in_flight: Option<u32>,
     /// Pause (µs) between a reply and the next call in its slot, outside the measured round trip:
     /// with more than the daemon's `cpu.idle.park-after-us`, every call meets a parked daemon.
-    #[arg(long, default_value_t = 0, value_name = "US")]
+    #[arg(long, default_value_t = 0, value_name = "US", conflicts_with = "rate")]
     think_us: u64,
+    /// Open loop: offer this many calls per second (e.g. 50000, 200k, 1.5M) on a fixed schedule,
+    /// whatever the replies; round trips count from each call's due time, so a target that falls
+    /// behind shows it in its latencies. Without it, the loop is closed.
+    #[arg(long, value_name = "PER_S", value_parser = case::parse_rate)]
+    rate: Option<f64>,
     /// Print the JSON document (schema rpcrdma-bench/run/1) on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -254,6 +260,9 @@ struct CompareArgs {
     no_progress: bool,
 }
 
+/// The most calls outstanding in an open loop when `--in-flight` is not given.
+const OPEN_LOOP_IN_FLIGHT: u32 = 32;
+
 fn ready() {
     println!("ready");
     let _ = std::io::stdout().flush();
@@ -276,8 +285,13 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     let opts = RunOptions {
         warmup: a.warmup,
         stop: a.count.map_or(Stop::Duration(a.duration), Stop::Count),
-        in_flight: a.in_flight as usize,
+        in_flight: a.in_flight.unwrap_or(if a.rate.is_some() {
+            OPEN_LOOP_IN_FLIGHT
+        } else {
+            1
+        }) as usize,
         think: Duration::from_micros(a.think_us),
+        rate: a.rate,
         progress: !a.no_progress && std::io::stderr().is_terminal(),
     };
     let out = OutFiles::new(&a.out, "run", SystemTime::now())?;

@@ -70,6 +70,9 @@ pub struct Settings {
     /// Pause before each call takes a freed slot (µs; 0: none).
     #[serde(default)]
     pub think_us: u64,
+    /// Open loop: calls offered per second (`None`: closed loop).
+    #[serde(default)]
+    pub rate_per_s: Option<f64>,
 }
 
 impl Settings {
@@ -85,6 +88,7 @@ impl Settings {
             count,
             in_flight: o.in_flight as u32,
             think_us: u64::try_from(o.think.as_micros()).unwrap_or(u64::MAX),
+            rate_per_s: o.rate,
         }
     }
 }
@@ -146,6 +150,19 @@ pub struct CaseSummary {
     pub co_corrected: bool,
     /// The correction's expected interval (ns).
     pub expected_interval_ns: u64,
+    /// Open loop: calls offered per second (`None`: closed loop).
+    #[serde(default)]
+    pub offered_per_s: Option<f64>,
+    /// Open loop: measured calls that found every slot busy when due and went out late.
+    #[serde(default)]
+    pub late: u64,
+    /// Open loop: how late the calls that found a slot free went out after their due time
+    /// (the generator's own delay; ns, 99th percentile and largest).
+    #[serde(default)]
+    pub send_lag_p99_ns: Option<u64>,
+    /// See `send_lag_p99_ns`.
+    #[serde(default)]
+    pub send_lag_max_ns: Option<u64>,
     /// Calls completed intact in the measured phase.
     pub count: u64,
     /// Failed calls or wrong data.
@@ -173,6 +190,18 @@ impl CaseSummary {
             in_flight: r.in_flight as u32,
             co_corrected: r.co_corrected,
             expected_interval_ns: r.expected_interval_ns,
+            offered_per_s: r.offered_per_s,
+            late: r.late,
+            send_lag_p99_ns: r
+                .send_lag
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .map(|h| h.value_at_quantile(0.99)),
+            send_lag_max_ns: r
+                .send_lag
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .map(|h| h.max()),
             count: r.count,
             errors: r.errors,
             first_error: r.first_error.clone(),
@@ -227,13 +256,18 @@ fn us(ns: u64) -> String {
 pub fn table(cases: &[CaseSummary]) -> String {
     let mut s = String::new();
     let in_flight = cases.first().map_or(1, |c| c.in_flight);
+    let offered = cases.first().and_then(|c| c.offered_per_s);
     let _ = writeln!(
         s,
-        "Round-trip times in µs (call submitted -> reply received){}",
-        if in_flight > 1 {
-            format!(", {in_flight} calls in flight, coordinated-omission corrected")
-        } else {
-            ", one call in flight".into()
+        "{}",
+        match offered {
+            Some(rate) => format!(
+                "Round-trip times in µs (call due -> reply received), open loop: {rate:.0} calls/s offered, at most {in_flight} in flight"
+            ),
+            None if in_flight > 1 => format!(
+                "Round-trip times in µs (call submitted -> reply received), {in_flight} calls in flight, coordinated-omission corrected"
+            ),
+            None => "Round-trip times in µs (call submitted -> reply received), one call in flight".into(),
         }
     );
     let w = cases.iter().map(|c| c.name.len()).max().unwrap_or(4).max(4);
@@ -258,7 +292,22 @@ pub fn table(cases: &[CaseSummary]) -> String {
         if c.errors > 0 {
             let _ = write!(s, "  {} ERRORS", c.errors);
         }
+        if c.late > 0 {
+            let _ = write!(s, "  {} late", c.late);
+        }
         s.push('\n');
+    }
+    for c in cases {
+        if let (Some(p99), Some(max)) = (c.send_lag_p99_ns, c.send_lag_max_ns) {
+            let _ = writeln!(
+                s,
+                "{}: {} calls found every slot busy when due (late); the others went out {} µs (p99), {} µs (max) after their due time",
+                c.name,
+                c.late,
+                us(p99),
+                us(max)
+            );
+        }
     }
     s
 }
@@ -438,6 +487,10 @@ mod tests {
             in_flight,
             co_corrected: in_flight > 1,
             expected_interval_ns: 0,
+            offered_per_s: None,
+            late: 0,
+            send_lag_p99_ns: None,
+            send_lag_max_ns: None,
             count: 1234,
             errors,
             first_error: None,
@@ -518,6 +571,35 @@ mod tests {
     }
 
     #[test]
+    fn table_says_open_loop_with_its_offered_rate_and_marks_late_calls() {
+        let open = CaseSummary {
+            offered_per_s: Some(50_000.0),
+            late: 7,
+            send_lag_p99_ns: Some(12_000),
+            send_lag_max_ns: Some(2_500_000),
+            co_corrected: false,
+            ..summary("echo/inline/64", 1, 0, 32)
+        };
+        let t = table(&[open]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].contains("call due -> reply received")
+                && lines[0].contains("open loop: 50000 calls/s offered, at most 32 in flight"),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("  7 late"), "{t}");
+        assert_eq!(
+            lines[3],
+            "echo/inline/64: 7 calls found every slot busy when due (late); the others went out 12.00 µs (p99), 2500.0 µs (max) after their due time"
+        );
+        // A closed loop has no such line.
+        assert_eq!(
+            table(&[summary("null/inline/0", 1, 0, 1)]).lines().count(),
+            3
+        );
+    }
+
+    #[test]
     fn curve_is_non_decreasing_and_ends_at_the_histograms_resolution() {
         let h = hist_1_to(10_000);
         let c = curve(&h);
@@ -563,6 +645,9 @@ mod tests {
             in_flight: 1,
             co_corrected: false,
             expected_interval_ns: 0,
+            offered_per_s: None,
+            late: 0,
+            send_lag: None,
             count: 300,
             errors: 0,
             first_error: None,

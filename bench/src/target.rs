@@ -156,7 +156,13 @@ pub fn spawn_ready(cmd: &mut Command, what: &str) -> anyhow::Result<Child> {
 
 /// A fresh socket path for this process.
 pub fn temp_socket(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("rpcrdma-bench-{}-{tag}.sock", std::process::id()))
+    // Numbered too: two sessions of one process (tests run in parallel) must not share a path.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "rpcrdma-bench-{}-{n}-{tag}.sock",
+        std::process::id()
+    ))
 }
 
 fn wait_for_socket(path: &Path, child: &mut Child, what: &str) -> anyhow::Result<()> {

@@ -145,6 +145,38 @@ fn run_json_matches_the_documented_schema_both_ways() {
     assert_eq!(copy, doc);
 }
 
+/// An open-loop run fills the open-loop keys (numbers where the closed loop has null).
+#[test]
+fn open_loop_run_json_matches_the_documented_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
+        .args(["run", "--json", "--warmup", "20ms", "--count", "40"])
+        .args(["--rate", "4k", "--in-flight", "4", "--no-progress"])
+        .args(["--case", "echo/inline/64"])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    check(&doc, "rpcrdma-bench/run/1");
+    assert_eq!(doc["settings"]["rate_per_s"], 4000.0);
+    let c = &doc["cases"][0];
+    assert_eq!(
+        (c["offered_per_s"].as_f64(), c["in_flight"].as_u64()),
+        (Some(4000.0), Some(4))
+    );
+    assert_eq!(
+        (c["count"].as_u64(), c["errors"].as_u64()),
+        (Some(40), Some(0))
+    );
+    assert_eq!(c["co_corrected"], false);
+}
+
 #[test]
 fn compare_json_matches_the_documented_schema_both_ways() {
     let dir = tempfile::tempdir().unwrap();

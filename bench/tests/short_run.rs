@@ -18,6 +18,7 @@ fn opts(count: u64, in_flight: usize) -> RunOptions {
         stop: Stop::Count(count),
         in_flight,
         think: Duration::ZERO,
+        rate: None,
         progress: false,
     }
 }
@@ -100,6 +101,67 @@ fn think_time_spaces_the_calls_and_is_not_counted_in_round_trips() {
     assert_eq!((r.count, r.errors, r.hist.len()), (5, 0, 5));
     assert!(r.elapsed >= think * 5, "{:?}", r.elapsed);
     assert_eq!(rpcrdma_bench::report::Settings::from(&o).think_us, 20_000);
+}
+
+/// An open loop sends on its schedule, whatever the replies: every measured call is recorded
+/// once (no correction), none goes out before it is due, and nothing is left in flight.
+#[test]
+fn open_loop_sends_on_schedule_and_records_every_measured_call_once() {
+    let (_session, mut c, peer, _) = loopback();
+    let o = RunOptions {
+        warmup: Duration::from_millis(20),
+        rate: Some(2000.0),
+        ..opts(100, 8)
+    };
+    let r = run_case(
+        &mut c,
+        peer,
+        "echo/inline/64".parse().unwrap(),
+        &o,
+        Instant::now(),
+    )
+    .unwrap();
+    assert_eq!(
+        (r.count, r.errors, r.hist.len()),
+        (100, 0, 100),
+        "{:?}",
+        r.first_error
+    );
+    assert_eq!(
+        (r.offered_per_s, r.in_flight, r.co_corrected),
+        (Some(2000.0), 8, false)
+    );
+    // The 100th measured call is due 99 periods after the first.
+    assert!(
+        r.elapsed >= Duration::from_micros(99 * 500),
+        "{:?}",
+        r.elapsed
+    );
+    // Every measured call either waited for a slot or has its send lag recorded.
+    let lags = r.send_lag.as_ref().map_or(0, |h| h.len());
+    assert_eq!(r.late + lags, 100, "late {}, lags {lags}", r.late);
+    assert_eq!(c.in_flight(), 0);
+}
+
+/// With one slot and a call due every microsecond, calls wait for the slot: they are counted
+/// late, and their round trips run from their due time, so the last call's is the whole
+/// backlog (the time from its due time to the end), not one round trip.
+#[test]
+fn open_loop_counts_calls_that_wait_for_a_slot_and_their_wait() {
+    let (_session, mut c, peer, _) = loopback();
+    let o = RunOptions {
+        rate: Some(1e6),
+        ..opts(200, 1)
+    };
+    let r = run_case(&mut c, peer, "null".parse().unwrap(), &o, Instant::now()).unwrap();
+    assert_eq!((r.count, r.errors), (200, 0), "{:?}", r.first_error);
+    assert!(r.late >= 100, "late {}", r.late);
+    let backlog = r.elapsed.saturating_sub(Duration::from_micros(199));
+    assert!(
+        r.hist.max() as f64 >= backlog.as_nanos() as f64 * 0.99,
+        "max {} ns, backlog {backlog:?}",
+        r.hist.max()
+    );
 }
 
 #[test]
