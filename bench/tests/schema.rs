@@ -108,22 +108,12 @@ fn check(doc: &Value, schema: &str) {
     }
 }
 
-#[test]
-fn run_json_matches_the_documented_schema_both_ways() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `rpcrdma-bench ARGS... --out DIR`, which must succeed, and parses its JSON output.
+fn bench_json<S: AsRef<std::ffi::OsStr>>(args: &[S], dir: &std::path::Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
-        .args([
-            "run",
-            "--json",
-            "--warmup",
-            "0s",
-            "--count",
-            "20",
-            "--no-progress",
-        ])
-        .args(["--case", "null", "--case", "read/write-chunk/4KiB"])
+        .args(args)
         .arg("--out")
-        .arg(dir.path())
+        .arg(dir)
         .output()
         .unwrap();
     assert!(
@@ -131,7 +121,28 @@ fn run_json_matches_the_documented_schema_both_ways() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn run_json_matches_the_documented_schema_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let doc = bench_json(
+        &[
+            "run",
+            "--json",
+            "--warmup",
+            "0s",
+            "--count",
+            "20",
+            "--no-progress",
+            "--case",
+            "null",
+            "--case",
+            "read/write-chunk/4KiB",
+        ],
+        dir.path(),
+    );
     check(&doc, "rpcrdma-bench/run/1");
     assert_eq!(doc["cases"].as_array().unwrap().len(), 2);
     for f in ["hlog", "svg"] {
@@ -149,20 +160,24 @@ fn run_json_matches_the_documented_schema_both_ways() {
 #[test]
 fn open_loop_run_json_matches_the_documented_schema() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
-        .args(["run", "--json", "--warmup", "20ms", "--count", "40"])
-        .args(["--rate", "4k", "--in-flight", "4", "--no-progress"])
-        .args(["--case", "echo/inline/64"])
-        .arg("--out")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let doc = bench_json(
+        &[
+            "run",
+            "--json",
+            "--warmup",
+            "20ms",
+            "--count",
+            "40",
+            "--rate",
+            "4k",
+            "--in-flight",
+            "4",
+            "--no-progress",
+            "--case",
+            "echo/inline/64",
+        ],
+        dir.path(),
     );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     check(&doc, "rpcrdma-bench/run/1");
     assert_eq!(doc["settings"]["rate_per_s"], 4000.0);
     let c = &doc["cases"][0];
@@ -180,8 +195,8 @@ fn open_loop_run_json_matches_the_documented_schema() {
 #[test]
 fn compare_json_matches_the_documented_schema_both_ways() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
-        .args([
+    let doc = bench_json(
+        &[
             "compare",
             "--json",
             "--warmup",
@@ -189,17 +204,9 @@ fn compare_json_matches_the_documented_schema_both_ways() {
             "--duration",
             "200ms",
             "--no-progress",
-        ])
-        .arg("--out")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        dir.path(),
     );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     check(&doc, "rpcrdma-bench/compare/1");
     // Raw ring NULL, four libtirpc rows, four of ours; libtirpc must have been built (CI installs it).
     assert_eq!(
@@ -254,32 +261,25 @@ fn compare_measures_every_spawned_target_in_one_run_with_ratios_and_goals_per_ta
         p
     };
     let (soft, mem) = (cfg("soft", "soft"), cfg("mem", "mem"));
-    let out = Command::new(env!("CARGO_BIN_EXE_rpcrdma-bench"))
-        .args([
-            "compare",
-            "--json",
-            "--warmup",
-            "20ms",
-            "--duration",
-            "100ms",
-        ])
-        .arg("--no-progress")
-        .arg("--spawn-daemons")
-        .arg(&soft)
-        .arg("--spawn-daemons")
-        .arg(&mem)
-        .arg("--rpcrdmad")
-        .arg(&fake)
-        .arg("--out")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let os = std::ffi::OsStr::new;
+    let mut args = [
+        "compare",
+        "--json",
+        "--warmup",
+        "20ms",
+        "--duration",
+        "100ms",
+    ]
+    .map(os)
+    .to_vec();
+    args.extend([os("--no-progress"), os("--spawn-daemons"), soft.as_os_str()]);
+    args.extend([
+        os("--spawn-daemons"),
+        mem.as_os_str(),
+        os("--rpcrdmad"),
+        fake.as_os_str(),
+    ]);
+    let doc = bench_json(&args, dir.path());
     check(&doc, "rpcrdma-bench/compare/1");
     let labels: Vec<&str> = doc["targets"]
         .as_array()

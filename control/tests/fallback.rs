@@ -262,6 +262,18 @@ fn start_peer(mode: Mode) -> (Arc<AtomicBool>, std::thread::JoinHandle<Report>, 
     (stop, thread, port)
 }
 
+/// A NULL call to `server` answered within 20 s (calls racing a reconnect may find no
+/// connection and are tried again).
+fn null_answered(c: &mut Client, server: u32) -> Option<rpcrdma_shm::client::Reply> {
+    common::eventually(20, || {
+        let t = c
+            .call(server, rdmatest::PROG, 1, rdmatest::NULL)
+            .submit()
+            .ok()?;
+        c.wait(t, T).ok()
+    })
+}
+
 #[test]
 fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
     let (stop, peer_thread, port) = start_peer(Mode::SilentThenV1);
@@ -315,14 +327,8 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
     );
 
     // Served in version 1 now (a call racing the reconnect may still find no connection).
-    let ok = common::eventually(20, || {
-        let t = c
-            .call(server, rdmatest::PROG, 1, rdmatest::NULL)
-            .submit()
-            .ok()?;
-        c.wait(t, T).ok()
-    });
-    let r = ok.unwrap_or_else(|| panic!("no version-1 answer:\n{}", a.log()));
+    let r = null_answered(&mut c, server)
+        .unwrap_or_else(|| panic!("no version-1 answer:\n{}", a.log()));
     assert_eq!((r.accept_stat, r.body.len()), (0, 0));
 
     // The operator clears the mark (`rpcrdmactl peer retry-v2`): the up connection is closed
@@ -352,14 +358,11 @@ fn amb_33_silent_peer_gets_version_1_after_the_first_message_timeout() {
         "{}",
         a.log()
     );
-    let ok = common::eventually(20, || {
-        let t = c
-            .call(server, rdmatest::PROG, 1, rdmatest::NULL)
-            .submit()
-            .ok()?;
-        c.wait(t, T).ok()
-    });
-    assert!(ok.is_some(), "no answer after retry-v2:\n{}", a.log());
+    assert!(
+        null_answered(&mut c, server).is_some(),
+        "no answer after retry-v2:\n{}",
+        a.log()
+    );
     let conns = a.ctl_json(&["conns"]);
     assert_eq!(conns[0]["version"], 1, "fell back on ERR_VERS: {conns}");
     assert_eq!(a.ctl_json(&["status"])["peers"][0]["version"], 2);
