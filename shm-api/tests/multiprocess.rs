@@ -151,6 +151,31 @@ fn yielding_wait_ends_at_its_deadline_and_then_sleeps_past_its_window() {
     assert_eq!(c.sleeps(), 1);
 }
 
+/// A wait that sleeps ends at its deadline, not at the next whole millisecond: the best of 20
+/// waits of 200 µs ends well before 1 ms (each lasted at least 1 ms when sleeps were rounded up to
+/// milliseconds), and none ends before its deadline. The best of 20, not each, so a loaded
+/// machine that runs the thread late now and then does not fail it.
+#[test]
+fn a_sleeping_wait_ends_at_a_sub_millisecond_deadline() {
+    let path = sock("sleep-deadline");
+    let _h = harness(&path);
+    let _hole = app("blackhole", &path, &[]);
+    let (mut c, peer) = client(&path);
+    c.set_wait(WaitPolicy::spin(Duration::ZERO));
+    let t = c.call(peer, rdmatest::CB_PROG, 1, 1).submit().unwrap();
+    let deadline = Duration::from_micros(200);
+    let mut best = Duration::MAX;
+    for _ in 0..20 {
+        let t0 = std::time::Instant::now();
+        assert!(matches!(c.wait(t, Some(deadline)), Err(Error::Timeout)));
+        let took = t0.elapsed();
+        assert!(took >= deadline, "{took:?}");
+        best = best.min(took);
+    }
+    assert!(best < Duration::from_micros(900), "best of 20: {best:?}");
+    assert!(c.sleeps() >= 20);
+}
+
 #[test]
 fn callback_program_registered_for_the_backward_direction_receives_calls() {
     let path = sock("callback");
