@@ -15,6 +15,7 @@
 //! receive queue (see `dataplane/README.md`).
 
 mod held;
+mod idmap;
 mod mesh;
 mod pools;
 mod stats;

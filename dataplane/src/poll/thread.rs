@@ -8,6 +8,7 @@
 //! whether its connection lives here or elsewhere.
 
 use super::held::HeldLines;
+use super::idmap::IdMap;
 use super::mesh::{Hop, Port, Results, Spares};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit};
@@ -34,15 +35,8 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The maps of in-flight RPCs, keyed by ids this thread mints itself (call tags, op ids of
-/// the app table, tokens): no peer or app chooses a key, so a hasher need not resist
-/// collisions crafted from outside, and std's SipHash (about a tenth of the poll thread's
-/// instructions per RPC, callgrind) buys nothing here. `rustc-hash`'s Fx hash is one
-/// multiply per key.
-type IdMap<V> = rustc_hash::FxHashMap<u64, V>;
-
 fn id_map<V>() -> IdMap<V> {
-    IdMap::with_capacity_and_hasher(8192, Default::default())
+    IdMap::new(8192)
 }
 
 /// App submissions taken per poll.
