@@ -67,16 +67,13 @@ pub fn run_cases(
     let svg = out.with("svg");
     let series: Vec<(String, &hdrhistogram::Histogram<u64>)> =
         results.iter().map(|r| (r.case.name(), &r.hist)).collect();
-    let title = match opts.rate {
-        Some(rate) => format!(
-            "rpcrdma-bench round trips by percentile ({}, open loop at {rate:.0} calls/s, at most {} in flight)",
-            env.target.kind, opts.in_flight
-        ),
-        None => format!(
-            "rpcrdma-bench round trips by percentile ({}, {} in flight)",
-            env.target.kind, opts.in_flight
-        ),
-    };
+    let open = opts.rate.map_or(String::new(), |r| {
+        format!("open loop at {r:.0} calls/s, at most ")
+    });
+    let title = format!(
+        "rpcrdma-bench round trips by percentile ({}, {open}{} in flight)",
+        env.target.kind, opts.in_flight
+    );
     std::fs::write(&svg, report::svg(&title, &series))?;
     let doc = report::RunDoc {
         schema: report::SCHEMA.into(),

@@ -182,6 +182,7 @@ pub struct CaseSummary {
 impl CaseSummary {
     /// Summarises a result.
     pub fn of(r: &CaseResult) -> Self {
+        let lag = r.send_lag.as_ref().filter(|h| !h.is_empty());
         CaseSummary {
             name: r.case.name(),
             procedure: r.case.proc_.name().to_uppercase(),
@@ -192,16 +193,8 @@ impl CaseSummary {
             expected_interval_ns: r.expected_interval_ns,
             offered_per_s: r.offered_per_s,
             late: r.late,
-            send_lag_p99_ns: r
-                .send_lag
-                .as_ref()
-                .filter(|h| !h.is_empty())
-                .map(|h| h.value_at_quantile(0.99)),
-            send_lag_max_ns: r
-                .send_lag
-                .as_ref()
-                .filter(|h| !h.is_empty())
-                .map(|h| h.max()),
+            send_lag_p99_ns: lag.map(|h| h.value_at_quantile(0.99)),
+            send_lag_max_ns: lag.map(|h| h.max()),
             count: r.count,
             errors: r.errors,
             first_error: r.first_error.clone(),

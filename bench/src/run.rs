@@ -183,11 +183,6 @@ impl Loop<'_> {
         }
     }
 
-    /// Waits for one call to finish until `deadline` (`None`: none finished by then).
-    fn reply_by(&mut self, deadline: Instant) -> anyhow::Result<Option<Finished>> {
-        self.reply(deadline.saturating_duration_since(Instant::now()))
-    }
-
     /// Frees the slot of call `t`, which finished with `res`, and checks its data.
     fn finished(
         &mut self,
@@ -492,7 +487,7 @@ fn open_loop_run(
         // Wait for a reply until the next call is due, and no longer (or, all slots busy,
         // for a reply).
         let f = if k < last && !free.is_empty() {
-            l.reply_by(due(base, rate, k))?
+            l.reply(due(base, rate, k).saturating_duration_since(Instant::now()))?
         } else {
             let f = l.reply(CALL_TIMEOUT)?;
             if f.is_none() {
