@@ -944,7 +944,9 @@ impl Connection {
             return;
         }
         self.closed = Some(reason);
-        self.work.clear();
+        // Nothing more is posted, but buffers already on their way back to a shared pool
+        // still go (dropping them would shrink the pool for every other connection).
+        self.work.retain(|w| matches!(w, Work::Release { .. }));
         self.sends_queued = 0;
         self.reads.clear();
         if self.cfg.shared_recv {
@@ -1794,8 +1796,12 @@ fn scatter(
     Some(used)
 }
 
-#[cfg(test)]
-mod sim;
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod sim;
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod script;
 #[cfg(test)]
 mod tests;
 

@@ -1,7 +1,8 @@
 //! A two-engine simulator for tests: executes each side's [`Work`] against the other's
 //! memory (windows with keys, access rights and bounds, Send into posted receives only),
 //! feeds completions back, records every posted work request, and lets a test inject raw
-//! messages as the peer.
+//! messages as the peer. Built for the crate's tests and, with the `sim` feature, for the
+//! fuzz target (`fuzz/`, through [`script`](super::script)); not part of the API.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -161,6 +162,7 @@ pub struct Side {
     /// Events not yet taken by the test.
     pub events: VecDeque<Event>,
     bump: u64,
+    app_len: u64,
     /// Largest number of RDMA Reads seen in flight at once.
     pub max_reads_in_flight: u32,
     reads_in_flight: u32,
@@ -168,12 +170,17 @@ pub struct Side {
 
 impl Side {
     pub fn new(cfg: ConnConfig) -> Side {
+        Side::with_app_len(cfg, APP_LEN)
+    }
+
+    /// A side whose app memory is `app_len` bytes (the fuzz target keeps it small).
+    pub fn with_app_len(cfg: ConnConfig, app_len: usize) -> Side {
         let mut mem = VecMemory::new();
         mem.add(
             POOL,
             cfg.send_pool.len as usize + cfg.recv_pool.len as usize + 64,
         );
-        mem.add(APP, APP_LEN);
+        mem.add(APP, app_len);
         let shared = cfg.shared_recv;
         mem.add(SRQ, 16 * cfg.recv_size as usize);
         let mut side = Side {
@@ -195,6 +202,7 @@ impl Side {
             held: Vec::new(),
             events: VecDeque::new(),
             bump: 0,
+            app_len: app_len as u64,
             max_reads_in_flight: 0,
             reads_in_flight: 0,
         };
@@ -231,10 +239,18 @@ impl Side {
 
     /// Allocates `len` bytes of app memory (zeroed).
     pub fn alloc(&mut self, len: u32) -> MemRef {
+        self.try_alloc(len).expect("sim app memory exhausted")
+    }
+
+    /// Allocates `len` bytes of app memory (zeroed on creation, not on reuse); `None` once
+    /// the app memory is used up.
+    pub fn try_alloc(&mut self, len: u32) -> Option<MemRef> {
         let at = MemRef::new(APP, self.bump, len);
-        self.bump += u64::from(len).div_ceil(64) * 64 + 64;
-        assert!(self.bump <= APP_LEN as u64, "sim app memory exhausted");
-        at
+        let bump = self.bump + u64::from(len).div_ceil(64) * 64 + 64;
+        (bump <= self.app_len).then(|| {
+            self.bump = bump;
+            at
+        })
     }
 
     /// Allocates app memory holding `data`.
@@ -248,7 +264,8 @@ impl Side {
         self.env.mem.slice(at).expect("range").to_vec()
     }
 
-    fn drain_events(&mut self) {
+    /// Moves the engine's events into `events`.
+    pub fn drain_events(&mut self) {
         while let Some(e) = self.conn.poll_event() {
             self.events.push_back(e);
         }
@@ -307,9 +324,14 @@ pub struct Pair {
 
 impl Pair {
     pub fn new(a: ConnConfig, b: ConnConfig) -> Pair {
+        Pair::with_app_len(a, b, APP_LEN)
+    }
+
+    /// Two sides with `app_len` bytes of app memory each.
+    pub fn with_app_len(a: ConnConfig, b: ConnConfig, app_len: usize) -> Pair {
         let mut p = Pair {
-            a: Side::new(a),
-            b: Side::new(b),
+            a: Side::with_app_len(a, app_len),
+            b: Side::with_app_len(b, app_len),
             now: Instant::now(),
             rnr: 0,
             pending: Vec::new(),

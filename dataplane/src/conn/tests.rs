@@ -1876,6 +1876,18 @@ mod props {
             prop_assert_eq!(p.rnr, 0);
         }
 
+        /// Sessions scripted by random bytes (the engine fuzz target's driver,
+        /// `conn::script`: calls of every kind both ways, an app that answers, rejects or
+        /// botches replies, a peer injecting raw and plausible messages, control changes,
+        /// faults, closes): every call and every served call ends exactly once, closes are
+        /// reported once, and the shared buffers all come back.
+        #[test]
+        fn prop_scripted_sessions_keep_the_engine_contract(
+            data in proptest::collection::vec(any::<u8>(), 0..800)
+        ) {
+            super::super::script::run(&data);
+        }
+
         /// Hostile bytes never panic the engine; a bad message costs at most its connection.
         #[test]
         fn prop_hostile_messages_never_panic(msgs in proptest::collection::vec(
@@ -2380,6 +2392,61 @@ fn shared_send_pool_exhausted_calls_wait_and_replies_are_busy() {
         (d[0].xid, d[0].status, d[0].reply_len),
         (10, CallStatus::Ok, 4)
     );
+}
+
+/// Found by the engine fuzz target (`conn::script`): `close` dropped the work queue, and
+/// with it buffers already on their way back to the shared pools.
+#[test]
+fn a_close_keeps_the_shared_buffers_already_released() {
+    // A send buffer: a backward call too long to go inline fails at once, its buffer
+    // queued for release; the connection closes before that work is taken.
+    let mut server = sim::config(Role::Server, 1);
+    server.shared_send = true;
+    let mut p = Pair::new(sim::config(Role::Client, 1), server);
+    let msg = p.b.put(&pattern(1, 2000));
+    let reply = p.b.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 2,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT - 1);
+    p.b.conn.close(CloseReason::Requested);
+    p.run();
+    assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT);
+
+    // A receive buffer: the reply's buffer of the shared receive queue is released as the
+    // call ends; the connection closes in the same turn.
+    let mut client = sim::config(Role::Client, 1);
+    client.shared_recv = true;
+    let mut p = Pair::new(client, sim::config(Role::Server, 1));
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    let buf = p.b.alloc(c.args_len);
+    let got = p.b.conn.accept_call(c.id, buf, &mut p.b.env).unwrap();
+    assert!(matches!(got, Accepted::Ready { .. }));
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg: buf,
+        results: &[],
+    };
+    p.b.conn.submit_reply(c.id, &spec, &mut p.b.env).unwrap();
+    while !p.a.events.iter().any(|e| matches!(e, Event::CallDone(_))) {
+        assert!(p.step(), "the reply never came");
+    }
+    p.a.conn.close(CloseReason::Requested);
+    p.run();
+    assert_eq!(p.a.posted_len(), 16);
 }
 
 #[test]
@@ -3117,3 +3184,4 @@ fn accept_of_an_inline_call_is_ready_at_once() {
         Err(SubmitError::BadId)
     );
 }
+

@@ -1,0 +1,603 @@
+//! A session between two engines scripted by bytes, for the engine's fuzz target
+//! (`dataplane/fuzz`, target `engine`) and its property test.
+//!
+//! The bytes choose the two connections' settings (versions, credits, shared pools, sizes,
+//! thresholds), then a sequence of steps: legitimate calls of every RDMATEST kind in both
+//! directions, a server app that accepts, answers, rejects or ignores what reaches it (its
+//! answers sometimes malformed), a hostile peer injecting raw or plausible messages into
+//! either side, control-plane changes (credits, sizes learned from the peer), time passing,
+//! cancellations, provider faults and closes. Whatever the bytes, [`run`] panics only if the
+//! engine breaks its contract:
+//! - nothing panics, and the simulation always settles (no livelock);
+//! - every call submitted ends exactly once ([`Event::CallDone`]), and no call ends that was
+//!   not submitted;
+//! - every call delivered to the app ([`Event::IncomingCall`]) ends exactly once
+//!   ([`Event::ReplyDone`] or [`Event::ServeAborted`]), [`Event::ArgsReady`] comes only for a
+//!   call whose arguments are being pulled, and nothing ends that was not delivered;
+//! - each side reports its close once, and after both close every shared send buffer and
+//!   every shared receive buffer is back in its pool.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use rpcrdma_proto::cm::PrivateData;
+use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
+
+use super::sim::{config, pattern, sized, Pair, Side, BULK_PROG, SEND_COUNT};
+use super::{
+    Accepted, ArgPiece, CallSpec, CloseReason, Event, IncomingCall, ReplySpec, ResultPiece,
+    Role, ServeId,
+};
+use crate::mem::{MemRef, Memory};
+use crate::rpcmsg;
+
+/// App memory of each side: enough for a script's calls, small enough to set up quickly.
+const APP_LEN: usize = 1 << 20;
+/// Steps of one script at most (each step is at least one byte).
+const MAX_STEPS: usize = 256;
+/// Buffers of a side's shared receive queue in the simulator.
+const SHARED_RECEIVES: usize = 16;
+
+/// The script's bytes, read front to back; zeros once they run out.
+#[derive(Debug)]
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_be_bytes([self.u8(), self.u8()])
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+
+    fn bit(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+
+    /// Up to `n` bytes (fewer if the script ends).
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (head, rest) = self.0.split_at(n.min(self.0.len()));
+        self.0 = rest;
+        head
+    }
+}
+
+/// Where a call delivered to the app stands, as the app sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Delivered, not accepted yet.
+    Delivered,
+    /// Accepted with [`Accepted::Pulling`]: waiting for [`Event::ArgsReady`].
+    Pulling,
+    /// Arguments in place (`args_len` bytes): the app may answer.
+    Ready(u32),
+    /// Answered (reply submitted or call rejected): waiting for its end.
+    Answered,
+}
+
+/// A call delivered to the app and not yet ended.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    call: IncomingCall,
+    buf: MemRef,
+    stage: Stage,
+}
+
+/// What one side's app knows: its calls in flight and the calls it serves.
+#[derive(Debug, Default)]
+struct App {
+    /// Submitted calls not yet ended, by user token.
+    calls: BTreeSet<u64>,
+    /// XIDs of calls submitted (for plausible replies and cancellations).
+    xids: Vec<u32>,
+    next_xid: u32,
+    next_user: u64,
+    served: Vec<Held>,
+    closes: u32,
+}
+
+impl App {
+    /// Takes one event of this side's engine; panics if it breaks the contract.
+    fn event(&mut self, who: &str, ev: Event) {
+        match ev {
+            Event::CallDone(d) => {
+                assert!(
+                    self.calls.remove(&d.user),
+                    "{who}: CallDone for a call not in flight: {d:?}"
+                );
+            }
+            Event::IncomingCall(call) => {
+                assert!(
+                    !self.served.iter().any(|h| h.call.id == call.id),
+                    "{who}: IncomingCall reuses the id of a call still held: {call:?}"
+                );
+                self.served.push(Held {
+                    call,
+                    buf: MemRef::default(),
+                    stage: Stage::Delivered,
+                });
+            }
+            Event::ArgsReady { id, args_len } => {
+                let h = self
+                    .held(id)
+                    .unwrap_or_else(|| panic!("{who}: ArgsReady for an unknown call {id:?}"));
+                assert_eq!(h.stage, Stage::Pulling, "{who}: ArgsReady out of turn");
+                assert!(args_len <= h.buf.len, "{who}: ArgsReady beyond the buffer");
+                h.stage = Stage::Ready(args_len);
+            }
+            Event::ReplyDone { id, .. } | Event::ServeAborted { id } => {
+                let i = self.served.iter().position(|h| h.call.id == id);
+                let i = i.unwrap_or_else(|| panic!("{who}: end of a call not held: {ev:?}"));
+                self.served.swap_remove(i);
+            }
+            Event::Optional(_) => {}
+            Event::Closed(_) => {
+                self.closes += 1;
+                assert_eq!(self.closes, 1, "{who}: closed twice");
+            }
+        }
+    }
+
+    fn held(&mut self, id: ServeId) -> Option<&mut Held> {
+        self.served.iter_mut().find(|h| h.call.id == id)
+    }
+}
+
+/// The two engines and their apps.
+#[derive(Debug)]
+struct Session {
+    p: Pair,
+    apps: [App; 2],
+}
+
+/// Side 0 is the client (`a`), side 1 the server (`b`).
+fn side(p: &mut Pair, k: usize) -> &mut Side {
+    if k == 0 {
+        &mut p.a
+    } else {
+        &mut p.b
+    }
+}
+
+const NAMES: [&str; 2] = ["client", "server"];
+
+impl Session {
+    /// Moves every event of both engines to the apps.
+    fn events(&mut self) {
+        for k in 0..2 {
+            let s = side(&mut self.p, k);
+            s.drain_events();
+            while let Some(ev) = s.events.pop_front() {
+                self.apps[k].event(NAMES[k], ev);
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        self.p.run();
+        self.events();
+    }
+
+    /// A call from side `k`'s app, its kind and sizes chosen by the script.
+    fn call(&mut self, k: usize, b: &mut Bytes<'_>) {
+        let kind = b.u8() % 6;
+        let n = u32::from(b.u16()) % 9000;
+        let reply_room = match b.u8() % 4 {
+            0 => u32::from(b.u8()),
+            _ => n + 128,
+        };
+        let app = &mut self.apps[k];
+        let xid = if b.u8() % 16 == 0 {
+            // Sometimes an XID already in use, which the engine must refuse.
+            app.xids.last().copied().unwrap_or(1)
+        } else {
+            app.next_xid = app.next_xid.wrapping_add(1);
+            app.next_xid | ((k as u32) << 31)
+        };
+        let s = side(&mut self.p, k);
+        let Some(reply) = s.try_alloc(reply_room) else {
+            return;
+        };
+        let words = |s: &mut Side, w: &[u32]| {
+            let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_be_bytes()).collect();
+            let at = s.try_alloc(bytes.len() as u32)?;
+            s.env.write(at, &bytes).then_some(at)
+        };
+        let data = |s: &mut Side, len: u32| {
+            let at = s.try_alloc(len)?;
+            s.env
+                .write(at, &pattern(xid, len as usize))
+                .then_some(at)
+        };
+        let (prog, proc_, msg, arg, result) = match kind {
+            0 => (RDMATEST_PROG, rdmatest::NULL, words(s, &[]), None, None),
+            1 => {
+                let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 4 });
+                let result = s.try_alloc(n);
+                (RDMATEST_PROG, rdmatest::ECHO, words(s, &[n]), arg, result)
+            }
+            2 => {
+                let result = s.try_alloc(n);
+                let msg = words(s, &[n, xid]);
+                (RDMATEST_PROG, rdmatest::READ, msg, None, result)
+            }
+            3 => {
+                let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 8 });
+                let msg = words(s, &[xid, n]);
+                (RDMATEST_PROG, rdmatest::WRITE, msg, arg, None)
+            }
+            4 => (BULK_PROG, 1, data(s, n), None, None),
+            _ => (b.u32(), b.u32(), data(s, n % 64), None, None),
+        };
+        let Some(msg) = msg else {
+            return;
+        };
+        let args: Vec<ArgPiece> = arg.into_iter().collect();
+        let results: Vec<MemRef> = result.into_iter().collect();
+        let user = self.apps[k].next_user;
+        let spec = CallSpec {
+            user,
+            xid,
+            prog,
+            vers: 1,
+            proc_,
+            msg,
+            args: &args,
+            results: &results,
+            reply,
+        };
+        if s.conn.submit_call(&spec, &mut s.env).is_ok() {
+            let app = &mut self.apps[k];
+            app.next_user += 1;
+            app.calls.insert(user);
+            app.xids.push(xid);
+        }
+    }
+
+    /// Side `k`'s app acts on each call it holds, as the script says.
+    fn serve(&mut self, k: usize, b: &mut Bytes<'_>) {
+        for i in 0..self.apps[k].served.len() {
+            let Some(h) = self.apps[k].served.get(i).copied() else {
+                break;
+            };
+            let choice = b.u8() % 4;
+            let s = side(&mut self.p, k);
+            let next = match (h.stage, choice) {
+                (Stage::Delivered, 0) => {
+                    let Some(buf) = s.try_alloc(h.call.args_len.max(4)) else {
+                        continue;
+                    };
+                    match s.conn.accept_call(h.call.id, buf, &mut s.env) {
+                        Ok(Accepted::Ready { args_len }) => {
+                            assert!(args_len <= buf.len, "Ready beyond the buffer");
+                            Some((buf, Stage::Ready(args_len)))
+                        }
+                        Ok(Accepted::Pulling) => Some((buf, Stage::Pulling)),
+                        Err(_) => None,
+                    }
+                }
+                (Stage::Delivered, 1) => s
+                    .conn
+                    .reject_call(h.call.id, rpcmsg::PROG_UNAVAIL, &mut s.env)
+                    .ok()
+                    .map(|()| (h.buf, Stage::Answered)),
+                (Stage::Ready(args_len), 0) => {
+                    answer(s, &h, args_len).map(|()| (h.buf, Stage::Answered))
+                }
+                (Stage::Ready(_), 1) => {
+                    odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered))
+                }
+                _ => None,
+            };
+            if let (Some((buf, stage)), Some(h)) = (next, self.apps[k].served.get_mut(i)) {
+                h.buf = buf;
+                h.stage = stage;
+            }
+        }
+    }
+
+    /// Delivers a message to side `k` as if its peer had sent it: raw bytes, or a plausible
+    /// header (an XID of the side's own calls, small words a decoder takes for lists and
+    /// segments, an RPC header) followed by raw bytes.
+    fn inject(&mut self, k: usize, b: &mut Bytes<'_>) {
+        let plausible = b.bit();
+        let mut msg = Vec::new();
+        if plausible {
+            let xids = &self.apps[k].xids;
+            let xid = match xids.len() {
+                0 => b.u32(),
+                n => xids[usize::from(b.u8()) % n],
+            };
+            let vers = match b.u8() % 4 {
+                0 | 1 => 1,
+                2 => 2,
+                _ => b.u32(),
+            };
+            let credit = u32::from(b.u8() % 40);
+            let proc_ = u32::from(b.u8() % 8);
+            for w in [xid, vers, credit, proc_] {
+                msg.extend(w.to_be_bytes());
+            }
+            for _ in 0..b.u8() % 24 {
+                let w = match b.u8() % 4 {
+                    0 => 0,
+                    1 => 1,
+                    2 => u32::from(b.u8()),
+                    _ => b.u32(),
+                };
+                msg.extend(w.to_be_bytes());
+            }
+            match b.u8() % 4 {
+                0 => msg.extend(rpcmsg::call_header(xid, RDMATEST_PROG, 1, b.u32() % 5)),
+                1 => msg.extend(rpcmsg::reply_header(xid, b.u32() % 6)),
+                _ => {}
+            }
+        }
+        let raw = usize::from(b.u16()) % 600;
+        msg.extend_from_slice(b.take(raw));
+        let s = side(&mut self.p, k);
+        let room = s.conn.config().recv_size as usize;
+        msg.truncate(room);
+        if s.conn.closed().is_none() && s.posted_len() > 0 {
+            self.p.inject(k == 1, &msg);
+            self.events();
+        }
+    }
+
+    /// Settings the control plane applies on side `k` (the values partly come from the
+    /// peer: sizes it announced).
+    fn control(&mut self, k: usize, b: &mut Bytes<'_>) {
+        let c = &mut side(&mut self.p, k).conn;
+        match b.u8() % 6 {
+            0 => c.set_credits(u32::from(b.u8() % 10)),
+            1 => c.set_peer_receive_size(b.u32()),
+            2 => c.set_own_receive_size(b.u32()),
+            3 => c.set_peer_send_size(b.u32()),
+            4 => c.set_peer_takes_invalidate(b.bit()),
+            _ => c.set_peer_receive_cap(b.bit().then(|| b.u32())),
+        }
+    }
+
+    /// An RDMA2_OPTIONAL message from side `k` (refused unless it speaks version two), or
+    /// an answer rejecting one.
+    fn optional(&mut self, k: usize, b: &mut Bytes<'_>) {
+        let s = side(&mut self.p, k);
+        let xid = b.u32();
+        if b.bit() {
+            s.conn.reject_optional(xid, &mut s.env);
+        } else {
+            let (opttype, len) = (b.u32(), usize::from(b.u8()));
+            let _ = s.conn.send_optional(xid, opttype, b.take(len), &mut s.env);
+        }
+    }
+
+    /// Provider faults: Send completions held back (or let go), exposures or
+    /// invalidations refused.
+    fn faults(&mut self, k: usize, b: &mut Bytes<'_>) {
+        let s = side(&mut self.p, k);
+        match b.u8() % 4 {
+            0 => s.hold_sends = true,
+            1 => s.release_sends(),
+            2 => s.env.refuse_expose = b.bit(),
+            _ => s.env.refuse_invalidate = b.bit(),
+        }
+    }
+
+    /// Closes both sides, lets everything settle, and checks that nothing is left over.
+    fn finish(mut self) {
+        for k in 0..2 {
+            let s = side(&mut self.p, k);
+            s.release_sends();
+            s.conn.close(CloseReason::Requested);
+        }
+        self.run();
+        if std::env::var_os("SCRIPT_DEBUG").is_some() {
+            for k in 0..2 {
+                let s = side(&mut self.p, k);
+                eprintln!("{}: {:#?}\nsends {:?}", NAMES[k], s.log, s.env.sends);
+            }
+        }
+        for k in 0..2 {
+            let (app, who) = (&self.apps[k], NAMES[k]);
+            assert_eq!(app.closes, 1, "{who}: the close was not reported once");
+            assert!(
+                app.calls.is_empty(),
+                "{who}: calls never ended: {:?}",
+                app.calls
+            );
+            assert!(
+                app.served.is_empty(),
+                "{who}: served calls never ended: {:?}",
+                app.served
+            );
+            let s = side(&mut self.p, k);
+            let cfg = *s.conn.config();
+            if cfg.shared_send {
+                assert_eq!(
+                    s.env.sends.len(),
+                    SEND_COUNT,
+                    "{who}: shared send buffers lost"
+                );
+            }
+            if cfg.shared_recv {
+                assert_eq!(
+                    s.posted_len(),
+                    SHARED_RECEIVES,
+                    "{who}: shared receive buffers lost"
+                );
+            }
+        }
+    }
+}
+
+/// The RDMATEST answer to a call whose arguments are in place (PROG_UNAVAIL for another
+/// program, GARBAGE_ARGS when they do not parse).
+fn answer(s: &mut Side, h: &Held, args_len: u32) -> Option<()> {
+    let args = s.get(h.buf.prefix(args_len)?);
+    let word = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(args.get(at..at + 4)?.try_into().ok()?))
+    };
+    let mut msg: Vec<u8> = Vec::new();
+    let mut result = None;
+    let stat = match (h.call.prog, h.call.proc_) {
+        (RDMATEST_PROG, rdmatest::NULL) => rpcmsg::SUCCESS,
+        (RDMATEST_PROG, rdmatest::ECHO) => match word(0) {
+            Some(n) if n <= args_len.saturating_sub(4) => {
+                msg.extend(n.to_be_bytes());
+                result = Some((h.buf.sub(4, n)?, 4));
+                rpcmsg::SUCCESS
+            }
+            _ => rpcmsg::GARBAGE_ARGS,
+        },
+        (RDMATEST_PROG, rdmatest::READ) => match (word(0), word(4)) {
+            (Some(count), Some(seed)) if count <= 65536 => {
+                let data = s.try_alloc(count)?;
+                if !s.env.write(data, &pattern(seed, count as usize)) {
+                    return None;
+                }
+                msg.extend(count.to_be_bytes());
+                result = Some((data, 4));
+                rpcmsg::SUCCESS
+            }
+            _ => rpcmsg::GARBAGE_ARGS,
+        },
+        (RDMATEST_PROG, rdmatest::WRITE) => match word(4) {
+            Some(n) if n <= args_len.saturating_sub(8) => {
+                msg.extend(n.to_be_bytes());
+                rpcmsg::SUCCESS
+            }
+            _ => rpcmsg::GARBAGE_ARGS,
+        },
+        (BULK_PROG, 1) => {
+            msg = args.clone();
+            rpcmsg::SUCCESS
+        }
+        _ => rpcmsg::PROG_UNAVAIL,
+    };
+    let results: Vec<ResultPiece> = result
+        .map(|(mem, xdr_pos)| ResultPiece { mem, xdr_pos })
+        .into_iter()
+        .collect();
+    reply(s, h.call.id, stat, &msg, &results)
+}
+
+/// An answer the app got wrong or pushed to the limits: a message of any length, results
+/// at any positions and of any size.
+fn odd_answer(s: &mut Side, h: &Held, b: &mut Bytes<'_>) -> Option<()> {
+    let msg = pattern(b.u32(), usize::from(b.u16()) % 9000);
+    let mut results = Vec::new();
+    for _ in 0..b.u8() % 4 {
+        let len = u32::from(b.u16()) % 9000;
+        let mem = s.try_alloc(len)?;
+        results.push(ResultPiece {
+            mem,
+            xdr_pos: u32::from(b.u16()),
+        });
+    }
+    reply(s, h.call.id, b.u32() % 6, &msg, &results)
+}
+
+fn reply(s: &mut Side, id: ServeId, stat: u32, msg: &[u8], results: &[ResultPiece]) -> Option<()> {
+    let at = s.try_alloc(msg.len() as u32)?;
+    if !s.env.write(at, msg) {
+        return None;
+    }
+    let spec = ReplySpec {
+        accept_stat: stat,
+        msg: at,
+        results,
+    };
+    s.conn.submit_reply(id, &spec, &mut s.env).ok()
+}
+
+/// Runs the session `data` describes; panics if an engine breaks its contract (see the
+/// module documentation).
+pub fn run(data: &[u8]) {
+    let mut b = Bytes(data);
+    let setup = b.u8();
+    let mut cfgs = [Role::Client, Role::Server].map(|role| {
+        let mut c = config(role, 1 + u32::from(b.u8() % 8));
+        c.version = if b.bit() { 2 } else { 1 };
+        c.shared_recv = setup & 1 != 0;
+        c.shared_send = setup & 2 != 0;
+        c.recv_size = [1024, 4096][usize::from(b.u8() % 2)];
+        c.send_size = [1024, 4096][usize::from(b.u8() % 2)];
+        c.ddp_threshold = [64, 1024, 4096][usize::from(b.u8() % 3)];
+        c.max_reads = 1 + u32::from(b.u8() % 4);
+        sized(c)
+    });
+    if setup & 4 != 0 {
+        // Both learned the other's sizes from RFC 8797 private data.
+        let [a, s] = cfgs;
+        let pd = |c: &super::ConnConfig| PrivateData {
+            remote_invalidate: setup & 8 != 0,
+            send_size: c.send_size,
+            recv_size: c.recv_size,
+        };
+        cfgs[0].peer = Some(pd(&s));
+        cfgs[1].peer = Some(pd(&a));
+    }
+    let [a, s] = cfgs;
+    let mut session = Session {
+        p: Pair::with_app_len(a, s, APP_LEN),
+        apps: [App::default(), App::default()],
+    };
+    session.p.a.report_unsignaled = setup & 16 != 0;
+    session.p.b.report_unsignaled = setup & 32 != 0;
+    session.events();
+    for _ in 0..MAX_STEPS {
+        if b.0.is_empty() {
+            break;
+        }
+        let op = b.u8();
+        let k = usize::from(op >> 7);
+        match op % 12 {
+            0 | 1 => session.call(k, &mut b),
+            2 => {
+                for _ in 0..=b.u8() % 4 {
+                    session.p.step();
+                }
+                session.events();
+            }
+            3 => session.run(),
+            4 | 5 => {
+                session.run();
+                session.serve(k, &mut b);
+            }
+            6 => session.inject(k, &mut b),
+            7 => session.control(k, &mut b),
+            8 => {
+                session.p.now += Duration::from_millis(u64::from(b.u16()) * 8);
+                let now = session.p.now;
+                session.p.a.conn.handle_timeout(now);
+                session.p.b.conn.handle_timeout(now);
+            }
+            9 => {
+                let xids = &session.apps[k].xids;
+                if let Some(&xid) = xids.get(usize::from(b.u8()) % xids.len().max(1)) {
+                    let _ = side(&mut session.p, k).conn.cancel_call(xid);
+                }
+            }
+            10 => match b.u8() % 4 {
+                0 => side(&mut session.p, k).conn.close(CloseReason::Requested),
+                1 => session.optional(k, &mut b),
+                _ => session.faults(k, &mut b),
+            },
+            _ => session.run(),
+        }
+        session.events();
+    }
+    session.run();
+    session.finish();
+}
