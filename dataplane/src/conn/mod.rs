@@ -1028,6 +1028,9 @@ impl Connection {
 
     #[inline]
     fn post_recv(&mut self, slot: u32) {
+        if self.closed.is_some() {
+            return;
+        }
         if let Some(buf) = self.recv_buf(slot) {
             self.recv_posted += 1;
             self.work.push_back(Work::Recv {

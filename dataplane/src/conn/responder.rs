@@ -319,14 +319,15 @@ impl Connection {
     ) -> bool {
         self.stats.calls_received += 1;
         // The peer may not have more calls outstanding than granted (R8166-3.3.1-b); after
-        // a lowered grant it may still be using the higher one it last saw.
+        // a lowered grant it may still be using the higher one it last saw. The call is
+        // not taken: its receive buffer goes back at once.
         if self.in_process >= self.grant_peak {
             self.close(CloseReason::CreditOverrun);
-            return true;
+            return false;
         }
         let Some(i) = self.serve_free.pop() else {
             self.close(CloseReason::CreditOverrun);
-            return true;
+            return false;
         };
         self.in_process += 1;
         let ok = match self.serves.get_mut(i as usize) {
