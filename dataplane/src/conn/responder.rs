@@ -46,6 +46,16 @@ enum State {
     Replying,
 }
 
+/// Whether the app has heard of a call the engine answers: only then is the call's end
+/// reported to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Heard {
+    /// Answered before it was delivered (a header error, a refused credential...).
+    NotYet,
+    /// Delivered as [`Event::IncomingCall`].
+    ByApp,
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct DataChunk {
     position: u32,
@@ -339,7 +349,7 @@ impl Connection {
             None => false,
         };
         if !ok {
-            self.serve_fail_header(i, env);
+            self.serve_fail_header(i, Heard::NotYet, env);
             return true;
         }
         match inline {
@@ -369,12 +379,12 @@ impl Connection {
         let Some(total) = total.filter(|&t| t <= self.cfg.max_call_size.saturating_add(1024))
         else {
             // R8166-8.1.4-a: an unreasonably large chunk is refused without any Read.
-            return self.serve_fail_header(i, env);
+            return self.serve_fail_header(i, Heard::NotYet, env);
         };
         let head = total.min(self.cfg.recv_size);
         let dest = s.recv.and_then(|b| b.prefix(head));
         let Some(dest) = dest else {
-            return self.serve_fail_header(i, env);
+            return self.serve_fail_header(i, Heard::NotYet, env);
         };
         if let Some(d) = self.serves.get_mut(i as usize) {
             d.state = State::PullingHead;
@@ -383,7 +393,7 @@ impl Connection {
             d.s_local = head;
         }
         if self.queue_reads(i, s.pzrc(), 0, head, dest).is_none() {
-            return self.serve_fail_header(i, env);
+            return self.serve_fail_header(i, Heard::NotYet, env);
         }
         self.pump_reads();
         if s.n_pzrc > 0 && head == 0 {
@@ -496,7 +506,7 @@ impl Connection {
         env: &mut impl Env,
     ) {
         let Ok(call) = CallHeader::parse(head) else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, env);
+            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, Heard::NotYet, env);
         };
         let xid_ok = self
             .serves
@@ -507,7 +517,7 @@ impl Connection {
             // verify a GSS call: refuse it as a server without GSS does, before anything of it
             // is pulled or reduced (R8166-8.2.2-a, -8.2.2.3-a).
             let hdr = rpcmsg::auth_error_reply(call.xid, rpcmsg::AUTH_BADCRED);
-            return self.serve_rpc_reply(i, &hdr, env);
+            return self.serve_rpc_reply(i, &hdr, Heard::NotYet, env);
         }
         // Checked in place: the slot is large, copying it per call costs.
         let verdict = {
@@ -518,11 +528,11 @@ impl Connection {
         };
         let (args_len, id, xid) = match verdict {
             Ok(x) => x,
-            Err(Some(stat)) => return self.serve_status_reply(i, stat, env),
-            Err(None) => return self.serve_fail_header(i, env),
+            Err(Some(stat)) => return self.serve_status_reply(i, stat, Heard::NotYet, env),
+            Err(None) => return self.serve_fail_header(i, Heard::NotYet, env),
         };
         if args_len > self.cfg.max_call_size {
-            return self.serve_fail_header(i, env);
+            return self.serve_fail_header(i, Heard::NotYet, env);
         }
         if let Some(s) = self.serves.get_mut(i as usize) {
             s.state = State::Waiting;
@@ -697,10 +707,7 @@ impl Connection {
         env: &mut impl Env,
     ) -> Result<(), SubmitError> {
         let i = self.serve_index(id, State::Waiting)?;
-        self.serve_status_reply(i, accept_stat, env);
-        if let Some(s) = self.serves.get_mut(i as usize) {
-            s.silent = false;
-        }
+        self.serve_status_reply(i, accept_stat, Heard::ByApp, env);
         Ok(())
     }
 
@@ -733,7 +740,7 @@ impl Connection {
             // The requester's chunks cannot take this reply (R8166-4.5.3-b, R8166-8.1.4-b).
             Some(false) => {
                 self.free_send(slot);
-                self.serve_fail_header(i, env);
+                self.serve_fail_header(i, Heard::ByApp, env);
             }
             None => self.close(CloseReason::Local("reply marshalling")),
         }
@@ -1002,7 +1009,7 @@ impl Connection {
     }
 
     /// Answers the call with ERR_CHUNK (version 1) or BAD_HEADER (version 2).
-    fn serve_fail_header(&mut self, i: u32, env: &mut impl Env) {
+    fn serve_fail_header(&mut self, i: u32, heard: Heard, env: &mut impl Env) {
         let Some(s) = self.serves.get(i as usize).copied() else {
             return;
         };
@@ -1021,28 +1028,27 @@ impl Connection {
         let Ok(n) = e.emit(&mut b) else { return };
         self.stats.errors_sent += 1;
         self.stats.errors_sent_by.count(&e.code);
-        let silent = !matches!(s.state, State::Ready);
         self.serve_send(
             i,
             b.get(..n).unwrap_or(&[]),
             ReplyStatus::ErrChunk,
-            silent,
+            heard,
             env,
         );
     }
 
     /// Answers the call with an inline RPC reply carrying only `accept_stat`.
-    fn serve_status_reply(&mut self, i: u32, accept_stat: u32, env: &mut impl Env) {
+    fn serve_status_reply(&mut self, i: u32, accept_stat: u32, heard: Heard, env: &mut impl Env) {
         let Some(s) = self.serves.get(i as usize) else {
             return;
         };
         let hdr = rpcmsg::reply_header(s.xid, accept_stat);
-        self.serve_rpc_reply(i, &hdr, env);
+        self.serve_rpc_reply(i, &hdr, heard, env);
     }
 
     /// Answers call `i` with the RPC reply header `rpc` alone (no results), echoing its Write
     /// chunks as empty.
-    fn serve_rpc_reply(&mut self, i: u32, rpc: &[u8], env: &mut impl Env) {
+    fn serve_rpc_reply(&mut self, i: u32, rpc: &[u8], heard: Heard, env: &mut impl Env) {
         let Some(s) = self.serves.get(i as usize).copied() else {
             return;
         };
@@ -1091,18 +1097,21 @@ impl Connection {
             i,
             b.get(..n + rpc.len()).unwrap_or(&[]),
             ReplyStatus::Sent,
-            true,
+            heard,
             env,
         );
     }
 
-    /// Sends `bytes` as the call's answer and releases its receive buffer.
+    /// Sends `bytes` as the call's answer and releases its receive buffer. The app hears of
+    /// the end ([`Event::ReplyDone`], or [`Event::ServeAborted`] if the connection ends
+    /// first) only if it heard of the call; the answer is marked before it is sent, since
+    /// a send that fails closes the connection at once.
     fn serve_send(
         &mut self,
         i: u32,
         bytes: &[u8],
         status: ReplyStatus,
-        silent: bool,
+        heard: Heard,
         env: &mut impl Env,
     ) {
         if let Some(r) = self.serves.get_mut(i as usize).and_then(|d| d.recv.take()) {
@@ -1111,7 +1120,7 @@ impl Connection {
         self.uncount(i);
         if let Some(d) = self.serves.get_mut(i as usize) {
             d.state = State::Replying;
-            d.silent = silent;
+            d.silent = heard == Heard::NotYet;
             d.status = Some(status);
         }
         self.send_bytes(SendOwner::Serve(i), bytes, env);

@@ -159,6 +159,8 @@ impl App {
 struct Session {
     p: Pair,
     apps: [App; 2],
+    /// Print each step, each event and, at the end, what each side posted and sent.
+    trace: bool,
 }
 
 /// Side 0 is the client (`a`), side 1 the server (`b`).
@@ -179,6 +181,9 @@ impl Session {
             let s = side(&mut self.p, k);
             s.drain_events();
             while let Some(ev) = s.events.pop_front() {
+                if self.trace {
+                    eprintln!("{} event {ev:?}", NAMES[k]);
+                }
                 self.apps[k].event(NAMES[k], ev);
             }
         }
@@ -402,10 +407,13 @@ impl Session {
             s.conn.close(CloseReason::Requested);
         }
         self.run();
-        if std::env::var_os("SCRIPT_DEBUG").is_some() {
+        if self.trace {
             for k in 0..2 {
                 let s = side(&mut self.p, k);
-                eprintln!("{}: {:#?}\nsends {:?}", NAMES[k], s.log, s.env.sends);
+                eprintln!("{} posted, in order: {:?}", NAMES[k], s.log);
+                for m in &s.sent {
+                    eprintln!("{} sent {m:02x?}", NAMES[k]);
+                }
             }
         }
         for k in 0..2 {
@@ -522,7 +530,8 @@ fn reply(s: &mut Side, id: ServeId, stat: u32, msg: &[u8], results: &[ResultPiec
 }
 
 /// Runs the session `data` describes; panics if an engine breaks its contract (see the
-/// module documentation).
+/// module documentation). With `SCRIPT_TRACE` set in the environment it prints what
+/// happens, to read a failing input: `SCRIPT_TRACE=1 target/fuzz/.../engine ARTIFACT`.
 pub fn run(data: &[u8]) {
     let mut b = Bytes(data);
     let setup = b.u8();
@@ -552,6 +561,7 @@ pub fn run(data: &[u8]) {
     let mut session = Session {
         p: Pair::with_app_len(a, s, APP_LEN),
         apps: [App::default(), App::default()],
+        trace: std::env::var_os("SCRIPT_TRACE").is_some(),
     };
     session.p.a.report_unsignaled = setup & 16 != 0;
     session.p.b.report_unsignaled = setup & 32 != 0;
@@ -560,8 +570,13 @@ pub fn run(data: &[u8]) {
         if b.0.is_empty() {
             break;
         }
+        // The top bit picks the side, the rest the step.
         let op = b.u8();
         let k = usize::from(op >> 7);
+        let op = op & 0x7f;
+        if session.trace {
+            eprintln!("step {} on the {}", op % 12, NAMES[k]);
+        }
         match op % 12 {
             0 | 1 => session.call(k, &mut b),
             2 => {

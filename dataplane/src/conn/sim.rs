@@ -422,6 +422,11 @@ impl Pair {
                             .push_back(Cqe::Wc(err(tag, WcStatus::RemoteInvalidRequest)));
                         peer.cq
                             .push_back(Cqe::Wc(err(rtag, WcStatus::LocalLengthError)));
+                        if rtag == SHARED {
+                            // As the driver does: the failed receive's buffer goes back to
+                            // the shared queue.
+                            peer.posted.push_back((rtag, rbuf));
+                        }
                         continue;
                     }
                     assert!(peer.env.write(rbuf, &bytes));

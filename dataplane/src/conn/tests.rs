@@ -568,6 +568,25 @@ fn r8166_3_3_1_b_peer_credit_overrun_closes_connection() {
     assert_eq!(aborted, 2);
 }
 
+/// Found by the engine fuzz target (`conn::script`): the overrunning call's buffer of the
+/// shared receive queue was kept by nobody, so each peer that overran its grant took one
+/// buffer from every connection of the poll thread for good.
+#[test]
+fn r8166_3_3_1_b_credit_overrun_gives_back_the_shared_receive_buffer() {
+    let mut server = sim::config(Role::Server, 2);
+    server.shared_recv = true;
+    let mut p = Pair::new(sim::config(Role::Client, 8), server);
+    for x in 0..3 {
+        let mut m = be(&[x, 1, 8, 0, 0, 0, 0]);
+        m.extend(rpcmsg::call_header(x, BULK_PROG, 1, 1));
+        p.inject(true, &m);
+    }
+    assert_eq!(p.b.conn.closed(), Some(CloseReason::CreditOverrun));
+    // The two calls within the grant give theirs back when they are aborted, the third as
+    // the connection ends.
+    assert_eq!(p.b.posted_len(), 16);
+}
+
 #[test]
 fn r8166_3_3_1_h_receive_posted_for_every_reply() {
     let mut p = Pair::default_pair();
@@ -2449,6 +2468,44 @@ fn a_close_keeps_the_shared_buffers_already_released() {
     assert_eq!(p.a.posted_len(), 16);
 }
 
+/// Found by the engine fuzz target (`conn::script`): a call the app rejected while no send
+/// buffer was free closed the connection, and the app never heard how the call ended.
+#[test]
+fn a_rejected_call_ends_once_even_when_its_answer_cannot_be_sent() {
+    let mut server = sim::config(Role::Server, 2);
+    server.shared_send = true;
+    let mut p = Pair::new(sim::config(Role::Client, 2), server);
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    let Some(Event::IncomingCall(c)) = p.b.events.pop_front() else {
+        panic!("{:?}", p.b.events)
+    };
+    let held: Vec<MemRef> = p.b.env.sends.drain(..).collect();
+    p.b.conn
+        .reject_call(c.id, rpcmsg::PROG_UNAVAIL, &mut p.b.env)
+        .unwrap();
+    p.run();
+    assert_eq!(
+        p.b.conn.closed(),
+        Some(CloseReason::Local("no send buffer"))
+    );
+    let ends: Vec<&Event> =
+        p.b.events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::ReplyDone { id, .. } | Event::ServeAborted { id } if *id == c.id)
+            })
+            .collect();
+    assert_eq!(
+        ends,
+        [&Event::ReplyDone {
+            id: c.id,
+            status: ReplyStatus::Closed
+        }]
+    );
+    p.b.env.sends.extend(held);
+}
+
 #[test]
 fn r8166_7_1_c_backward_calls_inline_only() {
     let mut p = Pair::default_pair();
@@ -3185,3 +3242,10 @@ fn accept_of_an_inline_call_is_ready_at_once() {
     );
 }
 
+
+#[test]
+fn zz_debug_script() {
+    let data: &[u8] = &[3,4,1,1,1,1,3,4,1,1,1,1,3,0,2,5,220,1,1,3,132,0,3,132,0,3,0,2,2,242,1,1,3,132,0,3,132,0,3,128,4,0,64,1,1,3,4,0,3,4,0,3];
+    let r = std::panic::catch_unwind(|| super::script::run(data));
+    eprintln!("{r:?}");
+}
