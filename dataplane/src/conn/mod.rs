@@ -1801,10 +1801,10 @@ fn scatter(
 
 #[cfg(any(test, feature = "sim"))]
 #[doc(hidden)]
-pub mod sim;
+pub mod script;
 #[cfg(any(test, feature = "sim"))]
 #[doc(hidden)]
-pub mod script;
+pub mod sim;
 #[cfg(test)]
 mod tests;
 

@@ -25,8 +25,8 @@ use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 
 use super::sim::{config, pattern, sized, Pair, Side, BULK_PROG, SEND_COUNT};
 use super::{
-    Accepted, ArgPiece, CallSpec, CloseReason, Event, IncomingCall, ReplySpec, ResultPiece,
-    Role, ServeId,
+    Accepted, ArgPiece, CallSpec, CloseReason, Event, IncomingCall, ReplySpec, ResultPiece, Role,
+    ServeId,
 };
 use crate::mem::{MemRef, Memory};
 use crate::rpcmsg;
@@ -177,14 +177,14 @@ const NAMES: [&str; 2] = ["client", "server"];
 impl Session {
     /// Moves every event of both engines to the apps.
     fn events(&mut self) {
-        for k in 0..2 {
+        for (k, who) in NAMES.iter().enumerate() {
             let s = side(&mut self.p, k);
             s.drain_events();
             while let Some(ev) = s.events.pop_front() {
                 if self.trace {
-                    eprintln!("{} event {ev:?}", NAMES[k]);
+                    eprintln!("{who} event {ev:?}");
                 }
-                self.apps[k].event(NAMES[k], ev);
+                self.apps[k].event(who, ev);
             }
         }
     }
@@ -221,9 +221,7 @@ impl Session {
         };
         let data = |s: &mut Side, len: u32| {
             let at = s.try_alloc(len)?;
-            s.env
-                .write(at, &pattern(xid, len as usize))
-                .then_some(at)
+            s.env.write(at, &pattern(xid, len as usize)).then_some(at)
         };
         let (prog, proc_, msg, arg, result) = match kind {
             0 => (RDMATEST_PROG, rdmatest::NULL, words(s, &[]), None, None),
@@ -300,9 +298,7 @@ impl Session {
                 (Stage::Ready(args_len), 0) => {
                     answer(s, &h, args_len).map(|()| (h.buf, Stage::Answered))
                 }
-                (Stage::Ready(_), 1) => {
-                    odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered))
-                }
+                (Stage::Ready(_), 1) => odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered)),
                 _ => None,
             };
             if let (Some((buf, stage)), Some(h)) = (next, self.apps[k].served.get_mut(i)) {
@@ -408,16 +404,16 @@ impl Session {
         }
         self.run();
         if self.trace {
-            for k in 0..2 {
+            for (k, who) in NAMES.iter().enumerate() {
                 let s = side(&mut self.p, k);
-                eprintln!("{} posted, in order: {:?}", NAMES[k], s.log);
+                eprintln!("{who} posted, in order: {:?}", s.log);
                 for m in &s.sent {
-                    eprintln!("{} sent {m:02x?}", NAMES[k]);
+                    eprintln!("{who} sent {m:02x?}");
                 }
             }
         }
-        for k in 0..2 {
-            let (app, who) = (&self.apps[k], NAMES[k]);
+        for (k, who) in NAMES.iter().enumerate() {
+            let app = &self.apps[k];
             assert_eq!(app.closes, 1, "{who}: the close was not reported once");
             assert!(
                 app.calls.is_empty(),

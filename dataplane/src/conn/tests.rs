@@ -3241,11 +3241,3 @@ fn accept_of_an_inline_call_is_ready_at_once() {
         Err(SubmitError::BadId)
     );
 }
-
-
-#[test]
-fn zz_debug_script() {
-    let data: &[u8] = &[3,4,1,1,1,1,3,4,1,1,1,1,3,0,2,5,220,1,1,3,132,0,3,132,0,3,0,2,2,242,1,1,3,132,0,3,132,0,3,128,4,0,64,1,1,3,4,0,3,4,0,3];
-    let r = std::panic::catch_unwind(|| super::script::run(data));
-    eprintln!("{r:?}");
-}
