@@ -308,13 +308,34 @@ impl Session {
         }
     }
 
-    /// Delivers a message to side `k` as if its peer had sent it: raw bytes, or a plausible
+    /// Delivers a message to side `k` as if its peer had sent it: raw bytes; a plausible
     /// header (an XID of the side's own calls, small words a decoder takes for lists and
-    /// segments, an RPC header) followed by raw bytes.
+    /// segments, an RPC header) followed by raw bytes; or one of the last messages the peer
+    /// sent, with words changed, followed by raw bytes.
     fn inject(&mut self, k: usize, b: &mut Bytes<'_>) {
-        let plausible = b.bit();
+        let mode = b.u8() % 3;
         let mut msg = Vec::new();
-        if plausible {
+        if mode == 2 {
+            // A message the peer really sent (keys of live exposures, real positions), again,
+            // with some of its words changed.
+            let sent = &side(&mut self.p, 1 - k).sent;
+            if let Some(m) = sent.len().checked_sub(1 + usize::from(b.u8() % 4)) {
+                msg.extend_from_slice(&sent[m]);
+            }
+            for _ in 0..b.u8() % 4 {
+                let at = 4 * usize::from(b.u8());
+                let w = match b.u8() % 4 {
+                    0 => 0,
+                    1 => u32::from(b.u8()),
+                    2 => u32::MAX - u32::from(b.u8()),
+                    _ => b.u32(),
+                };
+                if let Some(d) = msg.get_mut(at..at + 4) {
+                    d.copy_from_slice(&w.to_be_bytes());
+                }
+            }
+        }
+        if mode == 1 {
             let xids = &self.apps[k].xids;
             let xid = match xids.len() {
                 0 => b.u32(),
