@@ -658,6 +658,60 @@ fn e2e_shared_pools_return_every_buffer() {
     assert_eq!(s.drv.free_send_buffers(), 24);
 }
 
+/// A peer that overruns its grant on a poll thread's shared pools loses its connection and
+/// nothing else: once it is gone every shared buffer is back, and the other connection works.
+/// (Before the fix the overrunning call's receive buffer was lost for good.)
+#[test]
+fn e2e_hostile_peer_on_shared_pools_costs_no_buffer() {
+    let f = MemFabric::new();
+    let mut good = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 2);
+    let addr: SocketAddr = "10.0.0.5:20049".parse().unwrap();
+    let (gconn, _) = connect(&mut good, &mut s, addr);
+    let (mut h, qp, hconn) = connect_raw_client(&f, &mut s, addr);
+    // More calls than the grant of 4, without waiting.
+    for x in 0..6u32 {
+        let mut m = be(&[x, 1, 4, 0, 0, 0, 0, x, 0, 2, BULK_PROG, 1, 1, 0, 0, 0, 0]);
+        m.extend(be(&[x]));
+        raw_send(&mut h, qp, 10 + u64::from(x), &m);
+    }
+    let start = Instant::now();
+    while !s
+        .events
+        .iter()
+        .any(|(c, e)| *c == hconn && *e == Event::Closed(CloseReason::CreditOverrun))
+    {
+        hstep(&mut h);
+        s.poll();
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+    s.drv.remove(hconn).unwrap();
+    drive(&mut good, &mut s, "every shared buffer back", |_, s| {
+        let b = s.drv.buffer_counts();
+        b.send_free == b.send_total && b.recv_free == b.recv_total
+    });
+    assert_eq!(s.drv.buffer_counts().recv_total, 16);
+    let msg = good.put(&be(&[4]));
+    let reply = good.alloc(64);
+    let d = run_call(
+        &mut good,
+        &mut s,
+        gconn,
+        &CallSpec {
+            user: 1,
+            xid: 77,
+            prog: BULK_PROG,
+            vers: 1,
+            proc_: 1,
+            msg,
+            args: &[],
+            results: &[],
+            reply,
+        },
+    );
+    assert_eq!(d.status, CallStatus::Ok);
+}
+
 #[test]
 fn e2e_tcp_loopback_every_transfer_mode() {
     let c = node(SoftProvider::tcp(SoftConfig::default()).unwrap(), 1);
