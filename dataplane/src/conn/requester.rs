@@ -191,7 +191,13 @@ impl Connection {
             }
             last = a.xdr_pos;
         }
-        if self.find_call(spec.xid).is_some() || self.queued_xid(spec.xid) {
+        // A cancelled call's XID stays taken until its late reply comes: replies are matched
+        // by XID alone, so a new call under it would take the old call's reply, and the old
+        // call's credit would take the new one's.
+        if self.find_call(spec.xid).is_some()
+            || self.queued_xid(spec.xid)
+            || self.ghost_slot(spec.xid).is_some()
+        {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
         let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
@@ -223,14 +229,19 @@ impl Connection {
         self.sent.get(xid)
     }
 
+    /// The slot of the cancelled call with `xid` that is still owed a reply.
+    fn ghost_slot(&self, xid: u32) -> Option<usize> {
+        if self.ghosts == 0 {
+            return None;
+        }
+        self.calls.iter().position(|c| {
+            c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
+        })
+    }
+
     /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
     fn take_ghost(&mut self, xid: u32, credit: Option<u32>) -> bool {
-        if self.ghosts == 0 {
-            return false;
-        }
-        let Some(i) = self.calls.iter().position(|c| {
-            c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
-        }) else {
+        let Some(i) = self.ghost_slot(xid) else {
             return false;
         };
         self.in_flight = self.in_flight.saturating_sub(1);

@@ -17,7 +17,7 @@
 //! - each side reports its close once, and after both close every shared send buffer and
 //!   every shared receive buffer is back in its pool.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rpcrdma_proto::cm::PrivateData;
@@ -94,11 +94,54 @@ struct Held {
     stage: Stage,
 }
 
+/// What a call's reply must hold if it succeeds (RDMATEST, as `answer` serves it).
+#[derive(Clone, Copy, Debug)]
+struct Expect {
+    kind: u8,
+    xid: u32,
+    n: u32,
+    reply: MemRef,
+    result: Option<MemRef>,
+}
+
+impl Expect {
+    /// Panics if `d`, a successful call, did not bring back what the server sent.
+    fn check(&self, who: &str, s: &Side, d: &super::CallDone) {
+        let reply = s.get(self.reply.prefix(d.reply_len).unwrap_or_default());
+        let word = reply
+            .get(..4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+        let data = || pattern(self.xid, self.n as usize);
+        // The DDP result, from its Write chunk or inline after the length word.
+        let result = || match (d.results().first(), self.result) {
+            (Some(&(_, used)), Some(buf)) if used > 0 => {
+                assert_eq!(used, self.n, "{who}: Write chunk length, {d:?}");
+                s.get(buf.prefix(used).unwrap_or_default())
+            }
+            _ => reply
+                .get(4..4 + self.n as usize)
+                .unwrap_or_default()
+                .to_vec(),
+        };
+        let ok = match self.kind {
+            0 => d.reply_len == 0,
+            1 | 2 => word == Some(self.n) && result() == data(),
+            3 => word == Some(self.n),
+            4 => reply == data(),
+            _ => true,
+        };
+        assert!(
+            ok,
+            "{who}: the reply to {self:?} is not what was sent: {d:?}"
+        );
+    }
+}
+
 /// What one side's app knows: its calls in flight and the calls it serves.
 #[derive(Debug, Default)]
 struct App {
-    /// Submitted calls not yet ended, by user token.
-    calls: BTreeSet<u64>,
+    /// Submitted calls not yet ended, by user token, with what their replies must hold.
+    calls: BTreeMap<u64, Expect>,
     /// XIDs of calls submitted (for plausible replies and cancellations).
     xids: Vec<u32>,
     next_xid: u32,
@@ -113,7 +156,7 @@ impl App {
         match ev {
             Event::CallDone(d) => {
                 assert!(
-                    self.calls.remove(&d.user),
+                    self.calls.remove(&d.user).is_some(),
                     "{who}: CallDone for a call not in flight: {d:?}"
                 );
             }
@@ -161,6 +204,9 @@ struct Session {
     apps: [App; 2],
     /// Print each step, each event and, at the end, what each side posted and sent.
     trace: bool,
+    /// Nothing hostile has happened yet (no message injected, no botched reply): every call
+    /// that succeeds must bring back exactly what the server sent.
+    clean: bool,
 }
 
 /// Side 0 is the client (`a`), side 1 the server (`b`).
@@ -184,6 +230,12 @@ impl Session {
                 if self.trace {
                     eprintln!("{who} event {ev:?}");
                 }
+                if let (Event::CallDone(d), true) = (&ev, self.clean) {
+                    let ok = d.status == super::CallStatus::Ok && d.rpc_stat == rpcmsg::SUCCESS;
+                    if let (Some(e), true) = (self.apps[k].calls.get(&d.user), ok) {
+                        e.check(who, s, d);
+                    }
+                }
                 self.apps[k].event(who, ev);
             }
         }
@@ -192,6 +244,17 @@ impl Session {
     fn run(&mut self) {
         self.p.run();
         self.events();
+    }
+
+    /// Traces the messages each side sent since the last call (from `seen[k]` on).
+    fn trace_sends(&mut self, seen: &mut [usize; 2]) {
+        for (k, who) in NAMES.iter().enumerate() {
+            let sent = &side(&mut self.p, k).sent;
+            for m in sent.iter().skip(seen[k]) {
+                eprintln!("{who} sent {:02x?}", &m[..m.len().min(96)]);
+            }
+            seen[k] = sent.len();
+        }
     }
 
     /// A call from side `k`'s app, its kind and sizes chosen by the script.
@@ -263,7 +326,16 @@ impl Session {
         if s.conn.submit_call(&spec, &mut s.env).is_ok() {
             let app = &mut self.apps[k];
             app.next_user += 1;
-            app.calls.insert(user);
+            let result = results.first().copied();
+            let n = if kind == 4 { msg.len } else { n };
+            let expect = Expect {
+                kind,
+                xid,
+                n,
+                reply,
+                result,
+            };
+            app.calls.insert(user, expect);
             app.xids.push(xid);
         }
     }
@@ -298,7 +370,10 @@ impl Session {
                 (Stage::Ready(args_len), 0) => {
                     answer(s, &h, args_len).map(|()| (h.buf, Stage::Answered))
                 }
-                (Stage::Ready(_), 1) => odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered)),
+                (Stage::Ready(_), 1) => {
+                    self.clean = false;
+                    odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered))
+                }
                 _ => None,
             };
             if let (Some((buf, stage)), Some(h)) = (next, self.apps[k].served.get_mut(i)) {
@@ -313,6 +388,7 @@ impl Session {
     /// segments, an RPC header) followed by raw bytes; or one of the last messages the peer
     /// sent, with words changed, followed by raw bytes.
     fn inject(&mut self, k: usize, b: &mut Bytes<'_>) {
+        self.clean = false;
         let mode = b.u8() % 3;
         let mut msg = Vec::new();
         if mode == 2 {
@@ -426,11 +502,7 @@ impl Session {
         self.run();
         if self.trace {
             for (k, who) in NAMES.iter().enumerate() {
-                let s = side(&mut self.p, k);
-                eprintln!("{who} posted, in order: {:?}", s.log);
-                for m in &s.sent {
-                    eprintln!("{who} sent {m:02x?}");
-                }
+                eprintln!("{who} posted, in order: {:?}", side(&mut self.p, k).log);
             }
         }
         for (k, who) in NAMES.iter().enumerate() {
@@ -439,7 +511,7 @@ impl Session {
             assert!(
                 app.calls.is_empty(),
                 "{who}: calls never ended: {:?}",
-                app.calls
+                app.calls.keys()
             );
             assert!(
                 app.served.is_empty(),
@@ -579,10 +651,12 @@ pub fn run(data: &[u8]) {
         p: Pair::with_app_len(a, s, APP_LEN),
         apps: [App::default(), App::default()],
         trace: std::env::var_os("SCRIPT_TRACE").is_some(),
+        clean: true,
     };
     session.p.a.report_unsignaled = setup & 16 != 0;
     session.p.b.report_unsignaled = setup & 32 != 0;
     session.events();
+    let mut seen = [0; 2];
     for _ in 0..MAX_STEPS {
         if b.0.is_empty() {
             break;
@@ -629,6 +703,9 @@ pub fn run(data: &[u8]) {
             _ => session.run(),
         }
         session.events();
+        if session.trace {
+            session.trace_sends(&mut seen);
+        }
     }
     session.run();
     session.finish();

@@ -2506,6 +2506,54 @@ fn a_rejected_call_ends_once_even_when_its_answer_cannot_be_sent() {
     p.b.env.sends.extend(held);
 }
 
+/// Found by the engine fuzz target (`conn::script`): a new call under the XID of a
+/// cancelled call still owed a reply was taken, so the two answers crossed (the cancelled
+/// call's late reply completed the new call; the new call's reply fed the old credit). Apps
+/// may choose their XIDs, so one app's call could receive another's reply.
+#[test]
+fn r8166_4_4_c_a_cancelled_calls_xid_stays_taken_until_its_late_reply() {
+    let mut p = Pair::default_pair();
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    serve(&mut p);
+    done(&mut p);
+    bulk(&mut p, 2, &[1; 4], 64);
+    p.run();
+    p.a.conn.cancel_call(2).unwrap();
+    p.run();
+    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+    let msg = p.a.put(&[2; 8]);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 3,
+        xid: 2,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    assert_eq!(
+        p.a.conn.submit_call(&spec, &mut p.a.env),
+        Err(SubmitError::Invalid("xid already outstanding"))
+    );
+    // The late reply comes and is dropped; the XID is free again, and a call under it gets
+    // its own reply.
+    serve(&mut p);
+    assert!(done(&mut p).is_empty());
+    p.a.conn.submit_call(&spec, &mut p.a.env).unwrap();
+    p.run();
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].user, d[0].status, d[0].reply_len),
+        (3, CallStatus::Ok, 8)
+    );
+    assert_eq!(p.a.get(reply.prefix(8).unwrap()), [2; 8]);
+}
+
 #[test]
 fn r8166_7_1_c_backward_calls_inline_only() {
     let mut p = Pair::default_pair();
