@@ -196,7 +196,7 @@ impl Connection {
         // call's credit would take the new one's.
         if self.find_call(spec.xid).is_some()
             || self.queued_xid(spec.xid)
-            || self.ghost_slot(spec.xid).is_some()
+            || (self.ghosts > 0 && self.ghost_slot(spec.xid).is_some())
         {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
