@@ -207,6 +207,10 @@ struct Session {
     /// Nothing hostile has happened yet (no message injected, no botched reply): every call
     /// that succeeds must bring back exactly what the server sent.
     clean: bool,
+    /// Nothing but calls, answers, cancels, timeouts and closes (no control change, fault or
+    /// optional message either): no Send may find the peer without a posted receive
+    /// (R8166-3.3.1-g/h: credits and grants stay covered by receives).
+    honest: bool,
 }
 
 /// Side 0 is the client (`a`), side 1 the server (`b`).
@@ -246,12 +250,23 @@ impl Session {
         self.events();
     }
 
-    /// Traces the messages each side sent since the last call (from `seen[k]` on).
-    fn trace_sends(&mut self, seen: &mut [usize; 2]) {
+    /// Looks at the messages each side sent since the last look (from `seen[k]` on): every
+    /// header requests or grants at least one credit (R8166-3.3.1-a). Traces them.
+    fn sends(&mut self, seen: &mut [usize; 2]) {
         for (k, who) in NAMES.iter().enumerate() {
             let sent = &side(&mut self.p, k).sent;
             for m in sent.iter().skip(seen[k]) {
-                eprintln!("{who} sent {:02x?}", &m[..m.len().min(96)]);
+                if self.trace {
+                    eprintln!("{who} sent {:02x?}", &m[..m.len().min(96)]);
+                }
+                let credit = m
+                    .get(8..12)
+                    .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+                assert!(
+                    credit.is_some_and(|c| c >= 1),
+                    "{who} sent a header without a credit: {:02x?}",
+                    &m[..m.len().min(32)]
+                );
             }
             seen[k] = sent.len();
         }
@@ -372,6 +387,7 @@ impl Session {
                 }
                 (Stage::Ready(_), 1) => {
                     self.clean = false;
+                    self.honest = false;
                     odd_answer(s, &h, b).map(|()| (h.buf, Stage::Answered))
                 }
                 _ => None,
@@ -389,6 +405,7 @@ impl Session {
     /// sent, with words changed, followed by raw bytes.
     fn inject(&mut self, k: usize, b: &mut Bytes<'_>) {
         self.clean = false;
+        self.honest = false;
         let mode = b.u8() % 3;
         let mut msg = Vec::new();
         if mode == 2 {
@@ -456,6 +473,7 @@ impl Session {
     /// Settings the control plane applies on side `k` (the values partly come from the
     /// peer: sizes it announced).
     fn control(&mut self, k: usize, b: &mut Bytes<'_>) {
+        self.honest = false;
         let c = &mut side(&mut self.p, k).conn;
         match b.u8() % 6 {
             0 => c.set_credits(u32::from(b.u8() % 10)),
@@ -470,6 +488,7 @@ impl Session {
     /// An RDMA2_OPTIONAL message from side `k` (refused unless it speaks version two), or
     /// an answer rejecting one.
     fn optional(&mut self, k: usize, b: &mut Bytes<'_>) {
+        self.honest = false;
         let s = side(&mut self.p, k);
         let xid = b.u32();
         if b.bit() {
@@ -483,6 +502,7 @@ impl Session {
     /// Provider faults: Send completions held back (or let go), exposures or
     /// invalidations refused.
     fn faults(&mut self, k: usize, b: &mut Bytes<'_>) {
+        self.honest = false;
         let s = side(&mut self.p, k);
         match b.u8() % 4 {
             0 => s.hold_sends = true,
@@ -494,6 +514,9 @@ impl Session {
 
     /// Closes both sides, lets everything settle, and checks that nothing is left over.
     fn finish(mut self) {
+        if self.honest {
+            assert_eq!(self.p.rnr, 0, "a Send found no receive posted");
+        }
         for k in 0..2 {
             let s = side(&mut self.p, k);
             s.release_sends();
@@ -652,6 +675,7 @@ pub fn run(data: &[u8]) {
         apps: [App::default(), App::default()],
         trace: std::env::var_os("SCRIPT_TRACE").is_some(),
         clean: true,
+        honest: true,
     };
     session.p.a.report_unsignaled = setup & 16 != 0;
     session.p.b.report_unsignaled = setup & 32 != 0;
@@ -703,9 +727,7 @@ pub fn run(data: &[u8]) {
             _ => session.run(),
         }
         session.events();
-        if session.trace {
-            session.trace_sends(&mut seen);
-        }
+        session.sends(&mut seen);
     }
     session.run();
     session.finish();
