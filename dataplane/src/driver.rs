@@ -844,6 +844,22 @@ impl<P: Provider> Driver<P> {
         }
         // Shared buffers it still has to give back go back now.
         self.flush(id);
+        let qp = self
+            .conns
+            .get(id.idx as usize)
+            .and_then(Option::as_ref)
+            .map(|e| e.qp)
+            .ok_or(DriverError::BadId)?;
+        self.by_qp.remove(&qp);
+        let destroyed = self.p.destroy_qp(qp);
+        if destroyed.is_ok() {
+            // The device reads none of its buffers any more: those its last Sends were
+            // reading go back too (if the queue pair could not be destroyed, they stay out).
+            if let Some(e) = self.entry_mut(id) {
+                e.conn.teardown();
+            }
+            self.flush(id);
+        }
         let e = self
             .conns
             .get_mut(id.idx as usize)
@@ -852,8 +868,7 @@ impl<P: Provider> Driver<P> {
         if e.block != NO_BLOCK {
             self.free_blocks.push(e.block);
         }
-        self.by_qp.remove(&e.qp);
-        self.p.destroy_qp(e.qp)?;
+        destroyed?;
         Ok(())
     }
 

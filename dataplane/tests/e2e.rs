@@ -712,6 +712,46 @@ fn e2e_hostile_peer_on_shared_pools_costs_no_buffer() {
     assert_eq!(d.status, CallStatus::Ok);
 }
 
+/// A shared send buffer under a Send still posted when its connection closes stays out of the
+/// pool until the queue pair is destroyed (`Driver::remove`): the device may still be sending
+/// from it, and another connection's message must not be written there meanwhile.
+#[test]
+fn e2e_a_send_still_posted_keeps_its_shared_buffer_until_the_queue_pair_is_gone() {
+    let f = MemFabric::new();
+    let mut c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, _) = connect(&mut c, &mut s, "10.0.0.6:20049".parse().unwrap());
+    drive(&mut c, &mut s, "send completions", |c, _| {
+        c.drv.free_send_buffers() == 24
+    });
+    let msg = c.put(&be(&[4]));
+    let reply = c.alloc(64);
+    let spec = CallSpec {
+        user: 1,
+        xid: 5,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
+    // Posted; its completion is not polled yet.
+    c.drv.post_pending();
+    assert_eq!(c.drv.free_send_buffers(), 23);
+    c.drv.close(conn, CloseReason::Requested, &mut c.mem);
+    c.drv.post_pending();
+    assert_eq!(
+        c.drv.free_send_buffers(),
+        23,
+        "released while the Send is posted"
+    );
+    c.drv.remove(conn).unwrap();
+    assert_eq!(c.drv.free_send_buffers(), 24);
+}
+
 #[test]
 fn e2e_tcp_loopback_every_transfer_mode() {
     let c = node(SoftProvider::tcp(SoftConfig::default()).unwrap(), 1);

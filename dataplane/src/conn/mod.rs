@@ -957,13 +957,20 @@ impl Connection {
             }
         }
         if self.cfg.shared_send {
-            // The queue pair is going down: its Sends will not touch these buffers again.
-            for (o, b) in self.send_owner.iter_mut().zip(self.send_bufs.iter_mut()) {
-                if *o != SendOwner::Free {
-                    *o = SendOwner::Free;
-                    self.work.push_back(Work::Release {
-                        buf: std::mem::take(b),
-                    });
+            // A buffer whose Send is still posted may yet be read by the device until the
+            // queue pair is destroyed: it goes back at `teardown`, never to another
+            // connection's message while this one's peer could still receive it.
+            let slots = self.send_owner.iter_mut().zip(self.send_bufs.iter_mut());
+            for ((o, b), &busy) in slots.zip(self.send_busy.iter()) {
+                match (*o, busy) {
+                    (SendOwner::Free, _) => {}
+                    (_, true) => *o = SendOwner::Orphan,
+                    (_, false) => {
+                        *o = SendOwner::Free;
+                        self.work.push_back(Work::Release {
+                            buf: std::mem::take(b),
+                        });
+                    }
                 }
             }
         }
@@ -980,6 +987,25 @@ impl Connection {
             }
         }
         self.events.push_back(Event::Closed(reason));
+    }
+
+    /// The closed connection's queue pair is destroyed: the shared send buffers its last
+    /// Sends were reading go back (as [`Work::Release`]). Before that, nothing the device
+    /// may still read is handed to another connection.
+    pub fn teardown(&mut self) {
+        if self.closed.is_none() || !self.cfg.shared_send {
+            return;
+        }
+        let slots = self.send_owner.iter_mut().zip(self.send_bufs.iter_mut());
+        for ((o, b), busy) in slots.zip(self.send_busy.iter_mut()) {
+            if *o != SendOwner::Free {
+                *o = SendOwner::Free;
+                *busy = false;
+                self.work.push_back(Work::Release {
+                    buf: std::mem::take(b),
+                });
+            }
+        }
     }
 
     /// Feeds one work completion (of a [`Work`] this connection asked for).

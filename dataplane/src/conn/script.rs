@@ -519,8 +519,13 @@ impl Session {
         }
         for k in 0..2 {
             let s = side(&mut self.p, k);
-            s.release_sends();
             s.conn.close(CloseReason::Requested);
+            s.release_sends();
+        }
+        self.run();
+        // The queue pairs are destroyed: buffers under Sends still posted come back too.
+        for k in 0..2 {
+            side(&mut self.p, k).conn.teardown();
         }
         self.run();
         if self.trace {

@@ -2554,6 +2554,31 @@ fn r8166_4_4_c_a_cancelled_calls_xid_stays_taken_until_its_late_reply() {
     assert_eq!(p.a.get(reply.prefix(8).unwrap()), [2; 8]);
 }
 
+/// A shared send buffer whose Send is still posted when the connection closes goes back only
+/// once the queue pair is destroyed (`teardown`): until then the device may still be sending
+/// from it, and another connection must not put its message there.
+#[test]
+fn a_closed_connections_send_buffers_still_posted_wait_for_teardown() {
+    let mut client = sim::config(Role::Client, 2);
+    client.shared_send = true;
+    let mut p = Pair::new(client, sim::config(Role::Server, 2));
+    p.a.hold_sends = true;
+    bulk(&mut p, 1, &[0; 4], 64);
+    p.run();
+    assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT - 1);
+    p.a.conn.close(CloseReason::Requested);
+    p.a.release_sends();
+    p.run();
+    assert_eq!(
+        p.a.env.sends.len(),
+        sim::SEND_COUNT - 1,
+        "released under a posted Send"
+    );
+    p.a.conn.teardown();
+    p.run();
+    assert_eq!(p.a.env.sends.len(), sim::SEND_COUNT);
+}
+
 #[test]
 fn r8166_7_1_c_backward_calls_inline_only() {
     let mut p = Pair::default_pair();
