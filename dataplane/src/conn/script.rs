@@ -471,16 +471,17 @@ impl Session {
     }
 
     /// Settings the control plane applies on side `k` (the values partly come from the
-    /// peer: sizes it announced).
+    /// peer: sizes it announced; the chunk caps from the configuration).
     fn control(&mut self, k: usize, b: &mut Bytes<'_>) {
         self.honest = false;
         let c = &mut side(&mut self.p, k).conn;
-        match b.u8() % 6 {
+        match b.u8() % 7 {
             0 => c.set_credits(u32::from(b.u8() % 10)),
             1 => c.set_peer_receive_size(b.u32()),
             2 => c.set_own_receive_size(b.u32()),
             3 => c.set_peer_send_size(b.u32()),
             4 => c.set_peer_takes_invalidate(b.bit()),
+            5 => c.set_chunk_caps(u32::from(b.u8() % 20), u32::from(b.u8() % 6)),
             _ => c.set_peer_receive_cap(b.bit().then(|| b.u32())),
         }
     }
