@@ -837,12 +837,17 @@ impl<P: Provider> Driver<P> {
         self.with(id, mem, |c, _| c.close(reason));
     }
 
-    /// Frees a closed connection's buffers and destroys its queue pair.
+    /// Frees a connection's buffers and destroys its queue pair (closing it first if it is
+    /// still open: its outstanding calls end with [`CallStatus::Closed`](crate::CallStatus)).
     pub fn remove(&mut self, id: ConnId) -> Result<(), DriverError> {
         if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
             return Err(DriverError::BadId);
         }
-        // Shared buffers it still has to give back go back now.
+        // Closed first if it was not (its calls end, its shared buffers are released), then
+        // the shared buffers it still has to give back go back now.
+        if let Some(e) = self.entry_mut(id) {
+            e.conn.close(CloseReason::Requested);
+        }
         self.flush(id);
         let qp = self
             .conns

@@ -752,6 +752,42 @@ fn e2e_a_send_still_posted_keeps_its_shared_buffer_until_the_queue_pair_is_gone(
     assert_eq!(c.drv.free_send_buffers(), 24);
 }
 
+/// Removing a connection that is still open closes it first: its call ends once, with
+/// `Closed`, and every shared buffer it held is back.
+#[test]
+fn e2e_removing_an_open_connection_ends_its_calls_and_frees_its_buffers() {
+    let f = MemFabric::new();
+    let mut c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, _) = connect(&mut c, &mut s, "10.0.0.7:20049".parse().unwrap());
+    let msg = c.put(&be(&[4]));
+    let reply = c.alloc(64);
+    let spec = CallSpec {
+        user: 9,
+        xid: 6,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
+    c.drv.post_pending();
+    c.drv.remove(conn).unwrap();
+    let b = c.drv.buffer_counts();
+    assert_eq!((b.send_free, b.recv_free), (b.send_total, b.recv_total));
+    let ends: Vec<CallDone> = std::iter::from_fn(|| c.drv.poll_event())
+        .filter_map(|(_, e)| match e {
+            Event::CallDone(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends.len(), 1);
+    assert_eq!((ends[0].user, ends[0].status), (9, CallStatus::Closed));
+}
+
 #[test]
 fn e2e_tcp_loopback_every_transfer_mode() {
     let c = node(SoftProvider::tcp(SoftConfig::default()).unwrap(), 1);

@@ -14,8 +14,13 @@
 //! - every call delivered to the app ([`Event::IncomingCall`]) ends exactly once
 //!   ([`Event::ReplyDone`] or [`Event::ServeAborted`]), [`Event::ArgsReady`] comes only for a
 //!   call whose arguments are being pulled, and nothing ends that was not delivered;
-//! - each side reports its close once, and after both close every shared send buffer and
-//!   every shared receive buffer is back in its pool.
+//! - every header either side sends requests or grants at least one credit;
+//! - each side reports its close once, and after both close (and their queue pairs are torn
+//!   down) every shared send buffer and every shared receive buffer is back in its pool;
+//! - until something hostile happens (a message injected, a botched reply), every call that
+//!   succeeds brings back exactly the bytes the server sent;
+//! - in sessions of calls, answers, cancels, timeouts and closes alone, no Send finds the
+//!   peer without a posted receive.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
