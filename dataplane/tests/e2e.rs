@@ -691,25 +691,24 @@ fn e2e_hostile_peer_on_shared_pools_costs_no_buffer() {
         b.send_free == b.send_total && b.recv_free == b.recv_total
     });
     assert_eq!(s.drv.buffer_counts().recv_total, 16);
-    let msg = good.put(&be(&[4]));
-    let reply = good.alloc(64);
-    let d = run_call(
-        &mut good,
-        &mut s,
-        gconn,
-        &CallSpec {
-            user: 1,
-            xid: 77,
-            prog: BULK_PROG,
-            vers: 1,
-            proc_: 1,
-            msg,
-            args: &[],
-            results: &[],
-            reply,
-        },
-    );
+    let spec = bulk_spec(&mut good, 1, 77, &be(&[4]));
+    let d = run_call(&mut good, &mut s, gconn, &spec);
     assert_eq!(d.status, CallStatus::Ok);
+}
+
+/// A call to the bulk program echoing `data` inline, from node `c` (not submitted).
+fn bulk_spec<P: Provider>(c: &mut Node<P>, user: u64, xid: u32, data: &[u8]) -> CallSpec<'static> {
+    CallSpec {
+        user,
+        xid,
+        prog: BULK_PROG,
+        vers: 1,
+        proc_: 1,
+        msg: c.put(data),
+        args: &[],
+        results: &[],
+        reply: c.alloc(64),
+    }
 }
 
 /// A shared send buffer under a Send still posted when its connection closes stays out of the
@@ -724,19 +723,7 @@ fn e2e_a_send_still_posted_keeps_its_shared_buffer_until_the_queue_pair_is_gone(
     drive(&mut c, &mut s, "send completions", |c, _| {
         c.drv.free_send_buffers() == 24
     });
-    let msg = c.put(&be(&[4]));
-    let reply = c.alloc(64);
-    let spec = CallSpec {
-        user: 1,
-        xid: 5,
-        prog: BULK_PROG,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
+    let spec = bulk_spec(&mut c, 1, 5, &be(&[4]));
     c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
     // Posted; its completion is not polled yet.
     c.drv.post_pending();
@@ -760,19 +747,7 @@ fn e2e_removing_an_open_connection_ends_its_calls_and_frees_its_buffers() {
     let mut c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
     let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
     let (conn, _) = connect(&mut c, &mut s, "10.0.0.7:20049".parse().unwrap());
-    let msg = c.put(&be(&[4]));
-    let reply = c.alloc(64);
-    let spec = CallSpec {
-        user: 9,
-        xid: 6,
-        prog: BULK_PROG,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
+    let spec = bulk_spec(&mut c, 9, 6, &be(&[4]));
     c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
     c.drv.post_pending();
     c.drv.remove(conn).unwrap();

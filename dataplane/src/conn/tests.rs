@@ -40,21 +40,24 @@ fn echo(p: &mut Pair, xid: u32, data: &[u8]) -> (MemRef, MemRef) {
 
 /// A call to the bulk program (nothing eligible) echoing `data` inline in its arguments.
 fn bulk(p: &mut Pair, xid: u32, data: &[u8], reply_max: u32) -> MemRef {
-    let msg = p.a.put(data);
-    let reply = p.a.alloc(reply_max);
-    let spec = CallSpec {
+    let spec = bulk_spec(&mut p.a, xid, data, reply_max);
+    p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+    spec.reply
+}
+
+/// The call [`bulk`] submits, from side `s`, not submitted.
+fn bulk_spec(s: &mut sim::Side, xid: u32, data: &[u8], reply_max: u32) -> CallSpec<'static> {
+    CallSpec {
         user: u64::from(xid),
         xid,
         prog: BULK_PROG,
         vers: 1,
         proc_: 1,
-        msg,
+        msg: s.put(data),
         args: &[],
         results: &[],
-        reply,
-    };
-    p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
-    reply
+        reply: s.alloc(reply_max),
+    }
 }
 
 fn decode_sent(bytes: &[u8]) -> (Vec<u8>, usize) {
@@ -2422,19 +2425,7 @@ fn a_close_keeps_the_shared_buffers_already_released() {
     let mut server = sim::config(Role::Server, 1);
     server.shared_send = true;
     let mut p = Pair::new(sim::config(Role::Client, 1), server);
-    let msg = p.b.put(&pattern(1, 2000));
-    let reply = p.b.alloc(64);
-    let spec = CallSpec {
-        user: 1,
-        xid: 2,
-        prog: 0x2052_4455,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
+    let spec = bulk_spec(&mut p.b, 2, &pattern(1, 2000), 64);
     p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
     assert_eq!(p.b.env.sends.len(), sim::SEND_COUNT - 1);
     p.b.conn.close(CloseReason::Requested);
@@ -2522,18 +2513,9 @@ fn r8166_4_4_c_a_cancelled_calls_xid_stays_taken_until_its_late_reply() {
     p.a.conn.cancel_call(2).unwrap();
     p.run();
     assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
-    let msg = p.a.put(&[2; 8]);
-    let reply = p.a.alloc(64);
     let spec = CallSpec {
         user: 3,
-        xid: 2,
-        prog: BULK_PROG,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
+        ..bulk_spec(&mut p.a, 2, &[2; 8], 64)
     };
     assert_eq!(
         p.a.conn.submit_call(&spec, &mut p.a.env),
@@ -2551,7 +2533,7 @@ fn r8166_4_4_c_a_cancelled_calls_xid_stays_taken_until_its_late_reply() {
         (d[0].user, d[0].status, d[0].reply_len),
         (3, CallStatus::Ok, 8)
     );
-    assert_eq!(p.a.get(reply.prefix(8).unwrap()), [2; 8]);
+    assert_eq!(p.a.get(spec.reply.prefix(8).unwrap()), [2; 8]);
 }
 
 /// A shared send buffer whose Send is still posted when the connection closes goes back only
