@@ -76,6 +76,10 @@ pub enum Value {
 }
 
 impl Value {
+    fn is_reqreminv(&self) -> bool {
+        matches!(self, Value::ReqRemInv(_))
+    }
+
     fn as_xchar(&self) -> Xchar<'_> {
         match self {
             Value::RbSiz(v) => Xchar::RbSiz(*v),
@@ -526,12 +530,18 @@ impl ConnXchar {
                 Decision::Done
             }
             Xchar::RbSiz(_) => Decision::Rej,
+            // A request while a change is pending replaces it and is pending too: the UPDXCH
+            // with pendclr that ends it settles every request for the characteristic
+            // (XCH-4.4-b), and repeated requests cannot grow the list.
+            Xchar::ReqRemInv(b) if self.local_pending.iter().any(Value::is_reqreminv) => {
+                self.set_pending(Value::ReqRemInv(b));
+                Decision::Pend
+            }
             Xchar::ReqRemInv(b) if b == self.view.local.reqreminv => Decision::Done,
             Xchar::ReqRemInv(_) if !self.policy.reqreminv_may_change => Decision::Rej,
             // Changing how the peer may answer our calls waits until none is in flight.
             Xchar::ReqRemInv(b) if busy => {
-                self.local_pending.push(Value::ReqRemInv(b));
-                self.view.pending_local = self.local_pending.iter().map(Value::name).collect();
+                self.set_pending(Value::ReqRemInv(b));
                 Decision::Pend
             }
             Xchar::ReqRemInv(b) => {
@@ -540,6 +550,14 @@ impl ConnXchar {
             }
             Xchar::Brs(_) | Xchar::Other { .. } => Decision::Rej,
         }
+    }
+
+    /// Makes `v` the pending change of REQREMINV (the only characteristic whose change
+    /// waits), replacing one pending already.
+    fn set_pending(&mut self, v: Value) {
+        self.local_pending.retain(|p| !p.is_reqreminv());
+        self.local_pending.push(v);
+        self.view.pending_local = self.local_pending.iter().map(Value::name).collect();
     }
 
     /// No call of the connection is in flight: pending changes take effect, each announced
@@ -710,6 +728,48 @@ mod tests {
             a.view().pending_peer.is_empty(),
             "pendclr clears the request"
         );
+    }
+
+    /// A peer repeating a request while calls are in flight keeps one pending change, the
+    /// last asked: the list never grows with the requests (it did, one entry per REQXCH,
+    /// without bound while the connection stayed busy), and a later request for the current
+    /// value is not overtaken by an earlier change still pending (which was applied once
+    /// idle, after the later request had been answered done).
+    #[test]
+    fn xch_4_4_b_repeated_requests_while_busy_keep_one_pending_change() {
+        let mut b = ConnXchar::new(policy(), false);
+        let ask = |b: &mut ConnXchar, k: u32, v: bool| {
+            let body = encode(&Operation::ReqXch {
+                want: XcharSpec::from_values(&[Xchar::ReqRemInv(v)]),
+            });
+            let acts = b.on_message(k, ROPT_REQXCH, &body, true);
+            assert!(acts.iter().any(|a| matches!(
+                a,
+                Action::Send {
+                    opttype: ROPT_RESPXCH,
+                    ..
+                }
+            )));
+        };
+        for k in 0..1000u32 {
+            ask(&mut b, k, true);
+        }
+        assert_eq!(b.view().pending_local, vec!["reqreminv=true"]);
+        ask(&mut b, 1000, false);
+        assert_eq!(b.view().pending_local, vec!["reqreminv=false"]);
+        let upd = b.on_idle();
+        assert_eq!(upd.len(), 1, "one UPDXCH (pendclr) settles every request");
+        let Action::Send { opttype, body, .. } = &upd[0] else {
+            panic!("{upd:?}")
+        };
+        assert_eq!(
+            Operation::parse(*opttype, body).ok(),
+            Some(Operation::UpdXch {
+                now: Xchar::ReqRemInv(false),
+                pendclr: true
+            })
+        );
+        assert!(!b.view().local.reqreminv);
     }
 
     #[test]
