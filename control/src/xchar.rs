@@ -4,7 +4,7 @@
 
 use rpcrdma_proto::xchar::{
     subset_insert, BkReqSup, Operation, Xchar, XcharSpec, XcharSubset, ROPT_INITXCH, ROPT_REQXCH,
-    ROPT_RESPXCH, ROPT_UPDXCH,
+    ROPT_RESPXCH, ROPT_UPDXCH, XCHAR_BRS, XCHAR_RBSIZ, XCHAR_REQREMINV,
 };
 use rpcrdma_proto::xdr::Writer;
 use serde::{Deserialize, Serialize};
@@ -129,6 +129,11 @@ impl Value {
                     .ok_or_else(|| {
                         bad("unknown characteristic (use rbsiz, reqreminv, brs or id:N)")
                     })?;
+                // A known characteristic with raw data would go out malformed (an RBSIZ
+                // without its size): it is named instead.
+                if let Some(name) = known_name(id) {
+                    return Err(bad(&format!("id {id} is {name}: use {name}=")));
+                }
                 if v.len() % 2 != 0 {
                     return Err(bad("hex data needs an even number of digits"));
                 }
@@ -140,6 +145,16 @@ impl Value {
                 Ok(Value::Other(id, data))
             }
         }
+    }
+}
+
+/// The name of a characteristic this side knows, by id.
+fn known_name(id: u32) -> Option<&'static str> {
+    match id {
+        XCHAR_RBSIZ => Some("rbsiz"),
+        XCHAR_REQREMINV => Some("reqreminv"),
+        XCHAR_BRS => Some("brs"),
+        _ => None,
     }
 }
 
@@ -586,7 +601,6 @@ enum Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rpcrdma_proto::xchar::{XCHAR_BRS, XCHAR_REQREMINV};
 
     fn policy() -> Policy {
         Policy {
@@ -911,5 +925,13 @@ mod tests {
         assert!(Value::parse("colour=red").is_err());
         assert!(Value::parse("id:7=0").is_err());
         assert!(Value::parse("id:7=zz").is_err());
+        // A known characteristic by its id would go out with raw data, malformed (found by
+        // the xchar_conn fuzz target: an UPDXCH of RBSIZ without its size).
+        assert_eq!(
+            Value::parse("id:1="),
+            Err("id:1=: id 1 is rbsiz: use rbsiz=".to_string())
+        );
+        assert!(Value::parse("id:2=00000001").is_err());
+        assert!(Value::parse("id:3=").is_err());
     }
 }
