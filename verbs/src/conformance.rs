@@ -1071,6 +1071,59 @@ pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
     );
 }
 
+/// An exposure's key dies with the connection it was made for: once that queue pair is
+/// disconnected (as the daemon does when a connection ends with RPCs in flight, whose
+/// exposures are then never invalidated one by one), a Write under the key from another
+/// connection to the same peer is refused and lands nothing. Exposures that are memory
+/// regions (rxe and siw without usable windows) are valid on every queue pair of the domain,
+/// so a reconnecting peer could otherwise write into memory its dead connection was lent.
+pub fn exposure_dies_with_its_connection<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+    let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
+    let key =
+        p.b.p
+            .expose(
+                qb0,
+                plain.id,
+                0,
+                4096,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .expect("expose");
+    p.b.p.disconnect(qb0).expect("disconnect");
+    p.wait("the exposing connection ended", |p| {
+        p.a.disconnected(qa0) && p.b.disconnected(qb0)
+    });
+    p.a.fill(0, &[0x77; 64]);
+    let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
+    let s = [p.a.sge(0, 64)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite {
+            remote_addr: plain.addr_at(0),
+            rkey: key,
+        },
+        sg: &s,
+        signaled: true,
+    };
+    p.a.p.post_send(qa, &wr).expect("post_send");
+    p.wait("the Write completed", |p| p.a.wc(1).is_some());
+    p.wait("the connection that used a dead key ended", |p| {
+        p.a.disconnected(qa) && p.b.disconnected(qb)
+    });
+    assert!(
+        p.b.mem(PLAIN_OFF, 64).iter().all(|&b| b != 0x77),
+        "a Write under key {key:#x} of a disconnected queue pair landed"
+    );
+    assert!(
+        p.a.guards_intact() && p.b.guards_intact(),
+        "guards untouched"
+    );
+}
+
 /// After a refused Read or Write (id `wr`): the connection ends (both queue pairs in error,
 /// both sides told), and the guards are untouched. How the request itself completes is left
 /// to the provider (iWARP completes a Write before the peer checks it; siw completes a
@@ -1500,7 +1553,7 @@ macro_rules! conformance_tests {
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, shared_receive_queue,
             region_without_remote_rights_is_reached_only_through_exposures,
-            exposure_is_refused_on_another_connection);
+            exposure_is_refused_on_another_connection, exposure_dies_with_its_connection);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

@@ -165,8 +165,16 @@ struct CqEntry {
 
 /// A live remote exposure: a bound window, or a region registered for it (fallback).
 enum Window {
-    Mw { mw: RawMw, qp: QpId },
-    Mr { mr: Arc<MemoryRegion> },
+    Mw {
+        mw: RawMw,
+        qp: QpId,
+    },
+    /// A region per exposure (no usable windows): valid on every queue pair of the domain,
+    /// so it is deregistered when the queue pair it was made for fails or goes.
+    Mr {
+        mr: Arc<MemoryRegion>,
+        qp: QpId,
+    },
 }
 
 struct QpEntry {
@@ -429,6 +437,15 @@ impl IbvProvider {
         if let Some(id) = &e.id {
             id.disconnect();
         }
+        self.drop_region_exposures(qp);
+    }
+
+    /// The exposures made as regions for `qp`, which no longer carries an RPC, are
+    /// deregistered: their keys would otherwise stay good on every other queue pair of the
+    /// domain (a reconnecting peer could write with a key of its dead connection).
+    fn drop_region_exposures(&mut self, qp: QpId) {
+        self.windows
+            .retain(|_, w| !matches!(w, Window::Mr { qp: q, .. } if *q == qp));
     }
 
     fn report_disconnect(&mut self, qp: QpId) {
@@ -757,7 +774,7 @@ impl IbvProvider {
                     e.free_mws.push((mw, rkey));
                 }
             }
-            Some(Window::Mr { mr }) => drop(mr),
+            Some(Window::Mr { mr, .. }) => drop(mr),
             None => {}
         }
     }
@@ -846,7 +863,7 @@ impl Provider for IbvProvider {
             .windows
             .iter()
             .filter_map(|(k, w)| match w {
-                Window::Mr { mr } => {
+                Window::Mr { mr, .. } => {
                     let a = mr.get_ptr() as u64;
                     (a >= lo && a < hi).then_some(*k)
                 }
@@ -890,7 +907,7 @@ impl Provider for IbvProvider {
             }
             .map_err(|e| Error::Io(io::Error::other(e.to_string())))?;
             let rkey = r.rkey();
-            self.windows.insert(rkey, Window::Mr { mr: r });
+            self.windows.insert(rkey, Window::Mr { mr: r, qp });
             return Ok(rkey);
         }
         if q.state != QpState::ReadyToSend {
@@ -1044,8 +1061,9 @@ impl Provider for IbvProvider {
             id.disconnect();
         }
         let num = e.qp.num();
-        self.windows
-            .retain(|_, w| !matches!(w, Window::Mw { qp: q, .. } if *q == qp));
+        self.windows.retain(
+            |_, w| !matches!(w, Window::Mw { qp: q, .. } | Window::Mr { qp: q, .. } if *q == qp),
+        );
         self.qp_by_num.remove(&num);
         self.connecting.remove(&qp.0);
         // Drop order: windows, then the cm id, then the queue pair.
