@@ -974,6 +974,29 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
     }
 }
 
+/// `n` connections to the same peer, and a plain region of `b` (no remote right) whose
+/// first 4 KiB are exposed for reading and writing on the first connection: the pair, the
+/// region and the key.
+fn exposed_on_the_first_of<H: Harness>(h: &mut H, n: usize) -> (Pair<H::P>, Mr, u32) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    for _ in 1..n {
+        connect_one(&mut p, addr);
+    }
+    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+    let key =
+        p.b.p
+            .expose(
+                p.b.qps[0],
+                plain.id,
+                0,
+                4096,
+                Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .expect("expose");
+    (p, plain, key)
+}
+
 /// An exposure bound on one connection is refused on another connection between the same two
 /// sides, in the same protection domain (R8166-8.1.1-a: a handle from another connection
 /// fails at once). A peer's Write and its Read on the second and third connections under
@@ -984,22 +1007,7 @@ pub fn region_without_remote_rights_is_reached_only_through_exposures<H: Harness
 /// exposures are regions of the protection domain (the `ibv` provider without type 2
 /// windows) cannot, and fails here by design (see `tests/vm/expected-fail`).
 pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
-    let mut p = connect(h, false);
-    let addr = p.addr;
-    connect_one(&mut p, addr);
-    connect_one(&mut p, addr);
-    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
-    let qb0 = p.b.qps[0];
-    let key =
-        p.b.p
-            .expose(
-                qb0,
-                plain.id,
-                0,
-                4096,
-                Access::REMOTE_READ | Access::REMOTE_WRITE,
-            )
-            .expect("expose");
+    let (mut p, plain, key) = exposed_on_the_first_of(h, 3);
     p.b.fill(PLAIN_OFF + 1024, &[0x99; 64]);
     p.a.fill(0, &[0x77; 64]);
     let attempts = [
@@ -1078,21 +1086,8 @@ pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
 /// regions (rxe and siw without usable windows) are valid on every queue pair of the domain,
 /// so a reconnecting peer could otherwise write into memory its dead connection was lent.
 pub fn exposure_dies_with_its_connection<H: Harness>(h: &mut H) {
-    let mut p = connect(h, false);
-    let addr = p.addr;
-    connect_one(&mut p, addr);
-    let plain = register_plain(&mut p.b, Access::LOCAL_WRITE | Access::BIND);
+    let (mut p, plain, key) = exposed_on_the_first_of(h, 2);
     let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
-    let key =
-        p.b.p
-            .expose(
-                qb0,
-                plain.id,
-                0,
-                4096,
-                Access::REMOTE_READ | Access::REMOTE_WRITE,
-            )
-            .expect("expose");
     p.b.p.disconnect(qb0).expect("disconnect");
     p.wait("the exposing connection ended", |p| {
         p.a.disconnected(qa0) && p.b.disconnected(qb0)
