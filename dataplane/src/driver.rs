@@ -840,21 +840,12 @@ impl<P: Provider> Driver<P> {
     /// Frees a connection's buffers and destroys its queue pair (closing it first if it is
     /// still open: its outstanding calls end with [`CallStatus::Closed`](crate::CallStatus)).
     pub fn remove(&mut self, id: ConnId) -> Result<(), DriverError> {
-        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
-            return Err(DriverError::BadId);
-        }
         // Closed first if it was not (its calls end, its shared buffers are released), then
         // the shared buffers it still has to give back go back now.
-        if let Some(e) = self.entry_mut(id) {
-            e.conn.close(CloseReason::Requested);
-        }
+        let e = self.entry_mut(id).ok_or(DriverError::BadId)?;
+        e.conn.close(CloseReason::Requested);
+        let qp = e.qp;
         self.flush(id);
-        let qp = self
-            .conns
-            .get(id.idx as usize)
-            .and_then(Option::as_ref)
-            .map(|e| e.qp)
-            .ok_or(DriverError::BadId)?;
         self.by_qp.remove(&qp);
         let destroyed = self.p.destroy_qp(qp);
         if destroyed.is_ok() {

@@ -956,24 +956,10 @@ impl Connection {
                 }
             }
         }
-        if self.cfg.shared_send {
-            // A buffer whose Send is still posted may yet be read by the device until the
-            // queue pair is destroyed: it goes back at `teardown`, never to another
-            // connection's message while this one's peer could still receive it.
-            let slots = self.send_owner.iter_mut().zip(self.send_bufs.iter_mut());
-            for ((o, b), &busy) in slots.zip(self.send_busy.iter()) {
-                match (*o, busy) {
-                    (SendOwner::Free, _) => {}
-                    (_, true) => *o = SendOwner::Orphan,
-                    (_, false) => {
-                        *o = SendOwner::Free;
-                        self.work.push_back(Work::Release {
-                            buf: std::mem::take(b),
-                        });
-                    }
-                }
-            }
-        }
+        // A buffer whose Send is still posted may yet be read by the device until the queue
+        // pair is destroyed: it goes back at `teardown`, never to another connection's
+        // message while this one's peer could still receive it.
+        self.release_shared_sends(false);
         self.sent.clear();
         for i in 0..self.calls.len() {
             if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
@@ -993,17 +979,29 @@ impl Connection {
     /// Sends were reading go back (as [`Work::Release`]). Before that, nothing the device
     /// may still read is handed to another connection.
     pub fn teardown(&mut self) {
-        if self.closed.is_none() || !self.cfg.shared_send {
+        if self.closed.is_some() {
+            self.release_shared_sends(true);
+        }
+    }
+
+    /// Gives back the shared send buffers this closed connection holds, those under a Send
+    /// still posted only if `posted_too` (the queue pair is gone); the others stay orphans.
+    fn release_shared_sends(&mut self, posted_too: bool) {
+        if !self.cfg.shared_send {
             return;
         }
         let slots = self.send_owner.iter_mut().zip(self.send_bufs.iter_mut());
         for ((o, b), busy) in slots.zip(self.send_busy.iter_mut()) {
-            if *o != SendOwner::Free {
-                *o = SendOwner::Free;
-                *busy = false;
-                self.work.push_back(Work::Release {
-                    buf: std::mem::take(b),
-                });
+            match (*o, *busy && !posted_too) {
+                (SendOwner::Free, _) => {}
+                (_, true) => *o = SendOwner::Orphan,
+                (_, false) => {
+                    *o = SendOwner::Free;
+                    *busy = false;
+                    self.work.push_back(Work::Release {
+                        buf: std::mem::take(b),
+                    });
+                }
             }
         }
     }

@@ -196,7 +196,7 @@ impl Connection {
         // call's credit would take the new one's.
         if self.find_call(spec.xid).is_some()
             || self.queued_xid(spec.xid)
-            || (self.ghosts > 0 && self.ghost_slot(spec.xid).is_some())
+            || self.ghost_slot(spec.xid).is_some()
         {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
@@ -230,6 +230,7 @@ impl Connection {
     }
 
     /// The slot of the cancelled call with `xid` that is still owed a reply.
+    #[inline]
     fn ghost_slot(&self, xid: u32) -> Option<usize> {
         if self.ghosts == 0 {
             return None;

@@ -43,6 +43,13 @@ const MAX_STEPS: usize = 256;
 /// Buffers of a side's shared receive queue in the simulator.
 const SHARED_RECEIVES: usize = 16;
 
+/// The big-endian word at `at` of `b`, if it is there.
+fn be32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_be_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
 /// The script's bytes, read front to back; zeros once they run out.
 #[derive(Debug)]
 struct Bytes<'a>(&'a [u8]);
@@ -99,10 +106,36 @@ struct Held {
     stage: Stage,
 }
 
+/// The calls an app makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Null,
+    Echo,
+    Read,
+    Write,
+    /// `BULK_PROG`: the arguments echoed inline, nothing DDP-eligible.
+    Bulk,
+    /// A program nobody serves.
+    Other,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Kind {
+        [
+            Kind::Null,
+            Kind::Echo,
+            Kind::Read,
+            Kind::Write,
+            Kind::Bulk,
+            Kind::Other,
+        ][usize::from(b % 6)]
+    }
+}
+
 /// What a call's reply must hold if it succeeds (RDMATEST, as `answer` serves it).
 #[derive(Clone, Copy, Debug)]
 struct Expect {
-    kind: u8,
+    kind: Kind,
     xid: u32,
     n: u32,
     reply: MemRef,
@@ -113,9 +146,7 @@ impl Expect {
     /// Panics if `d`, a successful call, did not bring back what the server sent.
     fn check(&self, who: &str, s: &Side, d: &super::CallDone) {
         let reply = s.get(self.reply.prefix(d.reply_len).unwrap_or_default());
-        let word = reply
-            .get(..4)
-            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+        let word = be32(&reply, 0);
         let data = || pattern(self.xid, self.n as usize);
         // The DDP result, from its Write chunk or inline after the length word.
         let result = || match (d.results().first(), self.result) {
@@ -129,11 +160,11 @@ impl Expect {
                 .to_vec(),
         };
         let ok = match self.kind {
-            0 => d.reply_len == 0,
-            1 | 2 => word == Some(self.n) && result() == data(),
-            3 => word == Some(self.n),
-            4 => reply == data(),
-            _ => true,
+            Kind::Null => d.reply_len == 0,
+            Kind::Echo | Kind::Read => word == Some(self.n) && result() == data(),
+            Kind::Write => word == Some(self.n),
+            Kind::Bulk => reply == data(),
+            Kind::Other => true,
         };
         assert!(
             ok,
@@ -177,9 +208,8 @@ impl App {
                 });
             }
             Event::ArgsReady { id, args_len } => {
-                let h = self
-                    .held(id)
-                    .unwrap_or_else(|| panic!("{who}: ArgsReady for an unknown call {id:?}"));
+                let h = self.served.iter_mut().find(|h| h.call.id == id);
+                let h = h.unwrap_or_else(|| panic!("{who}: ArgsReady for an unknown call {id:?}"));
                 assert_eq!(h.stage, Stage::Pulling, "{who}: ArgsReady out of turn");
                 assert!(args_len <= h.buf.len, "{who}: ArgsReady beyond the buffer");
                 h.stage = Stage::Ready(args_len);
@@ -195,10 +225,6 @@ impl App {
                 assert_eq!(self.closes, 1, "{who}: closed twice");
             }
         }
-    }
-
-    fn held(&mut self, id: ServeId) -> Option<&mut Held> {
-        self.served.iter_mut().find(|h| h.call.id == id)
     }
 }
 
@@ -264,9 +290,7 @@ impl Session {
                 if self.trace {
                     eprintln!("{who} sent {:02x?}", &m[..m.len().min(96)]);
                 }
-                let credit = m
-                    .get(8..12)
-                    .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+                let credit = be32(m, 8);
                 assert!(
                     credit.is_some_and(|c| c >= 1),
                     "{who} sent a header without a credit: {:02x?}",
@@ -279,7 +303,7 @@ impl Session {
 
     /// A call from side `k`'s app, its kind and sizes chosen by the script.
     fn call(&mut self, k: usize, b: &mut Bytes<'_>) {
-        let kind = b.u8() % 6;
+        let kind = Kind::from_byte(b.u8());
         let n = u32::from(b.u16()) % 9000;
         let reply_room = match b.u8() % 4 {
             0 => u32::from(b.u8()),
@@ -307,24 +331,24 @@ impl Session {
             s.env.write(at, &pattern(xid, len as usize)).then_some(at)
         };
         let (prog, proc_, msg, arg, result) = match kind {
-            0 => (RDMATEST_PROG, rdmatest::NULL, words(s, &[]), None, None),
-            1 => {
+            Kind::Null => (RDMATEST_PROG, rdmatest::NULL, words(s, &[]), None, None),
+            Kind::Echo => {
                 let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 4 });
                 let result = s.try_alloc(n);
                 (RDMATEST_PROG, rdmatest::ECHO, words(s, &[n]), arg, result)
             }
-            2 => {
+            Kind::Read => {
                 let result = s.try_alloc(n);
                 let msg = words(s, &[n, xid]);
                 (RDMATEST_PROG, rdmatest::READ, msg, None, result)
             }
-            3 => {
+            Kind::Write => {
                 let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 8 });
                 let msg = words(s, &[xid, n]);
                 (RDMATEST_PROG, rdmatest::WRITE, msg, arg, None)
             }
-            4 => (BULK_PROG, 1, data(s, n), None, None),
-            _ => (b.u32(), b.u32(), data(s, n % 64), None, None),
+            Kind::Bulk => (BULK_PROG, 1, data(s, n), None, None),
+            Kind::Other => (b.u32(), b.u32(), data(s, n % 64), None, None),
         };
         let Some(msg) = msg else {
             return;
@@ -346,14 +370,12 @@ impl Session {
         if s.conn.submit_call(&spec, &mut s.env).is_ok() {
             let app = &mut self.apps[k];
             app.next_user += 1;
-            let result = results.first().copied();
-            let n = if kind == 4 { msg.len } else { n };
             let expect = Expect {
                 kind,
                 xid,
                 n,
                 reply,
-                result,
+                result: results.first().copied(),
             };
             app.calls.insert(user, expect);
             app.xids.push(xid);
@@ -576,9 +598,7 @@ impl Session {
 /// program, GARBAGE_ARGS when they do not parse).
 fn answer(s: &mut Side, h: &Held, args_len: u32) -> Option<()> {
     let args = s.get(h.buf.prefix(args_len)?);
-    let word = |at: usize| -> Option<u32> {
-        Some(u32::from_be_bytes(args.get(at..at + 4)?.try_into().ok()?))
-    };
+    let word = |at: usize| be32(&args, at);
     let mut msg: Vec<u8> = Vec::new();
     let mut result = None;
     let stat = match (h.call.prog, h.call.proc_) {
