@@ -31,72 +31,21 @@ use std::collections::VecDeque;
 
 use rpcrdma_dataplane::{
     Accepted, ArgPiece, CallSpec, Completion, ConnConfig, ConnId, ConnTemplate, Connection, Driver,
-    Env, Event, MemRef, Memory, RegisteredMem, ReplySpec, ResultPiece, Role, ServeId, SubmitError,
-    Work,
+    Env, Event, MemRef, Memory, RegisteredMem, ReplySpec, ResultPiece, Role, ServeId, SideMem,
+    SubmitError, Work,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
-use rpcrdma_verbs::conformance::{Side, GUARD};
+use rpcrdma_verbs::conformance::Side;
 use rpcrdma_verbs::mapped::{Mapped, Registered};
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftMem, SoftProvider};
 use rpcrdma_verbs::{Access, WcStatus};
 use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider};
 
-struct BufMem {
-    mr: MrId,
-    buf: Vec<u8>,
-    len: u64,
-}
-
-impl BufMem {
-    fn range(&self, at: MemRef) -> Option<std::ops::Range<usize>> {
-        let end = at.offset.checked_add(u64::from(at.len))?;
-        (at.mr == self.mr && end <= self.len)
-            .then(|| GUARD + at.offset as usize..GUARD + end as usize)
-    }
-}
-
-impl Memory for BufMem {
-    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        match self
-            .range(at)
-            .and_then(|r| self.buf.get(r))
-            .and_then(|s| s.get(..dst.len()))
-        {
-            Some(s) => {
-                dst.copy_from_slice(s);
-                true
-            }
-            None => false,
-        }
-    }
-    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        let Some(r) = self.range(at) else {
-            return false;
-        };
-        match self.buf.get_mut(r).and_then(|d| d.get_mut(..src.len())) {
-            Some(d) => {
-                d.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
-        match (self.range(from), self.range(to)) {
-            (Some(f), Some(t)) if f.len() <= t.len() => {
-                self.buf.copy_within(f, t.start);
-                true
-            }
-            _ => false,
-        }
-    }
-}
-
 struct Node {
     drv: Driver<SoftMem>,
-    mem: BufMem,
+    mem: SideMem,
     pd: PdId,
     base: u64,
 }
@@ -117,7 +66,7 @@ fn node(f: &MemFabric, tmpl: ConnTemplate) -> Node {
     let drv = Driver::new(p, cq, mr, pool, tmpl).unwrap();
     Node {
         drv,
-        mem: BufMem {
+        mem: SideMem {
             mr: mr.id,
             buf,
             len: mr.len,

@@ -46,6 +46,9 @@
 #![forbid(unsafe_code)]
 
 pub mod conn;
+#[cfg(any(test, feature = "sim"))]
+#[doc(hidden)]
+pub mod drive;
 pub mod driver;
 pub mod mem;
 pub mod rpcmsg;
@@ -58,5 +61,5 @@ pub use conn::{
 pub use driver::{
     from_serve_tag, serve_tag, BufferCounts, ConnId, ConnTemplate, Driver, DriverError,
 };
-pub use mem::{Env, MemRef, Memory, RegisteredMem, VecMemory, REGISTERED_ACCESS};
+pub use mem::{Env, MemRef, Memory, RegisteredMem, SideMem, VecMemory, REGISTERED_ACCESS};
 pub mod poll;

@@ -201,6 +201,73 @@ impl Memory for VecMemory {
     }
 }
 
+/// The registered bytes of a [`rpcrdma_verbs::conformance::Side`] as [`Memory`]: its region
+/// is `buf[GUARD..GUARD + len]` (the guards on both sides are never reached). For the tests,
+/// benches and fuzz drivers that run `Driver`s on the soft provider over real memory.
+#[derive(Debug)]
+pub struct SideMem {
+    /// The region's id.
+    pub mr: MrId,
+    /// The side's buffer, guards included.
+    pub buf: Vec<u8>,
+    /// The region's length.
+    pub len: u64,
+}
+
+impl SideMem {
+    fn range(&self, at: MemRef) -> Option<std::ops::Range<usize>> {
+        let end = at.offset.checked_add(u64::from(at.len))?;
+        let guard = rpcrdma_verbs::conformance::GUARD;
+        (at.mr == self.mr && end <= self.len)
+            .then(|| guard + at.offset as usize..guard + end as usize)
+    }
+
+    /// A copy of the bytes at `at` (empty if `at` is outside the region).
+    pub fn get(&self, at: MemRef) -> Vec<u8> {
+        self.range(at)
+            .and_then(|r| self.buf.get(r))
+            .map_or_else(Vec::new, <[u8]>::to_vec)
+    }
+}
+
+impl Memory for SideMem {
+    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        match self
+            .range(at)
+            .and_then(|r| self.buf.get(r)?.get(..dst.len()))
+        {
+            Some(s) => {
+                dst.copy_from_slice(s);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
+        let Some(r) = self.range(at) else {
+            return false;
+        };
+        match self.buf.get_mut(r).and_then(|d| d.get_mut(..src.len())) {
+            Some(d) => {
+                d.copy_from_slice(src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
+        match (self.range(from), self.range(to)) {
+            (Some(f), Some(t)) if f.len() <= t.len() => {
+                self.buf.copy_within(f, t.start);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Something found by the id of the region it describes.
 pub trait ByRegion {
     /// The region's id.

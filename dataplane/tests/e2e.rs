@@ -12,80 +12,21 @@ use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::{
     Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId,
-    ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId,
+    ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SideMem,
     SubmitError, REGISTERED_ACCESS,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
-use rpcrdma_verbs::conformance::{Side, GUARD};
+use rpcrdma_verbs::conformance::Side;
 use rpcrdma_verbs::soft::link::MemFabric;
 use rpcrdma_verbs::soft::{SoftConfig, SoftProvider};
-use rpcrdma_verbs::{CmEvent, ConnParams, MrId, PdId, Provider, QpId, QpInit, SendOp};
+use rpcrdma_verbs::{CmEvent, ConnParams, PdId, Provider, QpId, QpInit, SendOp};
 
 const BULK_PROG: u32 = 0x4000_0000;
 
-/// The registered bytes of a conformance `Side` (region = `buf[GUARD..GUARD + len]`).
-#[derive(Debug)]
-struct BufMem {
-    mr: MrId,
-    buf: Vec<u8>,
-    len: u64,
-}
-
-impl BufMem {
-    fn range(&self, at: MemRef) -> Option<std::ops::Range<usize>> {
-        if at.mr != self.mr {
-            return None;
-        }
-        let end = at.offset.checked_add(u64::from(at.len))?;
-        if end > self.len {
-            return None;
-        }
-        Some(GUARD + at.offset as usize..GUARD + end as usize)
-    }
-}
-
-impl Memory for BufMem {
-    fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        match self
-            .range(at)
-            .and_then(|r| self.buf.get(r))
-            .and_then(|s| s.get(..dst.len()))
-        {
-            Some(s) => {
-                dst.copy_from_slice(s);
-                true
-            }
-            None => false,
-        }
-    }
-    fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        let Some(r) = self.range(at) else {
-            return false;
-        };
-        match self.buf.get_mut(r).and_then(|d| d.get_mut(..src.len())) {
-            Some(d) => {
-                d.copy_from_slice(src);
-                true
-            }
-            None => false,
-        }
-    }
-    fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
-        let (Some(f), Some(t)) = (self.range(from), self.range(to)) else {
-            return false;
-        };
-        if f.len() > t.len() {
-            return false;
-        }
-        self.buf.copy_within(f, t.start);
-        true
-    }
-}
-
 struct Node<P: Provider> {
     drv: Driver<P>,
-    mem: BufMem,
+    mem: SideMem,
     pd: PdId,
     bump: u64,
     base: u64,
@@ -118,7 +59,7 @@ fn node<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let drv = Driver::new(p, cq, mr, pool, tmpl).expect("driver");
     Node {
         drv,
-        mem: BufMem {
+        mem: SideMem {
             mr: mr.id,
             buf,
             len: mr.len,
@@ -145,7 +86,7 @@ fn node_shared<P: Provider>(p: P, blocks: u32) -> Node<P> {
     let drv = Driver::new_shared(p, cq, pd, mr, pool, true, srq_pool, 16, tmpl).expect("driver");
     Node {
         drv,
-        mem: BufMem {
+        mem: SideMem {
             mr: mr.id,
             buf,
             len: mr.len,

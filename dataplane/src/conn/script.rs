@@ -44,7 +44,7 @@ const MAX_STEPS: usize = 256;
 const SHARED_RECEIVES: usize = 16;
 
 /// The big-endian word at `at` of `b`, if it is there.
-fn be32(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn be32(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_be_bytes(
         b.get(at..at.checked_add(4)?)?.try_into().ok()?,
     ))
@@ -52,10 +52,10 @@ fn be32(b: &[u8], at: usize) -> Option<u32> {
 
 /// The script's bytes, read front to back; zeros once they run out.
 #[derive(Debug)]
-struct Bytes<'a>(&'a [u8]);
+pub(crate) struct Bytes<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Bytes<'a> {
-    fn u8(&mut self) -> u8 {
+    pub(crate) fn u8(&mut self) -> u8 {
         match self.0.split_first() {
             Some((&b, rest)) => {
                 self.0 = rest;
@@ -65,23 +65,39 @@ impl<'a> Bytes<'a> {
         }
     }
 
-    fn u16(&mut self) -> u16 {
+    pub(crate) fn u16(&mut self) -> u16 {
         u16::from_be_bytes([self.u8(), self.u8()])
     }
 
-    fn u32(&mut self) -> u32 {
+    pub(crate) fn u32(&mut self) -> u32 {
         u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
     }
 
-    fn bit(&mut self) -> bool {
+    pub(crate) fn bit(&mut self) -> bool {
         self.u8() & 1 == 1
     }
 
     /// Up to `n` bytes (fewer if the script ends).
-    fn take(&mut self, n: usize) -> &'a [u8] {
+    pub(crate) fn take(&mut self, n: usize) -> &'a [u8] {
         let (head, rest) = self.0.split_at(n.min(self.0.len()));
         self.0 = rest;
         head
+    }
+}
+
+/// Changes up to three words of `m` (at word offsets up to 255): to zero, small, huge or any.
+pub(crate) fn mutate(m: &mut [u8], b: &mut Bytes<'_>) {
+    for _ in 0..b.u8() % 4 {
+        let at = 4 * usize::from(b.u8());
+        let w = match b.u8() % 4 {
+            0 => 0,
+            1 => u32::from(b.u8()),
+            2 => u32::MAX - u32::from(b.u8()),
+            _ => b.u32(),
+        };
+        if let Some(d) = m.get_mut(at..at + 4) {
+            d.copy_from_slice(&w.to_be_bytes());
+        }
     }
 }
 
@@ -442,18 +458,7 @@ impl Session {
             if let Some(m) = sent.len().checked_sub(1 + usize::from(b.u8() % 4)) {
                 msg.extend_from_slice(&sent[m]);
             }
-            for _ in 0..b.u8() % 4 {
-                let at = 4 * usize::from(b.u8());
-                let w = match b.u8() % 4 {
-                    0 => 0,
-                    1 => u32::from(b.u8()),
-                    2 => u32::MAX - u32::from(b.u8()),
-                    _ => b.u32(),
-                };
-                if let Some(d) = msg.get_mut(at..at + 4) {
-                    d.copy_from_slice(&w.to_be_bytes());
-                }
-            }
+            mutate(&mut msg, b);
         }
         if mode == 1 {
             let xids = &self.apps[k].xids;
