@@ -333,3 +333,64 @@ fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() 
     let _ = t0.send(Command::Stop);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A server that answers and leaves at once (it drops right after submitting its reply, so
+/// its REPLY and DETACH reach the poll thread together) still has its reply sent whole: the
+/// reply's RDMA Writes read the server's arena, so the arena stays registered, on both
+/// threads, until the reply has ended. Only then does it go.
+#[test]
+fn a_server_that_replies_and_leaves_at_once_still_sends_its_whole_reply() {
+    let (dir, path, _mesh, mut handles) = threads("leaving", 2, 64);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+    let _conn = self_connection(&t1);
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    let len = 512 * 1024;
+    let p = path.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = attach(&mut apps, &t0, move || {
+        let mut s = Server::connect(&p).expect("server attach");
+        s.receive_buffers(1, len as u32 + 4096);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready_tx.send(());
+        s.serve_calls(rdmatest::PROG, rdmatest::VERS, 1, rdmatest::handle)
+            .expect("serve one call");
+        // Dropped here: DETACH follows the REPLY on the ring.
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("server registered");
+    let p = path.clone();
+    let client = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"));
+    let mut c = client.join().expect("client thread");
+    let peer = c.peer("self").expect("peer");
+    let base = stats(&t1).regions;
+
+    // ECHO of 512 KiB: the arguments through a Read chunk, the result through a Write chunk
+    // that thread 1 fills from the server's arena with RDMA Writes.
+    let data = pattern(7, len);
+    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    call.args().put_ddp_opaque(&data);
+    call.result_buffer(len as u32);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("the reply of a server that left");
+    assert_eq!(r.accept_stat, 0);
+    let mut want = (len as u32).to_be_bytes().to_vec();
+    want.extend_from_slice(&data);
+    assert_eq!(r.body, want, "the whole echo");
+    server.join().expect("server thread");
+
+    // The server's arena goes once its reply has ended, from both threads.
+    let end = Instant::now() + Duration::from_secs(20);
+    while stats(&t1).regions != base - 1 || stats(&t0).regions != 2 {
+        assert!(
+            Instant::now() < end,
+            "the leaving server's arena stays registered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -968,12 +968,42 @@ impl Server {
     /// Serves (`prog`, `vers`) with `handler` until the daemon detaches this app (then `Err(Detached)`);
     /// registers the program first unless [`Server::register`] already did (to serve a callback program
     /// for backward-direction calls, call `register(prog, vers, true)` first).
-    pub fn serve<F>(&mut self, prog: u32, vers: u32, mut handler: F) -> Result<(), Error>
+    pub fn serve<F>(&mut self, prog: u32, vers: u32, handler: F) -> Result<(), Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        self.serve_loop(prog, vers, u64::MAX, handler)
+    }
+
+    /// [`serve`](Self::serve) for `calls` calls, then returns once their replies are submitted
+    /// (the server stays attached until dropped; dropping it right away is allowed: the
+    /// daemon still sends the replies).
+    pub fn serve_calls<F>(
+        &mut self,
+        prog: u32,
+        vers: u32,
+        calls: u64,
+        handler: F,
+    ) -> Result<(), Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        self.serve_loop(prog, vers, calls, handler)
+    }
+
+    fn serve_loop<F>(
+        &mut self,
+        prog: u32,
+        vers: u32,
+        calls: u64,
+        mut handler: F,
+    ) -> Result<(), Error>
     where
         F: FnMut(&Call<'_>, &mut ReplyBuilder),
     {
         self.start(prog, vers)?;
-        loop {
+        let mut served = 0u64;
+        while served < calls {
             let c = self.next()?;
             match c.kind {
                 op::POST_RECV if c.status == status::OK => {
@@ -991,7 +1021,10 @@ impl Server {
                         &mut rb,
                     );
                     self.reply(c.handle, c.prog, c.vers, &rb)?;
-                    self.post_recv(buf_off, buf_len)?;
+                    served += 1;
+                    if served < calls {
+                        self.post_recv(buf_off, buf_len)?;
+                    }
                 }
                 op::REPLY => {
                     if let Some(bufs) = self
@@ -1005,6 +1038,7 @@ impl Server {
                 _ => {}
             }
         }
+        Ok(())
     }
 
     fn reply(&mut self, handle: u32, prog: u32, vers: u32, rb: &ReplyBuilder) -> Result<(), Error> {

@@ -1735,9 +1735,12 @@ impl<P: Provider> PollThread<P> {
 
     fn on_detached(&mut self, d: Detached) {
         self.stats.apps_detached += 1;
-        // Calls it was serving: their requesters get SYSTEM_ERR.
+        // Calls it was serving: their requesters get SYSTEM_ERR. A reply already submitted
+        // stays in `serving` until it ends (`ReplyDone`): its RDMA Writes may still be reading
+        // the app's arena, which `app_busy` keeps registered meanwhile.
         for tag in d.serving_tags {
-            if let Some(Serving::Delivered(_)) = self.serving.remove(&tag) {
+            if let Some(Serving::Delivered(_)) = self.serving.get(&tag) {
+                self.serving.remove(&tag);
                 self.hop(tag_thread(tag), Hop::FailServed { tag });
             }
         }
