@@ -32,6 +32,9 @@ pub mod loopback;
 pub mod rdmatest;
 #[cfg(not(loom))]
 pub mod region;
+#[cfg(all(not(loom), any(test, feature = "sim")))]
+#[doc(hidden)]
+pub mod script;
 
 #[cfg(not(loom))]
 pub use client::{Client, Server, WaitPolicy};
