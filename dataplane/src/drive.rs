@@ -213,8 +213,8 @@ struct Hostile {
     burst_s: u32,
     burst_c: u32,
     stage: usize,
-    /// S's and C's memory as H sees it from their connect: their region addresses are not
-    /// known, so guesses use addresses near the keys' segments.
+    /// The last segments (keys and addresses of C's memory) C's calls showed it, kept after
+    /// the calls end: H's Reads and Writes under them must find nothing.
     seen: Vec<Segment>,
 }
 
@@ -491,6 +491,22 @@ impl Run {
         panic!("set-up hangs: {what}");
     }
 
+    /// C adds a client connection and connects it to `addr` with its private data `pd`.
+    fn c_dial(&mut self, addr: SocketAddr, pd: &[u8]) -> (QpId, ConnId) {
+        let qp = self.c.qp();
+        let id = self
+            .c
+            .drv
+            .add_connection(qp, Role::Client, None)
+            .expect("add");
+        self.c
+            .drv
+            .provider_mut()
+            .connect(qp, addr, &Self::params(pd))
+            .expect("connect");
+        (qp, id)
+    }
+
     /// S accepts the next connection request with its private data `pd`.
     fn s_accept(&mut self, what: &str, pd: &[u8]) -> ConnId {
         self.until(what, |r| {
@@ -549,17 +565,7 @@ impl Run {
         };
 
         // C to S.
-        let qc = self.c.qp();
-        let ca = self
-            .c
-            .drv
-            .add_connection(qc, Role::Client, None)
-            .expect("add");
-        self.c
-            .drv
-            .provider_mut()
-            .connect(qc, s_addr, &Self::params(&c_pd))
-            .expect("connect");
+        let (_, ca) = self.c_dial(s_addr, &c_pd);
         let sb = self.s_accept("S hears C", &s_pd);
         self.until("C established", |r| {
             r.c.cm
@@ -590,17 +596,7 @@ impl Run {
         self.h.to_s = Some(hq);
 
         // C to H.
-        let qc = self.c.qp();
-        let cv = self
-            .c
-            .drv
-            .add_connection(qc, Role::Client, None)
-            .expect("add");
-        self.c
-            .drv
-            .provider_mut()
-            .connect(qc, h_addr, &Self::params(&c_pd))
-            .expect("connect");
+        let (qc, cv) = self.c_dial(h_addr, &c_pd);
         let mut accepted = false;
         for _ in 0..1000 {
             self.turn();
