@@ -354,9 +354,9 @@ struct Run {
     s_honest: Option<ConnId>,
     calls: BTreeMap<u64, Call>,
     c_free: Vec<usize>,
-    /// A digest of each free call slot's bytes, taken when its call ended: nothing may
-    /// write a slot whose call is over (its keys are gone, or its connection).
-    fenced: HashMap<usize, u64>,
+    /// Each free call slot's bytes, as its call left them: nothing may write a slot whose
+    /// call is over (its keys are gone, or its connection).
+    fenced: HashMap<usize, Vec<u8>>,
     next_user: u64,
     xid: u32,
     serves: HashMap<(ConnId, ServeId), Serve>,
@@ -775,7 +775,7 @@ impl Run {
                 );
                 self.check_honest(&call, &d);
             }
-            self.fenced.insert(call.slot, self.digest(call.slot));
+            self.fenced.insert(call.slot, self.slot_bytes(call.slot));
             self.c_free.push(call.slot);
         }
     }
@@ -784,23 +784,17 @@ impl Run {
         self.c.app + slot as u64 * C_SLOT
     }
 
-    /// FNV-1a of call slot `slot`'s bytes.
-    fn digest(&self, slot: usize) -> u64 {
-        let bytes = self
-            .c
-            .mem
-            .get(MemRef::new(self.c.mem.mr, self.c_slot(slot), C_SLOT as u32));
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-            (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
-        })
+    /// Call slot `slot`'s bytes.
+    fn slot_bytes(&self, slot: usize) -> Vec<u8> {
+        let at = MemRef::new(self.c.mem.mr, self.c_slot(slot), C_SLOT as u32);
+        self.c.mem.get(at)
     }
 
     /// Free call slot `slot` is as its last call left it.
     fn check_fenced(&self, slot: usize) {
-        if let Some(&d) = self.fenced.get(&slot) {
-            assert_eq!(
-                d,
-                self.digest(slot),
+        if let Some(was) = self.fenced.get(&slot) {
+            assert!(
+                *was == self.slot_bytes(slot),
                 "memory of an ended call (slot {slot}) was written"
             );
         }
@@ -903,7 +897,7 @@ impl Run {
                 );
             }
             Err(e) => {
-                self.fenced.insert(slot, self.digest(slot));
+                self.fenced.insert(slot, self.slot_bytes(slot));
                 self.c_free.push(slot);
                 // The honest connection takes every call while it is open (the script makes
                 // at most `C_SLOTS` calls at once, and the engine queues what credits hold).
