@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
+use rpcrdma_proto::v2::RDMA2_OPTIONAL;
 use rpcrdma_proto::{ChunkLists, Limits, Message, Segment};
 use rpcrdma_verbs::conformance::Side;
 use rpcrdma_verbs::soft::link::MemFabric;
@@ -99,9 +100,9 @@ struct Node {
     blocks: usize,
 }
 
-fn template(credits: u32) -> ConnTemplate {
+fn template(version: u32, credits: u32) -> ConnTemplate {
     ConnTemplate {
-        version: 1,
+        version,
         credits,
         max_calls: 8,
         send_size: 4096,
@@ -411,7 +412,8 @@ impl Run {
         let f = MemFabric::new();
         let cfg = b.u8();
         let credits = 1 + u32::from(b.u8() % 8);
-        let tmpl = template(credits);
+        // Version two on every connection the nodes make, or version one.
+        let tmpl = template(if cfg & 16 == 16 { 2 } else { 1 }, credits);
         let (shared_c, shared_s) = (cfg & 1 == 1, cfg & 2 == 2);
         let c = Node::new("C", &f, tmpl, shared_c, cfg & 4 == 4);
         let s = Node::new("S", &f, tmpl, shared_s, cfg & 8 == 8);
@@ -677,6 +679,11 @@ impl Run {
                     }
                     self.answer(conn, id, args_len);
                 }
+                Event::Optional(o) => {
+                    // What the control plane does with an operation it does not take.
+                    self.s.drv.reject_optional(conn, o.xid, &mut self.s.mem);
+                    self.s_events();
+                }
                 Event::ReplyDone { id, .. } | Event::ServeAborted { id } => {
                     let sv = self
                         .serves
@@ -881,6 +888,9 @@ impl Run {
         };
         match self.c.drv.submit_call(conn, &spec, &mut self.c.mem) {
             Ok(()) => {
+                if trace() {
+                    eprintln!("  call {user} honest={honest} n={n} result={result}");
+                }
                 self.next_user += 1;
                 self.xid = self.xid.wrapping_add(1).max(1);
                 self.calls.insert(
@@ -945,8 +955,11 @@ impl Run {
                 }
                 // A cancelled call's chunks are invalidated at once (R8166-4.4-c): the
                 // responder's RDMA Read or Write that then meets them fails, and with it the
-                // connection. The honest connection may end by C's own hand.
-                if call.honest && call.n >= DDP {
+                // connection. The honest connection may end by C's own hand, unless the call
+                // surely had no chunk: an echo of at most 100 bytes (its reply fits the
+                // smallest inline threshold, 1024, which version two uses until the peer
+                // confirms it speaks version two, AMB-20).
+                if call.honest && call.n > 100 {
                     self.guard = false;
                 }
             }
@@ -1275,6 +1288,62 @@ impl Run {
         m
     }
 
+    /// S's side of H's connection: found by elimination.
+    fn attacker(&self) -> Option<ConnId> {
+        (0..8)
+            .map(QpId)
+            .filter_map(|q| self.s.drv.by_qp(q))
+            .find(|id| Some(*id) != self.s_honest)
+    }
+
+    /// The control plane changes a hostile connection's settings, as it does on what a peer
+    /// announces (xcharext, private data) or on an operator's command: C's victim or S's
+    /// attacker.
+    fn control(&mut self, b: &mut Bytes<'_>) {
+        let (node, id) = if b.bit() {
+            (&mut self.c, self.victim)
+        } else {
+            let id = self.attacker();
+            (&mut self.s, id)
+        };
+        let Some(id) = id else { return };
+        let v = b.u32();
+        let _ = match b.u8() % 7 {
+            0 => node.drv.configure(id, |c| c.set_credits(v % 12)),
+            1 => node.drv.configure(id, |c| c.set_peer_receive_size(v)),
+            2 => node.drv.configure(id, |c| c.set_own_receive_size(v)),
+            3 => node.drv.configure(id, |c| c.set_peer_send_size(v)),
+            4 => node
+                .drv
+                .configure(id, |c| c.set_peer_takes_invalidate(v & 1 == 1)),
+            5 => node
+                .drv
+                .configure(id, |c| c.set_chunk_caps(v % 20, (v >> 8) % 6)),
+            _ => node
+                .drv
+                .configure(id, |c| c.set_peer_receive_cap((v & 1 == 1).then_some(v))),
+        };
+    }
+
+    /// H sends S an RDMA2_OPTIONAL message: a transport-characteristics operation of any
+    /// type with any body (S speaks version two in some runs; else it is refused).
+    fn h_optional(&mut self, b: &mut Bytes<'_>) {
+        let opttype = match b.u8() % 6 {
+            k @ 0..=3 => k as u32 + 1,
+            4 => 0,
+            _ => b.u32(),
+        };
+        let xid = b.u32();
+        let mut m = be(&[xid, 2, 1 + u32::from(b.u8() % 8), RDMA2_OPTIONAL]);
+        m.extend(be(&[u32::from(b.bit()), opttype]));
+        let n = usize::from(b.u8() % 64);
+        let info = b.take(n).to_vec();
+        m.extend(be(&[info.len() as u32]));
+        m.extend(&info);
+        m.resize(m.len().next_multiple_of(4), 0);
+        self.h.post(true, SendOp::Send, &m);
+    }
+
     /// One step of the script; false when it ends.
     fn step(&mut self, b: &mut Bytes<'_>) -> bool {
         if b.0.is_empty() {
@@ -1284,7 +1353,7 @@ impl Run {
         if trace() {
             eprintln!("step {op:#04x} (turn {})", self.turn);
         }
-        match op % 12 {
+        match op % 14 {
             0..=2 => self.call(b),
             3 => self.cancel(b),
             4 | 5 => self.h_to_s(b),
@@ -1304,12 +1373,7 @@ impl Run {
                         self.c_drain();
                     }
                 } else {
-                    // S's side of H's connection: found by elimination.
-                    let hs = (0..8)
-                        .map(QpId)
-                        .filter_map(|q| self.s.drv.by_qp(q))
-                        .find(|id| Some(*id) != self.s_honest);
-                    if let Some(id) = hs {
+                    if let Some(id) = self.attacker() {
                         self.s
                             .drv
                             .close(id, CloseReason::Requested, &mut self.s.mem);
@@ -1317,6 +1381,8 @@ impl Run {
                     }
                 }
             }
+            11 => self.control(b),
+            12 => self.h_optional(b),
             _ => {
                 for _ in 0..1 + b.u8() % 8 {
                     self.turn();
