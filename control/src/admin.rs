@@ -308,6 +308,9 @@ pub struct ConnCounters {
     pub read_chunks: u64,
     /// Write chunks offered.
     pub write_chunks: u64,
+    /// Reply chunks offered (calls whose reply buffer may exceed the inline threshold).
+    #[serde(default)]
+    pub reply_chunks: u64,
     /// Local invalidations posted.
     pub invalidations: u64,
     /// Local invalidations skipped: the peer used Send With Invalidate.

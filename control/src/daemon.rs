@@ -13,6 +13,7 @@ use rpcrdma_dataplane::poll::{
     self, Command, ConnInfo, ConnState, Event, IdleSpec, PollHandle, PollSpec, Snapshot, SpinLimit,
 };
 use rpcrdma_shm::attach::Attachment;
+use rpcrdma_shm::region::PeerInfo;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use std::collections::{HashMap, VecDeque};
@@ -307,7 +308,18 @@ impl Daemon {
             peers: 0,
         };
         let peer_names: Vec<String> = cfg.peers.iter().map(|p| p.name.clone()).collect();
-        let apps = rpcrdma_shm::attach::Listener::bind(&app_path, geometry, peer_names.clone())
+        // Every peer's replies arrive in receive buffers of `inline-recv`: a reply buffer that
+        // fits there needs no Reply chunk, so apps size their default to it.
+        let t = &cfg.transport;
+        let reply_inline = rpcrdma_dataplane::reply_inline_room(t.inline_recv, t.version);
+        let table = peer_names
+            .iter()
+            .map(|name| PeerInfo {
+                name: name.clone(),
+                reply_inline,
+            })
+            .collect();
+        let apps = rpcrdma_shm::attach::Listener::bind(&app_path, geometry, table)
             .map_err(io_err(format!("app socket {}", app_path.display())))?;
         reg.register(
             &mut mio::unix::SourceFd(&std::os::fd::AsRawFd::as_raw_fd(&apps.as_fd())),
@@ -1432,6 +1444,7 @@ impl Daemon {
             short_sent: c.engine.short_sent,
             read_chunks: c.engine.read_chunks,
             write_chunks: c.engine.write_chunks,
+            reply_chunks: c.engine.reply_chunks,
             invalidations: c.engine.invalidations,
             remote_invalidations: c.engine.remote_invalidations,
             dropped: c.engine.dropped,

@@ -214,7 +214,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         }
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 19] = [
+    let per_conn: [(&str, &str, Conn); 20] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -248,6 +248,9 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         }),
         ("write_chunks", "Write chunks offered", |c| {
             c.engine.write_chunks
+        }),
+        ("reply_chunks", "Reply chunks offered", |c| {
+            c.engine.reply_chunks
         }),
         ("invalidations", "local invalidations posted", |c| {
             c.engine.invalidations

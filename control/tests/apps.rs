@@ -247,5 +247,7 @@ fn c_example_client_runs_against_real_daemons() {
     let s = a.ctl_json(&["stats"]);
     assert_eq!(s["conns"][0]["replies-in"], 6);
     assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 6);
+    // Its reply buffers are what rr_reply_inline says: none of its calls offered a Reply chunk.
+    assert_eq!(s["conns"][0]["reply-chunks"], 0, "{s}");
     back_to(&a, &base_a, 60);
 }

@@ -78,6 +78,10 @@ fn every_mode_through_one_daemon(dir: std::path::PathBuf, text: &str) -> Daemon 
     let mut c = Client::connect(&d.app).expect("client attach");
     let peer = c.peer("self").expect("peer table names `self`");
     let fail = |what: &str, e: &dyn std::fmt::Debug| -> ! { panic!("{what}: {e:?}\n{}", d.log()) };
+    // The peer table says how large a reply arrives inline (`inline-recv` 4096 less the
+    // transport and RPC reply headers): the calls below that leave their reply buffer to the
+    // default offer no Reply chunk.
+    assert_eq!(c.reply_inline(peer), Some(4096 - 28 - 24));
 
     // NULL.
     let t = c
@@ -138,7 +142,22 @@ fn every_mode_through_one_daemon(dir: std::path::PathBuf, text: &str) -> Daemon 
     let r = c.wait(t, T).unwrap_or_else(|e| fail("long reply", &e));
     assert_eq!(r.body, xdr_opaque(&pattern(11, 40_000)));
 
-    // Both ends of the one connection are this daemon's: the caller's side sent six calls,
+    // An ECHO whose reply fills the default reply buffer to the byte comes inline; one word
+    // more does not fit the default: the app must ask for a larger buffer.
+    for (len, fits) in [(4096 - 52 - 4, true), (4096 - 52, false)] {
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&pattern(7, len));
+        let t = call.submit().expect("submit");
+        match c.wait(t, T) {
+            Ok(r) if fits => assert_eq!(r.body, xdr_opaque(&pattern(7, len))),
+            Err(rpcrdma_shm::client::Error::Status(s)) if !fits => {
+                assert_eq!(s, rpcrdma_shm::abi::status::CHUNK_REFUSED)
+            }
+            other => fail(&format!("ECHO {len} B, default reply buffer"), &other),
+        }
+    }
+
+    // Both ends of the one connection are this daemon's: the caller's side sent eight calls,
     // the listener's side answered them and moved the chunk data by RDMA Read and Write.
     let stats = d.ctl_json(&["stats"]);
     let conns = stats["conns"].as_array().expect("conns");
@@ -146,13 +165,13 @@ fn every_mode_through_one_daemon(dir: std::path::PathBuf, text: &str) -> Daemon 
         .iter()
         .find(|c| c["peer"] == "self")
         .unwrap_or_else(|| panic!("no outgoing conn: {stats}"));
-    assert_eq!(out["calls-out"], 6, "{stats}");
-    assert_eq!(out["replies-in"], 6, "{stats}");
+    assert_eq!(out["calls-out"], 8, "{stats}");
+    assert_eq!(out["replies-in"], 7, "{stats}");
     let inc = conns
         .iter()
-        .find(|c| c["calls-in"] == 6)
+        .find(|c| c["calls-in"] == 8)
         .unwrap_or_else(|| panic!("no accepted conn answering: {stats}"));
-    assert_eq!(inc["replies-out"], 6, "{stats}");
+    assert_eq!(inc["replies-out"], 7, "{stats}");
     assert!(
         inc["rdma-read-bytes"].as_u64() >= Some(50_000),
         "read chunk and long call pulled by RDMA Read: {stats}"
@@ -161,8 +180,12 @@ fn every_mode_through_one_daemon(dir: std::path::PathBuf, text: &str) -> Daemon 
         inc["rdma-write-bytes"].as_u64() >= Some(50_000),
         "write chunk pushed by RDMA Write: {stats}"
     );
-    assert_eq!(out["long-calls"], 1, "{stats}");
+    // The long call, and the two ECHOs of about 4 KiB (their arguments exceed the inline
+    // threshold; their replies do not).
+    assert_eq!(out["long-calls"], 3, "{stats}");
     assert_eq!(inc["long-replies"], 1, "{stats}");
+    // Only the call that asked for a 48 KiB reply buffer offered a Reply chunk.
+    assert_eq!(out["reply-chunks"], 1, "{stats}");
     d
 }
 

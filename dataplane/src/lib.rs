@@ -53,10 +53,11 @@ pub mod driver;
 pub mod mem;
 pub mod rpcmsg;
 
+pub use conn::reply_inline_room;
 pub use conn::{
     Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, Completion, ConfigError,
     ConnConfig, Connection, ErrorCounts, Event, IncomingCall, OptionalMsg, ReplySpec, ReplyStatus,
-    ResultPiece, Role, ServeId, Stats, SubmitError, Tag, Work,
+    ResultPiece, Role, ServeId, Stats, SubmitError, Tag, Work, WRITE_CHUNK_LEN,
 };
 pub use driver::{
     from_serve_tag, serve_tag, BufferCounts, ConnId, ConnTemplate, Driver, DriverError,

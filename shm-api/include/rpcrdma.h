@@ -59,6 +59,7 @@
 #define RR_CANCELLED 13u
 #define RR_TRANSPORT 14u
 #define RR_TIMEOUT 15u
+#define RR_CHUNK_REFUSED 16u
 
 #define RR_STATE_ATTACHED 1u
 #define RR_STATE_DETACHED 2u
@@ -110,8 +111,13 @@ struct rr_piece {
 
 struct rr_peer {
     char name[60];
-    uint32_t reserved;
+    /* The largest reduced reply the daemon receives inline from this peer for a call with no
+       result buffer (RR_WRITE_CHUNK_ROOM less per result buffer); 0 if the daemon does not say. */
+    uint32_t reply_inline;
 };
+
+/* What each result buffer of a call takes from a peer's reply_inline. */
+#define RR_WRITE_CHUNK_ROOM 24u
 
 _Static_assert(sizeof(struct rr_header) == 256, "header is 256 bytes");
 _Static_assert(sizeof(struct rr_sqe) == 64, "sqe is 64 bytes");
@@ -239,6 +245,16 @@ static inline int rr_peer_index(const struct rr_app *app, const char *name)
         if (strncmp(p[i].name, name, sizeof p[i].name) == 0)
             return (int)i;
     return -1;
+}
+
+/* The largest reply buffer a call to peer with n_results result buffers can offer without the
+   daemon adding a Reply chunk, or 0 if the daemon does not say (size it to your procedure). */
+static inline uint32_t rr_reply_inline(const struct rr_app *app, uint32_t peer, uint32_t n_results)
+{
+    const struct rr_peer *p = (const struct rr_peer *)(app->base + app->hdr->peers_offset);
+    if (peer >= app->hdr->peers_count || n_results > p[peer].reply_inline / RR_WRITE_CHUNK_ROOM)
+        return 0;
+    return p[peer].reply_inline - n_results * RR_WRITE_CHUNK_ROOM;
 }
 
 /* Address of arena offset off (no check: use offsets your allocator returned). */

@@ -76,8 +76,27 @@ pub const STATE_DETACHED: u32 = 2;
 pub struct PeerEntry {
     /// UTF-8 name from the daemon's config, NUL-padded.
     pub name: [u8; PEER_NAME_MAX],
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// The largest reduced reply (`msg` bytes: the RPC reply header is not counted) that the
+    /// daemon receives inline from this peer when the call has no Write chunk; each Write chunk
+    /// the call carries takes [`WRITE_CHUNK_ROOM`] bytes from it. A reply buffer no larger
+    /// never costs a Reply chunk (ABI.md §4). Zero: the daemon does not say (it was reserved,
+    /// zero, before it was defined).
+    pub reply_inline: u32,
+}
+
+/// What one result buffer offered as a Write chunk costs the inline room of the reply that
+/// echoes it (RFC 8166 §4.2.1: a discriminator, a segment count and one 16-byte segment).
+pub const WRITE_CHUNK_ROOM: u32 = 24;
+
+/// The largest reply buffer that never costs a Reply chunk, for a call with `result_buffers`
+/// result buffers to a peer whose entry says `reply_inline`; `None` when that is 0 (the daemon
+/// does not say) or the Write chunks use it up.
+pub fn inline_room(reply_inline: u32, result_buffers: usize) -> Option<u32> {
+    let chunks = u32::try_from(result_buffers).ok()?;
+    match reply_inline.checked_sub(chunks.checked_mul(WRITE_CHUNK_ROOM)?)? {
+        0 => None,
+        n => Some(n),
+    }
 }
 
 /// Submission opcodes (`Sqe::opcode`); the completion carries the same value in `Cqe::kind`.
@@ -142,6 +161,38 @@ pub mod status {
     pub const TRANSPORT: u32 = 14;
     /// No reply in time.
     pub const TIMEOUT: u32 = 15;
+    /// The peer refused the call's chunks (RDMA_ERROR ERR_CHUNK; BAD_HEADER or INVAL_OPTION in
+    /// version 2): most often its reply did not fit the reply buffer (inline, or the Reply
+    /// chunk offered) or a result buffer. The connection stays up.
+    pub const CHUNK_REFUSED: u32 = 16;
+
+    /// The name of status `code` as ABI.md §6 lists it, or `"unknown"` (a newer daemon's code).
+    pub fn name(code: u32) -> &'static str {
+        const NAMES: [&str; 17] = [
+            "OK",
+            "BAD_OPCODE",
+            "BAD_FLAGS",
+            "BAD_RANGE",
+            "BAD_PIECES",
+            "UNKNOWN_PEER",
+            "UNKNOWN_PROGRAM",
+            "BAD_HANDLE",
+            "TOO_MANY",
+            "ALREADY_REGISTERED",
+            "NOT_REGISTERED",
+            "REPLY_TOO_LARGE",
+            "NO_RECV_BUFFER",
+            "CANCELLED",
+            "TRANSPORT",
+            "TIMEOUT",
+            "CHUNK_REFUSED",
+        ];
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| NAMES.get(i))
+            .copied()
+            .unwrap_or("unknown")
+    }
 }
 
 /// A 64-byte submission descriptor (app → daemon). All offsets are relative to the arena.
@@ -414,5 +465,36 @@ mod tests {
         assert!(bad(3, 4).is_none());
         assert!(bad(4, 0).is_none());
         assert!(bad(1 << 17, 4).is_none());
+    }
+
+    /// Every row of ABI.md §6 and of the C header names its code as `status::name` does, and
+    /// every code `name` knows has both.
+    #[test]
+    fn status_names_match_the_abi_document_and_the_c_header() {
+        let doc = include_str!("../ABI.md");
+        let header = include_str!("../include/rpcrdma.h");
+        let mut rows = 0;
+        for line in doc.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let (Some(code), Some(name)) = (cells.get(1), cells.get(2)) else {
+                continue;
+            };
+            let Ok(code) = code.parse::<u32>() else {
+                continue;
+            };
+            if !name.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                continue;
+            }
+            assert_eq!(status::name(code), *name, "ABI.md row {code}");
+            assert!(
+                header.contains(&format!("#define RR_{name} {code}u")),
+                "rpcrdma.h lacks RR_{name}"
+            );
+            rows += 1;
+        }
+        let known = (0..64).filter(|&c| status::name(c) != "unknown").count();
+        assert_eq!(rows, known, "ABI.md §6 lists every status once");
+        assert_eq!(status::name(status::CHUNK_REFUSED), "CHUNK_REFUSED");
+        assert_eq!(status::name(17), "unknown");
     }
 }

@@ -7,7 +7,7 @@
 //! The socket stays open for the app's lifetime; its closing tells the daemon the app is gone.
 
 use crate::abi::{Geometry, Layout, MAGIC};
-use crate::region::Region;
+use crate::region::{PeerInfo, Region};
 use rustix::event::{PollFd, PollFlags};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::net::{
@@ -25,7 +25,7 @@ use std::time::Duration;
 pub struct Listener {
     sock: UnixListener,
     layout: Layout,
-    peers: Vec<String>,
+    peers: Vec<PeerInfo>,
     next_app_id: u32,
 }
 
@@ -57,8 +57,9 @@ impl Attachment {
 }
 
 impl Listener {
-    /// Binds `path` (removing a stale socket file first); each app gets a region of `geometry` with `peers`.
-    pub fn bind(path: &Path, geometry: Geometry, peers: Vec<String>) -> io::Result<Listener> {
+    /// Binds `path` (removing a stale socket file first); each app gets a region of `geometry`
+    /// whose peer table is `peers`.
+    pub fn bind(path: &Path, geometry: Geometry, peers: Vec<PeerInfo>) -> io::Result<Listener> {
         let _ = std::fs::remove_file(path);
         let sock = UnixListener::bind(path)?;
         sock.set_nonblocking(true)?;
@@ -93,8 +94,7 @@ impl Listener {
             .map(|c| c.pid.as_raw_nonzero().get());
         let app_id = self.next_app_id;
         self.next_app_id = self.next_app_id.wrapping_add(1);
-        let names: Vec<&str> = self.peers.iter().map(String::as_str).collect();
-        let region = Region::create(self.layout, app_id, &names)?;
+        let region = Region::create(self.layout, app_id, &self.peers)?;
         let mut msg = [0u8; 16];
         msg[..8].copy_from_slice(&MAGIC.to_le_bytes());
         msg[8..].copy_from_slice(&self.layout.region_size.to_le_bytes());

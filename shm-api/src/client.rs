@@ -1,6 +1,6 @@
 //! App side: [`Client`] for calls, [`Server`] for serving a program, [`Arena`] for the arena's space.
 
-use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED};
+use crate::abi::{flag, inline_room, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED};
 use crate::attach::{connect, drain, wait_readable, wake, AppConn};
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
@@ -36,7 +36,7 @@ impl fmt::Display for Error {
             Error::RingFull => f.write_str("submission ring full"),
             Error::ArenaFull => f.write_str("arena full"),
             Error::Detached => f.write_str("detached by the daemon"),
-            Error::Status(s) => write!(f, "completed with status {s}"),
+            Error::Status(s) => write!(f, "completed with status {s} ({})", status::name(*s)),
             Error::UnknownTicket => f.write_str("unknown ticket"),
             Error::Timeout => f.write_str("timed out"),
             Error::Io(e) => write!(f, "{e}"),
@@ -121,6 +121,10 @@ impl Arena {
     }
 }
 
+/// The reply buffer a call gets when neither the app ([`CallBuilder::max_reply`]) nor the
+/// daemon (its peer table's `reply_inline`) says how large the reply may be.
+pub const DEFAULT_MAX_REPLY: u32 = 4096;
+
 /// How long an app busy-polls its completion ring before sleeping on its socket, by default.
 pub const SPIN: Duration = Duration::from_micros(50);
 
@@ -182,6 +186,8 @@ struct Endpoint {
     cq: Consumer<Cqe>,
     arena: Arena,
     peers: Vec<String>,
+    /// Each peer's [`crate::abi::PeerEntry::reply_inline`], by peer index.
+    reply_inline: Vec<u32>,
     wait: WaitPolicy,
     /// Times a wait went to sleep on the socket (its spin window passed without a completion).
     sleeps: u64,
@@ -193,13 +199,19 @@ impl Endpoint {
         // SAFETY: this endpoint is the app's only SQ producer and CQ consumer, and keeps the region alive.
         let (sq, cq) = unsafe { (conn.region.sq_producer(), conn.region.cq_consumer()) };
         let arena = Arena::new(conn.region.layout().geometry.arena_size);
-        let peers = conn.region.peer_names();
+        let (peers, reply_inline) = conn
+            .region
+            .peer_table()
+            .into_iter()
+            .map(|p| (p.name, p.reply_inline))
+            .unzip();
         Ok(Endpoint {
             conn,
             sq,
             cq,
             arena,
             peers,
+            reply_inline,
             wait: WaitPolicy::default(),
             sleeps: 0,
         })
@@ -458,7 +470,7 @@ pub struct CallBuilder<'c> {
     xid: Option<u32>,
     args: XdrBuilder,
     results: Vec<u32>,
-    max_reply: u32,
+    max_reply: Option<u32>,
 }
 
 impl CallBuilder<'_> {
@@ -473,11 +485,15 @@ impl CallBuilder<'_> {
         self
     }
 
-    /// Sets the maximum size of the (reduced) reply; default 4096. Size it honestly: a reply
-    /// buffer that may exceed the peer's inline threshold costs a Reply chunk (see ABI.md on
+    /// Sets the maximum size of the (reduced) reply. The default is the largest reply the
+    /// daemon receives inline from this peer ([`Client::reply_inline`], less
+    /// [`WRITE_CHUNK_ROOM`](crate::abi::WRITE_CHUNK_ROOM) per result buffer), or
+    /// [`DEFAULT_MAX_REPLY`] when the daemon does not say: a larger reply then ends the call
+    /// with `REPLY_TOO_LARGE`. Size it to the procedure's largest reply: a buffer that may
+    /// exceed the inline threshold costs a Reply chunk, exposed for the RPC (see ABI.md §4 on
     /// Linux servers and a Reply chunk next to a Write list).
     pub fn max_reply(&mut self, len: u32) -> &mut Self {
-        self.max_reply = len;
+        self.max_reply = Some(len);
         self
     }
 
@@ -489,6 +505,12 @@ impl CallBuilder<'_> {
 
     /// Copies the call into the arena and submits it.
     pub fn submit(self) -> Result<Ticket, Error> {
+        let max_reply = self.max_reply.unwrap_or_else(|| {
+            self.client
+                .reply_inline(self.peer)
+                .and_then(|n| inline_room(n, self.results.len()))
+                .unwrap_or(DEFAULT_MAX_REPLY)
+        });
         self.client.submit_call(
             self.peer,
             self.prog,
@@ -497,7 +519,7 @@ impl CallBuilder<'_> {
             self.xid,
             &self.args,
             &self.results,
-            self.max_reply,
+            max_reply,
         )
     }
 }
@@ -535,6 +557,15 @@ impl Client {
         &self.ep.peers
     }
 
+    /// The largest reduced reply the daemon receives inline from peer index `peer` for a call
+    /// without result buffers (its peer table's `reply_inline`), or `None` when the daemon
+    /// does not say (an older daemon, or a peer index past the table: a connection's own peer
+    /// for calls back). The default reply buffer ([`CallBuilder::max_reply`]) derives from it.
+    pub fn reply_inline(&self, peer: u32) -> Option<u32> {
+        let n = *self.ep.reply_inline.get(usize::try_from(peer).ok()?)?;
+        (n > 0).then_some(n)
+    }
+
     /// The index of the peer called `name`.
     pub fn peer(&self, name: &str) -> Option<u32> {
         self.ep
@@ -560,7 +591,7 @@ impl Client {
             xid: None,
             args: XdrBuilder::default(),
             results: Vec::new(),
-            max_reply: 4096,
+            max_reply: None,
         }
     }
 

@@ -1237,7 +1237,7 @@ mod tests {
 
     fn attach(t: &mut AppTable, g: Geometry) -> (AppId, TestApp) {
         let layout = Layout::new(g).unwrap();
-        let region = Region::create(layout, 1, &["p0"]).unwrap();
+        let region = Region::create(layout, 1, &[crate::region::PeerInfo::named("p0")]).unwrap();
         let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).unwrap();
         let app_region = Region::open(fd).unwrap();
         let (a, b) = UnixStream::pair().unwrap();

@@ -21,6 +21,32 @@ pub fn regions_live() -> usize {
     REGIONS_LIVE.load(Ordering::Relaxed)
 }
 
+/// One row of the peer table as the daemon writes it and the app reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerInfo {
+    /// The peer's name from the daemon's config (at most [`PEER_NAME_MAX`] bytes are kept).
+    pub name: String,
+    /// [`PeerEntry::reply_inline`]: the largest reduced reply received inline from this peer by
+    /// a call without Write chunks; 0 if unknown.
+    pub reply_inline: u32,
+}
+
+impl PeerInfo {
+    /// A peer the daemon says nothing more of than its name (`reply_inline` 0).
+    pub fn named(name: &str) -> PeerInfo {
+        PeerInfo {
+            name: name.to_string(),
+            reply_inline: 0,
+        }
+    }
+}
+
+impl From<&str> for PeerInfo {
+    fn from(name: &str) -> PeerInfo {
+        PeerInfo::named(name)
+    }
+}
+
 /// One mapping of a shared region; unmapped and its fd closed on drop.
 #[derive(Debug)]
 pub struct Region {
@@ -40,7 +66,7 @@ impl Region {
     /// Daemon side: creates a sealed memfd of the layout's size, maps it and writes the header and peer table.
     ///
     /// The seals (shrink, grow, seal) mean the app cannot truncate the file under the daemon's mapping.
-    pub fn create(layout: Layout, app_id: u32, peers: &[&str]) -> io::Result<Region> {
+    pub fn create(layout: Layout, app_id: u32, peers: &[PeerInfo]) -> io::Result<Region> {
         let fd = rustix::fs::memfd_create(
             "rpcrdma-shm",
             MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
@@ -72,17 +98,17 @@ impl Region {
             (*h).max_outstanding = layout.geometry.cq_entries;
             (*h).state.value.store(STATE_ATTACHED, Ordering::Release);
         }
-        for (i, name) in peers
+        for (i, peer) in peers
             .iter()
             .take(layout.geometry.peers as usize)
             .enumerate()
         {
             let mut e = PeerEntry {
                 name: [0; PEER_NAME_MAX],
-                reserved: 0,
+                reply_inline: peer.reply_inline,
             };
-            let n = name.len().min(PEER_NAME_MAX);
-            e.name[..n].copy_from_slice(&name.as_bytes()[..n]);
+            let n = peer.name.len().min(PEER_NAME_MAX);
+            e.name[..n].copy_from_slice(&peer.name.as_bytes()[..n]);
             // SAFETY: the peer table lies inside the mapping (Layout reserves `peers` entries after the header).
             unsafe {
                 r.base()
@@ -180,8 +206,8 @@ impl Region {
         unsafe { &*self.base().cast::<RegionHeader>() }
     }
 
-    /// Peer names from the table (app side; the daemon never reads it back).
-    pub fn peer_names(&self) -> Vec<String> {
+    /// The peer table (app side; the daemon never reads it back).
+    pub fn peer_table(&self) -> Vec<PeerInfo> {
         (0..self.layout.geometry.peers as usize)
             .map(|i| {
                 // SAFETY: Layout reserves `peers` entries at `peers_offset`, inside the mapping; any bits are valid.
@@ -193,7 +219,10 @@ impl Region {
                         .read_volatile()
                 };
                 let n = e.name.iter().position(|&b| b == 0).unwrap_or(PEER_NAME_MAX);
-                String::from_utf8_lossy(&e.name[..n]).into_owned()
+                PeerInfo {
+                    name: String::from_utf8_lossy(&e.name[..n]).into_owned(),
+                    reply_inline: e.reply_inline,
+                }
             })
             .collect()
     }
@@ -330,16 +359,20 @@ mod tests {
             ..Geometry::default()
         })
         .unwrap();
-        let r = Region::create(l, 7, &["alpha", "beta"]).unwrap();
+        let peers = [
+            PeerInfo {
+                name: "alpha".into(),
+                reply_inline: 4044,
+            },
+            PeerInfo::named("beta"),
+        ];
+        let r = Region::create(l, 7, &peers).unwrap();
         assert!(rustix::fs::ftruncate(r.fd(), 4096).is_err());
         assert!(rustix::fs::ftruncate(r.fd(), l.region_size * 2).is_err());
         assert!(rustix::fs::fcntl_add_seals(r.fd(), SealFlags::WRITE).is_err());
         let fd = rustix::io::fcntl_dupfd_cloexec(r.fd(), 0).unwrap();
         let app = Region::open(fd).unwrap();
-        assert_eq!(
-            app.peer_names(),
-            vec!["alpha".to_string(), "beta".to_string()]
-        );
+        assert_eq!(app.peer_table(), peers);
         assert_eq!(app.layout(), r.layout());
         assert_eq!(app.header().app_id, 7);
     }

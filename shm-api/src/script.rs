@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::abi::{flag, op, status, Cqe, Geometry, Layout, Piece, Sqe};
 use crate::attach::Attachment;
 use crate::daemon::{AppId, AppTable, CallOutcome, IncomingCall, OpId, Submission, TableConfig};
-use crate::region::Region;
+use crate::region::{PeerInfo, Region};
 use crate::ring::{Consumer, Producer};
 
 /// Steps of one script at most.
@@ -101,7 +101,12 @@ impl App {
             peers: 2,
         })
         .expect("layout");
-        let region = Region::create(layout, app_id, &["p0", "p1"]).expect("region");
+        let region = Region::create(
+            layout,
+            app_id,
+            &[PeerInfo::named("p0"), PeerInfo::named("p1")],
+        )
+        .expect("region");
         let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).expect("dup");
         let app_region = Region::open(fd).expect("open");
         let (a, b) = UnixStream::pair().expect("socketpair");

@@ -81,7 +81,7 @@ use rpcrdma_verbs::WcStatus;
 
 use crate::mem::{Env, MemRef};
 
-pub use requester::{ArgPiece, CallSpec};
+pub use requester::{reply_inline_room, ArgPiece, CallSpec, WRITE_CHUNK_LEN};
 pub use responder::{ReplySpec, ResultPiece};
 
 /// Most DDP pieces (arguments or result buffers) of one call or reply (as the app ABI).
@@ -553,6 +553,8 @@ pub struct Stats {
     pub read_chunks: u64,
     /// Write chunks offered.
     pub write_chunks: u64,
+    /// Reply chunks offered (a call whose reply buffer may not fit the reply threshold).
+    pub reply_chunks: u64,
     /// Payload bytes moved by RDMA Read.
     pub read_bytes: u64,
     /// Payload bytes moved by RDMA Write.

@@ -370,12 +370,12 @@ impl Connection {
                 n_w += 1;
             }
         }
-        let wlist_len = 4 + n_w * (4 + 4 + SEGMENT_LEN);
+        let wlist_len = 4 + n_w * WRITE_CHUNK_LEN as usize;
         // A Reply chunk whenever the largest reply may exceed the reply threshold (R8166-4.3.3-a).
-        let max_reply = (REPLY_HEADER_LEN as u32).saturating_add(c.reply.len);
-        let reply_hdr = (fixed + 4 + wlist_len + 4) as u32;
-        let want_reply_chunk =
-            !backward && reply_hdr.saturating_add(max_reply) > self.recv_threshold;
+        let want_reply_chunk = !backward
+            && reply_inline_room(self.recv_threshold, self.vers)
+                .checked_sub(n_w as u32 * WRITE_CHUNK_LEN)
+                .is_none_or(|room| c.reply.len > room);
         let n_reply = match (want_reply_chunk, c.reply.len) {
             (false, _) => 0,
             (true, 0) => 1,
@@ -452,6 +452,7 @@ impl Connection {
         }
         c.n_w = n_w as u8;
         if n_reply > 0 {
+            self.stats.reply_chunks += 1;
             let land = self.send_tail(slot, TAIL_LAND, REPLY_HEADER_LEN as u32)?;
             c.reply_segs[0] = c.expose(env, land, Access::REMOTE_WRITE)?;
             if n_reply > 1 {
@@ -803,4 +804,20 @@ impl Connection {
         }
         Ok((h.stat, body))
     }
+}
+
+/// Bytes one Write chunk of one segment adds to a reply's header: its discriminator, its
+/// segment count and the segment (RFC 8166 §4.2.1).
+pub const WRITE_CHUNK_LEN: u32 = 4 + 4 + SEGMENT_LEN as u32;
+
+/// The largest reduced reply (the results, not the RPC reply header) that a call without
+/// Write chunks receives inline on a connection of `version` whose reply threshold is
+/// `recv_threshold`; each Write chunk takes [`WRITE_CHUNK_LEN`] more. A call whose reply
+/// buffer is larger carries a Reply chunk (R8166-4.3.3-a). The daemon tells apps this room
+/// for their default reply buffer (the shm ABI's peer table, `reply_inline`).
+pub fn reply_inline_room(recv_threshold: u32, version: u32) -> u32 {
+    // The fixed words (version two adds one), an empty Read list, an empty Write list, no
+    // Reply chunk, then the accepted RPC reply header.
+    let fixed = if version == v2::VERSION { 20 } else { 16 };
+    recv_threshold.saturating_sub(fixed + 4 + 4 + 4 + REPLY_HEADER_LEN as u32)
 }

@@ -417,6 +417,70 @@ fn r8166_4_3_3_a_reply_chunk_only_when_reply_may_exceed_threshold() {
     assert_eq!(done(&mut p).len(), 2);
 }
 
+/// The boundary of R8166-4.3.3-a is [`reply_inline_room`] (what the daemon tells apps as
+/// their default reply buffer): a reply buffer of that many bytes needs no Reply chunk, one
+/// byte more does; each Write chunk the call offers takes [`WRITE_CHUNK_LEN`] from it.
+#[test]
+fn r8166_4_3_3_a_a_reply_buffer_of_the_inline_room_needs_no_reply_chunk() {
+    assert_eq!(WRITE_CHUNK_LEN, rpcrdma_shm::abi::WRITE_CHUNK_ROOM);
+    for (version, mut p) in [(1, Pair::default_pair()), (2, v2_pair())] {
+        // (reply buffer beyond the room, result buffers) -> whether the call offered a Reply
+        // chunk.
+        let cases = [(0, 0, false), (1, 0, true), (0, 1, false), (1, 1, true)];
+        for (k, &(beyond, results, want)) in cases.iter().enumerate() {
+            // A version-two connection learns its peer's receive size along the way.
+            let recv = p.a.conn.thresholds().1;
+            let room = reply_inline_room(recv, version);
+            // Fixed words, three empty lists, the accepted RPC reply header.
+            let fixed = if version == 2 { 20 } else { 16 };
+            assert_eq!(room, recv - fixed - 12 - 24, "version {version}");
+            let reply_len = room - WRITE_CHUNK_LEN * results as u32 + beyond;
+            let xid = 100 + k as u32;
+            let result = p.a.alloc(8192);
+            let results = &[result][..results];
+            let spec = CallSpec {
+                user: u64::from(xid),
+                xid,
+                prog: RDMATEST_PROG,
+                vers: 1,
+                proc_: rdmatest::READ,
+                msg: p.a.put(&[0, 0, 0x20, 0, 0, 0, 0, 7]),
+                args: &[],
+                results,
+                reply: p.a.alloc(reply_len),
+            };
+            let before = p.a.conn.stats().reply_chunks;
+            p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+            p.run();
+            let (bytes, _) = decode_sent(p.a.sent.last().expect("sent"));
+            let d = proto::decode(&bytes, &proto::Limits::DEFAULT).expect("decodes");
+            let (writes, reply) = match d.message {
+                Message::V1(h) => match h.body {
+                    v1::Body::Msg(c) => (c.writes.iter().count(), c.reply.is_some()),
+                    other => panic!("{other:?}"),
+                },
+                Message::V2(h) => match h.body {
+                    v2::Body::Msg { chunks, .. } => {
+                        (chunks.writes.iter().count(), chunks.reply.is_some())
+                    }
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(
+                (writes, reply),
+                (results.len(), want),
+                "version {version}, reply buffer {reply_len}, {} result buffers",
+                results.len()
+            );
+            assert_eq!(p.a.conn.stats().reply_chunks - before, u64::from(want));
+            serve(&mut p);
+            let d = done(&mut p);
+            assert_eq!(d.len(), 1, "version {version}: {d:?}");
+        }
+    }
+}
+
 #[test]
 fn amb_8_inline_reply_marks_reply_chunk_absent() {
     let mut p = Pair::default_pair();

@@ -1215,6 +1215,7 @@ impl<P: Provider> PollThread<P> {
                 let code = match d.status {
                     CallStatus::Ok => status::OK,
                     CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
+                    CallStatus::ErrChunk => status::CHUNK_REFUSED,
                     CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
                     other => {
                         tracing::debug!(user = d.user, status = ?other, "call failed");

@@ -54,8 +54,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    /* Reply buffers no larger than the daemon receives inline cost no Reply chunk (ABI.md §4);
+       a call's result buffer (a Write chunk) takes its share of that room. */
+    uint32_t room = rr_reply_inline(&app, (uint32_t)peer, 0);
+    uint32_t room1 = rr_reply_inline(&app, (uint32_t)peer, 1);
+    if (room == 0)
+        room = room1 = 4096;
+
     /* NULL: empty arguments, empty reply. */
-    int64_t reply = rr_arena_alloc(&app, 4096);
+    int64_t reply = rr_arena_alloc(&app, room);
     memset(&s, 0, sizeof s);
     s.opcode = RR_OP_CALL;
     s.target = (uint32_t)peer;
@@ -64,7 +71,7 @@ int main(int argc, char **argv)
     s.vers = 1;
     s.proc_ = 0;
     s.reply_off = (uint32_t)reply;
-    s.reply_len = 4096;
+    s.reply_len = room;
     if (call(&app, &s, &c) != RR_OK || c.rpc_stat != 0 || c.msg_len != 0 || c.user_data != 1) {
         fprintf(stderr, "NULL failed: status %u\n", c.status);
         return 1;
@@ -90,6 +97,7 @@ int main(int argc, char **argv)
     s.n_args = 1;
     s.n_results = 1;
     s.pieces_off = (uint32_t)table;
+    s.reply_len = room1;
     if (call(&app, &s, &c) != RR_OK || c.rpc_stat != 0 || c.msg_len != 4 || c.n_results != 1) {
         fprintf(stderr, "ECHO failed: status %u len %u\n", c.status, c.msg_len);
         return 1;
@@ -125,7 +133,7 @@ int main(int argc, char **argv)
     s.n_results = 1;
     s.pieces_off = (uint32_t)rtable;
     s.reply_off = (uint32_t)reply;
-    s.reply_len = 4096;
+    s.reply_len = room1;
     if (call(&app, &s, &c) != RR_OK || c.xid != 0x1234 || rr_piece_at(&app, (uint32_t)rtable, 0)->used != m) {
         fprintf(stderr, "READ failed: status %u\n", c.status);
         return 1;
