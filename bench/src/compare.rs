@@ -5,6 +5,7 @@ use crate::case::{Case, Mode, Proc};
 use crate::report::{CaseSummary, Environment, Percentiles};
 use crate::run::{self, CaseResult, RunOptions, Stop};
 use crate::target::Target;
+use crate::workload::ReplyBuffer;
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use rpcrdma_shm::abi::{status, Geometry};
@@ -563,6 +564,7 @@ pub fn compare(
         in_flight: 1,
         think: Duration::ZERO,
         rate: None,
+        reply: ReplyBuffer::Sized,
         progress: opts.progress,
     };
     let t0 = Instant::now();

@@ -8,6 +8,7 @@ use rpcrdma_bench::report::{self, Environment};
 use rpcrdma_bench::run::{RunOptions, Stop};
 use rpcrdma_bench::serve::{self, ServeOptions};
 use rpcrdma_bench::target::{Session, Target, TargetInfo, LOOPBACK_ARENA};
+use rpcrdma_bench::workload::ReplyBuffer;
 use rpcrdma_bench::{attach, run_cases, OutFiles};
 use rpcrdma_shm::WaitPolicy;
 use std::io::{IsTerminal, Write};
@@ -204,6 +205,12 @@ struct RunArgs {
     /// behind shows it in its latencies. Without it, the loop is closed.
     #[arg(long, value_name = "PER_S", value_parser = case::parse_rate)]
     rate: Option<f64>,
+    /// Reply buffers: `sized` (each procedure's largest reply, as the Linux client sizes
+    /// them), `default` (what the shm Client gives a call that does not say: the daemon's
+    /// inline room), or a number of bytes for every call (above the inline room, every call
+    /// offers a Reply chunk: what an unsized buffer costs).
+    #[arg(long, default_value = "sized", value_name = "sized|default|BYTES")]
+    reply_buffer: ReplyBuffer,
     /// Print the JSON document (schema rpcrdma-bench/run/1) on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -292,6 +299,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         }) as usize,
         think: Duration::from_micros(a.think_us),
         rate: a.rate,
+        reply: a.reply_buffer,
         progress: !a.no_progress && std::io::stderr().is_terminal(),
     };
     let out = OutFiles::new(&a.out, "run", SystemTime::now())?;

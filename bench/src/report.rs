@@ -3,6 +3,7 @@
 
 use crate::run::{CaseResult, RunOptions, Stop};
 use crate::target::TargetInfo;
+use crate::workload::ReplyBuffer;
 use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use hdrhistogram::serialization::V2DeflateSerializer;
 use hdrhistogram::Histogram;
@@ -73,6 +74,13 @@ pub struct Settings {
     /// Open loop: calls offered per second (`None`: closed loop).
     #[serde(default)]
     pub rate_per_s: Option<f64>,
+    /// How reply buffers were sized: `sized`, `default` or a number of bytes.
+    #[serde(default = "sized")]
+    pub reply_buffer: String,
+}
+
+fn sized() -> String {
+    ReplyBuffer::Sized.to_string()
 }
 
 impl Settings {
@@ -89,6 +97,7 @@ impl Settings {
             in_flight: o.in_flight as u32,
             think_us: u64::try_from(o.think.as_micros()).unwrap_or(u64::MAX),
             rate_per_s: o.rate,
+            reply_buffer: o.reply.to_string(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! into an HdrHistogram (one per case, plus one per one-second interval).
 
 use crate::case::Case;
-use crate::workload::Workload;
+use crate::workload::{ReplyBuffer, Workload};
 use anyhow::bail;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -45,6 +45,8 @@ pub struct RunOptions {
     /// from the call's due time, so time spent waiting for a free slot is in it. `None`:
     /// closed loop.
     pub rate: Option<f64>,
+    /// How each call's reply buffer is sized.
+    pub reply: ReplyBuffer,
     /// Draw a progress bar (only shown on a terminal).
     pub progress: bool,
 }
@@ -309,7 +311,7 @@ pub fn run_case(
     opts: &RunOptions,
     run_start: Instant,
 ) -> anyhow::Result<CaseResult> {
-    let w = Workload::new(case);
+    let w = Workload::new(case, opts.reply);
     let n = opts.in_flight.max(1);
     let mut l = Loop {
         client,

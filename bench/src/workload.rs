@@ -1,16 +1,55 @@
 //! Builds each case's calls with the shm `Client` and checks every reply's data.
 
 use crate::case::{Case, Mode, Proc};
-use rpcrdma_shm::client::{Client, Error, Reply, Ticket};
+use rpcrdma_shm::client::{CallBuilder, Client, Error, Reply, Ticket};
 use rpcrdma_shm::rdmatest::{self, pattern, XdrReader};
 
 /// How many different seeds a case rotates through, so a stale or misplaced reply shows up as a mismatch.
 pub const SEEDS: usize = 4;
 
+/// How a case sizes each call's reply buffer (`rpcrdma-bench run --reply-buffer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyBuffer {
+    /// The procedure's largest reduced reply and some slack ([`reply_room`]), as the Linux
+    /// client sizes replies per procedure.
+    #[default]
+    Sized,
+    /// What the shm `Client` gives a call that does not size its reply (the daemon's inline
+    /// room for the peer): what an app that never calls `max_reply` pays.
+    Default,
+    /// This many bytes for every call.
+    Bytes(u32),
+}
+
+impl std::str::FromStr for ReplyBuffer {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sized" => Ok(ReplyBuffer::Sized),
+            "default" => Ok(ReplyBuffer::Default),
+            n => n.parse().map(ReplyBuffer::Bytes).map_err(|_| {
+                format!("bad reply buffer {s:?}: sized, default, or a number of bytes")
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyBuffer::Sized => f.write_str("sized"),
+            ReplyBuffer::Default => f.write_str("default"),
+            ReplyBuffer::Bytes(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// The precomputed payloads of one case (one per seed), built before timing starts.
 #[derive(Debug)]
 pub struct Workload {
     case: Case,
+    reply: ReplyBuffer,
     data: Vec<(u32, Vec<u8>)>,
 }
 
@@ -24,14 +63,15 @@ fn reply_room(size: u32) -> u32 {
 }
 
 impl Workload {
-    /// Payloads for `case`: `pattern(seed)` of the case's size for seeds 1..=[`SEEDS`].
-    pub fn new(case: Case) -> Workload {
+    /// Payloads for `case`: `pattern(seed)` of the case's size for seeds 1..=[`SEEDS`]; reply
+    /// buffers as `reply` says.
+    pub fn new(case: Case, reply: ReplyBuffer) -> Workload {
         let len = match case.proc_ {
             Proc::Echo | Proc::Read | Proc::Write => case.size as usize,
             _ => 0,
         };
         let data = (1..=SEEDS as u32).map(|s| (s, pattern(s, len))).collect();
-        Workload { case, data }
+        Workload { case, reply, data }
     }
 
     /// The case.
@@ -56,7 +96,7 @@ impl Workload {
         );
         match self.case.proc_ {
             Proc::Null => {
-                b.max_reply(reply_room(0));
+                self.size_reply(&mut b, reply_room(0));
             }
             Proc::Echo => {
                 if self.case.mode == Mode::ReadChunk {
@@ -65,21 +105,25 @@ impl Workload {
                     b.args().put_opaque(data);
                 }
                 if self.case.mode == Mode::WriteChunk && size > 0 {
+                    // The reduced reply holds the result's length word.
                     b.result_buffer(size);
+                    self.size_reply(&mut b, reply_room(0));
                 } else {
-                    b.max_reply(reply_room(size));
+                    self.size_reply(&mut b, reply_room(size));
                 }
             }
             Proc::Read => {
                 b.args().put_u32(size).put_u32(seed);
                 if self.case.mode == Mode::WriteChunk && size > 0 {
+                    // The reduced reply holds the result's length word.
                     b.result_buffer(size);
+                    self.size_reply(&mut b, reply_room(0));
                 } else {
-                    b.max_reply(reply_room(size));
+                    self.size_reply(&mut b, reply_room(size));
                 }
             }
             Proc::Write => {
-                b.max_reply(reply_room(0));
+                self.size_reply(&mut b, reply_room(0));
                 b.args().put_u32(seed);
                 if self.case.mode == Mode::ReadChunk {
                     b.args().put_ddp_opaque(data);
@@ -88,15 +132,28 @@ impl Workload {
                 }
             }
             Proc::Sleep => {
-                b.max_reply(reply_room(0));
+                self.size_reply(&mut b, reply_room(0));
                 b.args().put_u32(size);
             }
             Proc::Callback => {
-                b.max_reply(reply_room(0));
+                self.size_reply(&mut b, reply_room(0));
                 b.args().put_u32(1).put_u32(size);
             }
         }
         b.submit()
+    }
+
+    /// Gives call `b` the reply buffer `sized` unless the case sizes replies another way.
+    fn size_reply(&self, b: &mut CallBuilder<'_>, sized: u32) {
+        match self.reply {
+            ReplyBuffer::Sized => {
+                b.max_reply(sized);
+            }
+            ReplyBuffer::Default => {}
+            ReplyBuffer::Bytes(n) => {
+                b.max_reply(n);
+            }
+        }
     }
 
     /// Checks the reply to call number `k`: accept_stat SUCCESS and exactly the data TESTPROG prescribes.

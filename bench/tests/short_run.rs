@@ -4,6 +4,7 @@
 use rpcrdma_bench::case::{self, Case, Mode, Proc};
 use rpcrdma_bench::run::{run_case, RunOptions, Stop};
 use rpcrdma_bench::target::{spawn_ready, temp_socket, Session, Target};
+use rpcrdma_bench::workload::ReplyBuffer;
 use rpcrdma_bench::{attach, serve};
 use rpcrdma_shm::Client;
 use std::path::Path;
@@ -19,6 +20,7 @@ fn opts(count: u64, in_flight: usize) -> RunOptions {
         in_flight,
         think: Duration::ZERO,
         rate: None,
+        reply: ReplyBuffer::Sized,
         progress: false,
     }
 }
@@ -101,6 +103,35 @@ fn think_time_spaces_the_calls_and_is_not_counted_in_round_trips() {
     assert_eq!((r.count, r.errors, r.hist.len()), (5, 0, 5));
     assert!(r.elapsed >= think * 5, "{:?}", r.elapsed);
     assert_eq!(rpcrdma_bench::report::Settings::from(&o).think_us, 20_000);
+}
+
+/// `--reply-buffer` reaches every call: a buffer smaller than ECHO's reply fails each call
+/// (REPLY_TOO_LARGE), the sized one and the Client's default do not; the choice is recorded.
+#[test]
+fn the_reply_buffer_option_sizes_every_call_and_is_recorded() {
+    let (_session, mut c, peer, _) = loopback();
+    let case: Case = "echo/inline/256".parse().unwrap();
+    for (reply, fits) in [
+        (ReplyBuffer::Bytes(64), false),
+        (ReplyBuffer::Sized, true),
+        (ReplyBuffer::Default, true),
+    ] {
+        let o = RunOptions {
+            reply,
+            ..opts(6, 1)
+        };
+        let r = run_case(&mut c, peer, case, &o, Instant::now()).unwrap();
+        if fits {
+            assert_eq!((r.count, r.errors), (6, 0), "{reply}");
+        } else {
+            assert_eq!(r.count, 0, "{reply}");
+            let e = r.first_error.unwrap_or_default();
+            assert!(e.contains("status 11 (REPLY_TOO_LARGE)"), "{e}");
+        }
+        let recorded = rpcrdma_bench::report::Settings::from(&o).reply_buffer;
+        assert_eq!(recorded.parse::<ReplyBuffer>(), Ok(reply));
+    }
+    assert!("lots".parse::<ReplyBuffer>().is_err());
 }
 
 /// An open loop sends on its schedule, whatever the replies: every measured call is recorded
