@@ -438,17 +438,8 @@ fn r8166_4_3_3_a_a_reply_buffer_of_the_inline_room_needs_no_reply_chunk() {
             let xid = 100 + k as u32;
             let result = p.a.alloc(8192);
             let results = &[result][..results];
-            let spec = CallSpec {
-                user: u64::from(xid),
-                xid,
-                prog: RDMATEST_PROG,
-                vers: 1,
-                proc_: rdmatest::READ,
-                msg: p.a.put(&[0, 0, 0x20, 0, 0, 0, 0, 7]),
-                args: &[],
-                results,
-                reply: p.a.alloc(reply_len),
-            };
+            let msg = p.a.put(&be(&[8192, 7]));
+            let spec = read_spec(xid, msg, results, p.a.alloc(reply_len));
             let before = p.a.conn.stats().reply_chunks;
             p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
             p.run();
@@ -942,12 +933,9 @@ fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
     assert_eq!(p.a.env.live_windows(), 0);
 }
 
-/// A READ of 4096 bytes into a Write chunk; returns the segment the client offered.
-fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::Segment) {
-    let msg = p.a.put(&be(&[count, 1]));
-    let result = p.a.alloc(count);
-    let reply = p.a.alloc(64);
-    let spec = CallSpec {
+/// An RDMATEST READ call (arguments `msg`) offering `results` as Write chunks.
+fn read_spec(xid: u32, msg: MemRef, results: &[MemRef], reply: MemRef) -> CallSpec<'_> {
+    CallSpec {
         user: u64::from(xid),
         xid,
         prog: RDMATEST_PROG,
@@ -955,10 +943,17 @@ fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::
         proc_: rdmatest::READ,
         msg,
         args: &[],
-        results: &[result],
+        results,
         reply,
-    };
-    call(p, &spec);
+    }
+}
+
+/// A READ of 4096 bytes into a Write chunk; returns the segment the client offered.
+fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::Segment) {
+    let msg = p.a.put(&be(&[count, 1]));
+    let result = p.a.alloc(count);
+    let reply = p.a.alloc(64);
+    call(p, &read_spec(xid, msg, &[result], reply));
     let sent = p.a.sent.last().unwrap().clone();
     let v1::Body::Msg(c) = header(&sent).body else {
         panic!()
