@@ -4,7 +4,7 @@ use crate::abi::{flag, inline_room, op, status, ArenaRange, Cqe, Piece, Sqe, STA
 use crate::attach::{connect, drain, wait_readable, wake, AppConn};
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
-use rustix::fd::AsFd;
+use rustix::fd::{AsFd, BorrowedFd};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
@@ -191,6 +191,9 @@ struct Endpoint {
     wait: WaitPolicy,
     /// Times a wait went to sleep on the socket (its spin window passed without a completion).
     sleeps: u64,
+    /// [`arm`](Self::arm) asked the daemon for a wake-up byte: the next poll clears the ask
+    /// and drains the socket.
+    armed: bool,
 }
 
 impl Endpoint {
@@ -214,6 +217,7 @@ impl Endpoint {
             reply_inline,
             wait: WaitPolicy::default(),
             sleeps: 0,
+            armed: false,
         })
     }
 
@@ -247,7 +251,47 @@ impl Endpoint {
     }
 
     fn poll(&mut self) -> Result<Option<Cqe>, Error> {
+        if self.armed {
+            self.disarm()?;
+        }
         self.cq.pop().map_err(|_| Error::Detached)
+    }
+
+    /// For an app's own event loop (ABI.md §5, "Event loops"): asks the daemon to write a
+    /// byte on the socket with its next completion. False if a completion is already
+    /// waiting (poll instead of sleeping); the same handshake as [`wait`](Self::wait)'s sleep.
+    fn arm(&mut self) -> Result<bool, Error> {
+        if self.detached() {
+            return Err(Error::Detached);
+        }
+        let h = self.conn.region.header();
+        h.app_waiting.value.store(1, Ordering::Relaxed);
+        self.armed = true;
+        // SYNC POINT: SeqCst fence between our `app_waiting` store and the CQ tail load in `ready`; pairs
+        // with the daemon's fence between its CQ tail store and its `app_waiting` load (`App::wake`).
+        fence(Ordering::SeqCst);
+        if self.cq.ready().map_err(|_| Error::Detached)? > 0 {
+            self.disarm()?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Takes back [`arm`](Self::arm)'s ask and discards the wake-up bytes; `Detached` if the
+    /// daemon closed the socket.
+    fn disarm(&mut self) -> Result<(), Error> {
+        self.armed = false;
+        self.conn
+            .region
+            .header()
+            .app_waiting
+            .value
+            .store(0, Ordering::Relaxed);
+        if drain(self.conn.sock.as_fd()) {
+            Ok(())
+        } else {
+            Err(Error::Detached)
+        }
     }
 
     /// Next completion: polls for `self.wait.spin` (busy or yielding), then sleeps on its socket; `None` at
@@ -350,6 +394,20 @@ impl Drop for Endpoint {
                 ..Sqe::default()
             });
         }
+    }
+}
+
+/// The app's socket, for its own event loop: see [`Client::arm`].
+impl AsFd for Client {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.ep.conn.sock.as_fd()
+    }
+}
+
+/// The app's socket, for its own event loop: see [`Server::arm`].
+impl AsFd for Server {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.ep.conn.sock.as_fd()
     }
 }
 
@@ -550,6 +608,20 @@ impl Client {
     /// How many waits so far went to sleep on the socket because their spin window passed empty.
     pub fn sleeps(&self) -> u64 {
         self.ep.sleeps
+    }
+
+    /// Gets ready to sleep in the app's own event loop (epoll, mio, tokio's `AsyncFd`) on
+    /// this client's descriptor ([`AsFd`]): asks the daemon to make it readable with its
+    /// next completion. `Ok(true)`: sleep until it is readable, then [`poll`](Self::poll) or
+    /// [`progress`](Self::progress) (which take the ask back and drain it); `Ok(false)`: a
+    /// call has finished already, poll now instead. Waking without a finished call is
+    /// possible (arm again); sleeping without arming may never wake. A daemon that goes
+    /// away makes the descriptor readable and the next poll fail with [`Error::Detached`].
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        if !self.done.is_empty() {
+            return Ok(false);
+        }
+        self.ep.arm()
     }
 
     /// Peer names from the daemon's config; a name's position is its peer index.
@@ -910,6 +982,15 @@ impl Server {
         self.ep.sleeps
     }
 
+    /// [`Client::arm`] for a server: `Ok(true)` sleep on its descriptor until readable, then
+    /// [`serve_ready`](Self::serve_ready); `Ok(false)` something is waiting already.
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        if !self.stash.is_empty() {
+            return Ok(false);
+        }
+        self.ep.arm()
+    }
+
     /// Sets how many receive buffers of what size to post (before `serve`).
     pub fn receive_buffers(&mut self, count: u32, size: u32) -> &mut Self {
         self.recv_count = count;
@@ -1036,40 +1117,74 @@ impl Server {
         let mut served = 0u64;
         while served < calls {
             let c = self.next()?;
-            match c.kind {
-                op::POST_RECV if c.status == status::OK => {
-                    let buf_off = (c.user_data >> 32) as u32;
-                    let buf_len = c.user_data as u32;
-                    let args = self.ep.read(c.msg_off, c.msg_len.min(buf_len));
-                    let mut rb = ReplyBuilder::default();
-                    handler(
-                        &Call {
-                            proc_: c.proc_,
-                            xid: c.xid,
-                            peer: c.peer,
-                            args: &args,
-                        },
-                        &mut rb,
-                    );
-                    self.reply(c.handle, c.prog, c.vers, &rb)?;
-                    served += 1;
-                    if served < calls {
-                        self.post_recv(buf_off, buf_len)?;
-                    }
-                }
-                op::REPLY => {
-                    if let Some(bufs) = self
-                        .replies
-                        .get_mut(c.user_data as usize)
-                        .and_then(Option::take)
-                    {
-                        bufs.into_iter().for_each(|b| self.ep.arena.free(b));
-                    }
-                }
-                _ => {}
+            // The last call's buffer is not posted again: the app is about to stop serving.
+            if self.on_cqe(&c, served + 1 < calls, &mut handler)? {
+                served += 1;
             }
         }
         Ok(())
+    }
+
+    /// Serves the calls that have arrived, without waiting (for an app's own event loop,
+    /// with [`arm`](Self::arm)); returns how many. Call [`start`](Self::start) once first.
+    pub fn serve_ready<F>(&mut self, mut handler: F) -> Result<u64, Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        let mut served = 0u64;
+        loop {
+            let c = match self.stash.pop_front() {
+                Some(c) => c,
+                None => match self.ep.poll()? {
+                    Some(c) => c,
+                    None => return Ok(served),
+                },
+            };
+            if self.on_cqe(&c, true, &mut handler)? {
+                served += 1;
+            }
+        }
+    }
+
+    /// One completion of a serving app: a call (answered through `handler`, its buffer
+    /// posted again if `repost`; true) or a reply's end (its buffers freed).
+    fn on_cqe<F>(&mut self, c: &Cqe, repost: bool, handler: &mut F) -> Result<bool, Error>
+    where
+        F: FnMut(&Call<'_>, &mut ReplyBuilder),
+    {
+        match c.kind {
+            op::POST_RECV if c.status == status::OK => {
+                let buf_off = (c.user_data >> 32) as u32;
+                let buf_len = c.user_data as u32;
+                let args = self.ep.read(c.msg_off, c.msg_len.min(buf_len));
+                let mut rb = ReplyBuilder::default();
+                handler(
+                    &Call {
+                        proc_: c.proc_,
+                        xid: c.xid,
+                        peer: c.peer,
+                        args: &args,
+                    },
+                    &mut rb,
+                );
+                self.reply(c.handle, c.prog, c.vers, &rb)?;
+                if repost {
+                    self.post_recv(buf_off, buf_len)?;
+                }
+                Ok(true)
+            }
+            op::REPLY => {
+                if let Some(bufs) = self
+                    .replies
+                    .get_mut(c.user_data as usize)
+                    .and_then(Option::take)
+                {
+                    bufs.into_iter().for_each(|b| self.ep.arena.free(b));
+                }
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn reply(&mut self, handle: u32, prog: u32, vers: u32, rb: &ReplyBuilder) -> Result<(), Error> {

@@ -9,7 +9,8 @@
 //! - `daemon`: what a poll thread uses — an `AppTable` of attached apps, validated `Submission`s,
 //!   completions, receive buffers of serving apps, detach/reap/evict, and parking.
 //! - `client`: the app libraries — `Client` (calls, tickets, wait/poll/iterate, arena allocator) and
-//!   `Server` (`serve(prog, vers, handler)`); `include/rpcrdma.h` is the C binding.
+//!   `Server` (`serve(prog, vers, handler)`), both also usable from the app's own event loop
+//!   (`AsFd`, `arm`, `Server::serve_ready`); `include/rpcrdma.h` is the C binding.
 //! - `rdmatest`: the RDMATEST program (spec/TESTPROG.md) for examples, tests and benchmarks.
 //! - `loopback`: the `shm-loopback` test harness, which stands in for the dataplane's routing by handing
 //!   each call to the local app serving its program.

@@ -492,3 +492,116 @@ fn c_example_client_runs_against_the_harness() {
         "{text}"
     );
 }
+
+/// Sleeps until one of `fds` is readable; false if 10 s pass first.
+fn sleep_on(fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut p: Vec<PollFd<'_>> = fds.iter().map(|f| PollFd::new(f, PollFlags::IN)).collect();
+    let ten_s = Timespec {
+        tv_sec: 10,
+        tv_nsec: 0,
+    };
+    poll(&mut p, Some(&ten_s)).unwrap() > 0
+}
+
+/// ABI.md §5 "Event loops": a client and a server in one thread, neither ever blocking in the
+/// API, both asleep in the app's own poll(2) on their descriptors between completions. Fails
+/// (a 10 s sleep with nothing) if `arm` does not make the harness write the wake-up byte.
+#[test]
+fn a_client_and_a_server_share_one_event_loop_on_their_descriptors() {
+    use std::os::fd::AsFd;
+    let path = sock("evloop");
+    let _h = harness(&path);
+    let mut srv = rpcrdma_shm::Server::connect(&path).unwrap();
+    srv.receive_buffers(4, 4096);
+    srv.start(rdmatest::PROG, 1).unwrap();
+    let (mut c, peer) = client(&path);
+    let (calls, in_flight) = (200u32, 8u32);
+    let mut tickets = std::collections::HashMap::new();
+    let submit = |c: &mut Client, i: u32, tickets: &mut std::collections::HashMap<_, _>| {
+        let data = pattern(i, 100 + i as usize % 300);
+        let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        b.args().put_opaque(&data);
+        tickets.insert(b.submit().unwrap(), data);
+    };
+    let mut sent = 0;
+    while sent < in_flight {
+        submit(&mut c, sent, &mut tickets);
+        sent += 1;
+    }
+    let (mut done, mut served, mut sleeps) = (0u32, 0u64, 0u32);
+    while done < calls {
+        served += srv.serve_ready(rdmatest::handle).unwrap();
+        while let Some((t, r)) = c.poll().unwrap() {
+            let data = tickets.remove(&t).expect("a ticket of ours, once");
+            assert_eq!(r.unwrap().body, xdr_opaque(&data));
+            done += 1;
+            if sent < calls {
+                submit(&mut c, sent, &mut tickets);
+                sent += 1;
+            }
+        }
+        if done == calls {
+            break;
+        }
+        // Both must be armed before either sleeps; one with work waiting skips the sleep.
+        if srv.arm().unwrap() && c.arm().unwrap() {
+            assert!(
+                sleep_on(&[srv.as_fd(), c.as_fd()]),
+                "no wake-up in 10 s: {done} of {calls} calls done, {served} served"
+            );
+            sleeps += 1;
+        }
+    }
+    assert_eq!(served, u64::from(calls));
+    assert!(tickets.is_empty());
+    // The calls crossed a process boundary both ways: the loop slept while they did.
+    assert!(sleeps > 0, "the loop never slept");
+    // Armed and disarmed as often as it slept, the client's own waits still work.
+    let t = c
+        .call(peer, rdmatest::PROG, 1, rdmatest::NULL)
+        .submit()
+        .unwrap();
+    let mut late = 0;
+    while late == 0 {
+        if srv.arm().unwrap() {
+            assert!(sleep_on(&[srv.as_fd()]), "the server was not woken");
+        }
+        late += srv.serve_ready(rdmatest::handle).unwrap();
+    }
+    assert_eq!(late, 1);
+    assert_eq!(c.wait(t, T).unwrap().accept_stat, 0);
+}
+
+/// A client asleep on its descriptor wakes when the daemon goes away, and its next poll says
+/// so (instead of sleeping again on a dead socket).
+#[test]
+fn an_armed_client_wakes_and_learns_the_daemon_is_gone() {
+    use std::os::fd::AsFd;
+    let path = sock("evloop-gone");
+    let mut h = harness(&path);
+    let _s = app("blackhole", &path, &[]);
+    let (mut c, peer) = client(&path);
+    // A call the blackhole takes and never answers: the client has nothing to poll and sleeps.
+    c.call(peer, rdmatest::CB_PROG, 1, 0).submit().unwrap();
+    assert!(c.arm().unwrap());
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        h.kill9();
+    });
+    // A wake-up without a completion may come first (arm again); the loop must end with
+    // Detached, not sleep on a dead socket.
+    let gone = loop {
+        assert!(sleep_on(&[c.as_fd()]), "no wake-up when the daemon died");
+        match c.poll() {
+            Err(Error::Detached) => break true,
+            Ok(None) => {}
+            other => panic!("{other:?}"),
+        }
+        if !c.arm().is_ok_and(|sleep| sleep) {
+            break matches!(c.poll(), Err(Error::Detached));
+        }
+    };
+    assert!(gone);
+    killer.join().unwrap();
+}
