@@ -9,8 +9,8 @@
  *   int peer = rr_peer_index(&app, "nfs-server");
  *   ... write XDR into rr_arena_ptr(&app, off) ..., fill a struct rr_sqe, rr_submit(&app, &sqe);
  *   struct rr_cqe c; rr_wait(&app, &c, -1);
- * or, in the app's own poll/epoll loop: if (rr_arm(&app) == 1) { poll on rr_fd(&app) ... }
- *   rr_disarm(&app); while (rr_poll(&app, &c) == 1) ...   (examples/c/event_loop.c)
+ * or, in the app's own poll/epoll loop: if (rr_arm(&app) == 1) { poll on rr_fd(&app) ...;
+ *   rr_disarm(&app); } while (rr_poll(&app, &c) == 1) ...   (examples/c/event_loop.c)
  */
 #ifndef RPCRDMA_H
 #define RPCRDMA_H
@@ -328,6 +328,45 @@ static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
     return 1;
 }
 
+/* Event loops (ABI.md section 5): to sleep in your own poll/epoll on rr_fd instead of rr_wait,
+   call rr_arm first. 1: nothing is waiting, sleep until rr_fd is readable (the daemon writes a
+   byte with its next completion, or closes the socket when it goes away), then rr_disarm and
+   rr_poll; 0: a completion is waiting already (the ask is taken back: rr_poll now); -EPIPE:
+   detached.
+   Sleeping without rr_arm may never wake; a wake-up without a completion is possible. */
+static inline int rr_fd(const struct rr_app *app)
+{
+    return app->sock;
+}
+
+/* Takes back rr_arm's ask and discards the wake-up bytes: 0, or -EPIPE if the daemon closed the
+   socket (it went away: the app is detached). */
+static inline int rr_disarm(struct rr_app *app)
+{
+    __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
+    uint8_t buf[64];
+    for (int i = 0; i < 16; i++) {
+        ssize_t n = recv(app->sock, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0)
+            return -EPIPE;
+        if (n < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -EPIPE;
+    }
+    return 0;
+}
+
+static inline int rr_arm(struct rr_app *app)
+{
+    if (rr_detached(app))
+        return -EPIPE;
+    __atomic_store_n(&app->hdr->app_waiting, 1, __ATOMIC_RELAXED);
+    /* SeqCst fence between the flag store and the CQ tail load; pairs with the daemon's wake-up check. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(app->cq_tail, __ATOMIC_ACQUIRE) == app->cq_local)
+        return 1;
+    return rr_disarm(app) < 0 ? -EPIPE : 0;
+}
+
 /* How rr_wait looks before it sleeps (the Rust Client's WaitPolicy): for spin_us microseconds (0, the
    default: 2000 polls), and with yield_cpu between polls it hands the CPU to other runnable threads
    (sched_yield), which helps when busy threads outnumber cores (see bench/README.md, "yield"). */
@@ -371,69 +410,22 @@ static inline int rr_wait(struct rr_app *app, struct rr_cqe *out, int timeout_ms
         } while (rr_now_us() < end && !rr_detached(app));
     }
     for (;;) {
-        if (rr_detached(app))
+        int armed = rr_arm(app);
+        if (armed < 0)
             return -EPIPE;
-        __atomic_store_n(&app->hdr->app_waiting, 1, __ATOMIC_RELAXED);
-        /* SeqCst fence between the flag store and the CQ tail load; pairs with the daemon's wake-up check. */
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        int got = rr_poll(app, out);
-        if (!got) {
-            struct pollfd p = {app->sock, POLLIN, 0};
-            int t = timeout_ms < 0 || timeout_ms > 100 ? 100 : timeout_ms;
-            int n = poll(&p, 1, t);
-            uint8_t buf[64];
-            if (n > 0 && recv(app->sock, buf, sizeof buf, MSG_DONTWAIT) == 0) {
-                __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
-                return -EPIPE; /* the daemon closed the socket */
-            }
-            if (timeout_ms >= 0) {
-                timeout_ms -= t;
-                if (timeout_ms <= 0 && n == 0) {
-                    __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
-                    return rr_poll(app, out);
-                }
-            }
+        if (armed == 0)
+            return rr_poll(app, out);
+        struct pollfd p = {app->sock, POLLIN, 0};
+        int t = timeout_ms < 0 || timeout_ms > 100 ? 100 : timeout_ms;
+        int n = poll(&p, 1, t);
+        if (rr_disarm(app) < 0)
+            return -EPIPE; /* the daemon closed the socket */
+        if (timeout_ms >= 0) {
+            timeout_ms -= t;
+            if (timeout_ms <= 0 && n == 0)
+                return rr_poll(app, out);
         }
-        __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
-        if (got)
-            return 1;
     }
-}
-
-/* Event loops (ABI.md section 5): to sleep in your own poll/epoll on rr_fd instead of rr_wait,
-   call rr_arm first. 1: nothing is waiting, sleep until rr_fd is readable (the daemon writes a
-   byte with its next completion, or closes the socket when it goes away), then rr_disarm and
-   rr_poll; 0: a completion is waiting already (rr_disarm, rr_poll now); -EPIPE: detached.
-   Sleeping without rr_arm may never wake; a wake-up without a completion is possible. */
-static inline int rr_fd(const struct rr_app *app)
-{
-    return app->sock;
-}
-
-/* Takes back rr_arm's ask and discards the wake-up bytes: 0, or -EPIPE if the daemon closed the
-   socket (it went away: the app is detached). */
-static inline int rr_disarm(struct rr_app *app)
-{
-    __atomic_store_n(&app->hdr->app_waiting, 0, __ATOMIC_RELAXED);
-    uint8_t buf[64];
-    for (int i = 0; i < 16; i++) {
-        ssize_t n = recv(app->sock, buf, sizeof buf, MSG_DONTWAIT);
-        if (n == 0)
-            return -EPIPE;
-        if (n < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -EPIPE;
-    }
-    return 0;
-}
-
-static inline int rr_arm(struct rr_app *app)
-{
-    if (rr_detached(app))
-        return -EPIPE;
-    __atomic_store_n(&app->hdr->app_waiting, 1, __ATOMIC_RELAXED);
-    /* SeqCst fence between the flag store and the CQ tail load; pairs with the daemon's wake-up check. */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    return __atomic_load_n(app->cq_tail, __ATOMIC_ACQUIRE) == app->cq_local ? 1 : 0;
 }
 
 #endif /* RPCRDMA_H */

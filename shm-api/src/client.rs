@@ -257,9 +257,10 @@ impl Endpoint {
         self.cq.pop().map_err(|_| Error::Detached)
     }
 
-    /// For an app's own event loop (ABI.md §5, "Event loops"): asks the daemon to write a
-    /// byte on the socket with its next completion. False if a completion is already
-    /// waiting (poll instead of sleeping); the same handshake as [`wait`](Self::wait)'s sleep.
+    /// The first half of the sleep handshake (ABI.md §5), for [`wait`](Self::wait) and for an
+    /// app's own event loop: asks the daemon to write a byte on the socket with its next
+    /// completion. False (and the ask taken back) if a completion is already waiting: poll
+    /// instead of sleeping.
     fn arm(&mut self) -> Result<bool, Error> {
         if self.detached() {
             return Err(Error::Detached);
@@ -320,25 +321,16 @@ impl Endpoint {
             }
         }
         self.sleeps = self.sleeps.wrapping_add(1);
-        let h = self.conn.region.header();
         loop {
-            if self.detached() {
-                return Err(Error::Detached);
-            }
-            h.app_waiting.value.store(1, Ordering::Relaxed);
-            // SYNC POINT: SeqCst fence between our `app_waiting` store and the CQ tail load in `pop`; pairs with
-            // the daemon's fence between its CQ tail store and its `app_waiting` load (`App::wake`).
-            fence(Ordering::SeqCst);
-            if let Some(c) = self.cq.pop().map_err(|_| Error::Detached)? {
-                h.app_waiting.value.store(0, Ordering::Relaxed);
-                return Ok(Some(c));
+            if !self.arm()? {
+                return self.poll();
             }
             let sleep = match deadline {
                 None => MAX_SLEEP,
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        h.app_waiting.value.store(0, Ordering::Relaxed);
+                        self.disarm()?;
                         return Ok(None);
                     }
                     left.min(MAX_SLEEP)
@@ -346,11 +338,7 @@ impl Endpoint {
             };
             // A bounded sleep also notices a detach that happened without a wake-up.
             wait_readable(self.conn.sock.as_fd(), sleep);
-            let open = drain(self.conn.sock.as_fd());
-            h.app_waiting.value.store(0, Ordering::Relaxed);
-            if !open {
-                return Err(Error::Detached);
-            }
+            self.disarm()?;
         }
     }
 
@@ -1025,6 +1013,14 @@ impl Server {
         }
     }
 
+    /// The next completion if there is one: the stash first, then the ring.
+    fn try_next(&mut self) -> Result<Option<Cqe>, Error> {
+        match self.stash.pop_front() {
+            Some(c) => Ok(Some(c)),
+            None => self.ep.poll(),
+        }
+    }
+
     fn post_recv(&mut self, off: u32, len: u32) -> Result<(), Error> {
         self.submit(Sqe {
             opcode: op::POST_RECV,
@@ -1132,18 +1128,12 @@ impl Server {
         F: FnMut(&Call<'_>, &mut ReplyBuilder),
     {
         let mut served = 0u64;
-        loop {
-            let c = match self.stash.pop_front() {
-                Some(c) => c,
-                None => match self.ep.poll()? {
-                    Some(c) => c,
-                    None => return Ok(served),
-                },
-            };
+        while let Some(c) = self.try_next()? {
             if self.on_cqe(&c, true, &mut handler)? {
                 served += 1;
             }
         }
+        Ok(served)
     }
 
     /// One completion of a serving app: a call (answered through `handler`, its buffer

@@ -128,10 +128,10 @@ int main(int argc, char **argv)
                 return 3;
             }
             slept++;
-        }
-        if (rr_disarm(&app) < 0) {
-            fprintf(stderr, "the daemon went away\n");
-            return 1;
+            if (rr_disarm(&app) < 0) {
+                fprintf(stderr, "the daemon went away\n");
+                return 1;
+            }
         }
     }
     printf("%llu ECHO ok, slept %llu times\n", (unsigned long long)calls, (unsigned long long)slept);
