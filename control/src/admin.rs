@@ -176,6 +176,10 @@ pub struct ThreadStatus {
     /// signalled).
     #[serde(default)]
     pub completions: u64,
+    /// Closed connections whose calls ended without waiting longer for their send queue's
+    /// drain marker (the device did not report it in time; zero on a sound device).
+    #[serde(default)]
+    pub drains_overdue: u64,
     /// Apps attached.
     pub apps: usize,
     /// App operations in flight.

@@ -1290,6 +1290,7 @@ impl Daemon {
                     hops_deferred: t.hops_deferred,
                     yields: t.yields,
                     completions: t.completions,
+                    drains_overdue: t.drains_overdue,
                     apps: t.apps,
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,

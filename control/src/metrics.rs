@@ -104,7 +104,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let per_thread: [(&str, &str, &str, PerThread); 12] = [
+    let per_thread: [(&str, &str, &str, PerThread); 13] = [
         (
             "rpcrdmad_thread_hops_sent_total",
             "counter",
@@ -122,6 +122,12 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             "counter",
             "hops held back because the queue to another poll thread was full",
             |t| t.hops_deferred,
+        ),
+        (
+            "rpcrdmad_thread_drains_overdue_total",
+            "counter",
+            "closed connections whose calls ended before the device reported their send queue drained",
+            |t| t.drains_overdue,
         ),
         (
             "rpcrdmad_thread_completions_total",

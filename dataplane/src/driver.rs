@@ -170,7 +170,11 @@ struct Entry {
     conn: Connection,
     qp: QpId,
     block: u32,
+    /// Disconnected (closed by its engine, or by [`Driver::close`]): its work is not posted.
     dead: bool,
+    /// Until when its events wait for the drain marker of its send queue (`None`: they go
+    /// out as they come). See [`Driver::flush`].
+    held: Option<Instant>,
     /// Listed in the driver's `pending` (cleared only by [`Driver::post_pending`], so that a
     /// connection is listed once).
     pending: bool,
@@ -213,6 +217,15 @@ const NO_BLOCK: u32 = u32::MAX;
 /// `wr_id` connection field marking a shared-receive-queue buffer.
 const SRQ_CONN: u64 = 0xffff;
 
+/// The completion tag of a closed connection's drain marker ([`Provider::drain_send_queue`]);
+/// the engine's own tags have a kind below 15 in their top bits.
+const DRAIN_TAG: u32 = u32::MAX;
+
+/// Longest wait for a drain marker. A device reports it as soon as it has flushed what it
+/// held (microseconds); one that took the marker and never reports it must not keep a closed
+/// connection's calls from ending: they end after this, as they would without a marker.
+pub const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A provider, its completion queue, a buffer pool and the connections using them.
 #[derive(Debug)]
 pub struct Driver<P: Provider> {
@@ -229,6 +242,8 @@ pub struct Driver<P: Provider> {
     free_blocks: Vec<u32>,
     /// Buffers posted to the shared receive queue now.
     srq_posted: u32,
+    /// Drain markers not reported within [`DRAIN_WAIT`].
+    drain_overdue: u64,
     conns: Vec<Option<Entry>>,
     gens: Vec<u32>,
     wcs: Vec<WorkCompletion>,
@@ -350,6 +365,7 @@ impl<P: Provider> Driver<P> {
             block_len,
             free_blocks: (0..blocks).rev().collect(),
             srq_posted: 0,
+            drain_overdue: 0,
             conns: Vec::new(),
             gens: Vec::new(),
             wcs: vec![WorkCompletion::default(); 64],
@@ -482,6 +498,12 @@ impl<P: Provider> Driver<P> {
     /// Reads, Writes and invalidations posted signalled).
     pub fn completions(&self) -> u64 {
         self.completions
+    }
+
+    /// Closed connections whose events stopped waiting for their drain marker after
+    /// [`DRAIN_WAIT`] (the device took the marker but did not report it in time).
+    pub fn drains_overdue(&self) -> u64 {
+        self.drain_overdue
     }
 
     /// Free and total buffers of the send and receive pools (for statistics: walks the
@@ -628,6 +650,7 @@ impl<P: Provider> Driver<P> {
                 qp,
                 block,
                 dead: false,
+                held: None,
                 pending: false,
             });
         }
@@ -831,14 +854,19 @@ impl<P: Provider> Driver<P> {
         Ok(())
     }
 
-    /// Ends connection `id`: its calls complete with [`crate::CallStatus::Closed`] and its
-    /// queue pair is disconnected.
+    /// Ends connection `id`: its queue pair is disconnected and its calls complete with
+    /// [`crate::CallStatus::Closed`]. Those events wait until the device has drained its send
+    /// queue ([`Provider::drain_send_queue`]; at most [`DRAIN_WAIT`], or until
+    /// [`remove`](Self::remove)), so that no Read of the connection still places data into
+    /// memory that an app has been given back.
     pub fn close(&mut self, id: ConnId, reason: CloseReason, mem: &mut impl Memory) {
         self.with(id, mem, |c, _| c.close(reason));
     }
 
     /// Frees a connection's buffers and destroys its queue pair (closing it first if it is
     /// still open: its outstanding calls end with [`CallStatus::Closed`](crate::CallStatus)).
+    /// Its events, held for a drain or not, are all in [`poll_event`](Self::poll_event)'s
+    /// queue when it returns.
     pub fn remove(&mut self, id: ConnId) -> Result<(), DriverError> {
         // Closed first if it was not (its calls end, its shared buffers are released), then
         // the shared buffers it still has to give back go back now.
@@ -848,14 +876,17 @@ impl<P: Provider> Driver<P> {
         self.flush(id);
         self.by_qp.remove(&qp);
         let destroyed = self.p.destroy_qp(qp);
-        if destroyed.is_ok() {
-            // The device reads none of its buffers any more: those its last Sends were
-            // reading go back too (if the queue pair could not be destroyed, they stay out).
-            if let Some(e) = self.entry_mut(id) {
+        if let Some(e) = self.entry_mut(id) {
+            if destroyed.is_ok() {
+                // The device reads none of its buffers any more: those its last Sends were
+                // reading go back too (if the queue pair could not be destroyed, they stay out).
                 e.conn.teardown();
             }
-            self.flush(id);
+            // Its events go now, whatever became of the drain marker: the calls they end
+            // would otherwise never end.
+            e.held = None;
         }
+        self.flush(id);
         let e = self
             .conns
             .get_mut(id.idx as usize)
@@ -885,6 +916,10 @@ impl<P: Provider> Driver<P> {
                 idx: (wc.wr_id >> 48) as u32,
                 gen: ((wc.wr_id >> 32) & 0xffff) as u32,
             };
+            if wc.wr_id as u32 == DRAIN_TAG {
+                self.drained(id);
+                continue;
+            }
             let c = Completion {
                 tag: wc.wr_id as u32,
                 status: wc.status,
@@ -895,17 +930,23 @@ impl<P: Provider> Driver<P> {
         }
         self.wcs = wcs;
         for i in 0..self.conns.len() {
-            let due = self
+            let (due, overdue) = self
                 .conns
                 .get(i)
                 .and_then(Option::as_ref)
-                .is_some_and(|e| e.conn.wants_timer());
+                .map_or((false, false), |e| {
+                    (e.conn.wants_timer(), e.held.is_some_and(|t| now >= t))
+                });
+            let id = ConnId {
+                idx: i as u32,
+                gen: self.gens.get(i).copied().unwrap_or(0),
+            };
             if due {
-                let id = ConnId {
-                    idx: i as u32,
-                    gen: self.gens.get(i).copied().unwrap_or(0),
-                };
                 self.with(id, mem, |conn, _| conn.handle_timeout(now));
+            }
+            if overdue {
+                self.drain_overdue += 1;
+                self.drained(id);
             }
         }
         self.post_pending();
@@ -993,13 +1034,33 @@ impl<P: Provider> Driver<P> {
                 e.conn.close(CloseReason::Local("post failed"));
             }
         }
-        while let Some(ev) = e.conn.poll_event() {
-            if matches!(ev, Event::Closed(_)) && !e.dead {
-                e.dead = true;
-                let _ = self.p.disconnect(e.qp);
+        if !e.dead && e.conn.closed().is_some() {
+            e.dead = true;
+            let _ = self.p.disconnect(e.qp);
+            // Until the device is done with the work the connection posted, an RDMA Read may
+            // still place data into an app's memory, and a Send or Write still read it. The
+            // connection's events end its calls, which gives that memory back to the apps:
+            // they wait for the drain marker (or for `remove`, or `DRAIN_WAIT`). A device that
+            // takes no marker stopped at the error transition; its events go at once.
+            if let Ok(true) = self.p.drain_send_queue(e.qp, wr_id(id, DRAIN_TAG)) {
+                e.held = Some(Instant::now() + DRAIN_WAIT);
             }
+        }
+        if e.held.is_some() {
+            return;
+        }
+        while let Some(ev) = e.conn.poll_event() {
             self.events.push_back((id, ev));
         }
+    }
+
+    /// Connection `id`'s send queue is drained (or will never be, or its queue pair is gone):
+    /// the events it held go out.
+    fn drained(&mut self, id: ConnId) {
+        if let Some(e) = self.entry_mut(id) {
+            e.held = None;
+        }
+        self.flush(id);
     }
 }
 

@@ -1329,6 +1329,69 @@ pub fn disconnect_flushes<H: Harness>(h: &mut H) {
     assert_eq!(p.b.wc(30).unwrap().status, WcStatus::Flushed);
 }
 
+/// A drain marker ([`Provider::drain_send_queue`]) is refused while the queue pair is live;
+/// once it is in the error state, the marker is reported (flushed) after every request posted
+/// before it: Sends, an unsignaled Send, and a large RDMA Read still in flight when the queue
+/// pair failed. What the daemon waits for before it hands a closed connection's memory back.
+pub fn drain_reports_after_the_work_posted_before<H: Harness>(h: &mut H) {
+    let mut p = connect(h, false);
+    let qa = p.a.qp();
+    assert!(
+        matches!(p.a.p.drain_send_queue(qa, 99), Err(crate::Error::BadState)),
+        "a drain marker on a live queue pair is refused"
+    );
+    for i in 0..4 {
+        p.b.recv(10 + i, &[p.b.sge(i as usize * 64, 64)]);
+    }
+    let qb = p.b.qp();
+    let len = 600_000;
+    let rkey =
+        p.b.p
+            .expose(qb, p.b.mr.id, 0, len as u64, Access::REMOTE_READ)
+            .unwrap();
+    let s = [p.a.sge(0, 64)];
+    p.a.post(1, SendOp::Send, &s, true);
+    p.a.post(2, SendOp::Send, &s, false);
+    let sink = [p.a.sge(100_000, len)];
+    let remote_addr = p.b.mr.addr_at(0);
+    p.a.post(3, SendOp::RdmaRead { remote_addr, rkey }, &sink, true);
+    p.a.post(4, SendOp::Send, &s, true);
+    p.a.p.disconnect(qa).unwrap();
+    let took =
+        p.a.p
+            .drain_send_queue(qa, 99)
+            .expect("drain in the error state");
+    assert!(took, "the device took no drain marker");
+    p.wait("the drain marker", |p| p.a.wc(99).is_some());
+    let at = |wcs: &[WorkCompletion], id: u64| wcs.iter().position(|w| w.wr_id == id);
+    let marker = at(&p.a.wcs, 99).unwrap();
+    assert_eq!(
+        p.a.wcs[marker].status,
+        WcStatus::Flushed,
+        "the marker is flushed"
+    );
+    for id in [1, 3, 4] {
+        assert!(
+            at(&p.a.wcs, id).is_some_and(|i| i < marker),
+            "request {id} is reported before the marker: {:?}",
+            p.a.wcs
+        );
+    }
+    p.settle();
+    assert_eq!(
+        p.a.wcs.iter().filter(|w| w.wr_id == 99).count(),
+        1,
+        "the marker is reported once"
+    );
+    let send_side = |w: &&WorkCompletion| w.opcode != WcOpcode::Recv;
+    assert_eq!(
+        p.a.wcs.iter().rfind(send_side).map(|w| w.wr_id),
+        Some(99),
+        "the marker is the send queue's last completion: {:?}",
+        p.a.wcs
+    );
+}
+
 /// One shared receive queue serves two queue pairs; completions name the consuming one.
 pub fn shared_receive_queue<H: Harness>(h: &mut H) {
     let mut p = connect(h, true);
@@ -1546,7 +1609,8 @@ macro_rules! conformance_tests {
             rdma_on_a_shared_file_mapping_sees_the_apps_writes,
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
-            no_receive_posted, disconnect_flushes, shared_receive_queue,
+            no_receive_posted, disconnect_flushes, drain_reports_after_the_work_posted_before,
+            shared_receive_queue,
             region_without_remote_rights_is_reached_only_through_exposures,
             exposure_is_refused_on_another_connection, exposure_dies_with_its_connection);
     };

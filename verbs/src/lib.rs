@@ -599,6 +599,18 @@ pub trait Provider {
     /// Disconnect: outstanding work on both sides is flushed and both get `Disconnected`.
     fn disconnect(&mut self, qp: QpId) -> Result<()>;
 
+    /// Drains the send queue of `qp`, which must be in the error state (after
+    /// [`disconnect`](Provider::disconnect) or a failed work request; otherwise
+    /// [`Error::BadState`]): posts a marker that the device completes as `wr_id`,
+    /// [`WcStatus::Flushed`], only after every work request posted on `qp` before it, so that
+    /// once the marker is reported no RDMA Read of that queue pair places data any more and no
+    /// Send or Write reads its buffers (the kernel's `ib_drain_sq`). `Ok(false)`: no marker
+    /// on this device, whose error transition itself ends its transfers (`ibv` on iWARP:
+    /// kernel siw never completes a user queue pair's work posted in the error state).
+    /// Unlike [`post_send`](Provider::post_send) in the error state, the marker is never
+    /// completed ahead of work the device still holds.
+    fn drain_send_queue(&mut self, qp: QpId, wr_id: u64) -> Result<bool>;
+
     /// Drive connection management and return the next event, if any.
     fn poll_cm(&mut self) -> Option<CmEvent>;
 

@@ -199,6 +199,11 @@ pub struct ThreadStats {
     /// Work completions polled (receives, and the Sends, Reads, Writes and invalidations
     /// posted signalled): per RPC, what selective signalling leaves.
     pub completions: u64,
+    /// Closed connections whose calls ended without their send queue's drain marker, after
+    /// waiting [`DRAIN_WAIT`](crate::driver::DRAIN_WAIT) for it (the device took the marker
+    /// and did not report it; see [`Driver::close`](crate::Driver::close)). Zero on a sound
+    /// device.
+    pub drains_overdue: u64,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.

@@ -1445,12 +1445,14 @@ impl<P: Provider> PollThread<P> {
         let id = s.stats.info.id;
         s.stats.info.state = ConnState::Free;
         if let Some(c) = conn {
+            // Removed before its calls' ends are handed on: once its queue pair is destroyed,
+            // the device touches none of the memory those ends give back to the apps.
             self.drv.close(c, CloseReason::Requested, &mut self.mem);
+            let _ = self.drv.remove(c);
             let now = Instant::now();
             while let Some((cid, ev)) = self.drv.poll_event() {
                 self.on_engine(cid, ev, now);
             }
-            let _ = self.drv.remove(c);
         }
         let held = std::mem::take(&mut self.waiting);
         for (slot, origin, c) in held {
@@ -1919,6 +1921,7 @@ impl<P: Provider> PollThread<P> {
         self.stats.calls_waiting_slot = self.waiting.len();
         self.stats.buffers = self.drv.buffer_counts();
         self.stats.completions = self.drv.completions();
+        self.stats.drains_overdue = self.drv.drains_overdue();
         snap.thread = self.stats;
         snap.n = 0;
         for i in 0..self.slots.len() {

@@ -1245,6 +1245,31 @@ impl Provider for IbvProvider {
         Ok(())
     }
 
+    fn drain_send_queue(&mut self, qp: QpId, wr_id: u64) -> Result<bool> {
+        let e = slot(&self.qps, qp.0)?;
+        if e.state != QpState::Error {
+            return Err(Error::BadState);
+        }
+        // iWARP devices take no marker. Kernel siw accepts a user queue pair's post in the
+        // error state (the work goes into the mapped ring, and the doorbell flushes an empty
+        // list) and never completes it: the VM saw no completion in 20 s. It needs none:
+        // siw's receive and send paths place and send only in RTS under the queue pair's
+        // state lock, which the error transition holds. The kernel drains iWARP devices with
+        // their own callbacks for the same reason.
+        if self.iwarp {
+            return Ok(false);
+        }
+        // Posted to the device itself, not made up as `post_send` does in the error state: a
+        // made-up completion would be reported ahead of the flushes the device still owes.
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg: &[],
+            signaled: true,
+        };
+        Ok(e.qp.post_send(&wr, &[]).is_ok())
+    }
+
     fn disconnect(&mut self, qp: QpId) -> Result<()> {
         slot(&self.qps, qp.0)?;
         self.fail_qp(qp);

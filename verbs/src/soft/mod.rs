@@ -1850,6 +1850,23 @@ impl<T: Transport> Provider for SoftProvider<T> {
         Ok(())
     }
 
+    fn drain_send_queue(&mut self, qp: QpId, wr_id: u64) -> Result<bool> {
+        if self.qp_state(qp)? != QpState::Error {
+            return Err(Error::BadState);
+        }
+        // In the error state a request is flushed as it is posted, after every request before
+        // it (the send queue completes in order), and nothing of this queue pair is placed
+        // any more: the marker is the last completion of its send queue.
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg: &[],
+            signaled: true,
+        };
+        self.post_send(qp, &wr)?;
+        Ok(true)
+    }
+
     fn disconnect(&mut self, qp: QpId) -> Result<()> {
         let mut cx = Ctx {
             mem: &mut self.mem,
