@@ -364,22 +364,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
 
     // NULL.
     let (msg, reply) = (c.alloc(0), c.alloc(16));
-    let d = run_call(
-        &mut c,
-        &mut s,
-        conn,
-        &CallSpec {
-            user: 1,
-            xid: 1,
-            prog: RDMATEST_PROG,
-            vers: 1,
-            proc_: rdmatest::NULL,
-            msg,
-            args: &[],
-            results: &[],
-            reply,
-        },
-    );
+    let d = run_call(&mut c, &mut s, conn, &null_call(msg, reply, 1));
     assert_eq!((d.status, d.reply_len), (CallStatus::Ok, 0));
 
     // ECHO 64 bytes (inline both ways).
@@ -807,17 +792,7 @@ fn r8166_4_5_4_c_post_failure_closes_the_connection() {
         .unwrap();
     c.drv.provider_mut().destroy_qp(qid).unwrap();
     let (msg, reply) = (c.alloc(0), c.alloc(16));
-    let spec = CallSpec {
-        user: 1,
-        xid: 1,
-        prog: RDMATEST_PROG,
-        vers: 1,
-        proc_: rdmatest::NULL,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
+    let spec = null_call(msg, reply, 1);
     c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
     c.poll();
     assert!(c
@@ -1129,6 +1104,21 @@ fn null_spec<P: Provider>(c: &mut Node<P>) -> (MemRef, MemRef) {
     (c.alloc(0), c.alloc(16))
 }
 
+/// A NULL call (`user` = `xid`) whose message and reply are at `msg` and `reply`.
+fn null_call(msg: MemRef, reply: MemRef, xid: u32) -> CallSpec<'static> {
+    CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::NULL,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    }
+}
+
 #[test]
 fn e2e_fault_malformed_header_then_protection_error_ends_only_that_connection() {
     for shared in [false, true] {
@@ -1402,21 +1392,7 @@ fn e2e_fault_write_chunk_overrun_by_the_peer_ends_the_connection() {
     assert!(c.mem.write(after, &[0x5a; 4096]));
     for x in 2..4 {
         let (msg, reply) = null_spec(&mut c);
-        submit(
-            &mut c,
-            bad,
-            &CallSpec {
-                user: u64::from(x),
-                xid: x,
-                prog: RDMATEST_PROG,
-                vers: 1,
-                proc_: rdmatest::NULL,
-                msg,
-                args: &[],
-                results: &[],
-                reply,
-            },
-        );
+        submit(&mut c, bad, &null_call(msg, reply, x));
     }
     let (w, _) = raw_server_call(&mut c, &mut h);
     let seg = w.expect("a Write chunk offered");
@@ -1480,21 +1456,7 @@ fn e2e_a_batch_of_calls_is_posted_with_one_signalled_send() {
     let before = c.drv.completions();
     for x in 0..4u32 {
         let (msg, reply) = null_spec(&mut c);
-        submit(
-            &mut c,
-            g.0,
-            &CallSpec {
-                user: u64::from(100 + x),
-                xid: 100 + x,
-                prog: RDMATEST_PROG,
-                vers: 1,
-                proc_: rdmatest::NULL,
-                msg,
-                args: &[],
-                results: &[],
-                reply,
-            },
-        );
+        submit(&mut c, g.0, &null_call(msg, reply, 100 + x));
     }
     let done = |c: &Node<Soft>| {
         c.events
@@ -1754,17 +1716,7 @@ fn e2e_fault_disconnect_during_rdma_read() {
             },
         );
         let (nmsg, nreply) = null_spec(&mut c);
-        let null = CallSpec {
-            user: 11,
-            xid: 11,
-            prog: RDMATEST_PROG,
-            vers: 1,
-            proc_: rdmatest::NULL,
-            msg: nmsg,
-            args: &[],
-            results: &[],
-            reply: nreply,
-        };
+        let null = null_call(nmsg, nreply, 11);
         submit(&mut c, bad.0, &null);
         good_call(&mut c, good.0, 12);
         // Run until the server has posted its RDMA Read, and not a step further on the
@@ -1891,18 +1843,7 @@ fn assert_srq_posted(f: &MemFabric, s: &mut Node<Soft>, addr: SocketAddr, n: usi
 /// A NULL call of `c` on `conn` with XID `xid`, left in flight (its Send posted).
 fn null_in_flight(c: &mut Node<Soft>, conn: ConnId, xid: u32) {
     let (msg, reply) = null_spec(c);
-    let spec = CallSpec {
-        user: u64::from(xid),
-        xid,
-        prog: RDMATEST_PROG,
-        vers: 1,
-        proc_: rdmatest::NULL,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
-    submit(c, conn, &spec);
+    submit(c, conn, &null_call(msg, reply, xid));
     c.drv.post_pending();
 }
 
