@@ -94,6 +94,9 @@ pub struct Daemon {
     /// Accepts apps; each goes to the poll thread with the fewest apps.
     apps: rpcrdma_shm::attach::Listener,
     threads: Vec<PollHandle>,
+    /// Per poll thread, commands that found its queue full, sent in order as it drains (a
+    /// daemon with more peers than the queue holds sends that many connects at start-up).
+    backlog: Vec<VecDeque<Command>>,
     /// Apps attached to each poll thread (from its events).
     apps_on: Vec<usize>,
     /// Apps that found `apps.max-apps` reached, waiting (until the instant) for a slot.
@@ -154,6 +157,9 @@ struct AwaitingRespxch {
 /// millisecond; until then it still counts, and the app that replaces it must not be refused
 /// for it.
 const ATTACH_HOLD: Duration = Duration::from_millis(200);
+/// How soon the control loop tries again to send commands that found a poll thread's queue
+/// full.
+const BACKLOG_RETRY: Duration = Duration::from_millis(1);
 /// Apps held so at most; more are refused at once.
 const MAX_HELD_APPS: usize = 16;
 
@@ -387,6 +393,7 @@ impl Daemon {
             metrics,
             signals,
             apps_on: vec![0; threads_n],
+            backlog: (0..threads_n).map(|_| VecDeque::new()).collect(),
             held_apps: VecDeque::new(),
             apps,
             latest: (0..threads_n)
@@ -416,19 +423,39 @@ impl Daemon {
         Ok(d)
     }
 
-    /// Sends `cmd` to poll thread `t`.
-    fn send_to(&self, t: usize, cmd: Command) {
-        match self.threads.get(t) {
-            Some(h) if h.send(cmd).is_ok() => {}
-            _ => warn!(
+    /// Sends `cmd` to poll thread `t`: at once, or after the commands already waiting for
+    /// room in its queue ([`flush_backlog`](Self::flush_backlog)); never dropped.
+    fn send_to(&mut self, t: usize, cmd: Command) {
+        let (Some(h), Some(wait)) = (self.threads.get(t), self.backlog.get_mut(t)) else {
+            return;
+        };
+        if !wait.is_empty() {
+            wait.push_back(cmd);
+            return;
+        }
+        if let Err(cmd) = h.send(cmd) {
+            debug!(
                 thread = t,
-                "poll thread command queue full; command dropped"
-            ),
+                "poll thread command queue full; the command waits"
+            );
+            wait.push_back(cmd);
+        }
+    }
+
+    /// Sends what waits for room in the poll threads' command queues, in order.
+    fn flush_backlog(&mut self) {
+        for (h, wait) in self.threads.iter().zip(self.backlog.iter_mut()) {
+            while let Some(cmd) = wait.pop_front() {
+                if let Err(cmd) = h.send(cmd) {
+                    wait.push_front(cmd);
+                    break;
+                }
+            }
         }
     }
 
     /// Sends a command about connection `conn` to the poll thread owning it.
-    fn send(&self, conn: u32, cmd: Command) {
+    fn send(&mut self, conn: u32, cmd: Command) {
         self.send_to(self.mesh.thread_of(conn), cmd);
     }
 
@@ -912,6 +939,7 @@ impl Daemon {
             }
             // Events first: an app that detached frees its slot for one waiting to attach.
             self.drain_events();
+            self.flush_backlog();
             self.accept_apps();
             self.serve_parked();
             self.answer_awaiting();
@@ -934,8 +962,19 @@ impl Daemon {
     }
 
     fn shutdown(&mut self) {
-        for t in &self.threads {
-            let _ = t.send(Command::Stop);
+        for t in 0..self.threads.len() {
+            self.send_to(t, Command::Stop);
+        }
+        // Joined only once its Stop is in its queue (a running thread drains the queue).
+        let waiting = |d: &Self| {
+            d.threads
+                .iter()
+                .zip(&d.backlog)
+                .any(|(h, w)| !w.is_empty() && !h.is_finished())
+        };
+        while waiting(self) {
+            self.flush_backlog();
+            std::thread::sleep(BACKLOG_RETRY);
         }
         for t in &mut self.threads {
             t.join();
@@ -947,6 +986,11 @@ impl Daemon {
     fn next_timeout(&self) -> Duration {
         let now = Instant::now();
         let mut t = Duration::from_millis(500);
+        if self.backlog.iter().any(|w| !w.is_empty()) {
+            // A poll thread takes its commands within its chores' period (50 µs busy or
+            // idle, 20 ms parked; a command wakes it).
+            t = t.min(BACKLOG_RETRY);
+        }
         for w in &self.awaiting {
             t = t.min(w.deadline.saturating_duration_since(now));
         }
@@ -1009,8 +1053,8 @@ impl Daemon {
                 p.phase = PeerPhase::Stopped;
             }
         }
-        for t in &self.threads {
-            let _ = t.send(Command::Drain { deadline });
+        for t in 0..self.threads.len() {
+            self.send_to(t, Command::Drain { deadline });
         }
     }
 
@@ -1055,8 +1099,8 @@ impl Daemon {
         }
         if outcome.applied.iter().any(|k| k.starts_with("cpu.idle")) {
             let idle = idle_spec(&self.cfg);
-            for t in &self.threads {
-                let _ = t.send(Command::SetIdle(idle));
+            for t in 0..self.threads.len() {
+                self.send_to(t, Command::SetIdle(idle));
             }
         }
         info!(applied = ?outcome.applied, refused = outcome.refused.len(), "reload");
@@ -1112,13 +1156,7 @@ impl Daemon {
         // Counted now, so a burst of attaches spreads before the threads report; a thread
         // that cannot take the app answers `AppDetached`.
         self.apps_on[t] += 1;
-        if self.threads[t]
-            .send(Command::Attach(Box::new(att)))
-            .is_err()
-        {
-            self.apps_on[t] -= 1;
-            warn!(thread = t, "poll thread command queue full; app refused");
-        }
+        self.send_to(t, Command::Attach(Box::new(att)));
     }
 
     /// Takes every pending admin client into the non-blocking client set.

@@ -355,3 +355,57 @@ fn yield_idle_policy_yields_while_idle_and_parks_only_after_park_after() {
     let stats = d.ctl_json(&["stats"]);
     assert!(thread_sum(&stats, "yields") > 0, "{stats}");
 }
+
+/// More peers than a poll thread's command queue holds (256), all on one thread: every
+/// connect reaches the thread, every peer comes up and both ends of every connection are in
+/// the table. A command or an event that found its queue full used to be dropped: 231 of 500
+/// peers stayed "connecting" for good.
+#[test]
+fn more_peers_than_a_command_queue_holds_all_come_up() {
+    const PEERS: usize = 300;
+    let dir = tmpdir("mem-many");
+    let mut text = format!(
+        "[daemon]\napp-socket = \"{d}/app.sock\"\nadmin-socket = \"{d}/admin.sock\"\nlog-level = \"info\"\n\
+         [cpu.idle]\npolicy = \"backoff\"\nspin-us = 100\nbackoff-max-us = 50\npark-after-us = 2000\n\
+         [provider]\nkind = \"mem\"\n\
+         [transport]\ninline-send = 1024\ninline-recv = 1024\ncredits = 4\nbackchannel-credits = 1\n\
+         [pools]\nconnections = {conns}\nsend-buffers = {send}\nrecv-buffers = {recv}\n\
+         [apps]\nmax-apps = 4\narena-size = 4194304\n\
+         [[listeners]]\naddress = \"127.0.0.1:{PORT}\"\n",
+        d = dir.display(),
+        conns = 2 * PEERS,
+        send = 2 * PEERS * 12,
+        recv = 2 * PEERS * 8,
+    );
+    for i in 0..PEERS {
+        text += &format!("[[peers]]\nname = \"p{i}\"\naddress = \"127.0.0.1:{PORT}\"\n");
+    }
+    let d = Daemon::start_with(dir, PORT, &text);
+    let states = |d: &Daemon| -> Vec<String> {
+        d.ctl_json(&["status"])["peers"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| p["state"].as_str().unwrap_or("?").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let all_up = eventually(30, || {
+        let s = states(&d);
+        (s.len() == PEERS && s.iter().all(|x| x == "up")).then_some(())
+    });
+    let s = states(&d);
+    let up = s.iter().filter(|x| *x == "up").count();
+    assert!(all_up.is_some(), "{up} of {PEERS} peers up:\n{}", d.log());
+    // Both ends of every connection are in the connection table.
+    let conns = d.ctl_json(&["conns"]);
+    let up = |role: &str| {
+        conns.as_array().map_or(0, |cs| {
+            cs.iter()
+                .filter(|c| c["role"] == role && c["state"] == "up")
+                .count()
+        })
+    };
+    assert_eq!((up("client"), up("server")), (PEERS, PEERS));
+}

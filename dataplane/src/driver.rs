@@ -105,6 +105,12 @@ pub struct ConnId {
 }
 
 impl ConnId {
+    /// Its slot among the driver's connections (a slot is reused, with a new generation,
+    /// once the connection is removed): for tables indexed by connection.
+    pub fn index(self) -> usize {
+        self.idx as usize
+    }
+
     /// Packs the id into 32 bits (16-bit index, 16-bit generation).
     pub fn to_u32(self) -> u32 {
         (self.idx << 16) | (self.gen & 0xffff)
@@ -178,6 +184,8 @@ struct Entry {
     /// Listed in the driver's `pending` (cleared only by [`Driver::post_pending`], so that a
     /// connection is listed once).
     pending: bool,
+    /// Listed in the driver's `timed` (a timer or a drain deadline to watch).
+    timed: bool,
 }
 
 /// A shared receive queue and the buffers posted to it.
@@ -250,6 +258,9 @@ pub struct Driver<P: Provider> {
     events: VecDeque<(ConnId, Event)>,
     /// Connections whose work waits for [`post_pending`](Driver::post_pending).
     pending: Vec<ConnId>,
+    /// Connections with a timer running or events held for a drain: what [`Driver::poll`]
+    /// looks at besides the completions, so that a turn does not walk every connection.
+    timed: Vec<ConnId>,
     /// Work completions polled so far.
     completions: u64,
 }
@@ -371,6 +382,7 @@ impl<P: Provider> Driver<P> {
             wcs: vec![WorkCompletion::default(); 64],
             events: VecDeque::with_capacity(256),
             pending: Vec::with_capacity(64),
+            timed: Vec::with_capacity(64),
             completions: 0,
         })
     }
@@ -652,6 +664,7 @@ impl<P: Provider> Driver<P> {
                 dead: false,
                 held: None,
                 pending: false,
+                timed: false,
             });
         }
         let id = ConnId {
@@ -747,6 +760,10 @@ impl<P: Provider> Driver<P> {
         if !e.pending {
             e.pending = true;
             self.pending.push(id);
+        }
+        if e.conn.wants_timer() && !e.timed {
+            e.timed = true;
+            self.timed.push(id);
         }
     }
 
@@ -929,24 +946,26 @@ impl<P: Provider> Driver<P> {
             self.with(id, mem, |conn, env| conn.handle_completion(now, &c, env));
         }
         self.wcs = wcs;
-        for i in 0..self.conns.len() {
-            let (due, overdue) = self
-                .conns
-                .get(i)
-                .and_then(Option::as_ref)
-                .map_or((false, false), |e| {
-                    (e.conn.wants_timer(), e.held.is_some_and(|t| now >= t))
-                });
-            let id = ConnId {
-                idx: i as u32,
-                gen: self.gens.get(i).copied().unwrap_or(0),
-            };
+        let mut i = 0;
+        while let Some(&id) = self.timed.get(i) {
+            let (due, overdue) = self.entry_mut(id).map_or((false, false), |e| {
+                (e.conn.wants_timer(), e.held.is_some_and(|t| now >= t))
+            });
             if due {
                 self.with(id, mem, |conn, _| conn.handle_timeout(now));
             }
             if overdue {
                 self.drain_overdue += 1;
                 self.drained(id);
+            }
+            match self.entry_mut(id) {
+                Some(e) if e.conn.wants_timer() || e.held.is_some() => i += 1,
+                gone_or_done => {
+                    if let Some(e) = gone_or_done {
+                        e.timed = false;
+                    }
+                    self.timed.swap_remove(i);
+                }
             }
         }
         self.post_pending();
@@ -1044,6 +1063,10 @@ impl<P: Provider> Driver<P> {
             // takes no marker stopped at the error transition; its events go at once.
             if let Ok(true) = self.p.drain_send_queue(e.qp, wr_id(id, DRAIN_TAG)) {
                 e.held = Some(Instant::now() + DRAIN_WAIT);
+                if !e.timed {
+                    e.timed = true;
+                    self.timed.push(id);
+                }
             }
         }
         if e.held.is_some() {

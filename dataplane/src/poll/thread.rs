@@ -135,6 +135,9 @@ pub struct PollThread<P: Provider> {
     pd: PdId,
     commands: Arc<ArrayQueue<Command>>,
     events: Arc<ArrayQueue<Event>>,
+    /// Events that found the control plane's queue full, handed on in order as it drains
+    /// (500 connections coming up at once report 500 `Up`s; none may be lost).
+    unsent: VecDeque<Event>,
     port: Port,
     /// Hops to this thread, handled in the same pass.
     local: VecDeque<Hop>,
@@ -172,6 +175,9 @@ pub struct PollThread<P: Provider> {
     rpieces: [ResultPiece; MAX_PIECES],
     listeners: Vec<ListenerId>,
     slots: Vec<Slot>,
+    /// The slot of each engine connection, by [`ConnId::index`] (checked against the slot's
+    /// `conn`: an index is reused once its connection is removed).
+    slot_by_conn: Vec<u32>,
     stats: ThreadStats,
     idle: IdleState,
     /// When the chores last ran, and the apps' sockets were last looked at.
@@ -282,7 +288,7 @@ impl<P: Provider> PollThread<P> {
             Err(e) => return Err((format!("app table: {e}"), notify)),
         };
         let base = port.conn_base();
-        let slots = (0..spec.max_conns)
+        let slots: Vec<Slot> = (0..spec.max_conns)
             .map(|i| Slot {
                 stats: ConnStats {
                     info: ConnInfo {
@@ -307,6 +313,9 @@ impl<P: Provider> PollThread<P> {
             pd,
             commands,
             events,
+            // Room for every slot's connection event at once, so that a burst does not
+            // allocate.
+            unsent: VecDeque::with_capacity(2 * slots.len() + 64),
             port,
             local: VecDeque::with_capacity(4096),
             outbox: (0..threads).map(|_| VecDeque::new()).collect(),
@@ -332,6 +341,7 @@ impl<P: Provider> PollThread<P> {
             results: [MemRef::default(); MAX_PIECES],
             rpieces: [ResultPiece::default(); MAX_PIECES],
             listeners: Vec::new(),
+            slot_by_conn: vec![u32::MAX; slots.len()],
             slots,
             stats,
             idle: IdleState::default(),
@@ -647,8 +657,11 @@ impl<P: Provider> PollThread<P> {
         (i < self.slots.len()).then_some(i)
     }
 
+    /// The slot of engine connection `conn`: every event of the engine asks, so it is a
+    /// lookup by the connection's index, not a walk of the slots.
     fn slot_of_conn(&self, conn: ConnId) -> Option<usize> {
-        self.slots.iter().position(|s| s.conn == Some(conn))
+        let i = *self.slot_by_conn.get(conn.index())? as usize;
+        (self.slots.get(i)?.conn == Some(conn)).then_some(i)
     }
 
     // ----- App side ---------------------------------------------------------------------
@@ -1359,8 +1372,28 @@ impl<P: Provider> PollThread<P> {
     }
 
     fn emit(&mut self, ev: Event) {
-        let _ = self.events.push(ev);
+        if !self.unsent.is_empty() {
+            self.unsent.push_back(ev);
+        } else if let Err(ev) = self.events.push(ev) {
+            self.unsent.push_back(ev);
+        }
         (self.notify)();
+    }
+
+    /// Hands on the events that found the control plane's queue full; true if any went.
+    fn emit_unsent(&mut self) -> bool {
+        let mut sent = false;
+        while let Some(ev) = self.unsent.pop_front() {
+            if let Err(ev) = self.events.push(ev) {
+                self.unsent.push_front(ev);
+                break;
+            }
+            sent = true;
+        }
+        if sent {
+            (self.notify)();
+        }
+        sent
     }
 
     fn slot_of_qp(&self, qp: QpId) -> Option<usize> {
@@ -1413,6 +1446,10 @@ impl<P: Provider> PollThread<P> {
             c.set_first_reply_timeout(t.v2_first_reply_timeout);
             c.set_chunk_caps(t.max_segments_per_chunk, t.max_chunks_per_list);
         });
+        if self.slot_by_conn.len() <= conn.index() {
+            self.slot_by_conn.resize(conn.index() + 1, u32::MAX);
+        }
+        self.slot_by_conn[conn.index()] = i as u32;
         let s = &mut self.slots[i];
         s.qp = Some(qp);
         s.conn = Some(conn);
@@ -1566,7 +1603,7 @@ impl<P: Provider> PollThread<P> {
     /// The chores: connection-manager events, commands, app reap, retired memory, drain;
     /// true if anything happened.
     fn housekeeping(&mut self, now: Instant) -> bool {
-        let mut work = false;
+        let mut work = self.emit_unsent();
         while let Some(ev) = self.drv.provider_mut().poll_cm() {
             self.on_cm(ev);
             work = true;
