@@ -164,6 +164,9 @@ pub struct PollThread<P: Provider> {
     piece_boxes: Spares<PieceList>,
     // Connection side.
     waiting: VecDeque<(u32, usize, Box<CallRequest>)>,
+    /// Slots where a call ended since the waiting calls were last tried (only their calls
+    /// are tried again: a call waits because its connection had no free call slot).
+    freed: Vec<u32>,
     calls: IdMap<Pending>,
     next_token: u64,
     served: IdMap<Served>,
@@ -332,6 +335,7 @@ impl<P: Provider> PollThread<P> {
             call_boxes: Spares::new(),
             piece_boxes: Spares::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
+            freed: Vec::with_capacity(slots.len()),
             calls: id_map(),
             next_token: 0,
             served: id_map(),
@@ -401,14 +405,9 @@ impl<P: Provider> PollThread<P> {
             self.on_engine(conn, ev, now);
             work = true;
         }
-        let held = self.waiting.len();
-        for _ in 0..held {
-            let Some((slot, origin, c)) = self.waiting.pop_front() else {
-                break;
-            };
-            self.send_call(slot, origin, c, now);
+        if !self.freed.is_empty() {
+            work |= self.retry_waiting(now);
         }
-        work |= self.waiting.len() < held;
         // Calls held for want of a receive buffer are tried again only once something that
         // could place them has happened (retrying them every pass cost a quarter of the
         // thread's instructions when a busy server kept its buffers in use).
@@ -914,6 +913,29 @@ impl<P: Provider> PollThread<P> {
     }
 
     /// Hands a call to the engine of connection slot `i` (held if every call slot is busy).
+    /// Tries again, in order, the waiting calls of the slots where a call ended; a slot whose
+    /// call does not fit again is not tried further. True if any call left the line.
+    fn retry_waiting(&mut self, now: Instant) -> bool {
+        let held = self.waiting.len();
+        for _ in 0..held {
+            let Some((slot, origin, c)) = self.waiting.pop_front() else {
+                break;
+            };
+            if !self.freed.contains(&slot) {
+                self.waiting.push_back((slot, origin, c));
+                continue;
+            }
+            let before = self.waiting.len();
+            self.send_call(slot, origin, c, now);
+            if self.waiting.len() > before {
+                // Its connection has no free call slot again: its later calls wait on.
+                self.freed.retain(|&s| s != slot);
+            }
+        }
+        self.freed.clear();
+        self.waiting.len() < held
+    }
+
     fn send_call(&mut self, i: u32, origin: usize, c: Box<CallRequest>, now: Instant) {
         match self.submit_call(i, origin, &c, now) {
             Err(()) if self.waiting.len() < MAX_WAITING => self.waiting.push_back((i, origin, c)),
@@ -1236,6 +1258,9 @@ impl<P: Provider> PollThread<P> {
                     }
                 };
                 let i = p.slot as usize;
+                if !self.waiting.is_empty() && !self.freed.contains(&p.slot) {
+                    self.freed.push(p.slot);
+                }
                 if let Some(sl) = self.slots.get_mut(i) {
                     sl.in_flight = sl.in_flight.saturating_sub(1);
                     if sl.in_flight == 0 && sl.notify_idle {
