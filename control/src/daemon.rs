@@ -866,9 +866,10 @@ impl Daemon {
         self.pending_snaps = 0;
         for t in 0..self.threads.len() {
             let buf = Box::new(Snapshot::with_capacity(self.max_conns));
-            if self.threads[t].send(Command::Snapshot(buf)).is_ok() {
-                self.pending_snaps += 1;
-            }
+            // Behind the commands waiting for room, if any: the round waits for it (at most
+            // SNAPSHOT_WAIT) rather than answering without this thread.
+            self.send_to(t, Command::Snapshot(buf));
+            self.pending_snaps += 1;
         }
         self.snap_round = Some((self.snap_rounds, Instant::now() + SNAPSHOT_WAIT));
     }
