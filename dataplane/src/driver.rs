@@ -188,6 +188,16 @@ struct Entry {
     timed: bool,
 }
 
+impl Entry {
+    /// Lists connection `id` (this entry) in the driver's `timed`, once.
+    fn watch(&mut self, id: ConnId, timed: &mut Vec<ConnId>) {
+        if !self.timed {
+            self.timed = true;
+            timed.push(id);
+        }
+    }
+}
+
 /// A shared receive queue and the buffers posted to it.
 #[derive(Debug, Clone, Copy)]
 struct Shared {
@@ -761,9 +771,8 @@ impl<P: Provider> Driver<P> {
             e.pending = true;
             self.pending.push(id);
         }
-        if e.conn.wants_timer() && !e.timed {
-            e.timed = true;
-            self.timed.push(id);
+        if e.conn.wants_timer() {
+            e.watch(id, &mut self.timed);
         }
     }
 
@@ -1063,10 +1072,7 @@ impl<P: Provider> Driver<P> {
             // takes no marker stopped at the error transition; its events go at once.
             if let Ok(true) = self.p.drain_send_queue(e.qp, wr_id(id, DRAIN_TAG)) {
                 e.held = Some(Instant::now() + DRAIN_WAIT);
-                if !e.timed {
-                    e.timed = true;
-                    self.timed.push(id);
-                }
+                e.watch(id, &mut self.timed);
             }
         }
         if e.held.is_some() {

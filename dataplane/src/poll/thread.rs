@@ -912,7 +912,6 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// Hands a call to the engine of connection slot `i` (held if every call slot is busy).
     /// Tries again, in order, the waiting calls of the slots where a call ended; a slot whose
     /// call does not fit again is not tried further. True if any call left the line.
     fn retry_waiting(&mut self, now: Instant) -> bool {
@@ -936,6 +935,7 @@ impl<P: Provider> PollThread<P> {
         self.waiting.len() < held
     }
 
+    /// Hands a call to the engine of connection slot `i` (held if every call slot is busy).
     fn send_call(&mut self, i: u32, origin: usize, c: Box<CallRequest>, now: Instant) {
         match self.submit_call(i, origin, &c, now) {
             Err(()) if self.waiting.len() < MAX_WAITING => self.waiting.push_back((i, origin, c)),
