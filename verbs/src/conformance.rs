@@ -1541,6 +1541,192 @@ pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
     }
 }
 
+/// Whether `side` has news to act on: work its provider left for the next poll, or its event
+/// fd readable.
+fn has_news<P: Provider>(side: &Side<P>) -> bool {
+    side.p.busy() || side.p.event_fd().is_some_and(|fd| readable(fd, 0))
+}
+
+/// Sleep until either side's event fd is readable; false if neither became readable within
+/// [`DEADLINE`] (or neither has one: then nothing could ever wake a sleeper).
+fn sleep_on_both<P: Provider>(p: &Pair<P>) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut fds: Vec<libc::pollfd> = [p.a.p.event_fd(), p.b.p.event_fd()]
+        .into_iter()
+        .flatten()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    if fds.is_empty() {
+        return false;
+    }
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the duration of the call.
+    let n = unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            DEADLINE.as_millis() as i32,
+        )
+    };
+    n > 0
+}
+
+/// A soft provider visits a queue pair only when there is news for it (not in
+/// [`conformance_tests!`]: it is about how the soft provider schedules its work). Two sides
+/// are driven the way a parked poll thread is: a side is polled only while it is
+/// [`busy`](Provider::busy) or its event fd is readable, and when neither side is, the test
+/// sleeps on the event fds. First only the sender is driven, until its 20 MiB of Writes have
+/// filled what the link buffers and it waits; from then on every refused write must be woken
+/// by the receiver's reads, every read by the sender's writes, a Read Response held up by the
+/// requester's full link by its reads, and a queue pair stopped by the round limit must say
+/// so through `busy`. A wakeup lost anywhere stalls the transfer and fails the test.
+pub fn a_side_polled_only_on_news_completes_every_transfer<H: Harness>(h: &mut H) {
+    const HALF: usize = 512 << 10;
+    const WRITES: u64 = 40;
+    const READ: usize = 500_000;
+    let mut p = connect(h, false);
+    let (qa, qb) = (p.a.qp(), p.b.qp());
+    let data = pattern(21, HALF);
+    p.a.fill(0, &data);
+    let back = pattern(22, READ);
+    p.b.fill(HALF, &back);
+    let wkey =
+        p.b.p
+            .expose(qb, p.b.mr.id, 0, HALF as u64, Access::REMOTE_WRITE)
+            .expect("expose for writes");
+    let rkey =
+        p.b.p
+            .expose(qb, p.b.mr.id, HALF as u64, READ as u64, Access::REMOTE_READ)
+            .expect("expose for the read");
+    let s = p.b.sge(HALF + READ, 256);
+    p.b.recv(900, &[s]);
+    for i in 0..WRITES {
+        let sg = [p.a.sge(0, HALF)];
+        p.a.post(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: p.b.mr.addr_at(0),
+                rkey: wkey,
+            },
+            &sg,
+            true,
+        );
+    }
+    let sg = [p.a.sge(100, 64)];
+    p.a.post(WRITES, SendOp::Send, &sg, true);
+    let sg = [p.a.sge(HALF, READ)];
+    p.a.post(
+        WRITES + 1,
+        SendOp::RdmaRead {
+            remote_addr: p.b.mr.addr_at(HALF as u64),
+            rkey,
+        },
+        &sg,
+        true,
+    );
+    let start = Instant::now();
+    while has_news(&p.a) {
+        p.a.step();
+        assert!(start.elapsed() < DEADLINE, "the sender never came to rest");
+    }
+    assert!(
+        p.a.wcs.len() < WRITES as usize,
+        "the sender came to rest with the receiver not polled: the link holds back most of \
+         the Writes ({} of {WRITES} done)",
+        p.a.wcs.len()
+    );
+    let done = |p: &Pair<H::P>| p.a.wcs.len() == WRITES as usize + 2 && p.b.wc(900).is_some();
+    while !done(&p) {
+        let mut polled = false;
+        if has_news(&p.a) {
+            p.a.step();
+            polled = true;
+        }
+        if has_news(&p.b) {
+            p.b.step();
+            polled = true;
+        }
+        if !polled {
+            assert!(
+                sleep_on_both(&p),
+                "stalled with no side busy and no event fd readable: a {} completions, b {}",
+                p.a.wcs.len(),
+                p.b.wcs.len()
+            );
+        }
+        assert!(start.elapsed() < DEADLINE, "hang guard");
+    }
+    assert!(
+        p.a.wcs.iter().all(|w| w.status == WcStatus::Success),
+        "{:?}",
+        p.a.wcs
+    );
+    let ids: Vec<u64> = p.a.wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..WRITES + 2).collect::<Vec<_>>(), "in posting order");
+    assert_eq!(p.b.mem(0, HALF), &data[..], "the Writes' bytes");
+    assert_eq!(p.a.mem(HALF, READ), &back[..], "the Read's bytes");
+    assert_eq!(
+        p.b.mem(HALF + READ, 64),
+        &data[100..164],
+        "the Send's bytes"
+    );
+    let _ = qa;
+}
+
+/// However many connections a soft provider holds, a poll visits only the queue pairs with
+/// news: idle ones cost nothing (not in [`conformance_tests!`]: `visits` counts the soft
+/// provider's queue pair visits). With 40 connections up, polls with nothing to do visit no
+/// queue pair, and a Send and its completion visit only the two ends of its connection, a
+/// few times each.
+pub fn idle_connections_cost_a_poll_nothing<H: Harness>(h: &mut H, visits: impl Fn(&H::P) -> u64) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    for _ in 0..39 {
+        connect_one(&mut p, addr);
+    }
+    p.settle();
+    let (a0, b0) = (visits(&p.a.p), visits(&p.b.p));
+    for _ in 0..1000 {
+        p.a.step();
+        p.b.step();
+    }
+    assert_eq!(
+        (visits(&p.a.p) - a0, visits(&p.b.p) - b0),
+        (0, 0),
+        "polls with nothing to do visit no queue pair"
+    );
+    let (qa, qb) = (p.a.qps[17], p.b.qps[17]);
+    let s = p.b.sge(0, 256);
+    p.b.p.post_recv(qb, 1, &[s]).expect("post_recv");
+    p.a.fill(0, &[5; 64]);
+    let s = p.a.sge(0, 64);
+    p.a.p
+        .post_send(
+            qa,
+            &SendWr {
+                wr_id: 2,
+                op: SendOp::Send,
+                sg: &[s],
+                signaled: true,
+            },
+        )
+        .expect("post_send");
+    let (a0, b0) = (visits(&p.a.p), visits(&p.b.p));
+    p.wait("the send and its receive", |p| {
+        p.a.wc(2).is_some() && p.b.wc(1).is_some()
+    });
+    p.settle();
+    let (da, db) = (visits(&p.a.p) - a0, visits(&p.b.p) - b0);
+    assert!(
+        (1..=4).contains(&da) && (1..=4).contains(&db),
+        "one Send on one of 40 connections: {da} visits on the sender, {db} on the receiver"
+    );
+    assert_eq!(p.b.mem(0, 64), &[5; 64]);
+}
+
 /// The same burst against receive queues of their own (not in [`conformance_tests!`]: on
 /// InfiniBand and RoCE the burst is retried, Receiver Not Ready, rather than ending its
 /// connection): it ends only the connection that sent it, and the other's Send lands.

@@ -621,6 +621,14 @@ pub trait Provider {
     /// also moves it; `ibv`: rdma_cm's events and the CQs' next completions), so an owner
     /// calls `poll_cm`, polls its CQs once more, then sleeps on it.
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
+
+    /// Whether the provider has work it will do at its next poll without any new event (the
+    /// soft provider: a queue pair stopped in the middle of a transfer so that others get
+    /// their turn, or in-memory wakeups not taken yet). An owner must not sleep on
+    /// [`event_fd`](Provider::event_fd) while this is true: nothing would wake it.
+    fn busy(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -62,3 +62,22 @@ fn receive_queues_of_their_own_contain_a_burst() {
         cfg: SoftConfig::default(),
     });
 }
+
+/// Polled only on news (a parked poll thread's way), every transfer completes.
+#[test]
+fn a_side_polled_only_on_news_completes_every_transfer() {
+    rpcrdma_verbs::conformance::a_side_polled_only_on_news_completes_every_transfer(&mut Mem {
+        cfg: SoftConfig::default(),
+    });
+}
+
+/// Idle connections cost a poll nothing.
+#[test]
+fn idle_connections_cost_a_poll_nothing() {
+    rpcrdma_verbs::conformance::idle_connections_cost_a_poll_nothing(
+        &mut Mem {
+            cfg: SoftConfig::default(),
+        },
+        |p| p.visits(),
+    );
+}

@@ -21,3 +21,15 @@ impl Harness for Tcp {
 }
 
 rpcrdma_verbs::conformance_tests!(Tcp, event_fd);
+
+/// Polled only on news (a parked poll thread's way), every transfer completes.
+#[test]
+fn a_side_polled_only_on_news_completes_every_transfer() {
+    rpcrdma_verbs::conformance::a_side_polled_only_on_news_completes_every_transfer(&mut Tcp);
+}
+
+/// Idle connections cost a poll nothing.
+#[test]
+fn idle_connections_cost_a_poll_nothing() {
+    rpcrdma_verbs::conformance::idle_connections_cost_a_poll_nothing(&mut Tcp, |p| p.visits());
+}

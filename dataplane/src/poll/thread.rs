@@ -2058,7 +2058,8 @@ impl<P: Provider> PollThread<P> {
         // A ring left unread would end the park at once; a command whose ring this read takes
         // is served now, not after the park.
         self.drain_bell();
-        if !self.commands.is_empty() {
+        // Nothing would wake the thread for work the provider has left for its next poll.
+        if !self.commands.is_empty() || self.drv.provider().busy() {
             return;
         }
         // The provider's event fd (the soft provider's sockets, rdma_cm's channel) wakes a

@@ -36,7 +36,7 @@ fuzz_target!(|input: &[u8]| {
     let mr = unsafe { p.register(pd, mem.as_mut_ptr().add(GUARD), GUARD, all) }.unwrap();
     let l = p.listen("10.0.0.1:1".parse().unwrap()).unwrap();
     let addr = p.listen_addr(l).unwrap();
-    let mut t = fabric.clone();
+    let mut t = fabric.port();
     let mut link = t.connect(addr).unwrap();
     let mut req = Vec::new();
     wire::emit_mpa(&mut req, false, wire::MPA_ENHANCED, 2, Some((4, 4)), &[]);

@@ -35,20 +35,32 @@ pub trait Transport {
     fn accept(&mut self, l: &mut Self::Listener) -> io::Result<Option<Self::Link>>;
     /// Start connecting to `addr` (finishes later; see [`Link::connected`]).
     fn connect(&mut self, addr: SocketAddr) -> io::Result<Self::Link>;
+    /// Give `link` the readiness token `token` (the owner's name for it, e.g. a queue pair's
+    /// index). From then on [`Transport::take_ready`] reports `token` whenever the link may
+    /// have become readable or writable: edge-triggered, so the owner reads until a read comes
+    /// back short or `WouldBlock`, and writes until one is refused, before it waits again.
+    fn attach(&mut self, link: &mut Self::Link, token: usize) -> io::Result<()>;
+    /// Call `ready` with the token of each attached link that may have become readable or
+    /// writable since the last call (a token may come more than once, or for a link that
+    /// turns out to have nothing; a link that has closed reports its token too).
+    fn take_ready(&mut self, ready: impl FnMut(usize));
+    /// Whether [`Transport::take_ready`] has tokens to report already (in-memory wakeups not
+    /// taken yet): the owner must not sleep on [`Transport::event_fd`] then.
+    fn has_ready(&self) -> bool {
+        false
+    }
     /// A descriptor that becomes readable when any listener or link may have work.
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
-    /// Consume the readiness behind [`Transport::event_fd`]; true if there was any (the caller
-    /// then polls everything, and must read every link: the readiness it consumed is gone).
-    fn clear_events(&mut self) -> bool {
-        false
-    }
 }
 
-/// TCP through nonblocking `mio` sockets. The provider busy-polls them; they are also
-/// registered (edge-triggered) with one `mio::Poll` whose epoll descriptor is the provider's
-/// [`event_fd`](crate::Provider::event_fd).
+/// TCP through nonblocking `mio` sockets, registered (edge-triggered) with one `mio::Poll`:
+/// [`Transport::take_ready`] asks it (`epoll_wait` without waiting) which links have news, and
+/// its epoll descriptor is the provider's [`event_fd`](crate::Provider::event_fd). Listeners
+/// and links not attached yet carry token 0, which `take_ready` does not report (the provider
+/// looks at those on every connection-management poll); an attached link carries its token
+/// plus one.
 #[derive(Debug)]
 pub struct Tcp {
     poll: mio::Poll,
@@ -65,13 +77,13 @@ impl Tcp {
     }
 
     fn watch(&self, s: &mut impl mio::event::Source) -> io::Result<()> {
-        self.poll.registry().register(
-            s,
-            mio::Token(0),
-            mio::Interest::READABLE | mio::Interest::WRITABLE,
-        )
+        self.poll.registry().register(s, UNATTACHED, BOTH)
     }
 }
+
+/// The token of listeners and links no queue pair owns yet.
+const UNATTACHED: mio::Token = mio::Token(0);
+const BOTH: mio::Interest = mio::Interest::READABLE.add(mio::Interest::WRITABLE);
 
 /// A TCP connection.
 #[derive(Debug)]
@@ -149,27 +161,60 @@ impl Transport for Tcp {
         self.watch(&mut s)?;
         Ok(TcpLink(s))
     }
+    fn attach(&mut self, link: &mut TcpLink, token: usize) -> io::Result<()> {
+        // Re-registering also reports the link at once if it is ready now (epoll checks on
+        // EPOLL_CTL_MOD), so bytes that came before the token are not left unannounced.
+        let token = token.checked_add(1).ok_or(io::ErrorKind::InvalidInput)?;
+        self.poll
+            .registry()
+            .reregister(&mut link.0, mio::Token(token), BOTH)
+    }
+    fn take_ready(&mut self, mut ready: impl FnMut(usize)) {
+        // One `epoll_wait` without waiting; again only if the event list came back full.
+        loop {
+            if self
+                .poll
+                .poll(&mut self.events, Some(std::time::Duration::ZERO))
+                .is_err()
+            {
+                return;
+            }
+            let mut n = 0;
+            for e in self.events.iter() {
+                n += 1;
+                if let Some(token) = e.token().0.checked_sub(1) {
+                    ready(token);
+                }
+            }
+            if n < self.events.capacity() {
+                return;
+            }
+        }
+    }
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         use std::os::fd::AsRawFd;
         // SAFETY: the epoll descriptor is owned by `self.poll` and stays open for as long as
         // `self` is borrowed (mio's `Poll` offers `AsRawFd` only).
         Some(unsafe { std::os::fd::BorrowedFd::borrow_raw(self.poll.as_raw_fd()) })
     }
-    fn clear_events(&mut self) -> bool {
-        // Edge-triggered: fetching the events empties the ready list, so the descriptor
-        // stops being readable until something new happens.
-        let mut any = false;
-        while self
-            .poll
-            .poll(&mut self.events, Some(std::time::Duration::ZERO))
-            .is_ok()
-            && !self.events.is_empty()
-        {
-            any = true;
-        }
-        any
+}
+
+/// Where a pipe's reader or writer wants to hear that the pipe has news: its provider's ready
+/// list, and its token there.
+#[derive(Debug, Clone)]
+struct Waker {
+    list: ReadyList,
+    token: usize,
+}
+
+impl Waker {
+    fn wake(&self) {
+        self.list.borrow_mut().push(self.token);
     }
 }
+
+/// The tokens a [`MemPort`] has to report (shared with the pipes of its attached links).
+type ReadyList = Rc<RefCell<Vec<usize>>>;
 
 /// One direction of an in-memory stream.
 #[derive(Debug, Default)]
@@ -177,6 +222,22 @@ struct Pipe {
     buf: Vec<u8>,
     off: usize,
     closed: bool,
+    /// The reading end's waker, once attached, and whether it has been woken since its last
+    /// read (so a burst of writes wakes it once).
+    reader: Option<Waker>,
+    reader_woken: bool,
+    /// The writing end's waker, once attached, and whether a write found the pipe full.
+    writer: Option<Waker>,
+    writer_waiting: bool,
+}
+
+impl Pipe {
+    fn wake_reader(&mut self) {
+        if let Some(w) = self.reader.as_ref().filter(|_| !self.reader_woken) {
+            w.wake();
+            self.reader_woken = true;
+        }
+    }
 }
 
 /// Bytes a pipe holds before writes see back-pressure.
@@ -186,7 +247,7 @@ const PIPE_LIMIT: usize = 4 << 20;
 ///
 /// Single-threaded by design (`Rc`): every provider built on one fabric must be driven by the
 /// same thread, which polls both ends of each connection in turn. Deterministic: no sockets,
-/// no timing.
+/// no timing. Each provider reaches the fabric through a [`MemPort`] of its own.
 #[derive(Debug, Default, Clone)]
 pub struct MemFabric(Rc<RefCell<FabricInner>>);
 
@@ -201,6 +262,23 @@ impl MemFabric {
     pub fn new() -> MemFabric {
         MemFabric::default()
     }
+
+    /// A transport on this fabric with a ready list of its own: one per provider (two
+    /// providers sharing a port would take each other's wakeups).
+    pub fn port(&self) -> MemPort {
+        MemPort {
+            fabric: self.clone(),
+            ready: ReadyList::default(),
+        }
+    }
+}
+
+/// A provider's way onto a [`MemFabric`]: it listens and connects there, and its attached
+/// links' pipes tell it, through its ready list, when they have news.
+#[derive(Debug)]
+pub struct MemPort {
+    fabric: MemFabric,
+    ready: ReadyList,
 }
 
 /// An in-memory listener (its address on the fabric).
@@ -226,6 +304,8 @@ pub struct MemLink {
 impl Link for MemLink {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut p = self.rx.borrow_mut();
+        // Whatever is written from now on is news for this reader.
+        p.reader_woken = false;
         let avail = p.buf.len() - p.off;
         if avail == 0 {
             return if p.closed {
@@ -242,6 +322,11 @@ impl Link for MemLink {
             p.buf.clear();
             p.off = 0;
         }
+        if std::mem::take(&mut p.writer_waiting) {
+            if let Some(w) = &p.writer {
+                w.wake();
+            }
+        }
         Ok(n)
     }
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -251,6 +336,7 @@ impl Link for MemLink {
         }
         let room = PIPE_LIMIT.saturating_sub(p.buf.len() - p.off);
         if room == 0 {
+            p.writer_waiting = true;
             return Err(io::ErrorKind::WouldBlock.into());
         }
         if p.off > 0 && p.off == p.buf.len() {
@@ -259,13 +345,20 @@ impl Link for MemLink {
         }
         let n = room.min(buf.len());
         p.buf.extend_from_slice(&buf[..n]);
+        if n > 0 {
+            p.wake_reader();
+        }
         Ok(n)
     }
     fn connected(&mut self) -> io::Result<bool> {
         Ok(true)
     }
     fn shutdown(&mut self) {
-        self.tx.borrow_mut().closed = true;
+        // The other end is woken to read the end of the stream (its writes fail from now on;
+        // its reader and writer share one token).
+        let mut tx = self.tx.borrow_mut();
+        tx.closed = true;
+        tx.wake_reader();
         self.rx.borrow_mut().closed = true;
     }
     fn mss(&self) -> Option<usize> {
@@ -273,11 +366,11 @@ impl Link for MemLink {
     }
 }
 
-impl Transport for MemFabric {
+impl Transport for MemPort {
     type Link = MemLink;
     type Listener = MemListener;
     fn listen(&mut self, mut addr: SocketAddr) -> io::Result<MemListener> {
-        let mut f = self.0.borrow_mut();
+        let mut f = self.fabric.0.borrow_mut();
         if addr.port() == 0 {
             loop {
                 f.next_port = f.next_port.wrapping_add(1).max(1024);
@@ -293,7 +386,7 @@ impl Transport for MemFabric {
         f.listeners.insert(addr, VecDeque::new());
         Ok(MemListener {
             addr,
-            fabric: self.clone(),
+            fabric: self.fabric.clone(),
         })
     }
     fn local_addr(&self, l: &MemListener) -> io::Result<SocketAddr> {
@@ -301,6 +394,7 @@ impl Transport for MemFabric {
     }
     fn accept(&mut self, l: &mut MemListener) -> io::Result<Option<MemLink>> {
         Ok(self
+            .fabric
             .0
             .borrow_mut()
             .listeners
@@ -308,7 +402,7 @@ impl Transport for MemFabric {
             .and_then(|q| q.pop_front()))
     }
     fn connect(&mut self, addr: SocketAddr) -> io::Result<MemLink> {
-        let mut f = self.0.borrow_mut();
+        let mut f = self.fabric.0.borrow_mut();
         let q = f
             .listeners
             .get_mut(&addr)
@@ -320,5 +414,34 @@ impl Transport for MemFabric {
             tx: b.clone(),
         });
         Ok(MemLink { rx: b, tx: a })
+    }
+    fn attach(&mut self, link: &mut MemLink, token: usize) -> io::Result<()> {
+        let w = Waker {
+            list: self.ready.clone(),
+            token,
+        };
+        // Each attached link wakes this port at most twice before the port takes its tokens
+        // (as reader once per read, as writer once per refused write), and each holds two
+        // clones of the list: room for as many tokens as there are clones means waking never
+        // allocates.
+        let room = Rc::strong_count(&self.ready) + 2;
+        let mut list = self.ready.borrow_mut();
+        let len = list.len();
+        list.reserve(room.saturating_sub(len));
+        drop(list);
+        let mut rx = link.rx.borrow_mut();
+        rx.reader = Some(w.clone());
+        rx.reader_woken = false;
+        link.tx.borrow_mut().writer = Some(w);
+        Ok(())
+    }
+    fn take_ready(&mut self, mut ready: impl FnMut(usize)) {
+        let mut list = self.ready.borrow_mut();
+        for token in list.drain(..) {
+            ready(token);
+        }
+    }
+    fn has_ready(&self) -> bool {
+        !self.ready.borrow().is_empty()
     }
 }

@@ -6,6 +6,16 @@
 //! while it is polled. Buffers (per queue pair: one transmit and one receive buffer) are
 //! allocated when the queue pair is created and reused; posting and polling allocate nothing.
 //!
+//! A poll visits only the queue pairs with news, so idle connections cost it nothing however
+//! many there are: those whose links the transport reports ready (TCP: an `epoll_wait` without
+//! waiting, edge-triggered, one token per link; in memory: the pipe a peer wrote to or drained
+//! puts its reader's or writer's token on its provider's ready list), those with new send-queue
+//! work, those still connecting, and those a visit stopped at its round limit (eight rounds of
+//! framing, writing and reading, so that one busy connection cannot starve the others). A link
+//! is read only after news and until a read comes back short or finds nothing, and written
+//! until a write is refused; the refusal's end is news again. [`Provider::busy`] says when
+//! work is left for the next poll without news (a parked owner must not sleep then).
+//!
 //! Known simplifications: Sends and Writes complete once their last byte is framed (as siw
 //! completes them once handed to TCP), so a Write the peer refuses completes successfully and
 //! the refusal shows as the queue pair's error and flushed later work; peer-to-peer (RTR) mode
@@ -28,14 +38,14 @@ use crate::{
     PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
     WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
 };
-use link::{Link, MemFabric, Tcp, Transport};
+use link::{Link, MemFabric, MemPort, Tcp, Transport};
 use mem::{Kind, Mem};
 use wire::{Segment, TermCode, WireError};
 
 /// Soft provider over TCP.
 pub type SoftTcp = SoftProvider<Tcp>;
 /// Soft provider over the in-memory fabric (single-threaded: see [`MemFabric`]).
-pub type SoftMem = SoftProvider<MemFabric>;
+pub type SoftMem = SoftProvider<MemPort>;
 
 /// Largest IRD/ORD (siw's device maximum).
 pub const MAX_IRD_ORD: u16 = 128;
@@ -300,9 +310,11 @@ struct Qp<L> {
     cur_active: bool,
     /// The peer closed its side; fail once the bytes before the close are handled.
     eof: bool,
-    /// Consecutive empty reads (capped) and polls left to skip before the next read.
-    rx_idle: u8,
-    rx_skip: u8,
+    /// The link may have bytes to read: set when the transport reports its token (and when
+    /// the link is attached), cleared when a read comes back short or finds nothing.
+    io_ready: bool,
+    /// In the provider's list of queue pairs to visit at its next poll.
+    queued: bool,
     inbound: VecDeque<InRead>,
     /// Initiator: our IRD/ORD and whether we used the RFC 6581 prefix.
     want_ird_ord: (u16, u16, bool),
@@ -361,6 +373,11 @@ pub struct SoftProvider<T: Transport> {
     cqs: Vec<Option<Cq>>,
     srqs: Vec<Option<Srq>>,
     qps: Vec<Option<Qp<T::Link>>>,
+    /// Queue pairs to visit at the next poll (indices into `qps`), and the list being visited.
+    active: Vec<u32>,
+    visiting: Vec<u32>,
+    /// Queue pair visits so far (see [`SoftProvider::visits`]).
+    visits: u64,
     listeners: Vec<Option<T::Listener>>,
     pending: Vec<Option<Pending<T::Link>>>,
     events: VecDeque<CmEvent>,
@@ -373,10 +390,10 @@ impl SoftProvider<Tcp> {
     }
 }
 
-impl SoftProvider<MemFabric> {
-    /// A soft provider attached to an in-memory fabric.
+impl SoftProvider<MemPort> {
+    /// A soft provider attached to an in-memory fabric (through a port of its own).
     pub fn memory(fabric: &MemFabric, cfg: SoftConfig) -> SoftMem {
-        SoftProvider::new(fabric.clone(), cfg)
+        SoftProvider::new(fabric.port(), cfg)
     }
 }
 
@@ -401,10 +418,19 @@ impl<T: Transport> SoftProvider<T> {
             cqs: Vec::new(),
             srqs: Vec::new(),
             qps: Vec::new(),
+            active: Vec::new(),
+            visiting: Vec::new(),
+            visits: 0,
             listeners: Vec::new(),
             pending: Vec::new(),
             events: VecDeque::with_capacity(64),
         }
+    }
+
+    /// How many times a queue pair has been advanced so far: for tests and benchmarks (an
+    /// idle queue pair is not, however many there are).
+    pub fn visits(&self) -> u64 {
+        self.visits
     }
 
     fn qp_mut(&mut self, qp: QpId) -> Result<&mut Qp<T::Link>> {
@@ -431,19 +457,46 @@ impl<T: Transport> SoftProvider<T> {
         (s.clamp(64, 65528)) & !7
     }
 
-    /// Advance every queue pair and pending connection.
+    /// Advance the queue pairs that may have work: those whose links the transport reports
+    /// ready, those with new send-queue work, and those a visit left unfinished. An idle
+    /// queue pair costs nothing here, however many there are.
     fn progress(&mut self) {
+        let (qps, active) = (&mut self.qps, &mut self.active);
+        self.transport.take_ready(|token| {
+            if let Some(Some(q)) = qps.get_mut(token) {
+                q.io_ready = true;
+                q.schedule(token as u32, active);
+            }
+        });
+        std::mem::swap(&mut self.active, &mut self.visiting);
         let mut cx = Ctx {
             mem: &mut self.mem,
             cqs: &mut self.cqs,
             srqs: &mut self.srqs,
             events: &mut self.events,
         };
-        for q in self.qps.iter_mut().flatten() {
-            if matches!(q.phase, Phase::Connecting | Phase::Rts) {
-                q.progress(&mut cx);
+        for i in self.visiting.drain(..) {
+            let Some(Some(q)) = self.qps.get_mut(i as usize) else {
+                continue;
+            };
+            q.queued = false;
+            self.visits += 1;
+            if matches!(q.phase, Phase::Connecting | Phase::Rts) && q.progress(&mut cx) {
+                q.schedule(i, &mut self.active);
             }
         }
+    }
+
+    /// Give queue pair `qp` its link and visit it at the next poll (its first bytes may have
+    /// come before the transport could report them).
+    fn attach(&mut self, qp: QpId, mut link: T::Link) -> std::io::Result<()> {
+        self.transport.attach(&mut link, qp.0 as usize)?;
+        if let Some(Some(q)) = self.qps.get_mut(qp.0 as usize) {
+            q.link = Some(link);
+            q.io_ready = true;
+            q.schedule(qp.0, &mut self.active);
+        }
+        Ok(())
     }
 
     fn progress_cm(&mut self) {
@@ -590,8 +643,8 @@ impl<L: Link> Qp<L> {
             cur_placed: 0,
             cur_active: false,
             eof: false,
-            rx_idle: 0,
-            rx_skip: 0,
+            io_ready: false,
+            queued: false,
             inbound: VecDeque::new(),
             want_ird_ord: (0, 0, false),
             connect_deadline: None,
@@ -599,70 +652,87 @@ impl<L: Link> Qp<L> {
         }
     }
 
-    fn progress(&mut self, cx: &mut Ctx<'_>) {
+    /// Put this queue pair (index `i`) on the provider's list to visit, once.
+    fn schedule(&mut self, i: u32, active: &mut Vec<u32>) {
+        if !self.queued {
+            self.queued = true;
+            active.push(i);
+        }
+    }
+
+    /// Do what can be done now; true if the queue pair must be visited again without waiting
+    /// for news from its link (still connecting, or stopped by the round limit with work
+    /// left). Otherwise whatever it waits for wakes it: bytes to read or room to write (its
+    /// link's token), a Read Response (bytes to read), new work (`post_send`).
+    fn progress(&mut self, cx: &mut Ctx<'_>) -> bool {
         if self.phase == Phase::Connecting {
+            // Visited on every poll until it is connected: the deadline and a TCP connect's
+            // outcome are not reported as readiness.
             if self.connect_deadline.is_some_and(|d| Instant::now() > d) {
                 self.connect_cause = ConnectFailure::Unreachable;
                 self.fail(cx, None);
-                return;
+                return false;
             }
             match self.link.as_mut().map(|l| l.connected()) {
                 Some(Ok(true)) => {}
-                Some(Ok(false)) => return,
+                Some(Ok(false)) => return true,
                 Some(Err(e)) => {
                     self.connect_cause = ConnectFailure::from_io(&e);
                     self.fail(cx, None);
-                    return;
+                    return false;
                 }
                 None => {
                     self.fail(cx, None);
-                    return;
+                    return false;
                 }
             }
-            if !self.flush_tx(cx) {
-                return;
-            }
-            if !self.read_rx(cx) {
-                return;
+            if self.flush_tx(cx).is_none() || self.read_rx(cx).is_none() {
+                return false;
             }
             self.handle_reply(cx);
             if self.phase == Phase::Connecting && self.eof {
                 self.fail(cx, None);
             }
-            if self.phase != Phase::Rts {
-                return;
+            match self.phase {
+                Phase::Connecting => return true,
+                Phase::Rts => {}
+                Phase::Idle | Phase::Dead => return false,
             }
         }
         // Bounded rounds so one busy connection cannot starve the others.
         for _ in 0..8 {
             let framed = self.fill_tx(cx);
-            if self.phase != Phase::Rts || !self.flush_tx(cx) {
-                return;
+            if self.phase != Phase::Rts {
+                return false;
             }
-            let before = self.rx_end;
-            if !self.read_rx(cx) {
-                return;
-            }
-            let got = self.rx_end != before;
+            let Some(wrote) = self.flush_tx(cx) else {
+                return false;
+            };
+            let Some(got) = self.read_rx(cx) else {
+                return false;
+            };
             self.process_rx(cx);
             if self.phase == Phase::Rts && self.eof {
                 self.fail(cx, None);
             }
             if self.phase != Phase::Rts {
-                return;
+                return false;
             }
             self.reap(cx);
-            if !framed && !got {
-                break;
+            if !framed && !wrote && !got {
+                // Nothing more to frame, or framing waits for room (a refused write: the
+                // link's token says when) or for a Read Response; nothing left to read
+                // (unless the receive buffer is full, which processing has just undone).
+                return self.io_ready;
             }
         }
+        true
     }
 
-    /// Write pending transmit bytes; false if the queue pair failed.
-    fn flush_tx(&mut self, cx: &mut Ctx<'_>) -> bool {
-        let Some(link) = self.link.as_mut() else {
-            return false;
-        };
+    /// Write pending transmit bytes: `None` if the queue pair failed, else whether any went.
+    fn flush_tx(&mut self, cx: &mut Ctx<'_>) -> Option<bool> {
+        let link = self.link.as_mut()?;
+        let start = self.tx_off;
         while self.tx_off < self.tx.len() {
             match link.write(&self.tx[self.tx_off..]) {
                 Ok(0) => break,
@@ -672,27 +742,25 @@ impl<L: Link> Qp<L> {
                 Err(e) => {
                     self.connect_cause = ConnectFailure::from_io(&e);
                     self.fail(cx, None);
-                    return false;
+                    return None;
                 }
             }
         }
+        let wrote = self.tx_off != start;
         if self.tx_off == self.tx.len() {
             self.tx.clear();
             self.tx_off = 0;
         }
-        true
+        Some(wrote)
     }
 
-    /// Read what the link has; false if the queue pair failed (end of stream or error).
-    fn read_rx(&mut self, cx: &mut Ctx<'_>) -> bool {
-        let Some(link) = self.link.as_mut() else {
-            return false;
-        };
-        // After empty reads, skip a few polls (up to 7) before asking again: an empty read is
-        // a system call that also contends for the socket lock with the kernel's delivery.
-        if self.rx_skip > 0 {
-            self.rx_skip -= 1;
-            return true;
+    /// Read what the link has: `None` if the queue pair failed, else whether bytes came.
+    fn read_rx(&mut self, cx: &mut Ctx<'_>) -> Option<bool> {
+        let link = self.link.as_mut()?;
+        // Read only after news from the link: an empty read is a system call (on TCP) that
+        // also contends for the socket lock with the kernel's delivery.
+        if !self.io_ready {
+            return Some(false);
         }
         if self.rx_start == self.rx_end {
             self.rx_start = 0;
@@ -702,37 +770,36 @@ impl<L: Link> Qp<L> {
             self.rx_end -= self.rx_start;
             self.rx_start = 0;
         }
+        let mut got = false;
         loop {
-            if self.rx_end == self.rx.len() {
-                return true;
-            }
-            if self.eof {
-                return true;
+            if self.rx_end == self.rx.len() || self.eof {
+                return Some(got);
             }
             match link.read(&mut self.rx[self.rx_end..]) {
                 Ok(0) => {
                     self.eof = true;
-                    return true;
+                    return Some(got);
                 }
                 Ok(n) => {
-                    self.rx_idle = 0;
+                    got = true;
                     let full = self.rx_end + n == self.rx.len();
                     self.rx_end += n;
                     if !full {
-                        // Short read: the socket is (very likely) drained.
-                        return true;
+                        // Short read: the link held no more when it was read, and whatever
+                        // comes later is reported as new readiness.
+                        self.io_ready = false;
+                        return Some(true);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.rx_idle = (self.rx_idle + 1).min(3);
-                    self.rx_skip = (1u8 << self.rx_idle) - 1;
-                    return true;
+                    self.io_ready = false;
+                    return Some(got);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     self.connect_cause = ConnectFailure::from_io(&e);
                     self.fail(cx, None);
-                    return false;
+                    return None;
                 }
             }
         }
@@ -1675,7 +1742,11 @@ impl<T: Transport> Provider for SoftProvider<T> {
     }
 
     fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<()> {
-        let q = self.qp_mut(qp)?;
+        let q = self
+            .qps
+            .get_mut(qp.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(Error::BadHandle)?;
         if q.state == QpState::Init || q.state == QpState::Connecting {
             return Err(Error::BadState);
         }
@@ -1690,6 +1761,9 @@ impl<T: Transport> Provider for SoftProvider<T> {
         slot.sink_stag = 0;
         slot.sink_to = 0;
         q.sq.commit();
+        if q.phase == Phase::Rts {
+            q.schedule(qp.0, &mut self.active);
+        }
         if q.state == QpState::Error {
             let mut cx = Ctx {
                 mem: &mut self.mem,
@@ -1769,9 +1843,17 @@ impl<T: Transport> Provider for SoftProvider<T> {
         q.want_ird_ord = (ird, ord, enhanced);
         q.connect_deadline = Instant::now().checked_add(cfg.connect_timeout);
         q.seglen = seglen;
-        q.link = Some(link);
         q.phase = Phase::Connecting;
         q.state = QpState::Connecting;
+        if let Err(e) = self.attach(qp, link) {
+            let q = self.qp_mut(qp)?;
+            q.state = QpState::Error;
+            q.phase = Phase::Dead;
+            self.events.push_back(CmEvent::ConnectError {
+                qp,
+                cause: ConnectFailure::from_io(&e),
+            });
+        }
         Ok(())
     }
 
@@ -1816,9 +1898,9 @@ impl<T: Transport> Provider for SoftProvider<T> {
         q.ird = ird;
         q.ord = ord;
         q.seglen = seglen;
-        q.link = Some(p.link);
         q.phase = Phase::Rts;
         q.state = QpState::ReadyToSend;
+        self.attach(qp, p.link)?;
         self.events.push_back(CmEvent::Established {
             qp,
             private_data: PrivateData::EMPTY,
@@ -1897,18 +1979,14 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn poll_cm(&mut self) -> Option<CmEvent> {
         if self.events.is_empty() {
-            if self.transport.clear_events() {
-                // The readiness just consumed will not be reported again: every link is read
-                // now, even one resting after empty reads (`rx_skip`). Otherwise its data
-                // waits, unannounced, while the owner sleeps on `event_fd`.
-                for q in self.qps.iter_mut().flatten() {
-                    q.rx_skip = 0;
-                }
-            }
             self.progress_cm();
             self.progress();
         }
         self.events.pop_front()
+    }
+
+    fn busy(&self) -> bool {
+        !self.active.is_empty() || self.transport.has_ready()
     }
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
