@@ -203,6 +203,9 @@ pub struct ThreadStatus {
     /// Calls waiting now for a free call slot of their connection.
     #[serde(default)]
     pub calls_waiting_slot: usize,
+    /// The RDMA device's asynchronous events so far (zero on the soft provider).
+    #[serde(default)]
+    pub device_events: DeviceEventCounts,
     /// Send buffers free.
     pub send_buffers_free: u64,
     /// Send buffers in the pool.
@@ -211,6 +214,38 @@ pub struct ThreadStatus {
     pub recv_buffers_free: u64,
     /// Receive buffers in the pool.
     pub recv_buffers: u64,
+}
+
+/// A poll thread's RDMA device events (`ibv_get_async_event`), counted since it opened the
+/// device; every failure among them ended the connections it concerned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct DeviceEventCounts {
+    /// Queue pairs the device failed on its own.
+    pub qp_errors: u64,
+    /// Completion queue errors (overruns).
+    pub cq_errors: u64,
+    /// Shared receive queue errors.
+    pub srq_errors: u64,
+    /// Fatal device errors.
+    pub device_fatal: u64,
+    /// The port going down.
+    pub port_down: u64,
+    /// The port becoming active again.
+    pub port_up: u64,
+}
+
+impl From<rpcrdma_verbs::DeviceEvents> for DeviceEventCounts {
+    fn from(d: rpcrdma_verbs::DeviceEvents) -> Self {
+        DeviceEventCounts {
+            qp_errors: d.qp_errors,
+            cq_errors: d.cq_errors,
+            srq_errors: d.srq_errors,
+            device_fatal: d.device_fatal,
+            port_down: d.port_down,
+            port_up: d.port_up,
+        }
+    }
 }
 
 /// RDMA_ERROR messages of one direction, by error code.

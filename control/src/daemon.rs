@@ -1330,6 +1330,7 @@ impl Daemon {
                     yields: t.yields,
                     completions: t.completions,
                     drains_overdue: t.drains_overdue,
+                    device_events: t.device.into(),
                     apps: t.apps,
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,

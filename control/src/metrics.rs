@@ -192,6 +192,29 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
     }
     header(
         &mut out,
+        "rpcrdmad_thread_device_events_total",
+        "counter",
+        "the RDMA device's asynchronous events (ibv), by kind; each failure ended the connections it concerned",
+    );
+    for s in snaps {
+        let d = &s.thread.device;
+        for (kind, n) in [
+            ("qp_error", d.qp_errors),
+            ("cq_error", d.cq_errors),
+            ("srq_error", d.srq_errors),
+            ("device_fatal", d.device_fatal),
+            ("port_down", d.port_down),
+            ("port_up", d.port_up),
+        ] {
+            let _ = writeln!(
+                out,
+                "rpcrdmad_thread_device_events_total{{thread=\"{}\",kind=\"{kind}\"}} {n}",
+                s.thread.index
+            );
+        }
+    }
+    header(
+        &mut out,
         "rpcrdmad_buffers",
         "gauge",
         "buffers in the poll thread's send and receive pools",
@@ -359,6 +382,7 @@ mod tests {
         s.thread.busy_ns = 1_500_000_000;
         s.thread.regions = 3;
         s.thread.buffers.recv_free = 60;
+        s.thread.device.cq_errors = 1;
         s.thread.buffers.recv_total = 64;
         s.n = 1;
         s.conns[0].info = ConnInfo {
@@ -436,6 +460,14 @@ mod tests {
         ));
         assert!(matches!(
             gauge("rpcrdmad_conn_errors_sent_total", Some(("code", "err_vers"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 0.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_thread_device_events_total", Some(("kind", "cq_error"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 1.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_thread_device_events_total", Some(("kind", "port_down"))),
             Some(prometheus_parse::Value::Counter(v)) if v == 0.0
         ));
         let busy = parsed

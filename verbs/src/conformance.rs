@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnectFailure, CqId, Mr, PdId, Provider, QpId, QpInit, QpState,
-    SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
+    Access, CmEvent, ConnParams, ConnectFailure, CqId, DeviceEvents, Mr, PdId, Provider, QpId,
+    QpInit, QpState, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Makes providers for the suite.
@@ -246,7 +246,17 @@ pub fn connect<H: Harness>(h: &mut H, srq: bool) -> Pair<H::P> {
 }
 
 fn connect_one<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr) {
-    let init = pair.a.qp_init();
+    let cq = pair.a.cq;
+    connect_one_on(pair, addr, cq);
+}
+
+/// [`connect_one`], with the connecting side's new queue pair on completion queue `cq`.
+fn connect_one_on<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr, cq: CqId) {
+    let init = QpInit {
+        send_cq: cq,
+        recv_cq: cq,
+        ..pair.a.qp_init()
+    };
     let qa = pair.a.p.create_qp(&init).expect("create_qp a");
     assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Init);
     pair.a
@@ -1539,6 +1549,62 @@ pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
         p.b.recv(8 + round, &[s]);
         p.wait("the send completion", |p| p.a.wc(round).is_some());
     }
+}
+
+/// A completion queue that overruns ends the connections on it, and only those (not in
+/// [`conformance_tests!`]: the soft provider's CQs grow instead). On a device, the overrun is
+/// an asynchronous event (`IBV_EVENT_CQ_ERR`): completions may have been lost, so no owner
+/// could account for its work any more; the provider ends the connection and counts the
+/// event in [`Provider::device_events`]. A connection on another CQ carries on.
+pub fn cq_overrun_ends_the_connections_on_that_cq<H: Harness>(h: &mut H) {
+    const SENDS: u64 = 48;
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    let small = p.a.p.create_cq(1).expect("create_cq");
+    connect_one_on(&mut p, addr, small);
+    let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
+    for i in 0..SENDS {
+        let s = [p.b.sge(i as usize * 64, 64)];
+        p.b.p.post_recv(qb, 100 + i, &s).expect("post_recv");
+    }
+    assert_eq!(p.a.p.device_events(), DeviceEvents::default());
+    // Signalled Sends whose completions go to a CQ of depth 1 that nobody polls.
+    for i in 0..SENDS {
+        let s = [p.a.sge(0, 8)];
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        if p.a.p.post_send(qa, &wr).is_err() {
+            break;
+        }
+    }
+    p.wait("the connection on the overrun CQ ended", |p| {
+        p.a.disconnected(qa)
+    });
+    let d = p.a.p.device_events();
+    assert!(d.cq_errors >= 1, "the overrun is counted: {d:?}");
+    assert_eq!(
+        (d.qp_errors, d.srq_errors, d.device_fatal),
+        (0, 0, 0),
+        "nothing else failed: {d:?}"
+    );
+    assert_ne!(p.a.p.qp_state(qa).unwrap(), QpState::ReadyToSend);
+    p.wait("the peer sees the end", |p| p.b.disconnected(qb));
+    // The main connection, on another CQ, carries on.
+    let s = p.b.sge(200_000, 64);
+    p.b.recv(500, &[s]);
+    p.a.fill(1000, &[3; 16]);
+    let s = p.a.sge(1000, 16);
+    p.a.post(501, SendOp::Send, &[s], true);
+    p.wait("a Send on the other connection", |p| {
+        p.a.wc(501).is_some() && p.b.wc(500).is_some()
+    });
+    assert_eq!(p.a.wc(501).unwrap().status, WcStatus::Success);
+    assert_eq!(p.b.mem(200_000, 16), &[3; 16]);
+    assert!(!p.a.disconnected(p.a.qp()) && !p.b.disconnected(p.b.qp()));
 }
 
 /// Whether `side` has news to act on: work its provider left for the next poll, or its event

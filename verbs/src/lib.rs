@@ -453,6 +453,29 @@ impl fmt::Display for ConnectFailure {
     }
 }
 
+/// The asynchronous events a device reported (`ibv_get_async_event`), counted since the
+/// provider opened: see [`Provider::device_events`]. Each failure event has already ended the
+/// connections it concerns (their queue pairs are in the error state and reported
+/// [`CmEvent::Disconnected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceEvents {
+    /// Queue pairs the device failed on its own (a catastrophic error, an invalid request or
+    /// an access violation it detected as responder): each ended its connection.
+    pub qp_errors: u64,
+    /// Completion queue errors (an overrun): every connection on that CQ ended, as
+    /// completions may have been lost.
+    pub cq_errors: u64,
+    /// Shared receive queue errors: every connection on that SRQ ended.
+    pub srq_errors: u64,
+    /// Fatal device errors: every connection ended, and the device serves no more until it is
+    /// opened again (the daemon restarted).
+    pub device_fatal: u64,
+    /// The port went down (link lost; connections end as their peers stop answering).
+    pub port_down: u64,
+    /// The port became active again.
+    pub port_up: u64,
+}
+
 /// Connection-manager events, delivered by [`Provider::poll_cm`] (rdma_cm event subset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmEvent {
@@ -628,6 +651,12 @@ pub trait Provider {
     /// [`event_fd`](Provider::event_fd) while this is true: nothing would wake it.
     fn busy(&self) -> bool {
         false
+    }
+
+    /// The device's asynchronous events so far (none for a provider without a device: the
+    /// soft provider's failures all show as completions and connection events).
+    fn device_events(&self) -> DeviceEvents {
+        DeviceEvents::default()
     }
 }
 

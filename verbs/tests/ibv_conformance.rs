@@ -57,3 +57,10 @@ impl Harness for Ibv {
 }
 
 rpcrdma_verbs::conformance_tests!(harness(), event_fd);
+
+/// A completion queue overrun (an asynchronous event of the device) ends the connections on
+/// that CQ only.
+#[test]
+fn cq_overrun_ends_the_connections_on_that_cq() {
+    rpcrdma_verbs::conformance::cq_overrun_ends_the_connections_on_that_cq(&mut harness());
+}

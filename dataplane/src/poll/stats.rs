@@ -204,6 +204,11 @@ pub struct ThreadStats {
     /// and did not report it; see [`Driver::close`](crate::Driver::close)). Zero on a sound
     /// device.
     pub drains_overdue: u64,
+    /// The RDMA device's asynchronous events so far (the `ibv` provider; each failure has
+    /// ended the connections it concerned, see [`Provider::device_events`]).
+    ///
+    /// [`Provider::device_events`]: rpcrdma_verbs::Provider::device_events
+    pub device: rpcrdma_verbs::DeviceEvents,
     /// Apps attached now.
     pub apps: usize,
     /// RPC operations of apps in flight now.

@@ -1627,11 +1627,53 @@ impl<P: Provider> PollThread<P> {
 
     /// The chores: connection-manager events, commands, app reap, retired memory, drain;
     /// true if anything happened.
+    /// Says what the device reported since it was last looked at (the connections it ended
+    /// have their own events; this is the operator's word on why).
+    fn note_device_events(&mut self, now: rpcrdma_verbs::DeviceEvents) {
+        let was = std::mem::replace(&mut self.stats.device, now);
+        let thread = self.stats.index;
+        if now.device_fatal > was.device_fatal {
+            tracing::error!(
+                thread,
+                "the RDMA device reported a fatal error: its connections ended, and it serves no more until the daemon restarts"
+            );
+        }
+        if now.cq_errors > was.cq_errors {
+            tracing::error!(
+                thread,
+                "a completion queue of this poll thread failed (an overrun): its connections ended"
+            );
+        }
+        if now.srq_errors > was.srq_errors {
+            tracing::error!(
+                thread,
+                "a shared receive queue of this poll thread failed: its connections ended"
+            );
+        }
+        if now.qp_errors > was.qp_errors {
+            tracing::warn!(
+                thread,
+                failed = now.qp_errors - was.qp_errors,
+                "the RDMA device failed queue pairs on its own: their connections ended"
+            );
+        }
+        if now.port_down > was.port_down {
+            tracing::warn!(thread, "the RDMA port went down");
+        }
+        if now.port_up > was.port_up {
+            tracing::info!(thread, "the RDMA port is active again");
+        }
+    }
+
     fn housekeeping(&mut self, now: Instant) -> bool {
         let mut work = self.emit_unsent();
         while let Some(ev) = self.drv.provider_mut().poll_cm() {
             self.on_cm(ev);
             work = true;
+        }
+        let device = self.drv.provider().device_events();
+        if device != self.stats.device {
+            self.note_device_events(device);
         }
         // Each command rings the doorbell once: its bytes are read when commands were taken
         // (and before parking), not by a system call on every chore.

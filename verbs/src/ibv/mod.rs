@@ -21,6 +21,12 @@
 //!
 //! Every error completion of a connected queue pair ends its connection (queue pair to error,
 //! `rdma_disconnect`), so both sides see `Disconnected` as they would on iWARP.
+//!
+//! The device's asynchronous events are read with rdma_cm's (their descriptor is part of the
+//! event fd): a queue pair the device failed ends its connection; a completion queue error
+//! (an overrun: completions may be lost) or a shared receive queue error ends every connection
+//! on that queue; a fatal device error ends every connection. Each is counted, with the port
+//! going down and coming back, in [`Provider::device_events`].
 
 mod sys;
 
@@ -37,12 +43,12 @@ use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, ListenerId, Mr, MrId,
-    PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
-    WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, DeviceEvents, Error, ListenerId,
+    Mr, MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge,
+    SrqId, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 
-use sys::{CmId, RawCq, RawMw, RawQp, RawSrq};
+use sys::{AsyncEvent, CmId, RawCq, RawMw, RawQp, RawSrq};
 
 /// Where to find the device: name (e.g. `rxe0`; first device if `None`), port, GID index.
 #[derive(Debug, Clone)]
@@ -182,7 +188,7 @@ struct QpEntry {
     pd: PdId,
     send_cq: CqId,
     recv_cq: CqId,
-    srq: bool,
+    srq: Option<SrqId>,
     max_sge: u32,
     state: QpState,
     id: Option<CmId>,
@@ -240,6 +246,8 @@ pub struct IbvProvider {
     reqs: Vec<Option<CmId>>,
     windows: HashMap<u32, Window>,
     events: VecDeque<CmEvent>,
+    /// The device's asynchronous events so far.
+    device_events: DeviceEvents,
 }
 
 impl fmt::Debug for IbvProvider {
@@ -356,7 +364,8 @@ impl IbvProvider {
         let raw_ctx = unsafe { ctx.context().as_ptr() };
         let comp = sys::CompChannel::new(raw_ctx)
             .map_err(|e| OpenError::Device("completion channel", e))?;
-        let wake = sys::Wake::new(&[channel.fd(), comp.fd()])
+        let async_fd = sys::async_fd(raw_ctx).map_err(|e| OpenError::Device("async events", e))?;
+        let wake = sys::Wake::new(&[channel.fd(), comp.fd(), async_fd])
             .map_err(|e| OpenError::Device("epoll", e))?;
         Ok(IbvProvider {
             cfg,
@@ -382,6 +391,7 @@ impl IbvProvider {
             reqs: Vec::new(),
             windows: HashMap::with_capacity(1024),
             events: VecDeque::with_capacity(64),
+            device_events: DeviceEvents::default(),
         })
     }
 
@@ -446,6 +456,60 @@ impl IbvProvider {
     fn drop_region_exposures(&mut self, qp: QpId) {
         self.windows
             .retain(|_, w| !matches!(w, Window::Mr { qp: q, .. } if *q == qp));
+    }
+
+    /// One asynchronous event of the device: what failed ends the connections it carried.
+    fn on_async_event(&mut self, ev: AsyncEvent) {
+        let d = &mut self.device_events;
+        let failed: Vec<QpId> = match ev {
+            AsyncEvent::QpFailed(num) => {
+                d.qp_errors += 1;
+                self.qp_by_num.get(&num).copied().into_iter().collect()
+            }
+            AsyncEvent::CqFailed(cq) => {
+                d.cq_errors += 1;
+                let on = |c: CqId| slot(&self.cqs, c.0).is_ok_and(|e| e.cq.ptr() == cq);
+                self.qps_where(|e| on(e.send_cq) || on(e.recv_cq))
+            }
+            AsyncEvent::SrqFailed(srq) => {
+                d.srq_errors += 1;
+                let on = |s: SrqId| slot(&self.srqs, s.0).is_ok_and(|e| e.ptr() == srq);
+                self.qps_where(|e| e.srq.is_some_and(on))
+            }
+            AsyncEvent::DeviceFatal => {
+                d.device_fatal += 1;
+                self.qps_where(|_| true)
+            }
+            AsyncEvent::PortDown(_) => {
+                d.port_down += 1;
+                Vec::new()
+            }
+            AsyncEvent::PortUp(_) => {
+                d.port_up += 1;
+                Vec::new()
+            }
+            AsyncEvent::QpLastWqe(_) | AsyncEvent::Other(_) => Vec::new(),
+        };
+        for qp in failed {
+            // An established connection is reported ended now (the connection manager may
+            // never say so after a device failure); one still connecting ends through the
+            // connection manager's error, as any failed connect does.
+            let up = slot(&self.qps, qp.0).is_ok_and(|e| e.state == QpState::ReadyToSend);
+            self.fail_qp(qp);
+            if up {
+                self.report_disconnect(qp);
+            }
+        }
+    }
+
+    /// The queue pairs whose entry satisfies `f` (a failure's victims: not a hot path).
+    fn qps_where(&self, f: impl Fn(&QpEntry) -> bool) -> Vec<QpId> {
+        self.qps
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.as_ref().is_some_and(&f))
+            .map(|(i, _)| QpId(i as u32))
+            .collect()
     }
 
     fn report_disconnect(&mut self, qp: QpId) {
@@ -1042,7 +1106,7 @@ impl Provider for IbvProvider {
                 pd: init.pd,
                 send_cq: init.send_cq,
                 recv_cq: init.recv_cq,
-                srq: init.srq.is_some(),
+                srq: init.srq,
                 max_sge: init.max_sge.max(1),
                 state: QpState::Init,
                 id: None,
@@ -1080,7 +1144,7 @@ impl Provider for IbvProvider {
 
     fn post_recv(&mut self, qp: QpId, wr_id: u64, sg: &[Sge]) -> Result<()> {
         let e = slot(&self.qps, qp.0)?;
-        if e.srq {
+        if e.srq.is_some() {
             return Err(Error::BadState);
         }
         let mut buf = [sys::zero_sge(); MAX_SGE];
@@ -1284,6 +1348,9 @@ impl Provider for IbvProvider {
         for c in self.cqs.iter().flatten() {
             let _ = c.cq.arm();
         }
+        while let Some(ev) = sys::next_async_event(self.ctx_ptr()) {
+            self.on_async_event(ev);
+        }
         if self.events.is_empty() {
             while let Some(ev) = self.channel.next_event() {
                 self.on_cm_event(ev);
@@ -1294,6 +1361,10 @@ impl Provider for IbvProvider {
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(self.wake.fd())
+    }
+
+    fn device_events(&self) -> DeviceEvents {
+        self.device_events
     }
 }
 

@@ -142,6 +142,98 @@ impl Drop for CompChannel {
     }
 }
 
+/// What one asynchronous event of the device concerns (`ibv_get_async_event`), read and
+/// acknowledged by [`next_async_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AsyncEvent {
+    /// The device failed this queue pair (by number): `IBV_EVENT_QP_FATAL`, `QP_REQ_ERR`,
+    /// `QP_ACCESS_ERR`.
+    QpFailed(u32),
+    /// The last receive of a queue pair on an SRQ was consumed after it failed.
+    QpLastWqe(u32),
+    /// A completion queue failed (an overrun): the CQ, to compare with the provider's.
+    CqFailed(*mut ffi::ibv_cq),
+    /// A shared receive queue failed.
+    SrqFailed(*mut ffi::ibv_srq),
+    /// A port went down / became active (the port number).
+    PortDown(u32),
+    PortUp(u32),
+    /// The device failed.
+    DeviceFatal,
+    /// Anything else (connection established, path migration, address changes, ...).
+    Other(u32),
+}
+
+/// `struct ibv_async_event` with the event type as a plain integer: a library newer than
+/// the bindings may report a type they do not know, which must not become an invalid enum.
+#[repr(C)]
+struct RawAsyncEvent {
+    element: RawAsyncElement,
+    event_type: u32,
+}
+
+#[repr(C)]
+union RawAsyncElement {
+    cq: *mut ffi::ibv_cq,
+    qp: *mut ffi::ibv_qp,
+    srq: *mut ffi::ibv_srq,
+    port_num: libc::c_int,
+}
+
+/// Makes the device's asynchronous event descriptor nonblocking, so that
+/// [`next_async_event`] never waits, and returns it (owned by the context).
+pub(super) fn async_fd(ctx: *mut ibv_context) -> io::Result<RawFd> {
+    // SAFETY: `ctx` is a live device context; `async_fd` is a plain field of it.
+    let fd = unsafe { (*ctx).async_fd };
+    set_nonblocking(fd)?;
+    Ok(fd)
+}
+
+/// The device's next asynchronous event, acknowledged, if one is pending.
+pub(super) fn next_async_event(ctx: *mut ibv_context) -> Option<AsyncEvent> {
+    let mut ev = RawAsyncEvent {
+        element: RawAsyncElement {
+            cq: ptr::null_mut(),
+        },
+        event_type: u32::MAX,
+    };
+    let raw = (&mut ev as *mut RawAsyncEvent).cast::<ffi::ibv_async_event>();
+    // SAFETY: `ctx` is live and its async descriptor nonblocking ([`async_fd`]): with no
+    // event this returns -1 at once. `raw` points to a struct laid out as `ibv_async_event`
+    // (a pointer-sized union, then a 32-bit type), which the call fills in.
+    if unsafe { ffi::ibv_get_async_event(ctx, raw) } != 0 {
+        return None;
+    }
+    use ffi::ibv_event_type as T;
+    const QP_FATAL: u32 = T::IBV_EVENT_QP_FATAL as u32;
+    const QP_REQ_ERR: u32 = T::IBV_EVENT_QP_REQ_ERR as u32;
+    const QP_ACCESS_ERR: u32 = T::IBV_EVENT_QP_ACCESS_ERR as u32;
+    const QP_LAST_WQE: u32 = T::IBV_EVENT_QP_LAST_WQE_REACHED as u32;
+    const CQ_ERR: u32 = T::IBV_EVENT_CQ_ERR as u32;
+    const SRQ_ERR: u32 = T::IBV_EVENT_SRQ_ERR as u32;
+    const PORT_ERR: u32 = T::IBV_EVENT_PORT_ERR as u32;
+    const PORT_ACTIVE: u32 = T::IBV_EVENT_PORT_ACTIVE as u32;
+    const DEVICE_FATAL: u32 = T::IBV_EVENT_DEVICE_FATAL as u32;
+    // SAFETY: each union read follows the event type, which says which member the library
+    // wrote; the objects it names live at least until the event is acknowledged below
+    // (destroying a queue pair, CQ or SRQ waits for its events' acknowledgement).
+    let out = unsafe {
+        match ev.event_type {
+            QP_FATAL | QP_REQ_ERR | QP_ACCESS_ERR => AsyncEvent::QpFailed((*ev.element.qp).qp_num),
+            QP_LAST_WQE => AsyncEvent::QpLastWqe((*ev.element.qp).qp_num),
+            CQ_ERR => AsyncEvent::CqFailed(ev.element.cq),
+            SRQ_ERR => AsyncEvent::SrqFailed(ev.element.srq),
+            PORT_ERR => AsyncEvent::PortDown(ev.element.port_num as u32),
+            PORT_ACTIVE => AsyncEvent::PortUp(ev.element.port_num as u32),
+            DEVICE_FATAL => AsyncEvent::DeviceFatal,
+            t => AsyncEvent::Other(t),
+        }
+    };
+    // SAFETY: `raw` is the event just returned by `ibv_get_async_event`, acknowledged once.
+    unsafe { ffi::ibv_ack_async_event(raw) };
+    Some(out)
+}
+
 /// An epoll descriptor readable while any of its members is (level-triggered): what the
 /// provider offers as its event fd, over the rdma_cm channel and the completion channel.
 pub(super) struct Wake(std::os::fd::OwnedFd);
