@@ -487,6 +487,19 @@ impl<T: Transport> SoftProvider<T> {
         }
     }
 
+    /// A connect that failed before anything went on the wire: the same event a refusal on
+    /// the wire gives.
+    fn connect_failed_at_once(&mut self, qp: QpId, e: &std::io::Error) -> Result<()> {
+        let q = self.qp_mut(qp)?;
+        q.state = QpState::Error;
+        q.phase = Phase::Dead;
+        self.events.push_back(CmEvent::ConnectError {
+            qp,
+            cause: ConnectFailure::from_io(e),
+        });
+        Ok(())
+    }
+
     /// Give queue pair `qp` its link and visit it at the next poll (its first bytes may have
     /// come before the transport could report them).
     fn attach(&mut self, qp: QpId, mut link: T::Link) -> std::io::Result<()> {
@@ -1809,18 +1822,8 @@ impl<T: Transport> Provider for SoftProvider<T> {
         }
         let link = match self.transport.connect(addr) {
             Ok(link) => link,
-            Err(e) => {
-                // Refused at once (nothing listens in memory; TCP's immediate errors): the
-                // same event a refusal on the wire gives.
-                let q = self.qp_mut(qp)?;
-                q.state = QpState::Error;
-                q.phase = Phase::Dead;
-                self.events.push_back(CmEvent::ConnectError {
-                    qp,
-                    cause: ConnectFailure::from_io(&e),
-                });
-                return Ok(());
-            }
+            // Refused at once (nothing listens in memory; TCP's immediate errors).
+            Err(e) => return self.connect_failed_at_once(qp, &e),
         };
         let seglen = self.seglen(&link);
         let cfg = self.cfg;
@@ -1845,16 +1848,10 @@ impl<T: Transport> Provider for SoftProvider<T> {
         q.seglen = seglen;
         q.phase = Phase::Connecting;
         q.state = QpState::Connecting;
-        if let Err(e) = self.attach(qp, link) {
-            let q = self.qp_mut(qp)?;
-            q.state = QpState::Error;
-            q.phase = Phase::Dead;
-            self.events.push_back(CmEvent::ConnectError {
-                qp,
-                cause: ConnectFailure::from_io(&e),
-            });
+        match self.attach(qp, link) {
+            Ok(()) => Ok(()),
+            Err(e) => self.connect_failed_at_once(qp, &e),
         }
-        Ok(())
     }
 
     fn accept(&mut self, req: ConnReqId, qp: QpId, params: &ConnParams<'_>) -> Result<()> {
