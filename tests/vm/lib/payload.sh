@@ -20,7 +20,7 @@ build_tests() {
 pack_payload() {
   local p=$OUT/payload t exe
   rm -rf "$p"; mkdir -p "$p/payload/bin"
-  has_part ibv && for t in ibv_conformance ibv_open ibv_siw_interop; do
+  has_part ibv && for t in ibv_conformance ibv_open ibv_port ibv_siw_interop; do
     exe=$(grep -F "\"name\":\"$t\"" "$OUT/cargo.json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no test binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/bin/$t"
