@@ -1705,6 +1705,10 @@ impl<T: Transport> Provider for SoftProvider<T> {
         } else {
             self.qps[idx] = Some(q);
         }
+        // Room to list every queue pair for a visit, so that polling never allocates.
+        let n = self.qps.len();
+        self.active.reserve(n);
+        self.visiting.reserve(n);
         Ok(QpId(idx as u32))
     }
 
