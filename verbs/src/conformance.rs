@@ -1793,6 +1793,61 @@ pub fn idle_connections_cost_a_poll_nothing<H: Harness>(h: &mut H, visits: impl 
     assert_eq!(p.b.mem(0, 64), &[5; 64]);
 }
 
+/// News for connection management that a completion poll takes is not lost to a sleeper. A
+/// side that has armed its event fd (`poll_cm`) polls its completion queue, as a poll
+/// thread's turn does before it parks, just as a connection request reaches its listener:
+/// it must still see work, [`busy`](Provider::busy) or its event fd readable, and its next
+/// `poll_cm` must bring the request. (The soft provider over TCP takes its listener's
+/// readiness in the same `epoll_wait` as its links'.)
+pub fn a_connection_request_is_news_after_a_completion_poll<H: Harness>(h: &mut H) {
+    let (pa, pb) = h.pair();
+    let mut a = Side::new(pa);
+    let mut b = Side::new(pb);
+    let l = b.p.listen(h.listen_addr()).expect("listen");
+    let addr = b.p.listen_addr(l).expect("listen_addr");
+    while b.p.poll_cm().is_some() {}
+    assert!(
+        !readable(b.p.event_fd().expect("event fd"), 0),
+        "quiet before the request"
+    );
+    let qa = a.p.create_qp(&a.qp_init()).expect("create_qp");
+    a.p.connect(
+        qa,
+        addr,
+        &ConnParams {
+            private_data: &CLIENT_PD,
+            responder_resources: 16,
+            initiator_depth: 16,
+        },
+    )
+    .expect("connect");
+    let start = Instant::now();
+    while !readable(b.p.event_fd().expect("event fd"), 10) {
+        a.step();
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the listener never became readable"
+        );
+    }
+    let mut w = [WorkCompletion::default(); 4];
+    assert_eq!(b.p.poll_cq(b.cq, &mut w).expect("poll_cq"), 0);
+    assert!(
+        b.p.busy() || readable(b.p.event_fd().expect("event fd"), 0),
+        "a completion poll took the listener's news and nothing says so: a sleeper would miss \
+         the connection request"
+    );
+    let start = Instant::now();
+    while !b
+        .events
+        .iter()
+        .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    {
+        a.step();
+        b.step();
+        assert!(start.elapsed() < DEADLINE, "no connection request");
+    }
+}
+
 /// The same burst against receive queues of their own (not in [`conformance_tests!`]: on
 /// InfiniBand and RoCE the burst is retried, Receiver Not Ready, rather than ending its
 /// connection): it ends only the connection that sent it, and the other's Send lands.
@@ -1849,7 +1904,8 @@ macro_rules! conformance_tests {
     // For providers with an event fd (`Provider::event_fd`): the suite, and its wake-up test.
     ($harness:expr, event_fd) => {
         $crate::conformance_tests!($harness);
-        $crate::conformance_tests!(@t $harness; event_fd_wakes_a_sleeper_at_the_next_completion);
+        $crate::conformance_tests!(@t $harness; event_fd_wakes_a_sleeper_at_the_next_completion,
+            a_connection_request_is_news_after_a_completion_poll);
     };
     ($harness:expr) => {
         $crate::conformance_tests!(@t $harness;

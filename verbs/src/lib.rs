@@ -647,7 +647,8 @@ pub trait Provider {
 
     /// Whether the provider has work it will do at its next poll without any new event (the
     /// soft provider: a queue pair stopped in the middle of a transfer so that others get
-    /// their turn, or in-memory wakeups not taken yet). An owner must not sleep on
+    /// their turn, in-memory wakeups not taken yet, or a listener's news that a completion
+    /// poll took, left for the next `poll_cm`). An owner must not sleep on
     /// [`event_fd`](Provider::event_fd) while this is true: nothing would wake it.
     fn busy(&self) -> bool {
         false

@@ -42,8 +42,10 @@ pub trait Transport {
     fn attach(&mut self, link: &mut Self::Link, token: usize) -> io::Result<()>;
     /// Call `ready` with the token of each attached link that may have become readable or
     /// writable since the last call (a token may come more than once, or for a link that
-    /// turns out to have nothing; a link that has closed reports its token too).
-    fn take_ready(&mut self, ready: impl FnMut(usize));
+    /// turns out to have nothing; a link that has closed reports its token too). True if a
+    /// listener or a link not attached yet had news too (the owner's connection management
+    /// has work: the news was taken here and will not be reported again).
+    fn take_ready(&mut self, ready: impl FnMut(usize)) -> bool;
     /// Whether [`Transport::take_ready`] has tokens to report already (in-memory wakeups not
     /// taken yet): the owner must not sleep on [`Transport::event_fd`] then.
     fn has_ready(&self) -> bool {
@@ -58,9 +60,8 @@ pub trait Transport {
 /// TCP through nonblocking `mio` sockets, registered (edge-triggered) with one `mio::Poll`:
 /// [`Transport::take_ready`] asks it (`epoll_wait` without waiting) which links have news, and
 /// its epoll descriptor is the provider's [`event_fd`](crate::Provider::event_fd). Listeners
-/// and links not attached yet carry token 0, which `take_ready` does not report (the provider
-/// looks at those on every connection-management poll); an attached link carries its token
-/// plus one.
+/// and links not attached yet share token 0 (the provider looks at all of those on every
+/// connection-management poll); an attached link carries its token plus one.
 #[derive(Debug)]
 pub struct Tcp {
     poll: mio::Poll,
@@ -169,25 +170,27 @@ impl Transport for Tcp {
             .registry()
             .reregister(&mut link.0, mio::Token(token), BOTH)
     }
-    fn take_ready(&mut self, mut ready: impl FnMut(usize)) {
+    fn take_ready(&mut self, mut ready: impl FnMut(usize)) -> bool {
         // One `epoll_wait` without waiting; again only if the event list came back full.
+        let mut unattached = false;
         loop {
             if self
                 .poll
                 .poll(&mut self.events, Some(std::time::Duration::ZERO))
                 .is_err()
             {
-                return;
+                return unattached;
             }
             let mut n = 0;
             for e in self.events.iter() {
                 n += 1;
-                if let Some(token) = e.token().0.checked_sub(1) {
-                    ready(token);
+                match e.token().0.checked_sub(1) {
+                    Some(token) => ready(token),
+                    None => unattached = true,
                 }
             }
             if n < self.events.capacity() {
-                return;
+                return unattached;
             }
         }
     }
@@ -435,11 +438,14 @@ impl Transport for MemPort {
         link.tx.borrow_mut().writer = Some(w);
         Ok(())
     }
-    fn take_ready(&mut self, mut ready: impl FnMut(usize)) {
+    fn take_ready(&mut self, mut ready: impl FnMut(usize)) -> bool {
         let mut list = self.ready.borrow_mut();
         for token in list.drain(..) {
             ready(token);
         }
+        // Listeners and pending links in memory announce nothing: connection management looks
+        // at them on every poll of it.
+        false
     }
     fn has_ready(&self) -> bool {
         !self.ready.borrow().is_empty()

@@ -378,6 +378,9 @@ pub struct SoftProvider<T: Transport> {
     visiting: Vec<u32>,
     /// Queue pair visits so far (see [`SoftProvider::visits`]).
     visits: u64,
+    /// A listener or a pending connection had news that a queue pairs' poll took: connection
+    /// management has work (cleared when it looks).
+    cm_news: bool,
     listeners: Vec<Option<T::Listener>>,
     pending: Vec<Option<Pending<T::Link>>>,
     events: VecDeque<CmEvent>,
@@ -421,6 +424,7 @@ impl<T: Transport> SoftProvider<T> {
             active: Vec::new(),
             visiting: Vec::new(),
             visits: 0,
+            cm_news: false,
             listeners: Vec::new(),
             pending: Vec::new(),
             events: VecDeque::with_capacity(64),
@@ -462,7 +466,7 @@ impl<T: Transport> SoftProvider<T> {
     /// queue pair costs nothing here, however many there are.
     fn progress(&mut self) {
         let (qps, active) = (&mut self.qps, &mut self.active);
-        self.transport.take_ready(|token| {
+        self.cm_news |= self.transport.take_ready(|token| {
             if let Some(Some(q)) = qps.get_mut(token) {
                 q.io_ready = true;
                 q.schedule(token as u32, active);
@@ -513,6 +517,7 @@ impl<T: Transport> SoftProvider<T> {
     }
 
     fn progress_cm(&mut self) {
+        self.cm_news = false;
         for (i, l) in self.listeners.iter_mut().enumerate() {
             let Some(l) = l else { continue };
             while let Ok(Some(link)) = self.transport.accept(l) {
@@ -1987,7 +1992,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
     }
 
     fn busy(&self) -> bool {
-        !self.active.is_empty() || self.transport.has_ready()
+        !self.active.is_empty() || self.cm_news || self.transport.has_ready()
     }
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
