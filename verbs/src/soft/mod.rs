@@ -14,7 +14,9 @@
 //! framing, writing and reading, so that one busy connection cannot starve the others). A link
 //! is read only after news and until a read comes back short or finds nothing, and written
 //! until a write is refused; the refusal's end is news again. [`Provider::busy`] says when
-//! work is left for the next poll without news (a parked owner must not sleep then).
+//! work is left for the next poll without news (a parked owner must not sleep then),
+//! including a listener's or pending connection's readiness that a completion poll's
+//! `epoll_wait` took, kept for the next [`Provider::poll_cm`].
 //!
 //! Known simplifications: Sends and Writes complete once their last byte is framed (as siw
 //! completes them once handed to TCP), so a Write the peer refuses completes successfully and
