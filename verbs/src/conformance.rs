@@ -139,6 +139,16 @@ impl<P: Provider> Side<P> {
         }
     }
 
+    /// Start connecting `qp` to `addr` as xprtrdma would (its private data, depths of 16).
+    fn start_connect(&mut self, qp: QpId, addr: SocketAddr) {
+        let params = ConnParams {
+            private_data: &CLIENT_PD,
+            responder_resources: 16,
+            initiator_depth: 16,
+        };
+        self.p.connect(qp, addr, &params).expect("connect");
+    }
+
     fn step(&mut self) {
         while let Some(e) = self.p.poll_cm() {
             self.events.push(e);
@@ -259,18 +269,7 @@ fn connect_one_on<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr, cq: CqId) {
     };
     let qa = pair.a.p.create_qp(&init).expect("create_qp a");
     assert_eq!(pair.a.p.qp_state(qa).unwrap(), QpState::Init);
-    pair.a
-        .p
-        .connect(
-            qa,
-            addr,
-            &ConnParams {
-                private_data: &CLIENT_PD,
-                responder_resources: 16,
-                initiator_depth: 16,
-            },
-        )
-        .expect("connect");
+    pair.a.start_connect(qa, addr);
     let seen = pair.b.events.len();
     pair.wait("connect request", |p| {
         p.b.events[seen..]
@@ -1811,16 +1810,7 @@ pub fn a_connection_request_is_news_after_a_completion_poll<H: Harness>(h: &mut 
         "quiet before the request"
     );
     let qa = a.p.create_qp(&a.qp_init()).expect("create_qp");
-    a.p.connect(
-        qa,
-        addr,
-        &ConnParams {
-            private_data: &CLIENT_PD,
-            responder_resources: 16,
-            initiator_depth: 16,
-        },
-    )
-    .expect("connect");
+    a.start_connect(qa, addr);
     let start = Instant::now();
     while !readable(b.p.event_fd().expect("event fd"), 10) {
         a.step();
