@@ -1625,8 +1625,6 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// The chores: connection-manager events, commands, app reap, retired memory, drain;
-    /// true if anything happened.
     /// Says what the device reported since it was last looked at (the connections it ended
     /// have their own events; this is the operator's word on why).
     fn note_device_events(&mut self, now: rpcrdma_verbs::DeviceEvents) {
@@ -1665,6 +1663,8 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
+    /// The chores: connection-manager events, the device's events, commands, app reap,
+    /// retired memory, drain; true if anything happened.
     fn housekeeping(&mut self, now: Instant) -> bool {
         let mut work = self.emit_unsent();
         while let Some(ev) = self.drv.provider_mut().poll_cm() {
