@@ -397,10 +397,16 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
-    /// One pass over the completions, the engine, the apps and the hops; true if anything
+    /// One pass over the hops, the completions, the engine and the apps; true if anything
     /// happened.
     fn poll_once(&mut self, now: Instant) -> bool {
-        let mut work = self.drv.poll(now, &mut self.mem) > 0;
+        // Hops first: what another thread sent before a peer's message arrived is known when
+        // the message is handled. A program an app of another thread registered is announced
+        // as that thread takes the registration; a call for it that arrives while the
+        // announcement is still unread (a thread that runs late finds both waiting) must not
+        // be answered PROG_UNAVAIL.
+        let mut work = self.poll_hops(now);
+        work |= self.drv.poll(now, &mut self.mem) > 0;
         while let Some((conn, ev)) = self.drv.poll_event() {
             self.on_engine(conn, ev, now);
             work = true;
@@ -424,7 +430,6 @@ impl<P: Provider> PollThread<P> {
             self.on_submission(app, s);
         }
         self.subs = subs;
-        work |= self.poll_hops(now);
         // The turn's Sends go out together: only the last of each connection's asks for a
         // completion.
         self.drv.post_pending();
