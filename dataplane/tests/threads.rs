@@ -394,3 +394,94 @@ fn a_server_that_replies_and_leaves_at_once_still_sends_its_whole_reply() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An app that registers a program is told so only once every poll thread can route calls
+/// for it to the app: its peers may call the moment it is told. Here the registering server
+/// is on thread 0 and the connection on thread 1, and the announcement reaches thread 1 as a
+/// hop behind a burst of calls that overflowed the 2-deep queue between them; a client on
+/// thread 1 calls the new program as soon as the server's registration returns, and must be
+/// served, never answered PROG_UNAVAIL.
+#[test]
+fn a_program_registered_on_another_thread_is_served_as_soon_as_its_app_is_told() {
+    let (dir, path, _mesh, mut handles) = threads("announce", 2, 2);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+    let _conn = self_connection(&t1);
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    // Thread 0: the burst's caller first (its submissions are taken before the registration
+    // that follows them), the RDMATEST server answering the burst, and the new server.
+    let p = path.clone();
+    let burst = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"));
+    let mut a = burst.join().expect("client thread");
+    let p = path.clone();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let _rdmatest = attach(&mut apps, &t0, move || {
+        let mut s = server(&p);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready_tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("server registered");
+    let p = path.clone();
+    let fresh = attach(&mut apps, &t0, move || server(&p));
+    let mut s = fresh.join().expect("server thread");
+    // Thread 1: the caller of the new program.
+    let p = path.clone();
+    let caller = attach(&mut apps, &t1, move || Client::connect(&p).expect("client"));
+    let mut c = caller.join().expect("client thread");
+    let (pa, pc) = (a.peer("self").expect("peer"), c.peer("self").expect("peer"));
+
+    let deferred = stats(&t0).hops_deferred;
+    for round in 0..8u32 {
+        let burst: Vec<_> = (0..64u32)
+            .map(|i| {
+                let mut call = a.call(pa, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+                call.args().put_opaque(&pattern(i, 40));
+                call.max_reply(512);
+                call.submit().expect("submit")
+            })
+            .collect();
+        let prog = 0x2000_5000 + round;
+        s.start(prog, 1).expect("register the new program");
+        let mut call = c.call(pc, prog, 1, rdmatest::ECHO);
+        call.args().put_opaque(&pattern(round, 24));
+        call.max_reply(512);
+        let t = call.submit().expect("submit");
+        let end = Instant::now() + Duration::from_secs(20);
+        let r = loop {
+            s.serve_ready(rdmatest::handle).expect("serve");
+            if let Some(r) = c.try_take(t).expect("take") {
+                break r.expect("the call of the new program");
+            }
+            assert!(Instant::now() < end, "round {round}: no reply");
+        };
+        assert_eq!(
+            r.accept_stat, 0,
+            "round {round}: the new program was not found"
+        );
+        for t in burst {
+            assert_eq!(a.wait(t, T).expect("burst call").accept_stat, 0);
+        }
+    }
+    // A program nobody serves is still refused, once the hops before the call are taken.
+    let t = c
+        .call(pc, 0x2000_5fff, 1, rdmatest::NULL)
+        .submit()
+        .expect("submit");
+    assert_eq!(
+        c.wait(t, T).expect("refused").accept_stat,
+        1,
+        "PROG_UNAVAIL"
+    );
+    // The announcements did wait behind deferred hops (else this test proves nothing).
+    assert!(
+        stats(&t0).hops_deferred > deferred,
+        "the 2-deep queue never overflowed"
+    );
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1041,8 +1041,12 @@ impl Server {
             vers,
             ..Sqe::default()
         })?;
+        // The answer comes on the ring, after anything stashed already (calls of a program
+        // registered before, replies' ends): read the ring, not the stash, and keep the rest.
         loop {
-            let c = self.next()?;
+            let Some(c) = self.ep.wait(None)? else {
+                continue;
+            };
             if c.kind == op::REGISTER && c.user_data == u64::MAX {
                 if c.status != status::OK {
                     return Err(Error::Status(c.status));

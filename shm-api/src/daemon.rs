@@ -30,7 +30,9 @@
 //!                 let _ = table.reply_request(id).map(|r| r.tag);
 //!                 table.complete_reply(id, status::OK);
 //!             }
-//!             Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+//!             // Tell the app once calls for the program reach it (at once, with one thread).
+//!             Submission::Registered { ack, .. } => table.acknowledge(app, ack),
+//!             Submission::Unregistered { .. } => {}
 //!             // The app is closing: detach it now, as `reap` would once its socket closed.
 //!             Submission::Detach => {
 //!                 if let Some(gone) = table.detach(app, "closed") {
@@ -201,7 +203,10 @@ pub enum Submission {
     /// Send a reply to a call delivered earlier: the validated reply is
     /// [`AppTable::reply_request`]`(id)`, kept in the table like a call's request.
     Reply(OpId),
-    /// The app now serves (`prog`, `vers`) (already recorded for [`AppTable::lookup`]).
+    /// The app now serves (`prog`, `vers`) (already recorded for [`AppTable::lookup`]). The
+    /// app is not told yet: [`AppTable::acknowledge`]`(app, ack)` tells it, once whoever routes
+    /// calls to it knows (a daemon with several poll threads announces the program to the
+    /// others first, or a call the app's peer sends at once could find no server).
     Registered {
         /// Program.
         prog: u32,
@@ -209,6 +214,8 @@ pub enum Submission {
         vers: u32,
         /// A callback program for backward-direction calls.
         backchannel: bool,
+        /// The app's completion, for [`AppTable::acknowledge`].
+        ack: RegisterAck,
     },
     /// The app stopped serving (`prog`, `vers`).
     Unregistered {
@@ -220,6 +227,14 @@ pub enum Submission {
     /// The app is closing ([`op::DETACH`]): detach it now ([`AppTable::detach`]). Nothing of
     /// this app's is taken after it.
     Detach,
+}
+
+/// A registration's completion, held back until [`AppTable::acknowledge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegisterAck {
+    user_data: u64,
+    prog: u32,
+    vers: u32,
 }
 
 /// How a call ended, for [`AppTable::complete_call`].
@@ -813,7 +828,7 @@ impl AppTable {
                 let pos = registry.iter().position(|r| {
                     r.prog == s.prog && r.vers == s.vers && r.backchannel == backchannel
                 });
-                let sub = if s.opcode == op::REGISTER {
+                if s.opcode == op::REGISTER {
                     if pos.is_some() {
                         return Err(status::ALREADY_REGISTERED);
                     }
@@ -823,27 +838,47 @@ impl AppTable {
                         vers: s.vers,
                         backchannel,
                     });
-                    Submission::Registered {
+                    // Not acknowledged here: the caller does (`acknowledge`) once calls for the
+                    // program can be routed to the app.
+                    return Ok(Some(Submission::Registered {
                         prog: s.prog,
                         vers: s.vers,
                         backchannel,
+                        ack: RegisterAck {
+                            user_data: s.user_data,
+                            prog: s.prog,
+                            vers: s.vers,
+                        },
+                    }));
+                }
+                match pos {
+                    Some(p) if registry[p].app == app.id => {
+                        registry.swap_remove(p);
                     }
-                } else {
-                    match pos {
-                        Some(p) if registry[p].app == app.id => {
-                            registry.swap_remove(p);
-                        }
-                        _ => return Err(status::NOT_REGISTERED),
-                    }
-                    Submission::Unregistered {
-                        prog: s.prog,
-                        vers: s.vers,
-                    }
-                };
+                    _ => return Err(status::NOT_REGISTERED),
+                }
                 app.push(err_cqe(s, status::OK));
-                Ok(Some(sub))
+                Ok(Some(Submission::Unregistered {
+                    prog: s.prog,
+                    vers: s.vers,
+                }))
             }
             _ => Err(status::BAD_OPCODE),
+        }
+    }
+
+    /// Tells `app` its registration succeeded (see [`Submission::Registered`]); nothing if the
+    /// app has gone meanwhile.
+    pub fn acknowledge(&mut self, app: AppId, ack: RegisterAck) {
+        if let Some(a) = self.app_mut(app) {
+            a.push(Cqe {
+                kind: op::REGISTER,
+                status: status::OK,
+                user_data: ack.user_data,
+                prog: ack.prog,
+                vers: ack.vers,
+                ..Cqe::default()
+            });
         }
     }
 
@@ -1725,9 +1760,17 @@ mod tests {
         };
         app_a.submit(reg);
         app_b.submit(reg);
-        poll(&mut t);
-        assert_eq!(app_a.drain()[0].status, status::OK);
+        let subs = poll(&mut t);
         assert_eq!(app_b.drain()[0].status, status::ALREADY_REGISTERED);
+        // The app is told only when the caller acknowledges the registration.
+        assert!(app_a.drain().is_empty());
+        let [(app, Submission::Registered { ack, .. })] = subs[..] else {
+            panic!("{subs:?}");
+        };
+        assert_eq!(app, a);
+        t.acknowledge(a, ack);
+        let done = app_a.drain();
+        assert_eq!((done[0].kind, done[0].status), (op::REGISTER, status::OK));
         assert_eq!(t.lookup(9, 1), Some(a));
         assert_eq!(t.lookup_backchannel(9, 1), None);
         t.detach(a, "detached");

@@ -180,7 +180,8 @@ impl Loopback {
                         self.route_reply(r);
                     }
                 }
-                Submission::Registered { .. } | Submission::Unregistered { .. } => {}
+                Submission::Registered { ack, .. } => self.table.acknowledge(app, ack),
+                Submission::Unregistered { .. } => {}
                 Submission::Detach => {
                     if let Some(d) = self.table.detach(app, "closed") {
                         self.on_detached(d);

@@ -504,9 +504,14 @@ impl Run {
                         user: u64::from(r.accept_stat),
                     });
                 }
-                Submission::Registered { .. } | Submission::Unregistered { .. } => {
+                Submission::Registered { ack, .. } => {
                     assert!(!good || !self.g_registered, "G registers once");
                     self.g_registered |= good;
+                    // As a daemon with one poll thread does: at once.
+                    self.t.acknowledge(app, ack);
+                }
+                Submission::Unregistered { .. } => {
+                    assert!(!good, "G never unregisters");
                 }
                 Submission::Detach => {
                     assert!(!good, "G never detaches");

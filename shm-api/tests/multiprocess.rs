@@ -605,3 +605,46 @@ fn an_armed_client_wakes_and_learns_the_daemon_is_gone() {
     assert!(gone);
     killer.join().unwrap();
 }
+
+/// A server that registers more programs while calls for its first one are arriving: the
+/// calls read while waiting for one registration's answer are kept for later, the next
+/// registration still gets its answer (it once read its own stash forever), and the kept
+/// calls are served.
+#[test]
+fn registering_while_calls_arrive_keeps_the_calls_and_gets_every_answer() {
+    let path = sock("register-busy");
+    let _h = harness(&path);
+    let mut s = rpcrdma_shm::Server::connect(&path).expect("server attach");
+    s.receive_buffers(4, 4096);
+    s.start(rdmatest::PROG, 1).expect("register RDMATEST");
+    let (mut c, peer) = client(&path);
+    let tickets: Vec<_> = (0..2u32)
+        .map(|i| {
+            let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+            b.args().put_opaque(&pattern(i, 32));
+            b.submit().expect("submit")
+        })
+        .collect();
+    // Several registrations in a row: the calls come in while one of them waits, and the
+    // registrations after it start with those calls kept aside.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for prog in 0x2000_6000..0x2000_6006 {
+            s.register(prog, 1, false).expect("register");
+        }
+        let _ = tx.send(s);
+    });
+    let mut s = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("every registration answered");
+    let mut served = 0;
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while served < 2 {
+        served += s.serve_ready(rdmatest::handle).expect("serve");
+        assert!(std::time::Instant::now() < end, "the calls were lost");
+    }
+    for (i, t) in tickets.into_iter().enumerate() {
+        let r = c.wait(t, T).expect("reply");
+        assert_eq!(r.body, xdr_opaque(&pattern(i as u32, 32)));
+    }
+}

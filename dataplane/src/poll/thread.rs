@@ -24,7 +24,7 @@ use rpcrdma_shm::abi::{status, ArenaRange, MAX_PIECES};
 use rpcrdma_shm::attach::Attachment;
 use rpcrdma_shm::daemon::{
     AppId, AppTable, CallOutcome, CallRequest, Detached, IncomingCall, OpId, PieceList, RecvBuf,
-    Submission, TableConfig,
+    RegisterAck, Submission, TableConfig,
 };
 use rpcrdma_verbs::mapped::{Mapped, Registered};
 use rpcrdma_verbs::{CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
@@ -141,8 +141,15 @@ pub struct PollThread<P: Provider> {
     port: Port,
     /// Hops to this thread, handled in the same pass.
     local: VecDeque<Hop>,
-    /// Hops another thread's full queue did not take yet, per thread.
-    outbox: Vec<VecDeque<Hop>>,
+    /// Hops another thread's full queue did not take yet, per thread, with their number in
+    /// `stats.hops_out`.
+    outbox: Vec<VecDeque<(u64, Hop)>>,
+    /// Registrations of our apps not acknowledged yet, with the number of the last hop that
+    /// announced them: an app is told once every thread's queue holds the announcement.
+    unacked: Vec<(AppId, RegisterAck, u64)>,
+    /// Incoming calls for a program no known app serves, decided once the hops that came
+    /// before them have all been taken (an announcement may be among them).
+    undecided: Vec<(ConnId, crate::IncomingCall)>,
     notify: Box<dyn Fn() + Send>,
     table: AppTable,
     app_mem: Vec<AppMem>,
@@ -322,6 +329,8 @@ impl<P: Provider> PollThread<P> {
             port,
             local: VecDeque::with_capacity(4096),
             outbox: (0..threads).map(|_| VecDeque::new()).collect(),
+            unacked: Vec::new(),
+            undecided: Vec::with_capacity(64),
             notify,
             table,
             app_mem: Vec::new(),
@@ -402,10 +411,15 @@ impl<P: Provider> PollThread<P> {
     fn poll_once(&mut self, now: Instant) -> bool {
         // Hops first: what another thread sent before a peer's message arrived is known when
         // the message is handled. A program an app of another thread registered is announced
-        // as that thread takes the registration; a call for it that arrives while the
-        // announcement is still unread (a thread that runs late finds both waiting) must not
-        // be answered PROG_UNAVAIL.
-        let mut work = self.poll_hops(now);
+        // before the app is told (`acknowledge_announced`); a call for it that arrives while
+        // the announcement is still unread (a thread that runs late finds both waiting) must
+        // not be answered PROG_UNAVAIL. One that comes in after this pass took the hops waits
+        // for the next pass that empties the queues (`undecided`).
+        let (mut work, drained) = self.poll_hops(now);
+        if drained && !self.undecided.is_empty() {
+            work = true;
+            self.decide_undecided();
+        }
         work |= self.drv.poll(now, &mut self.mem) > 0;
         while let Some((conn, ev)) = self.drv.poll_event() {
             self.on_engine(conn, ev, now);
@@ -436,37 +450,45 @@ impl<P: Provider> PollThread<P> {
         work
     }
 
-    /// Hops from the other threads and from this one; true if any.
-    fn poll_hops(&mut self, now: Instant) -> bool {
+    /// Hops from the other threads and from this one: whether there were any, and whether
+    /// every other thread's queue was found empty (all they had sent was taken).
+    fn poll_hops(&mut self, now: Instant) -> (bool, bool) {
         let mut work = false;
         let me = self.port.me();
         for to in 0..self.outbox.len() {
-            while let Some(h) = self.outbox[to].pop_front() {
+            while let Some((n, h)) = self.outbox[to].pop_front() {
                 if let Err(h) = self.port.push(to, h) {
-                    self.outbox[to].push_front(h);
+                    self.outbox[to].push_front((n, h));
                     break;
                 }
                 work = true;
             }
         }
+        if !self.unacked.is_empty() {
+            self.acknowledge_announced();
+        }
+        let mut drained = true;
         for from in 0..self.port.threads() {
             if from == me {
                 continue;
             }
-            for _ in 0..HOP_BATCH {
+            let mut taken = 0;
+            while taken < HOP_BATCH {
                 let Some(h) = self.port.pop(from) else {
                     break;
                 };
-                work = true;
+                taken += 1;
                 self.stats.hops_in += 1;
                 self.on_hop(from, h, now);
             }
+            work |= taken > 0;
+            drained &= taken < HOP_BATCH;
         }
         while let Some(h) = self.local.pop_front() {
             work = true;
             self.on_hop(me, h, now);
         }
-        work
+        (work, drained)
     }
 
     /// Sends `hop` to thread `to` (this one included); never drops it. An answer to another
@@ -486,13 +508,14 @@ impl<P: Provider> PollThread<P> {
             return;
         };
         self.stats.hops_out += 1;
+        let n = self.stats.hops_out;
         if !out.is_empty() {
             self.stats.hops_deferred += 1;
-            out.push_back(hop);
+            out.push_back((n, hop));
         } else if let Err(h) = self.port.push(to, hop) {
             // Bounded in practice: hops answer operations in flight, which are bounded.
             self.stats.hops_deferred += 1;
-            out.push_back(h);
+            out.push_back((n, h));
         }
     }
 
@@ -726,6 +749,7 @@ impl<P: Provider> PollThread<P> {
                 prog,
                 vers,
                 backchannel,
+                ack,
             } => {
                 self.announced.push((prog, vers, backchannel, app));
                 self.hop_others(|| {
@@ -736,6 +760,10 @@ impl<P: Provider> PollThread<P> {
                         on: true,
                     })
                 });
+                // The app may have its peers call as soon as it is told: only once the other
+                // threads' queues hold the announcement (a full queue defers it).
+                self.unacked.push((app, ack, self.stats.hops_out));
+                self.acknowledge_announced();
             }
             Submission::Unregistered { .. } => self.sync_announced(),
             // An app closing says so on its ring: its slot is free for the next app now, not
@@ -744,6 +772,23 @@ impl<P: Provider> PollThread<P> {
                 if let Some(d) = self.table.detach(app, "closed") {
                     self.on_detached(d);
                 }
+            }
+        }
+    }
+
+    /// Acknowledges the registrations whose announcements every other thread's queue holds.
+    fn acknowledge_announced(&mut self) {
+        let mut k = 0;
+        while let Some(&(app, ack, last)) = self.unacked.get(k) {
+            let queued = self
+                .outbox
+                .iter()
+                .all(|o| o.front().is_none_or(|&(n, _)| n > last));
+            if queued {
+                self.table.acknowledge(app, ack);
+                self.unacked.remove(k);
+            } else {
+                k += 1;
             }
         }
     }
@@ -1088,14 +1133,39 @@ impl<P: Provider> PollThread<P> {
         remote(true)
     }
 
-    /// An incoming call: to the thread of the app serving its program, or PROG_UNAVAIL.
-    fn conn_incoming(&mut self, conn: ConnId, slot: Option<usize>, ic: crate::IncomingCall) {
+    /// Incoming calls that found no server, once every hop sent before them has been taken:
+    /// to the app that registered meanwhile, or PROG_UNAVAIL.
+    fn decide_undecided(&mut self) {
+        let mut calls = std::mem::take(&mut self.undecided);
+        for (conn, ic) in calls.drain(..) {
+            // The connection may have ended meanwhile (then the engine has let the call go).
+            let slot = self.slot_of_conn(conn);
+            self.conn_incoming(conn, slot, ic, true);
+        }
+        self.undecided = calls;
+    }
+
+    /// An incoming call: to the thread of the app serving its program, or PROG_UNAVAIL. A call
+    /// that finds no server before its `last_look` waits for the hops already sent to this
+    /// thread: an app of another thread may have registered the program, and its peer called
+    /// as soon as it was told, before this thread took the announcement.
+    fn conn_incoming(
+        &mut self,
+        conn: ConnId,
+        slot: Option<usize>,
+        ic: crate::IncomingCall,
+        last_look: bool,
+    ) {
         let Some(i) = slot else {
             let _ = self.drv.reject_call(conn, ic.id, SYSTEM_ERR, &mut self.mem);
             return;
         };
         let client = self.slots[i].stats.info.client;
         let Some(to) = self.server_thread(ic.prog, ic.vers, client) else {
+            if !last_look && self.port.threads() > 1 {
+                self.undecided.push((conn, ic));
+                return;
+            }
             let _ = self
                 .drv
                 .reject_call(conn, ic.id, PROG_UNAVAIL, &mut self.mem);
@@ -1324,7 +1394,7 @@ impl<P: Provider> PollThread<P> {
             }
             ConnEvent::IncomingCall(ic) => {
                 self.count_incoming(slot, ic.args_len);
-                self.conn_incoming(conn, slot, ic);
+                self.conn_incoming(conn, slot, ic, false);
             }
             ConnEvent::ArgsReady { id, args_len } => self.args_ready(conn, id, args_len),
             ConnEvent::ReplyDone { id, status: st } => {
@@ -2105,8 +2175,12 @@ impl<P: Provider> PollThread<P> {
         // A ring left unread would end the park at once; a command whose ring this read takes
         // is served now, not after the park.
         self.drain_bell();
-        // Nothing would wake the thread for work the provider has left for its next poll.
-        if !self.commands.is_empty() || self.drv.provider().busy() {
+        // Nothing would wake the thread for work the provider has left for its next poll, nor
+        // when another thread makes room for the hops its full queue held back.
+        if !self.commands.is_empty()
+            || self.drv.provider().busy()
+            || self.outbox.iter().any(|o| !o.is_empty())
+        {
             return;
         }
         // The provider's event fd (the soft provider's sockets, rdma_cm's channel) wakes a
