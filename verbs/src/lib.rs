@@ -565,8 +565,23 @@ pub trait Provider {
     /// accesses with it are refused. Keys are not reused immediately and are hard to guess.
     fn expose(&mut self, qp: QpId, mr: MrId, offset: u64, len: u64, access: Access) -> Result<u32>;
 
-    /// Create a completion queue holding up to `depth` completions.
+    /// Create a completion queue holding up to `depth` completions (at most
+    /// [`max_cq_depth`](Provider::max_cq_depth)).
     fn create_cq(&mut self, depth: u32) -> Result<CqId>;
+
+    /// The deepest completion queue the device allows (unbounded by default: the soft
+    /// provider's queues grow).
+    fn max_cq_depth(&self) -> u32 {
+        u32::MAX
+    }
+
+    /// Work requests the send queue of a queue pair created with `max_send_wr` holds, the
+    /// provider's own included (memory window binds, invalidations): what a failed queue
+    /// pair may flush to its completion queue at once, signalled or not. By default
+    /// `max_send_wr`.
+    fn send_queue_entries(&self, max_send_wr: u32) -> u32 {
+        max_send_wr
+    }
 
     /// Destroy a completion queue (no queue pair may use it).
     fn destroy_cq(&mut self, cq: CqId) -> Result<()>;

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use rpcrdma_verbs::ibv::{Exposure, IbvConfig, IbvProvider, OpenError};
-use rpcrdma_verbs::Error;
+use rpcrdma_verbs::{Error, Provider};
 
 /// Whether the kernel has an RDMA core (the class directory exists once ib_core is loaded).
 fn kernel_has_rdma() -> bool {
@@ -35,7 +35,7 @@ fn open_reports_no_kernel_support_or_opens_the_device() {
             assert!(matches!(Error::from(e), Error::NoDevice));
         }
         Err(e) => panic!("unexpected open error: {e}"),
-        Ok(p) => {
+        Ok(mut p) => {
             assert!(kernel_has_rdma());
             let name = wanted_device().expect("a device opened, so the harness named one");
             assert_eq!(p.device_name(), name);
@@ -45,6 +45,15 @@ fn open_reports_no_kernel_support_or_opens_the_device() {
             assert_eq!(p.is_iwarp(), siw);
             assert!(!p.uses_memory_windows() && !p.remote_invalidation());
             assert_eq!(p.max_read_sge() == 1, siw);
+            // The device's deepest completion queue is what poll threads size theirs by: a
+            // queue of that depth is created, one entry more is refused. Send queues hold three
+            // entries per request (window binds and invalidations of the provider's own).
+            let max = p.max_cq_depth();
+            assert!(max > 0 && max < u32::MAX, "{max}");
+            let cq = p.create_cq(max).expect("a CQ as deep as the device allows");
+            p.destroy_cq(cq).expect("destroy");
+            assert!(p.create_cq(max + 1).is_err(), "a CQ deeper than {max}");
+            assert_eq!(p.send_queue_entries(100), 300);
             let forced = IbvProvider::open(IbvConfig {
                 device: Some(name),
                 exposure: Exposure::MemoryWindow,

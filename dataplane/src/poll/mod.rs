@@ -23,7 +23,7 @@ mod thread;
 
 pub use mesh::{Mesh, Port};
 
-pub use pools::{divide_share, PoolPlan, SPARE_RECEIVES};
+pub use pools::{divide_share, CqDepth, PoolPlan, SPARE_RECEIVES};
 pub use stats::{
     ConnInfo, ConnState, ConnStats, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS,
     LATENCY_RESOLUTION_NS, LATENCY_SIGFIG,

@@ -23,6 +23,22 @@ use rpcrdma_verbs::{CqId, Mr, PdId, Provider};
 
 pub use rpcrdma_proto::credits::{divide_share, SPARE_RECEIVES};
 
+/// A poll thread's completion queue depth ([`PoolPlan::cq_depth`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqDepth {
+    /// Entries to create the queue with.
+    pub depth: u32,
+    /// Entries the worst case needs (every connection failing with a full send queue).
+    pub worst: u32,
+}
+
+impl CqDepth {
+    /// Whether the device's limit made the queue smaller than the worst case needs.
+    pub fn clamped(&self) -> bool {
+        self.depth < self.worst
+    }
+}
+
 /// A poll thread's buffer plan: the per-connection template (credits capped to the share)
 /// and where the send pool and the shared receive queue lie in one registered region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,13 +195,42 @@ impl PoolPlan {
         self.tmpl.recv_slots
     }
 
-    /// Completion queue entries for the thread: every connection's send queue plus the
-    /// receive buffers (the shared queue's, or every connection's own).
-    pub fn cq_depth(&self, pd: PdId) -> u32 {
-        let per_qp = self.tmpl.qp_init(pd, CqId::default()).max_send_wr;
-        self.max_conns
-            .saturating_mul(per_qp)
-            .saturating_add(self.recv_buffers)
+    /// Completion queue entries for the thread on `provider`. Enough for the worst case:
+    /// every connection failing with its send queue full (a failed queue pair flushes every
+    /// request it holds, signalled or not, the provider's own binds and invalidations too)
+    /// and every receive buffer completed (the shared queue's, or every connection's own).
+    /// A device whose largest queue is smaller gets its largest ([`CqDepth::clamped`]), as
+    /// long as that still holds what the engine keeps in flight without failures: every
+    /// connection's own send queue and the receive buffers; if not, the plan does not fit
+    /// the device (the message says so). A queue that overflows ends every connection on it.
+    pub fn cq_depth<P: Provider>(&self, provider: &P) -> Result<CqDepth, String> {
+        let per_qp = self.tmpl.qp_init(PdId(0), CqId::default()).max_send_wr;
+        self.cq_depth_for(provider.send_queue_entries(per_qp), provider.max_cq_depth())
+    }
+
+    /// [`cq_depth`](Self::cq_depth) for send queues of `sq_entries` and a device allowing
+    /// queues of `max` entries.
+    fn cq_depth_for(&self, sq_entries: u32, max: u32) -> Result<CqDepth, String> {
+        let per_qp = self.tmpl.qp_init(PdId(0), CqId::default()).max_send_wr;
+        let need = |sq: u32| {
+            self.max_conns
+                .saturating_mul(sq)
+                .saturating_add(self.recv_buffers)
+        };
+        let (worst, least) = (need(sq_entries), need(per_qp));
+        if least > max {
+            return Err(format!(
+                "a completion queue of {least} entries ({} connections × {per_qp} send \
+                 requests + {} receive buffers) is deeper than the device allows ({max}): \
+                 lower pools.connections or pools.recv-buffers, or spread the connections \
+                 over more cores",
+                self.max_conns, self.recv_buffers
+            ));
+        }
+        Ok(CqDepth {
+            depth: worst.min(max),
+            worst,
+        })
     }
 
     /// A driver over `provider` with this plan's shared pools carved from `region`
@@ -244,6 +289,36 @@ mod tests {
         }
     }
 
+    /// A provider whose send queues hold three entries per request (ibv: window binds and
+    /// invalidations): the worst case (every connection flushing a full send queue) while
+    /// the device allows it, then the device's limit, then a refusal once even the work in
+    /// flight would not fit.
+    #[test]
+    fn cq_depth_covers_flushes_within_the_device_limit() {
+        let own = PoolSpec {
+            recv_buffers: 1,
+            send_buffers: 1,
+            receive_queues: ReceiveQueues::PerConnection,
+        };
+        let plan = PoolPlan::new(&transport(32, 8), own, 10, 1 << 20).expect("plan");
+        let sq = plan.tmpl.qp_init(PdId(0), CqId(0)).max_send_wr;
+        let at = |max| plan.cq_depth_for(3 * sq, max);
+        let whole = CqDepth {
+            depth: 30 * sq + 410,
+            worst: 30 * sq + 410,
+        };
+        assert_eq!(at(u32::MAX), Ok(whole));
+        assert_eq!(at(whole.worst), Ok(whole));
+        let clamped = at(10 * sq + 410).expect("still holds the work in flight");
+        assert_eq!((clamped.depth, clamped.clamped()), (10 * sq + 410, true));
+        let e = at(10 * sq + 409).expect_err("too small for the work in flight");
+        assert!(
+            e.contains("deeper than the device allows (") && e.contains("pools.connections"),
+            "{e}"
+        );
+        eprintln!("NUMBERS sq {sq}");
+    }
+
     /// Receive queues of their own: the configured credits in full whatever the shared sizes
     /// say, a block per connection, and a driver without a shared receive queue.
     #[test]
@@ -266,10 +341,10 @@ mod tests {
         assert_eq!(plan.send_buffers, 10 * plan.tmpl.send_slots());
         let block = u64::from(plan.tmpl.block_len().expect("block"));
         assert_eq!(plan.registered_len(), 10 * block);
-        assert_eq!(
-            plan.cq_depth(PdId(0)) - 10 * plan.tmpl.qp_init(PdId(0), CqId(0)).max_send_wr,
-            410
-        );
+        let soft = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
+        let sq = plan.tmpl.qp_init(PdId(0), CqId(0)).max_send_wr;
+        let depth = plan.cq_depth(&soft).expect("depth");
+        assert_eq!((depth.depth, depth.clamped()), (10 * sq + 410, false));
         // The same sizes shared: one receive for ten connections, refused.
         let shared = PoolSpec {
             receive_queues: ReceiveQueues::Shared,
@@ -282,7 +357,7 @@ mod tests {
 
         let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
         let pd = p.alloc_pd().expect("pd");
-        let cq = p.create_cq(plan.cq_depth(pd)).expect("cq");
+        let cq = p.create_cq(plan.cq_depth(&p).expect("cq depth").depth).expect("cq");
         let len = usize::try_from(plan.registered_len()).expect("len");
         let reg = Registered::new(
             &mut p,

@@ -253,9 +253,21 @@ impl<P: Provider> PollThread<P> {
         };
         let setup = (|| -> Result<_, String> {
             let pd = provider.alloc_pd().map_err(|e| e.to_string())?;
+            let depth = plan.cq_depth(&provider)?;
+            if depth.clamped() {
+                tracing::warn!(
+                    thread = spec.index,
+                    entries = depth.depth,
+                    worst_case = depth.worst,
+                    "the completion queue is as deep as the device allows, less than every \
+                     connection failing with a full send queue at once would need; an \
+                     overflow would end every connection of this thread (fewer connections \
+                     per core avoid it)"
+                );
+            }
             let cq = provider
-                .create_cq(plan.cq_depth(pd))
-                .map_err(|e| e.to_string())?;
+                .create_cq(depth.depth)
+                .map_err(|e| format!("completion queue of {} entries: {e}", depth.depth))?;
             let pool = Mapped::anonymous(pool_len).map_err(|e| format!("buffer pool: {e}"))?;
             let pool = Registered::new(&mut provider, pd, pool, REGISTERED_ACCESS)
                 .map_err(|e| e.to_string())?;

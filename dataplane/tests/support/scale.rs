@@ -129,7 +129,9 @@ fn node(f: &MemFabric, s: &Scenario, app_len: usize) -> Node {
         plan.send_buffers = plan.tmpl.send_slots() * s.conns;
     }
     let pd = p.alloc_pd().expect("pd");
-    let cq = p.create_cq(plan.cq_depth(pd)).expect("cq");
+    let cq = p
+        .create_cq(plan.cq_depth(&p).expect("cq depth").depth)
+        .expect("cq");
     let pool = Mapped::anonymous(plan.registered_len() as usize).expect("map pool");
     let pool = Registered::new(&mut p, pd, pool, rw()).expect("register pool");
     let app = Mapped::anonymous(app_len).expect("map app");

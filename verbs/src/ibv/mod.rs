@@ -230,6 +230,8 @@ pub struct IbvProvider {
     rxe: bool,
     /// Scatter entries an RDMA Read sink may have (siw: 1).
     max_sge_rd: usize,
+    /// The deepest completion queue the device allows (rxe: 32 767).
+    max_cqe: u32,
     channel: sys::EventChannel,
     /// The CQs' completion channel, and the epoll descriptor over it and `channel` that
     /// [`Provider::event_fd`] offers. Dropped after the CQs (`Drop` clears them first).
@@ -374,6 +376,7 @@ impl IbvProvider {
             iwarp,
             has_mw2,
             rxe,
+            max_cqe: u32::try_from(attr.max_cqe()).unwrap_or(0),
             max_sge_rd: usize::try_from(attr.max_sge_rd())
                 .unwrap_or(1)
                 .clamp(1, MAX_SGE),
@@ -1002,6 +1005,15 @@ impl Provider for IbvProvider {
         Ok(rkey)
     }
 
+    fn max_cq_depth(&self) -> u32 {
+        self.max_cqe
+    }
+
+    // Room for a window bind and an invalidation per request.
+    fn send_queue_entries(&self, max_send_wr: u32) -> u32 {
+        max_send_wr.saturating_mul(3)
+    }
+
     fn create_cq(&mut self, depth: u32) -> Result<CqId> {
         let cq = RawCq::new(self.ctx_ptr(), depth, &self.comp)?;
         Ok(CqId(push(
@@ -1087,13 +1099,12 @@ impl Provider for IbvProvider {
             Some(s) => slot(&self.srqs, s.0)?.ptr(),
             None => std::ptr::null_mut(),
         };
-        // Room for a window bind and an invalidation per request.
         let qp = RawQp::new(
             pd,
             send_cq,
             recv_cq,
             srq,
-            init.max_send_wr.saturating_mul(3),
+            self.send_queue_entries(init.max_send_wr),
             init.max_recv_wr,
             init.max_sge.max(1),
         )?;
