@@ -316,7 +316,6 @@ mod tests {
             e.contains("deeper than the device allows (") && e.contains("pools.connections"),
             "{e}"
         );
-        eprintln!("NUMBERS sq {sq}");
     }
 
     /// Receive queues of their own: the configured credits in full whatever the shared sizes
@@ -357,7 +356,9 @@ mod tests {
 
         let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
         let pd = p.alloc_pd().expect("pd");
-        let cq = p.create_cq(plan.cq_depth(&p).expect("cq depth").depth).expect("cq");
+        let cq = p
+            .create_cq(plan.cq_depth(&p).expect("cq depth").depth)
+            .expect("cq");
         let len = usize::try_from(plan.registered_len()).expect("len");
         let reg = Registered::new(
             &mut p,
