@@ -162,6 +162,22 @@ fn server(path: &Path) -> Server {
     s
 }
 
+/// An RDMATEST server attached to `to`, serving in a thread of its own; returns once it has
+/// registered.
+fn rdmatest_server(apps: &mut Listener, to: &PollHandle, path: &Path) {
+    let p = path.to_path_buf();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let _server = attach(apps, to, move || {
+        let mut s = server(&p);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready_tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("server registered");
+}
+
 #[test]
 fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
     let (dir, path, mesh, mut handles) = threads("threads", 2, 16);
@@ -173,17 +189,7 @@ fn calls_and_served_calls_cross_threads_through_overflowing_queues() {
     // Both apps on thread 0.
     let geometry = spec(0).geometry;
     let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
-    let p = path.clone();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let _server = attach(&mut apps, &t0, move || {
-        let mut s = server(&p);
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
-        let _ = ready_tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("server registered");
+    rdmatest_server(&mut apps, &t0, &path);
     let p = path.clone();
     let client = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"));
     let mut c = client.join().expect("client thread");
@@ -413,17 +419,7 @@ fn a_program_registered_on_another_thread_is_served_as_soon_as_its_app_is_told()
     let p = path.clone();
     let burst = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"));
     let mut a = burst.join().expect("client thread");
-    let p = path.clone();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let _rdmatest = attach(&mut apps, &t0, move || {
-        let mut s = server(&p);
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
-        let _ = ready_tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("server registered");
+    rdmatest_server(&mut apps, &t0, &path);
     let p = path.clone();
     let fresh = attach(&mut apps, &t0, move || server(&p));
     let mut s = fresh.join().expect("server thread");
