@@ -56,7 +56,7 @@ use crate::region::Region;
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
 use rustix::event::{PollFd, PollFlags};
-use rustix::fd::{AsFd, BorrowedFd};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::collections::VecDeque;
 use std::io;
 use std::time::{Duration, Instant};
@@ -391,6 +391,18 @@ pub struct AppTable {
     stats: TableStats,
     /// See [`AppTable::recv_epoch`].
     recv_epoch: u64,
+    /// One look at the apps' sockets ([`AppTable::poll_sockets`]), kept between looks so that
+    /// neither `reap` nor `park` allocates.
+    polled: Polled,
+}
+
+/// The descriptors of one `poll(2)` of the apps' sockets, and what it found.
+#[derive(Debug, Default)]
+struct Polled {
+    /// Empty between looks: its descriptors are borrowed for one look only.
+    fds: Vec<PollFd<'static>>,
+    /// The app slot of each socket polled, with what `poll` said of it.
+    seen: Vec<(usize, PollFlags)>,
 }
 
 fn err_cqe(s: &Sqe, code: u32) -> Cqe {
@@ -554,6 +566,10 @@ impl AppTable {
             next_xid: cfg.xid_first.wrapping_sub(cfg.xid_step.max(1)),
             stats: TableStats::default(),
             recv_epoch: 0,
+            polled: Polled {
+                fds: Vec::with_capacity(usize::from(cfg.max_apps) + 4),
+                seen: Vec::with_capacity(usize::from(cfg.max_apps)),
+            },
         })
     }
 
@@ -1137,34 +1153,59 @@ impl AppTable {
     /// Makes one `poll(2)`; call it every millisecond or so, not on every loop.
     pub fn reap(&mut self) -> Vec<Detached> {
         let mut gone: Vec<(AppId, &'static str)> = Vec::new();
-        {
-            let live: Vec<&App> = self.apps.iter().flatten().collect();
-            let mut fds: Vec<PollFd<'_>> = live
-                .iter()
-                .map(|a| PollFd::new(&a.att.sock, PollFlags::IN))
-                .collect();
-            let zero = rustix::event::Timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
+        self.poll_sockets(&[], Duration::ZERO);
+        for &(slot, r) in &self.polled.seen {
+            let Some(a) = self.apps.get(slot).and_then(Option::as_ref) else {
+                continue;
             };
-            if !fds.is_empty() {
-                let _ = rustix::event::poll(&mut fds, Some(&zero));
+            if let Some(f) = a.fault {
+                gone.push((a.id, f));
+                continue;
             }
-            for (a, p) in live.iter().zip(&fds) {
-                if let Some(f) = a.fault {
-                    gone.push((a.id, f));
-                    continue;
-                }
-                let r = p.revents();
-                let hung_up = r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL);
-                if hung_up || (r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd())) {
-                    gone.push((a.id, "closed"));
-                }
+            let hung_up = r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL);
+            if hung_up || (r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd())) {
+                gone.push((a.id, "closed"));
             }
         }
+        // Both empty (no allocation) unless an app has gone.
         gone.into_iter()
             .filter_map(|(id, why)| self.detach(id, why))
             .collect()
+    }
+
+    /// One `poll(2)` of every app's socket and of `extra`, waiting up to `timeout`; what it
+    /// found of each app is left in `self.polled.seen`. Allocates nothing (the lists keep
+    /// their room between looks).
+    fn poll_sockets(&mut self, extra: &[BorrowedFd<'_>], timeout: Duration) {
+        let Polled { fds, seen } = &mut self.polled;
+        seen.clear();
+        for (slot, a) in self.apps.iter().enumerate() {
+            if let Some(a) = a {
+                // SAFETY: the socket is owned by an app of `self.apps`, which this function
+                // neither drops nor moves; `fds` is emptied before it returns, so the
+                // descriptor is not used, nor kept, past this borrow.
+                let fd = unsafe { BorrowedFd::borrow_raw(a.att.sock.as_raw_fd()) };
+                fds.push(PollFd::from_borrowed_fd(fd, PollFlags::IN));
+                seen.push((slot, PollFlags::empty()));
+            }
+        }
+        for f in extra {
+            // SAFETY: `extra` is borrowed for the whole of this function, and `fds` is emptied
+            // before it returns.
+            let fd = unsafe { BorrowedFd::borrow_raw(f.as_raw_fd()) };
+            fds.push(PollFd::from_borrowed_fd(fd, PollFlags::IN));
+        }
+        let ts = rustix::event::Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        if !fds.is_empty() {
+            let _ = rustix::event::poll(fds, Some(&ts));
+        }
+        for (s, p) in seen.iter_mut().zip(fds.iter()) {
+            s.1 = p.revents();
+        }
+        fds.clear();
     }
 
     /// Sleeps until an app sends a wake-up (or closes), an `extra` descriptor (e.g. a listening socket or a
@@ -1197,32 +1238,13 @@ impl AppTable {
             }
         }
         if !busy {
-            let ts = rustix::event::Timespec {
-                tv_sec: timeout.as_secs() as i64,
-                tv_nsec: i64::from(timeout.subsec_nanos()),
-            };
-            let mut closed: Vec<usize> = Vec::new();
-            {
-                let live: Vec<(usize, &App)> = self
-                    .apps
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, a)| a.as_ref().map(|a| (i, a)))
-                    .collect();
-                let mut fds: Vec<PollFd<'_>> = live
-                    .iter()
-                    .map(|(_, a)| PollFd::new(&a.att.sock, PollFlags::IN))
-                    .collect();
-                fds.extend(extra.iter().map(|f| PollFd::new(f, PollFlags::IN)));
-                let _ = rustix::event::poll(&mut fds, Some(&ts));
-                for ((i, a), p) in live.iter().zip(&fds) {
-                    if !p.revents().is_empty() && !drain(a.att.sock.as_fd()) {
-                        closed.push(*i);
-                    }
-                }
-            }
-            for i in closed {
-                if let Some(a) = self.apps[i].as_mut() {
+            self.poll_sockets(extra, timeout);
+            for k in 0..self.polled.seen.len() {
+                let (slot, r) = self.polled.seen[k];
+                let Some(a) = self.apps.get_mut(slot).and_then(Option::as_mut) else {
+                    continue;
+                };
+                if !r.is_empty() && !drain(a.att.sock.as_fd()) {
                     a.fault.get_or_insert("closed");
                 }
             }

@@ -13,6 +13,9 @@
 
 use rustc_hash::FxHashMap;
 
+/// Collisions live at once that the map holds without allocating.
+const SPILL_ROOM: usize = 64;
+
 /// A map from `u64` ids to `V` (see the module docs).
 #[derive(Debug)]
 pub(super) struct IdMap<V> {
@@ -31,7 +34,9 @@ impl<V> IdMap<V> {
         IdMap {
             slots: (0..n).map(|_| None).collect(),
             shift: 64 - n.trailing_zeros(),
-            spill: FxHashMap::default(),
+            // Room reserved for collisions, so that the first ones (and a burst of them) do
+            // not allocate on the hot path; a map never gives back what it grew to.
+            spill: FxHashMap::with_capacity_and_hasher(SPILL_ROOM, Default::default()),
             len: 0,
         }
     }

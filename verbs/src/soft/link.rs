@@ -222,6 +222,10 @@ type ReadyList = Rc<RefCell<Vec<usize>>>;
 /// One direction of an in-memory stream.
 #[derive(Debug, Default)]
 struct Pipe {
+    /// Bytes written, of which the first `off` have been read. Never longer than
+    /// [`PIPE_LIMIT`]: a write that would not fit the allocation first moves the unread bytes
+    /// to the front, so a pipe that is never empty when read does not grow without end, and
+    /// a busy one stops allocating once it has reached its high-water mark.
     buf: Vec<u8>,
     off: usize,
     closed: bool,
@@ -235,6 +239,15 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// An empty pipe with [`PIPE_RESERVE`] bytes reserved: a busy link does not allocate
+    /// while what it holds unread stays under that.
+    fn new() -> Pipe {
+        Pipe {
+            buf: Vec::with_capacity(PIPE_RESERVE),
+            ..Pipe::default()
+        }
+    }
+
     fn wake_reader(&mut self) {
         if let Some(w) = self.reader.as_ref().filter(|_| !self.reader_woken) {
             w.wake();
@@ -245,6 +258,11 @@ impl Pipe {
 
 /// Bytes a pipe holds before writes see back-pressure.
 const PIPE_LIMIT: usize = 4 << 20;
+
+/// Bytes a pipe reserves when its link is made (address space: the system maps the pages as
+/// they are first written, and the unread bytes stay at the front, so a link that never holds
+/// much costs little memory). Beyond it the pipe grows, up to [`PIPE_LIMIT`].
+const PIPE_RESERVE: usize = 1 << 20;
 
 /// An in-memory fabric: listeners keyed by address, streams as pairs of byte pipes.
 ///
@@ -342,11 +360,12 @@ impl Link for MemLink {
             p.writer_waiting = true;
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        if p.off > 0 && p.off == p.buf.len() {
-            p.buf.clear();
+        let n = room.min(buf.len());
+        if p.off > 0 && (p.off == p.buf.len() || p.buf.len() + n > p.buf.capacity()) {
+            let off = p.off;
+            p.buf.drain(..off);
             p.off = 0;
         }
-        let n = room.min(buf.len());
         p.buf.extend_from_slice(&buf[..n]);
         if n > 0 {
             p.wake_reader();
@@ -410,8 +429,8 @@ impl Transport for MemPort {
             .listeners
             .get_mut(&addr)
             .ok_or(io::Error::from_raw_os_error(libc::ECONNREFUSED))?;
-        let a = Rc::new(RefCell::new(Pipe::default()));
-        let b = Rc::new(RefCell::new(Pipe::default()));
+        let a = Rc::new(RefCell::new(Pipe::new()));
+        let b = Rc::new(RefCell::new(Pipe::new()));
         q.push_back(MemLink {
             rx: a.clone(),
             tx: b.clone(),
@@ -449,5 +468,35 @@ impl Transport for MemPort {
     }
     fn has_ready(&self) -> bool {
         !self.ready.borrow().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe that always holds a byte or so when it is read (a busy link: the writer keeps
+    /// ahead of the reader) keeps a small allocation: the unread bytes move to the front
+    /// instead of the buffer growing with everything ever written.
+    #[test]
+    fn a_pipe_never_empty_when_read_stays_small() {
+        let pipe = Rc::new(RefCell::new(Pipe::default()));
+        let mut link = MemLink {
+            rx: pipe.clone(),
+            tx: pipe.clone(),
+        };
+        let (chunk, mut out) = ([7u8; 1000], [0u8; 1000]);
+        assert_eq!(link.write(&[1]).expect("write"), 1);
+        for _ in 0..20_000 {
+            assert_eq!(link.write(&chunk).expect("write"), chunk.len());
+            assert_eq!(link.read(&mut out).expect("read"), out.len());
+        }
+        let p = pipe.borrow();
+        assert_eq!(p.buf.len() - p.off, 1, "one byte unread");
+        assert!(
+            p.buf.capacity() <= 4096,
+            "20 MB went through a pipe of {} bytes",
+            p.buf.capacity()
+        );
     }
 }
