@@ -14,14 +14,13 @@ mod support;
 use std::alloc::System;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command as Process, Stdio};
-use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::poll::{self, Command, Event, Mesh};
 use rpcrdma_shm::attach::Listener;
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::{Client, Server};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use support::{expect, self_connection, spec, T};
+use support::{attach_next, expect, self_connection, spec, T};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -78,18 +77,7 @@ fn serve_and_count(tcp: bool) -> stats_alloc::Stats {
         .expect("the app process");
     // Its server, then its client.
     for _ in 0..2 {
-        let end = Instant::now() + Duration::from_secs(20);
-        let att = loop {
-            if let Some(a) = apps.accept().expect("accept") {
-                break a;
-            }
-            assert!(Instant::now() < end, "the app process never attached");
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        h.send(Command::Attach(Box::new(att))).expect("attach");
-        expect(&h, "AppAttached", |e| {
-            matches!(e, Event::AppAttached { .. }).then_some(())
-        });
+        attach_next(&mut apps, &h);
     }
     let mut out = BufReader::new(app.stdout.take().expect("stdout"));
     // Everything it says, kept for a failure's message, in room reserved beforehand.

@@ -14,7 +14,7 @@ use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::{Client, Server};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use support::{expect, self_connection, spec, stats, T};
+use support::{attach_next, expect, self_connection, spec, stats, T};
 
 fn attach<A: Send + 'static>(
     apps: &mut Listener,
@@ -22,18 +22,7 @@ fn attach<A: Send + 'static>(
     app: impl FnOnce() -> A + Send + 'static,
 ) -> std::thread::JoinHandle<A> {
     let t = std::thread::spawn(app);
-    let end = Instant::now() + Duration::from_secs(20);
-    let att = loop {
-        if let Some(a) = apps.accept().expect("accept") {
-            break a;
-        }
-        assert!(Instant::now() < end, "the app never connected");
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    to.send(Command::Attach(Box::new(att))).expect("attach");
-    expect(to, "AppAttached", |e| {
-        matches!(e, Event::AppAttached { .. }).then_some(())
-    });
+    attach_next(apps, to);
     t
 }
 

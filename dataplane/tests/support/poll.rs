@@ -7,6 +7,7 @@ use rpcrdma_dataplane::poll::{
     TransportSpec,
 };
 use rpcrdma_shm::abi::Geometry;
+use rpcrdma_shm::attach::Listener;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -105,4 +106,20 @@ pub fn stats(h: &PollHandle) -> ThreadStats {
         Event::Snapshot(s) => Some(s.thread),
         _ => None,
     })
+}
+
+/// Accepts the next app that connects to `apps` (waiting up to 20 s) and attaches it to `to`.
+pub fn attach_next(apps: &mut Listener, to: &PollHandle) {
+    let end = Instant::now() + Duration::from_secs(20);
+    let att = loop {
+        if let Some(a) = apps.accept().expect("accept") {
+            break a;
+        }
+        assert!(Instant::now() < end, "the app never connected");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    to.send(Command::Attach(Box::new(att))).expect("attach");
+    expect(to, "AppAttached", |e| {
+        matches!(e, Event::AppAttached { .. }).then_some(())
+    });
 }
