@@ -1,7 +1,9 @@
-//! A busy poll thread allocates nothing: the daemon's loop (apps' rings, the hops between the
-//! app side and the connection side, the maps of calls in flight, the engine, the soft
-//! provider in memory, its idle turns and chores) serves thousands of calls, inline and through
-//! Read and Write chunks, without a single allocation once warm.
+//! A busy poll thread allocates nothing and logs nothing above debug: the daemon's loop (apps'
+//! rings, the hops between the app side and the connection side, the maps of calls in flight,
+//! the engine, the soft provider in memory and over TCP, its idle turns and chores) serves
+//! thousands of calls, inline and through Read and Write chunks, without a single allocation
+//! or an event at INFO or above once warm (a subscriber that counts them, and records nothing,
+//! is the process's for the whole test, so even debug events are built and passed to it).
 //!
 //! The global allocator counts every allocation of the process (`stats_alloc`), so the apps
 //! run in a process of their own (this binary again, running only [`app_process`]), and this
@@ -14,6 +16,7 @@ mod support;
 use std::alloc::System;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command as Process, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rpcrdma_dataplane::poll::{self, Command, Event, Mesh};
 use rpcrdma_shm::attach::Listener;
@@ -28,23 +31,57 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 /// Names the app socket for [`app_process`].
 const APP_ENV: &str = "RPCRDMA_NO_ALLOC_APP";
 
+/// Events at INFO, WARN or ERROR so far.
+static LOUD: AtomicU64 = AtomicU64::new(0);
+
+/// The process's `tracing` subscriber: every event is enabled (so the hot path's debug events
+/// are built too), those at INFO or above are counted, nothing is recorded.
+struct CountLoud;
+
+impl tracing::Subscriber for CountLoud {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        // Levels order by verbosity: ERROR < WARN < INFO < DEBUG < TRACE.
+        if *e.metadata().level() <= tracing::Level::INFO {
+            LOUD.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 #[test]
-fn a_busy_poll_thread_allocates_nothing() {
-    // One after the other: the count is the whole process's.
+fn a_busy_poll_thread_allocates_nothing_and_logs_nothing_above_debug() {
+    tracing::subscriber::set_global_default(CountLoud).expect("the only subscriber");
+    // One after the other: the counts are the whole process's.
     for tcp in [false, true] {
-        let st = serve_and_count(tcp);
+        let (st, loud) = serve_and_count(tcp);
         let on = if tcp { "TCP" } else { "memory" };
         assert_eq!(
             (st.allocations, st.reallocations),
             (0, 0),
             "the poll thread ({on}) allocated while serving: {st:?}"
         );
+        assert_eq!(loud, 0, "events at INFO or above while serving ({on})");
     }
+    // The counter counts: starting a poll thread says so at INFO.
+    assert!(
+        LOUD.load(Ordering::Relaxed) > 0,
+        "no INFO event counted at all"
+    );
 }
 
 /// Runs a poll thread (soft provider in memory, or over TCP loopback) for the apps of
-/// [`app_process`] and counts the process's allocations while it serves them, once warm.
-fn serve_and_count(tcp: bool) -> stats_alloc::Stats {
+/// [`app_process`] and counts the process's allocations, and its events at INFO or above,
+/// while it serves them, once warm.
+fn serve_and_count(tcp: bool) -> (stats_alloc::Stats, u64) {
     let dir = std::env::temp_dir().join(format!("rpcrdma-noalloc-{}-{tcp}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("app.sock");
@@ -95,10 +132,10 @@ fn serve_and_count(tcp: bool) -> stats_alloc::Stats {
         }
     };
     until("warm", &mut said);
-    let region = Region::new(GLOBAL);
+    let (region, loud) = (Region::new(GLOBAL), LOUD.load(Ordering::Relaxed));
     measuring();
     until("done", &mut said);
-    let st = region.change();
+    let (st, loud) = (region.change(), LOUD.load(Ordering::Relaxed) - loud);
     measured();
     // Only now may the apps go (their going is the thread's business, not the count's).
     drop(app.stdin.take());
@@ -113,19 +150,20 @@ fn serve_and_count(tcp: bool) -> stats_alloc::Stats {
     );
     let _ = h.send(Command::Stop);
     let _ = std::fs::remove_dir_all(&dir);
-    st
+    (st, loud)
 }
 
-/// The apps of [`a_busy_poll_thread_allocates_nothing`], which runs this in a process of its
+/// The apps of [`a_busy_poll_thread_allocates_nothing_and_logs_nothing_above_debug`], which runs this in a process of its
 /// own: an RDMATEST server and a client keeping ECHOs in flight over the poll thread's
 /// connection to itself, 32 of 64 bytes inline, 8 of 64 KiB through Read and Write chunks. It says
 /// "warm" once the thread has seen every kind of call, and "done" after 20 000 more inline
 /// calls and 2 000 more chunked ones.
 #[test]
-#[ignore = "the app side of a_busy_poll_thread_allocates_nothing, which runs it"]
+#[ignore = "the app side of a_busy_poll_thread_allocates_nothing_and_logs_nothing_above_debug, which runs it"]
 fn app_process() {
-    let path = std::env::var_os(APP_ENV)
-        .expect("run by a_busy_poll_thread_allocates_nothing, which names the app socket");
+    let path = std::env::var_os(APP_ENV).expect(
+        "run by a_busy_poll_thread_allocates_nothing_and_logs_nothing_above_debug (socket)",
+    );
     let mut s = Server::connect(&path).expect("server");
     s.receive_buffers(16, 80 * 1024);
     s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
