@@ -204,20 +204,19 @@ impl PoolPlan {
     /// connection's own send queue and the receive buffers; if not, the plan does not fit
     /// the device (the message says so). A queue that overflows ends every connection on it.
     pub fn cq_depth<P: Provider>(&self, provider: &P) -> Result<CqDepth, String> {
-        let per_qp = self.tmpl.qp_init(PdId(0), CqId::default()).max_send_wr;
-        self.cq_depth_for(provider.send_queue_entries(per_qp), provider.max_cq_depth())
+        self.cq_depth_for(|n| provider.send_queue_entries(n), provider.max_cq_depth())
     }
 
-    /// [`cq_depth`](Self::cq_depth) for send queues of `sq_entries` and a device allowing
-    /// queues of `max` entries.
-    fn cq_depth_for(&self, sq_entries: u32, max: u32) -> Result<CqDepth, String> {
+    /// [`cq_depth`](Self::cq_depth) for a provider whose queue pair of `n` send requests holds
+    /// `sq_entries(n)`, on a device allowing queues of `max` entries.
+    fn cq_depth_for(&self, sq_entries: impl Fn(u32) -> u32, max: u32) -> Result<CqDepth, String> {
         let per_qp = self.tmpl.qp_init(PdId(0), CqId::default()).max_send_wr;
         let need = |sq: u32| {
             self.max_conns
                 .saturating_mul(sq)
                 .saturating_add(self.recv_buffers)
         };
-        let (worst, least) = (need(sq_entries), need(per_qp));
+        let (worst, least) = (need(sq_entries(per_qp)), need(per_qp));
         if least > max {
             return Err(format!(
                 "a completion queue of {least} entries ({} connections × {per_qp} send \
@@ -302,7 +301,7 @@ mod tests {
         };
         let plan = PoolPlan::new(&transport(32, 8), own, 10, 1 << 20).expect("plan");
         let sq = plan.tmpl.qp_init(PdId(0), CqId(0)).max_send_wr;
-        let at = |max| plan.cq_depth_for(3 * sq, max);
+        let at = |max| plan.cq_depth_for(|n| 3 * n, max);
         let whole = CqDepth {
             depth: 30 * sq + 410,
             worst: 30 * sq + 410,

@@ -233,8 +233,9 @@ pub struct IbvProvider {
     /// The deepest completion queue the device allows (rxe: 32 767).
     max_cqe: u32,
     channel: sys::EventChannel,
-    /// The CQs' completion channel, and the epoll descriptor over it and `channel` that
-    /// [`Provider::event_fd`] offers. Dropped after the CQs (`Drop` clears them first).
+    /// The CQs' completion channel, and the epoll descriptor over it, `channel` and the
+    /// device's asynchronous events that [`Provider::event_fd`] offers. Dropped after the CQs
+    /// (`Drop` clears them first).
     comp: sys::CompChannel,
     wake: sys::Wake,
     pds: Vec<Option<PdEntry>>,

@@ -235,7 +235,8 @@ pub(super) fn next_async_event(ctx: *mut ibv_context) -> Option<AsyncEvent> {
 }
 
 /// An epoll descriptor readable while any of its members is (level-triggered): what the
-/// provider offers as its event fd, over the rdma_cm channel and the completion channel.
+/// provider offers as its event fd, over the rdma_cm channel, the completion channel and the
+/// device's asynchronous events.
 pub(super) struct Wake(std::os::fd::OwnedFd);
 
 impl Wake {

@@ -222,10 +222,10 @@ type ReadyList = Rc<RefCell<Vec<usize>>>;
 /// One direction of an in-memory stream.
 #[derive(Debug, Default)]
 struct Pipe {
-    /// Bytes written, of which the first `off` have been read. Never longer than
-    /// [`PIPE_LIMIT`]: a write that would not fit the allocation first moves the unread bytes
-    /// to the front, so a pipe that is never empty when read does not grow without end, and
-    /// a busy one stops allocating once it has reached its high-water mark.
+    /// Bytes written, of which the first `off` have been read (emptied when all are). A
+    /// write that would not fit the allocation first moves the unread bytes (at most
+    /// [`PIPE_LIMIT`]) to the front, so a pipe that is never empty when read does not grow
+    /// without end, and a busy one stops allocating once it has reached its high-water mark.
     buf: Vec<u8>,
     off: usize,
     closed: bool,
@@ -361,7 +361,9 @@ impl Link for MemLink {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let n = room.min(buf.len());
-        if p.off > 0 && (p.off == p.buf.len() || p.buf.len() + n > p.buf.capacity()) {
+        // (A read that takes the last byte empties the buffer, so `off` > 0 means unread
+        // bytes behind the read ones.)
+        if p.off > 0 && p.buf.len() + n > p.buf.capacity() {
             let off = p.off;
             p.buf.drain(..off);
             p.off = 0;
