@@ -233,6 +233,14 @@ pub struct DeviceEventCounts {
     pub port_down: u64,
     /// The port becoming active again.
     pub port_up: u64,
+    /// Queue pairs on the shared receive queue that reached their last receive after an
+    /// error (IBTA's Last WQE Reached; none on rxe and siw).
+    #[serde(default)]
+    pub last_wqe_reached: u64,
+    /// Queue pairs on the shared receive queue destroyed without Last WQE Reached in time:
+    /// on a device that raises it, buffers they took may be lost to the pool.
+    #[serde(default)]
+    pub retire_timeouts: u64,
 }
 
 impl From<rpcrdma_verbs::DeviceEvents> for DeviceEventCounts {
@@ -244,6 +252,8 @@ impl From<rpcrdma_verbs::DeviceEvents> for DeviceEventCounts {
             device_fatal: d.device_fatal,
             port_down: d.port_down,
             port_up: d.port_up,
+            last_wqe_reached: d.last_wqe_reached,
+            retire_timeouts: d.retire_timeouts,
         }
     }
 }

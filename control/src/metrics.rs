@@ -205,6 +205,8 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             ("device_fatal", d.device_fatal),
             ("port_down", d.port_down),
             ("port_up", d.port_up),
+            ("last_wqe_reached", d.last_wqe_reached),
+            ("retire_timeout", d.retire_timeouts),
         ] {
             let _ = writeln!(
                 out,
@@ -383,6 +385,7 @@ mod tests {
         s.thread.regions = 3;
         s.thread.buffers.recv_free = 60;
         s.thread.device.cq_errors = 1;
+        s.thread.device.retire_timeouts = 3;
         s.thread.buffers.recv_total = 64;
         s.n = 1;
         s.conns[0].info = ConnInfo {
@@ -465,6 +468,10 @@ mod tests {
         assert!(matches!(
             gauge("rpcrdmad_thread_device_events_total", Some(("kind", "cq_error"))),
             Some(prometheus_parse::Value::Counter(v)) if v == 1.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_thread_device_events_total", Some(("kind", "retire_timeout"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 3.0
         ));
         assert!(matches!(
             gauge("rpcrdmad_thread_device_events_total", Some(("kind", "port_down"))),

@@ -1449,6 +1449,108 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
     }
 }
 
+/// A queue pair on a shared receive queue, disconnected and destroyed before its receive
+/// completions were polled: every buffer it took from the queue is still reported, under its
+/// name (not another queue pair's: the owner gives a shared buffer back by the completion's
+/// queue pair), and the queue's other buffers serve the next connection. A device may drop
+/// a destroyed queue pair's completions from its CQ (mlx5 does, and frees the buffers it took
+/// in its own books): the provider keeps such a queue pair until it has reported every buffer
+/// it took (IBTA 10.3.1: Last WQE Reached, then a marker through the CQ).
+pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &mut H) {
+    let mut p = connect(h, true);
+    let addr = p.addr;
+    // A second connection on the same SRQ, created first on `b`'s side: a completion named
+    // after the wrong queue pair would name a live one.
+    connect_one(&mut p, addr);
+    for i in 0..4 {
+        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
+    }
+    let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
+    for k in 0..2u8 {
+        p.a.fill(4096 + usize::from(k) * 64, &[k + 1; 8]);
+        let s = [p.a.sge(4096 + usize::from(k) * 64, 8)];
+        let wr = SendWr {
+            wr_id: u64::from(k),
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        p.a.p.post_send(qa, &wr).expect("post_send");
+    }
+    // Until both Sends are acknowledged, without polling `b`'s CQ (its connection events are
+    // taken: the soft provider moves data there).
+    let start = Instant::now();
+    while p.a.wcs.iter().filter(|w| w.qp == qa).count() < 2 {
+        p.a.step();
+        while let Some(e) = p.b.p.poll_cm() {
+            p.b.events.push(e);
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "sends not acknowledged: {:?}",
+            p.a.wcs
+        );
+        std::thread::yield_now();
+    }
+    assert!(p.a.wcs.iter().all(|w| w.status == WcStatus::Success));
+    assert!(p.b.wcs.is_empty(), "nothing of b's polled yet");
+    p.b.p.disconnect(qb).expect("disconnect");
+    p.b.p.destroy_qp(qb).expect("destroy_qp");
+    assert!(p.b.p.qp_state(qb).is_err(), "destroyed: the handle is gone");
+    p.wait("both receives reported", |p| {
+        p.b.wcs
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .count()
+            >= 2
+    });
+    p.settle();
+    let recvs: Vec<WorkCompletion> = p.b.wcs.iter().filter(|w| w.wr_id >= 100).copied().collect();
+    assert_eq!(
+        recvs.len(),
+        2,
+        "each buffer taken reported once: {:?}",
+        p.b.wcs
+    );
+    for (k, w) in recvs.iter().enumerate() {
+        assert_eq!(
+            (w.qp, w.status, w.byte_len),
+            (qb, WcStatus::Success, 8),
+            "a receive of the destroyed queue pair, named after it"
+        );
+        let off = (w.wr_id - 100) as usize * 256;
+        assert_eq!(p.b.mem(off, 8), &[k as u8 + 1; 8][..]);
+    }
+    // The two buffers it did not take serve the first connection.
+    let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
+    let seen = p.b.wcs.len();
+    for k in 0..2u64 {
+        let s = [p.a.sge(8192, 8)];
+        let wr = SendWr {
+            wr_id: 10 + k,
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        p.a.p
+            .post_send(qa0, &wr)
+            .expect("post_send on the other connection");
+    }
+    p.wait("the other connection's receives", |p| {
+        p.b.wcs.len() >= seen + 2
+    });
+    let mut rest: Vec<u64> = p.b.wcs[seen..].iter().map(|w| w.wr_id).collect();
+    rest.sort_unstable();
+    let mut want: Vec<u64> = (100..104)
+        .filter(|i| recvs.iter().all(|w| w.wr_id != *i))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(rest, want, "the buffers left in the queue, and only those");
+    assert!(p.b.wcs[seen..]
+        .iter()
+        .all(|w| w.qp == qb0 && w.status == WcStatus::Success));
+}
+
 /// iWARP semantics of a shared receive queue (not in [`conformance_tests!`]: InfiniBand and
 /// RoCE retry a Send that finds no receive, Receiver Not Ready, instead): one connection's
 /// burst takes every receive of the queue, and the next Send on another connection, arriving
@@ -1908,7 +2010,7 @@ macro_rules! conformance_tests {
             send_with_invalidate, window_invalidation_then_refused, protection_errors_write,
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, drain_reports_after_the_work_posted_before,
-            shared_receive_queue,
+            shared_receive_queue, destroyed_queue_pair_reports_the_shared_receives_it_took,
             region_without_remote_rights_is_reached_only_through_exposures,
             exposure_is_refused_on_another_connection, exposure_dies_with_its_connection);
     };

@@ -60,6 +60,11 @@ handle!(
     /// A reliable-connected queue pair.
     QpId
 );
+impl QpId {
+    /// No queue pair: what a completion names when the provider no longer knows the queue
+    /// pair it came from (a device that reports work of a queue pair long destroyed).
+    pub const GONE: QpId = QpId(u32::MAX);
+}
 handle!(
     /// A listening endpoint created by [`Provider::listen`].
     ListenerId
@@ -308,7 +313,8 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Bytes received (Recv) or transferred (RdmaRead); 0 where not meaningful.
     pub byte_len: u32,
-    /// The queue pair the request belonged to (for SRQ receives: the one that consumed it).
+    /// The queue pair the request belonged to (for SRQ receives: the one that consumed it),
+    /// also after it was destroyed; [`QpId::GONE`] if the provider no longer knows it.
     pub qp: QpId,
     /// For a Recv of a Send with Invalidate: the local key the peer invalidated.
     pub invalidated_rkey: Option<u32>,
@@ -474,6 +480,13 @@ pub struct DeviceEvents {
     pub port_down: u64,
     /// The port became active again.
     pub port_up: u64,
+    /// Queue pairs on a shared receive queue that, in the error state, took their last
+    /// buffer from it (IBTA's Last WQE Reached): each may be destroyed without losing one.
+    pub last_wqe_reached: u64,
+    /// Queue pairs on a shared receive queue destroyed without the device's Last WQE
+    /// Reached in time (`ibv`'s `RETIRE_WAIT`): on a device that cleans a destroyed queue
+    /// pair's completions, buffers they took may be lost to the pool.
+    pub retire_timeouts: u64,
 }
 
 /// Connection-manager events, delivered by [`Provider::poll_cm`] (rdma_cm event subset).
@@ -603,7 +616,12 @@ pub trait Provider {
     fn create_qp(&mut self, init: &QpInit) -> Result<QpId>;
 
     /// Destroy a queue pair (disconnecting it if needed; outstanding work is dropped, windows
-    /// bound to it are invalidated).
+    /// bound to it are invalidated). The handle is gone at once, but a queue pair on a
+    /// shared receive queue still has every buffer it took from the queue reported by
+    /// [`poll_cq`](Provider::poll_cq), under its name: the owner gets its buffers back. (A
+    /// device may drop a destroyed queue pair's completions and free, in its own books, the
+    /// buffers it took: the provider keeps such a queue pair until the device says it takes
+    /// no more, and what it took is reported; IBTA 10.3.1.)
     fn destroy_qp(&mut self, qp: QpId) -> Result<()>;
 
     /// Current state of a queue pair.

@@ -35,6 +35,7 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sideway::ibverbs::device::{DeviceInfo, DeviceList, TransportType};
 use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext};
@@ -155,6 +156,15 @@ impl From<OpenError> for Error {
 /// Work-request id of the provider's own (unsignaled) window binds; never reported.
 const INTERNAL_WR_ID: u64 = u64::MAX - 0x5157;
 
+/// Work-request id of the marker a retiring queue pair posts once it has reached its last
+/// shared receive ([`Retiring`]); never reported.
+const RETIRE_WR_ID: u64 = u64::MAX - 0x5158;
+
+/// Longest a destroyed queue pair on a shared receive queue is kept for the device's Last
+/// WQE Reached and its marker ([`Retiring`]). A device that raises it does so as soon as
+/// the queue pair is in error (microseconds); one that never does is not waited for longer.
+pub const RETIRE_WAIT: Duration = Duration::from_secs(1);
+
 struct MrEntry {
     mr: Arc<MemoryRegion>,
     pd: PdId,
@@ -197,6 +207,25 @@ struct QpEntry {
     free_mws: Vec<(RawMw, u32)>,
     /// Ids of posted, uncompleted receives (own receive queue only), oldest first.
     recvs: VecDeque<u64>,
+    /// The device raised Last WQE Reached for it (on a shared receive queue, in error).
+    last_wqe: bool,
+}
+
+/// A queue pair on a shared receive queue whose owner destroyed it, kept until the device
+/// has reported every buffer it took from the queue (IBTA 10.3.1): after Last WQE Reached
+/// it takes no more, and a marker posted then completes after the completions of those it
+/// took. Destroyed earlier, a device may drop those completions from the CQ and free the
+/// buffers in its own books (mlx5 cleans a destroyed queue pair's completions): the owner
+/// would never see them again and its pool would shrink. Its number still names it in
+/// completions until then.
+struct Retiring {
+    id: QpId,
+    entry: QpEntry,
+    /// The marker is posted; its completion ends the wait.
+    marker: bool,
+    /// The marker completed: destroyed at the end of the poll that found it.
+    done: bool,
+    deadline: Instant,
 }
 
 struct PdEntry {
@@ -228,6 +257,10 @@ pub struct IbvProvider {
     /// rdma_rxe: its legacy completions carry the kernel's `ib_wc_flags` bits, where
     /// "with invalidate" is bit 2 (libibverbs' `IBV_WC_IP_CSUM_OK`), not bit 3.
     rxe: bool,
+    /// A kernel software device (rdma_rxe, siw): it raises no Last WQE Reached (Debian's 6.1
+    /// kernel: none within 5 s of the error) and leaves a destroyed queue pair's completions
+    /// in the CQ, to be reported after it (see [`Retiring`] for devices that do neither).
+    kernel_soft: bool,
     /// Scatter entries an RDMA Read sink may have (siw: 1).
     max_sge_rd: usize,
     /// The deepest completion queue the device allows (rxe: 32 767).
@@ -243,6 +276,8 @@ pub struct IbvProvider {
     cqs: Vec<Option<CqEntry>>,
     srqs: Vec<Option<RawSrq>>,
     qps: Vec<Option<QpEntry>>,
+    /// Destroyed queue pairs the device may still owe completions ([`Retiring`]).
+    retiring: Vec<Retiring>,
     qp_by_num: HashMap<u32, QpId>,
     connecting: HashMap<u32, Connecting>,
     listeners: Vec<Option<(CmId, SocketAddr)>>,
@@ -354,6 +389,8 @@ impl IbvProvider {
                 || caps.contains(DeviceCapabilityFlags::MemoryWindowType2B));
         // rdma_rxe reports vendor 0xffffff.
         let rxe = attr.vendor_id() == 0x00ff_ffff;
+        // siw's vendor id is ASCII "bmt".
+        let kernel_soft = rxe || attr.vendor_id() == 0x0062_6d74;
         let has_mw2 = match cfg.exposure {
             Exposure::Auto => mw2 && !rxe,
             Exposure::MemoryWindow if !mw2 => {
@@ -377,6 +414,7 @@ impl IbvProvider {
             iwarp,
             has_mw2,
             rxe,
+            kernel_soft,
             max_cqe: u32::try_from(attr.max_cqe()).unwrap_or(0),
             max_sge_rd: usize::try_from(attr.max_sge_rd())
                 .unwrap_or(1)
@@ -389,6 +427,7 @@ impl IbvProvider {
             cqs: Vec::new(),
             srqs: Vec::new(),
             qps: Vec::new(),
+            retiring: Vec::new(),
             qp_by_num: HashMap::with_capacity(64),
             connecting: HashMap::with_capacity(16),
             listeners: Vec::new(),
@@ -492,7 +531,12 @@ impl IbvProvider {
                 d.port_up += 1;
                 Vec::new()
             }
-            AsyncEvent::QpLastWqe(_) | AsyncEvent::Other(_) => Vec::new(),
+            AsyncEvent::QpLastWqe(num) => {
+                d.last_wqe_reached += 1;
+                self.last_wqe_reached(num);
+                Vec::new()
+            }
+            AsyncEvent::Other(_) => Vec::new(),
         };
         for qp in failed {
             // An established connection is reported ended now (the connection manager may
@@ -504,6 +548,63 @@ impl IbvProvider {
                 self.report_disconnect(qp);
             }
         }
+    }
+
+    /// The device's Last WQE Reached for queue pair number `num`: it takes no more buffers
+    /// from its shared receive queue.
+    fn last_wqe_reached(&mut self, num: u32) {
+        let Some(&qp) = self.qp_by_num.get(&num) else {
+            return;
+        };
+        if let Ok(e) = slot_mut(&mut self.qps, qp.0) {
+            e.last_wqe = true;
+        } else if let Some(r) = self.retiring.iter_mut().find(|r| r.id == qp) {
+            r.entry.last_wqe = true;
+        }
+        self.advance_retiring();
+    }
+
+    /// Moves the retiring queue pairs on: a marker behind the receives of each that reached
+    /// its last one (iWARP devices take none: siw completes what it took when it enters the
+    /// error state, before it raises the event), and the end of those past [`RETIRE_WAIT`].
+    fn advance_retiring(&mut self) {
+        if self.retiring.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let iwarp = self.iwarp;
+        for r in &mut self.retiring {
+            if r.entry.last_wqe && !r.marker {
+                r.marker = true;
+                let wr = SendWr {
+                    wr_id: RETIRE_WR_ID,
+                    op: SendOp::Send,
+                    sg: &[],
+                    signaled: true,
+                };
+                r.done = iwarp || r.entry.qp.post_send(&wr, &[]).is_err();
+            }
+            if now >= r.deadline && !r.done {
+                r.done = true;
+                self.device_events.retire_timeouts += 1;
+            }
+        }
+        self.finish_retiring(|r| r.done);
+    }
+
+    /// Destroys the retiring queue pairs `f` picks; their numbers name nothing any more.
+    fn finish_retiring(&mut self, f: impl Fn(&Retiring) -> bool) {
+        let by_num = &mut self.qp_by_num;
+        self.retiring.retain(|r| {
+            if !f(r) {
+                return true;
+            }
+            let num = r.entry.qp.num();
+            if by_num.get(&num) == Some(&r.id) {
+                by_num.remove(&num);
+            }
+            false
+        });
     }
 
     /// The queue pairs whose entry satisfies `f` (a failure's victims: not a hot path).
@@ -766,7 +867,7 @@ impl IbvProvider {
 
     fn convert(&mut self, w: &sys::ibv_wc, out: &mut WorkCompletion) -> bool {
         use sys::ibv_wc_status as S;
-        let qp = self.qp_by_num.get(&w.qp_num).copied().unwrap_or_default();
+        let qp = self.qp_by_num.get(&w.qp_num).copied().unwrap_or(QpId::GONE);
         let status = match w.status {
             S::IBV_WC_SUCCESS => WcStatus::Success,
             S::IBV_WC_LOC_LEN_ERR => WcStatus::LocalLengthError,
@@ -784,6 +885,12 @@ impl IbvProvider {
             self.fail_qp(qp);
         }
         if w.wr_id == INTERNAL_WR_ID {
+            return false;
+        }
+        if w.wr_id == RETIRE_WR_ID {
+            if let Some(r) = self.retiring.iter_mut().find(|r| r.id == qp) {
+                r.done = true;
+            }
             return false;
         }
         use sys::ibv_wc_opcode as O;
@@ -1069,6 +1176,9 @@ impl Provider for IbvProvider {
                 break;
             }
         }
+        if self.retiring.iter().any(|r| r.done) {
+            self.finish_retiring(|r| r.done);
+        }
         Ok(n)
     }
 
@@ -1125,6 +1235,7 @@ impl Provider for IbvProvider {
                 disconnect_reported: false,
                 free_mws: Vec::with_capacity(64),
                 recvs: VecDeque::with_capacity(init.max_recv_wr as usize),
+                last_wqe: false,
             },
         )?;
         self.qp_by_num.insert(num, QpId(id));
@@ -1136,16 +1247,36 @@ impl Provider for IbvProvider {
         if let Some(id) = &e.id {
             id.disconnect();
         }
-        let num = e.qp.num();
+        let (num, on_srq) = (e.qp.num(), e.srq.is_some());
         self.windows.retain(
             |_, w| !matches!(w, Window::Mw { qp: q, .. } | Window::Mr { qp: q, .. } if *q == qp),
         );
-        self.qp_by_num.remove(&num);
         self.connecting.remove(&qp.0);
         // Drop order: windows, then the cm id, then the queue pair.
-        if let Some(mut e) = self.qps[qp.0 as usize].take() {
-            e.free_mws.clear();
-            drop(e.id.take());
+        let Some(mut e) = self.qps[qp.0 as usize].take() else {
+            return Ok(());
+        };
+        e.free_mws.clear();
+        drop(e.id.take());
+        if self.kernel_soft {
+            // Its completions may still come: its number keeps naming it (an entry per
+            // number, bounded by the device's queue pair numbers; a new queue pair given the
+            // same number takes it over). Never reported under another queue pair's name:
+            // an owner routes shared receives by it.
+        } else if on_srq {
+            // Kept, in the error state, until it has given back what it took from the SRQ.
+            e.state = QpState::Error;
+            e.qp.to_error();
+            self.retiring.push(Retiring {
+                id: qp,
+                entry: e,
+                marker: false,
+                done: false,
+                deadline: Instant::now() + RETIRE_WAIT,
+            });
+            self.advance_retiring();
+        } else {
+            self.qp_by_num.remove(&num);
         }
         Ok(())
     }
@@ -1363,6 +1494,7 @@ impl Provider for IbvProvider {
         while let Some(ev) = sys::next_async_event(self.ctx_ptr()) {
             self.on_async_event(ev);
         }
+        self.advance_retiring();
         if self.events.is_empty() {
             while let Some(ev) = self.channel.next_event() {
                 self.on_cm_event(ev);
@@ -1393,6 +1525,7 @@ impl Drop for IbvProvider {
             q.free_mws.clear();
         }
         self.qps.clear();
+        self.retiring.clear();
         self.srqs.clear();
         self.comp.drain();
         self.cqs.clear();
