@@ -1434,7 +1434,7 @@ impl Run {
                 .close(id, CloseReason::Requested, &mut self.c.mem);
         }
         for _ in 0..SETTLE_TURNS {
-            let live = |n: &Node| (0..8).map(QpId).any(|q| n.drv.by_qp(q).is_some());
+            let live = |n: &Node| n.drv.connection_ids().next().is_some();
             if !live(&self.c) && !live(&self.s) && self.calls.values().all(|c| c.ended) {
                 break;
             }
@@ -1442,10 +1442,9 @@ impl Run {
         }
         // What the provider never reported is removed by hand.
         for n in [&mut self.c, &mut self.s] {
-            for q in 0..8 {
-                if let Some(id) = n.drv.by_qp(QpId(q)) {
-                    let _ = n.drv.remove(id);
-                }
+            let left: Vec<ConnId> = n.drv.connection_ids().collect();
+            for id in left {
+                let _ = n.drv.remove(id);
             }
             while let Some(e) = n.drv.poll_event() {
                 n.events.push(e);

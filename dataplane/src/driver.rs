@@ -727,6 +727,11 @@ impl<P: Provider> Driver<P> {
         self.by_qp.get(&qp).copied()
     }
 
+    /// The connections not removed yet, in no particular order.
+    pub fn connection_ids(&self) -> impl Iterator<Item = ConnId> + '_ {
+        self.by_qp.values().copied()
+    }
+
     /// Runs `f` on connection `id` with its environment, then posts its work and collects
     /// its events.
     fn with<M: Memory, R>(

@@ -1451,8 +1451,9 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
 
 /// A queue pair on a shared receive queue, disconnected and destroyed before its receive
 /// completions were polled: every buffer it took from the queue is still reported, under its
-/// name (not another queue pair's: the owner gives a shared buffer back by the completion's
-/// queue pair), and the queue's other buffers serve the next connection. A device may drop
+/// name (not another queue pair's, not even one created since in its place: the owner gives a
+/// shared buffer back by the completion's queue pair), and the queue's other buffers serve
+/// the next connection. A device may drop
 /// a destroyed queue pair's completions from its CQ (mlx5 does, and frees the buffers it took
 /// in its own books): the provider keeps such a queue pair until it has reported every buffer
 /// it took (IBTA 10.3.1: Last WQE Reached, then a marker through the CQ).
@@ -1497,6 +1498,13 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
     p.b.p.disconnect(qb).expect("disconnect");
     p.b.p.destroy_qp(qb).expect("destroy_qp");
     assert!(p.b.p.qp_state(qb).is_err(), "destroyed: the handle is gone");
+    // A queue pair created now, before those completions are polled, has another name.
+    let init = p.b.qp_init();
+    let fresh = p.b.p.create_qp(&init).expect("create_qp");
+    assert_ne!(
+        fresh, qb,
+        "a destroyed queue pair's name is not given to the next one"
+    );
     p.wait("both receives reported", |p| {
         p.b.wcs
             .iter()
@@ -1549,6 +1557,9 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
     assert!(p.b.wcs[seen..]
         .iter()
         .all(|w| w.qp == qb0 && w.status == WcStatus::Success));
+    p.b.p
+        .destroy_qp(fresh)
+        .expect("destroy the fresh queue pair");
 }
 
 /// iWARP semantics of a shared receive queue (not in [`conformance_tests!`]: InfiniBand and

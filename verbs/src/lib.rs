@@ -23,6 +23,7 @@ pub mod conformance;
 #[cfg(feature = "ibv")]
 pub mod ibv;
 pub mod mapped;
+mod slab;
 pub mod soft;
 
 /// Largest scatter/gather list any provider of this crate accepts in one work request.

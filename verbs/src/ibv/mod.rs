@@ -43,6 +43,7 @@ use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::AccessFlags;
 
+use crate::slab::Slab;
 use crate::{
     Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, DeviceEvents, Error, ListenerId,
     Mr, MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge,
@@ -271,17 +272,17 @@ pub struct IbvProvider {
     /// (`Drop` clears them first).
     comp: sys::CompChannel,
     wake: sys::Wake,
-    pds: Vec<Option<PdEntry>>,
-    mrs: Vec<Option<MrEntry>>,
-    cqs: Vec<Option<CqEntry>>,
-    srqs: Vec<Option<RawSrq>>,
-    qps: Vec<Option<QpEntry>>,
+    pds: Slab<PdEntry>,
+    mrs: Slab<MrEntry>,
+    cqs: Slab<CqEntry>,
+    srqs: Slab<RawSrq>,
+    qps: Slab<QpEntry>,
     /// Destroyed queue pairs the device may still owe completions ([`Retiring`]).
     retiring: Vec<Retiring>,
     qp_by_num: HashMap<u32, QpId>,
     connecting: HashMap<u32, Connecting>,
-    listeners: Vec<Option<(CmId, SocketAddr)>>,
-    reqs: Vec<Option<CmId>>,
+    listeners: Slab<(CmId, SocketAddr)>,
+    reqs: Slab<CmId>,
     windows: HashMap<u32, Window>,
     events: VecDeque<CmEvent>,
     /// The device's asynchronous events so far.
@@ -298,22 +299,16 @@ impl fmt::Debug for IbvProvider {
     }
 }
 
-fn slot<T>(v: &[Option<T>], i: u32) -> Result<&T> {
-    v.get(i as usize)
-        .and_then(Option::as_ref)
-        .ok_or(Error::BadHandle)
+fn slot<T>(v: &Slab<T>, h: u32) -> Result<&T> {
+    v.get(h).ok_or(Error::BadHandle)
 }
 
-fn slot_mut<T>(v: &mut [Option<T>], i: u32) -> Result<&mut T> {
-    v.get_mut(i as usize)
-        .and_then(Option::as_mut)
-        .ok_or(Error::BadHandle)
+fn slot_mut<T>(v: &mut Slab<T>, h: u32) -> Result<&mut T> {
+    v.get_mut(h).ok_or(Error::BadHandle)
 }
 
-fn push<T>(v: &mut Vec<Option<T>>, t: T) -> Result<u32> {
-    let i = u32::try_from(v.len()).map_err(|_| Error::QueueFull)?;
-    v.push(Some(t));
-    Ok(i)
+fn push<T>(v: &mut Slab<T>, t: T) -> Result<u32> {
+    v.insert(t).ok_or(Error::QueueFull)
 }
 
 /// A connect the local stack refused for its source port: in use by a TCP socket
@@ -422,16 +417,16 @@ impl IbvProvider {
             channel,
             comp,
             wake,
-            pds: Vec::new(),
-            mrs: Vec::new(),
-            cqs: Vec::new(),
-            srqs: Vec::new(),
-            qps: Vec::new(),
+            pds: Slab::default(),
+            mrs: Slab::default(),
+            cqs: Slab::default(),
+            srqs: Slab::default(),
+            qps: Slab::default(),
             retiring: Vec::new(),
             qp_by_num: HashMap::with_capacity(64),
             connecting: HashMap::with_capacity(16),
-            listeners: Vec::new(),
-            reqs: Vec::new(),
+            listeners: Slab::default(),
+            reqs: Slab::default(),
             windows: HashMap::with_capacity(1024),
             events: VecDeque::with_capacity(64),
             device_events: DeviceEvents::default(),
@@ -611,9 +606,8 @@ impl IbvProvider {
     fn qps_where(&self, f: impl Fn(&QpEntry) -> bool) -> Vec<QpId> {
         self.qps
             .iter()
-            .enumerate()
-            .filter(|(_, e)| e.as_ref().is_some_and(&f))
-            .map(|(i, _)| QpId(i as u32))
+            .filter(|(_, e)| f(e))
+            .map(|(h, _)| QpId(h))
             .collect()
     }
 
@@ -633,12 +627,9 @@ impl IbvProvider {
     }
 
     fn qp_for_id(&self, id: *mut sys::rdma_cm_id) -> Option<QpId> {
-        self.qps.iter().enumerate().find_map(|(i, e)| {
-            e.as_ref()
-                .and_then(|e| e.id.as_ref())
-                .filter(|c| c.raw() == id)
-                .map(|_| QpId(i as u32))
-        })
+        self.qps
+            .iter()
+            .find_map(|(h, e)| e.id.as_ref().filter(|c| c.raw() == id).map(|_| QpId(h)))
     }
 
     /// Move an InfiniBand/RoCE queue pair to `state` with the attributes rdma_cm computed.
@@ -659,7 +650,7 @@ impl IbvProvider {
                 let Some(listener) = self
                     .listeners
                     .iter()
-                    .position(|l| l.as_ref().is_some_and(|(id, _)| id.raw() == ev.listen_id))
+                    .find_map(|(h, (id, _))| (id.raw() == ev.listen_id).then_some(h))
                 else {
                     ev.reject_and_destroy();
                     return;
@@ -669,7 +660,7 @@ impl IbvProvider {
                     return;
                 };
                 self.events.push_back(CmEvent::ConnectRequest {
-                    listener: ListenerId(listener as u32),
+                    listener: ListenerId(listener),
                     req: ConnReqId(req),
                     private_data: ev.private_data,
                     responder_resources: ev.responder_resources,
@@ -980,12 +971,12 @@ impl Provider for IbvProvider {
 
     fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
         slot(&self.pds, pd.0)?;
-        let busy = self.mrs.iter().flatten().any(|m| m.pd == pd)
-            || self.qps.iter().flatten().any(|q| q.pd == pd);
+        let busy =
+            self.mrs.iter().any(|(_, m)| m.pd == pd) || self.qps.iter().any(|(_, q)| q.pd == pd);
         if busy {
             return Err(Error::BadState);
         }
-        self.pds[pd.0 as usize] = None;
+        self.pds.remove(pd.0);
         Ok(())
     }
 
@@ -1048,7 +1039,7 @@ impl Provider for IbvProvider {
         for k in dead {
             self.windows.remove(&k);
         }
-        self.mrs[mr.0 as usize] = None;
+        self.mrs.remove(mr.0);
         Ok(())
     }
 
@@ -1138,14 +1129,13 @@ impl Provider for IbvProvider {
         if self
             .qps
             .iter()
-            .flatten()
-            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+            .any(|(_, q)| q.send_cq == cq || q.recv_cq == cq)
         {
             return Err(Error::BadState);
         }
         // Events already queued are taken and acknowledged while every CQ still lives.
         self.comp.drain();
-        self.cqs[cq.0 as usize] = None;
+        self.cqs.remove(cq.0);
         Ok(())
     }
 
@@ -1189,7 +1179,7 @@ impl Provider for IbvProvider {
 
     fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
         slot(&self.srqs, srq.0)?;
-        self.srqs[srq.0 as usize] = None;
+        self.srqs.remove(srq.0);
         Ok(())
     }
 
@@ -1253,7 +1243,7 @@ impl Provider for IbvProvider {
         );
         self.connecting.remove(&qp.0);
         // Drop order: windows, then the cm id, then the queue pair.
-        let Some(mut e) = self.qps[qp.0 as usize].take() else {
+        let Some(mut e) = self.qps.remove(qp.0) else {
             return Ok(());
         };
         e.free_mws.clear();
@@ -1382,7 +1372,7 @@ impl Provider for IbvProvider {
 
     fn close_listener(&mut self, listener: ListenerId) -> Result<()> {
         slot(&self.listeners, listener.0)?;
-        self.listeners[listener.0 as usize] = None;
+        self.listeners.remove(listener.0);
         Ok(())
     }
 
@@ -1413,11 +1403,7 @@ impl Provider for IbvProvider {
     }
 
     fn accept(&mut self, req: ConnReqId, qp: QpId, params: &ConnParams<'_>) -> Result<()> {
-        let id = self
-            .reqs
-            .get_mut(req.0 as usize)
-            .and_then(Option::take)
-            .ok_or(Error::BadHandle)?;
+        let id = self.reqs.remove(req.0).ok_or(Error::BadHandle)?;
         let e = slot(&self.qps, qp.0)?;
         if e.state != QpState::Init || e.id.is_some() {
             return Err(Error::BadState);
@@ -1443,11 +1429,7 @@ impl Provider for IbvProvider {
     }
 
     fn reject(&mut self, req: ConnReqId, private_data: &[u8]) -> Result<()> {
-        let id = self
-            .reqs
-            .get_mut(req.0 as usize)
-            .and_then(Option::take)
-            .ok_or(Error::BadHandle)?;
+        let id = self.reqs.remove(req.0).ok_or(Error::BadHandle)?;
         id.reject(private_data)?;
         Ok(())
     }
@@ -1488,7 +1470,7 @@ impl Provider for IbvProvider {
         // event fd wakes a sleeper at the next completion (its owner polls the CQs once more
         // before it sleeps: what completed before the arming is found that way).
         self.comp.drain();
-        for c in self.cqs.iter().flatten() {
+        for (_, c) in self.cqs.iter() {
             let _ = c.cq.arm();
         }
         while let Some(ev) = sys::next_async_event(self.ctx_ptr()) {
@@ -1517,11 +1499,11 @@ impl Drop for IbvProvider {
         // rdma_cm ids first, then windows, queue pairs, SRQs, CQs, regions, domains.
         self.reqs.clear();
         self.listeners.clear();
-        for q in self.qps.iter_mut().flatten() {
+        for q in self.qps.values_mut() {
             drop(q.id.take());
         }
         self.windows.clear();
-        for q in self.qps.iter_mut().flatten() {
+        for q in self.qps.values_mut() {
             q.free_mws.clear();
         }
         self.qps.clear();

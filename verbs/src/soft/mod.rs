@@ -35,6 +35,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::slab::Slab;
 use crate::{
     Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, ListenerId, Mr, MrId,
     PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
@@ -374,7 +375,7 @@ pub struct SoftProvider<T: Transport> {
     mem: Mem,
     cqs: Vec<Option<Cq>>,
     srqs: Vec<Option<Srq>>,
-    qps: Vec<Option<Qp<T::Link>>>,
+    qps: Slab<Qp<T::Link>>,
     /// Queue pairs to visit at the next poll (indices into `qps`), and the list being visited.
     active: Vec<u32>,
     visiting: Vec<u32>,
@@ -422,7 +423,7 @@ impl<T: Transport> SoftProvider<T> {
             mem: Mem::new(),
             cqs: Vec::new(),
             srqs: Vec::new(),
-            qps: Vec::new(),
+            qps: Slab::default(),
             active: Vec::new(),
             visiting: Vec::new(),
             visits: 0,
@@ -440,10 +441,7 @@ impl<T: Transport> SoftProvider<T> {
     }
 
     fn qp_mut(&mut self, qp: QpId) -> Result<&mut Qp<T::Link>> {
-        self.qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(Error::BadHandle)
+        self.qps.get_mut(qp.0).ok_or(Error::BadHandle)
     }
 
     fn pd_ok(&self, pd: PdId) -> Result<()> {
@@ -469,9 +467,9 @@ impl<T: Transport> SoftProvider<T> {
     fn progress(&mut self) {
         let (qps, active) = (&mut self.qps, &mut self.active);
         self.cm_news |= self.transport.take_ready(|token| {
-            if let Some(Some(q)) = qps.get_mut(token) {
+            if let Some(q) = u32::try_from(token).ok().and_then(|h| qps.get_mut(h)) {
                 q.io_ready = true;
-                q.schedule(token as u32, active);
+                q.schedule(q.id.0, active);
             }
         });
         std::mem::swap(&mut self.active, &mut self.visiting);
@@ -482,7 +480,7 @@ impl<T: Transport> SoftProvider<T> {
             events: &mut self.events,
         };
         for i in self.visiting.drain(..) {
-            let Some(Some(q)) = self.qps.get_mut(i as usize) else {
+            let Some(q) = self.qps.get_mut(i) else {
                 continue;
             };
             q.queued = false;
@@ -510,7 +508,7 @@ impl<T: Transport> SoftProvider<T> {
     /// come before the transport could report them).
     fn attach(&mut self, qp: QpId, mut link: T::Link) -> std::io::Result<()> {
         self.transport.attach(&mut link, qp.0 as usize)?;
-        if let Some(Some(q)) = self.qps.get_mut(qp.0 as usize) {
+        if let Some(q) = self.qps.get_mut(qp.0) {
             q.link = Some(link);
             q.io_ready = true;
             q.schedule(qp.0, &mut self.active);
@@ -1701,22 +1699,15 @@ impl<T: Transport> Provider for SoftProvider<T> {
         if init.max_sge as usize > MAX_SGE {
             return Err(Error::TooManySge);
         }
-        let idx = self
+        let h = self
             .qps
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(self.qps.len());
-        let q = Qp::new(QpId(idx as u32), *init);
-        if idx == self.qps.len() {
-            self.qps.push(Some(q));
-        } else {
-            self.qps[idx] = Some(q);
-        }
+            .insert_with(|h| Qp::new(QpId(h), *init))
+            .ok_or(Error::QueueFull)?;
         // Room to list every queue pair for a visit, so that polling never allocates.
-        let n = self.qps.len();
+        let n = self.qps.capacity();
         self.active.reserve(n);
         self.visiting.reserve(n);
-        Ok(QpId(idx as u32))
+        Ok(QpId(h))
     }
 
     fn destroy_qp(&mut self, qp: QpId) -> Result<()> {
@@ -1724,17 +1715,13 @@ impl<T: Transport> Provider for SoftProvider<T> {
         if let Some(l) = q.link.as_mut() {
             l.shutdown();
         }
-        self.qps[qp.0 as usize] = None;
+        self.qps.remove(qp.0);
         self.mem.free_qp_windows(qp.0);
         Ok(())
     }
 
     fn qp_state(&self, qp: QpId) -> Result<QpState> {
-        self.qps
-            .get(qp.0 as usize)
-            .and_then(Option::as_ref)
-            .map(|q| q.state)
-            .ok_or(Error::BadHandle)
+        self.qps.get(qp.0).map(|q| q.state).ok_or(Error::BadHandle)
     }
 
     fn post_recv(&mut self, qp: QpId, wr_id: u64, sg: &[Sge]) -> Result<()> {
@@ -1758,7 +1745,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
                 srqs: &mut self.srqs,
                 events: &mut self.events,
             };
-            if let Some(Some(q)) = self.qps.get_mut(qp.0 as usize) {
+            if let Some(q) = self.qps.get_mut(qp.0) {
                 q.flush_all(&mut cx, WcStatus::Flushed);
             }
         }
@@ -1766,11 +1753,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
     }
 
     fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<()> {
-        let q = self
-            .qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(Error::BadHandle)?;
+        let q = self.qps.get_mut(qp.0).ok_or(Error::BadHandle)?;
         if q.state == QpState::Init || q.state == QpState::Connecting {
             return Err(Error::BadState);
         }
@@ -1795,7 +1778,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
                 srqs: &mut self.srqs,
                 events: &mut self.events,
             };
-            if let Some(Some(q)) = self.qps.get_mut(qp.0 as usize) {
+            if let Some(q) = self.qps.get_mut(qp.0) {
                 q.flush_all(&mut cx, WcStatus::Flushed);
             }
         }
@@ -1964,11 +1947,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
             srqs: &mut self.srqs,
             events: &mut self.events,
         };
-        let q = self
-            .qps
-            .get_mut(qp.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(Error::BadHandle)?;
+        let q = self.qps.get_mut(qp.0).ok_or(Error::BadHandle)?;
         match q.phase {
             Phase::Rts => {
                 let _ = q.flush_tx(&mut cx);
