@@ -8,12 +8,13 @@
 use std::net::{IpAddr, SocketAddr};
 
 use rpcrdma_verbs::conformance::Harness;
-use rpcrdma_verbs::ibv::{Exposure, IbvConfig, IbvProvider};
+use rpcrdma_verbs::ibv::{Exposure, IbvConfig, IbvProvider, SrqTeardown};
 
 struct Ibv {
     device: String,
     addr: IpAddr,
     exposure: Exposure,
+    srq_teardown: SrqTeardown,
 }
 
 fn harness() -> Ibv {
@@ -33,6 +34,7 @@ fn harness() -> Ibv {
         device,
         addr,
         exposure,
+        srq_teardown: SrqTeardown::Auto,
     }
 }
 
@@ -45,6 +47,7 @@ impl Harness for Ibv {
                 // The suite checks private data byte for byte; IB CM pads it with zeros.
                 strip_cm_padding: true,
                 exposure: self.exposure,
+                srq_teardown: self.srq_teardown,
                 ..IbvConfig::default()
             })
             .unwrap_or_else(|e| panic!("open {}: {e}", self.device))
@@ -63,4 +66,88 @@ rpcrdma_verbs::conformance_tests!(harness(), event_fd);
 #[test]
 fn cq_overrun_ends_the_connections_on_that_cq() {
     rpcrdma_verbs::conformance::cq_overrun_ends_the_connections_on_that_cq(&mut harness());
+}
+
+/// How hardware lets a destroyed queue pair on a shared receive queue go ([`SrqTeardown`]'s
+/// `Auto` off rxe and siw; forced here): it is kept, its handle gone, while its receives are
+/// reported under its name; after Last WQE Reached (rxe and siw never raise it: simulated) a
+/// marker goes behind them, never reported, and the queue pair goes once it completes (iWARP
+/// takes no marker: at the event). One whose event never comes goes after `RETIRE_WAIT`,
+/// counted in `retire_timeouts`.
+#[test]
+fn a_destroyed_queue_pair_on_a_shared_receive_queue_is_kept_until_the_device_is_done() {
+    use rpcrdma_verbs::{Provider, QpInit, SendOp, WcOpcode, WcStatus, WorkCompletion};
+    use std::time::{Duration, Instant};
+    let mut h = harness();
+    h.srq_teardown = SrqTeardown::Wait;
+    let mut p = rpcrdma_verbs::conformance::connect(&mut h, true);
+    let qb = p.b.qp();
+    for i in 0..4u64 {
+        let s = [p.b.sge(i as usize * 256, 256)];
+        p.b.recv(100 + i, &s);
+    }
+    for k in 0..2u64 {
+        let s = [p.a.sge(0, 8)];
+        p.a.post(k, SendOp::Send, &s, true);
+    }
+    // Both Sends acknowledged, `b`'s CQ not polled.
+    let start = Instant::now();
+    let mut wcs = [WorkCompletion::default(); 8];
+    let mut acked = 0;
+    while acked < 2 {
+        acked += p.a.p.poll_cq(p.a.cq, &mut wcs).unwrap();
+        while p.b.p.poll_cm().is_some() {}
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sends not acknowledged"
+        );
+    }
+    p.b.p.disconnect(qb).unwrap();
+    p.b.p.destroy_qp(qb).unwrap();
+    assert_eq!(p.b.p.retiring_queue_pairs(), 1, "kept");
+    p.wait("its receives", |p| {
+        p.b.wcs
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .count()
+            >= 2
+    });
+    for w in p.b.wcs.iter().filter(|w| w.opcode == WcOpcode::Recv) {
+        assert_eq!((w.qp, w.status), (qb, WcStatus::Success), "named after it");
+    }
+    assert_eq!(
+        p.b.p.retiring_queue_pairs(),
+        1,
+        "kept until its last receive"
+    );
+    p.b.p.simulate_last_wqe_reached(qb);
+    p.wait("the marker", |p| p.b.p.retiring_queue_pairs() == 0);
+    p.settle();
+    assert!(
+        p.b.wcs.iter().all(|w| (100..104).contains(&w.wr_id)),
+        "the marker is never reported: {:?}",
+        p.b.wcs
+    );
+    let d = p.b.p.device_events();
+    assert_eq!((d.last_wqe_reached, d.retire_timeouts), (1, 0));
+    // A queue pair whose event never comes goes after RETIRE_WAIT.
+    let init = QpInit {
+        pd: p.b.pd,
+        send_cq: p.b.cq,
+        recv_cq: p.b.cq,
+        srq: p.b.srq,
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_sge: 1,
+    };
+    let lone = p.b.p.create_qp(&init).unwrap();
+    p.b.p.destroy_qp(lone).unwrap();
+    assert_eq!(p.b.p.retiring_queue_pairs(), 1);
+    let start = Instant::now();
+    while p.b.p.retiring_queue_pairs() > 0 {
+        while p.b.p.poll_cm().is_some() {}
+        assert!(start.elapsed() < Duration::from_secs(20), "never let go");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(p.b.p.device_events().retire_timeouts, 1);
 }

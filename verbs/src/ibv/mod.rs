@@ -74,6 +74,19 @@ pub struct IbvConfig {
     pub strip_cm_padding: bool,
     /// How [`Provider::expose`] gives a peer access.
     pub exposure: Exposure,
+    /// Whether a destroyed queue pair on a shared receive queue is kept until the device has
+    /// reported what it took from the queue (`Retiring`, IBTA 10.3.1).
+    pub srq_teardown: SrqTeardown,
+}
+
+/// How a destroyed queue pair on a shared receive queue is let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SrqTeardown {
+    /// Kept until Last WQE Reached and a marker behind it (at most [`RETIRE_WAIT`]), except
+    /// on rxe and siw: they raise no such event and keep a destroyed queue pair's completions.
+    Auto,
+    /// Kept on every device (rxe and siw then wait [`RETIRE_WAIT`] for each: for tests).
+    Wait,
 }
 
 /// How remote exposures are made.
@@ -102,6 +115,7 @@ impl Default for IbvConfig {
             retry_count: 7,
             strip_cm_padding: false,
             exposure: Exposure::Auto,
+            srq_teardown: SrqTeardown::Auto,
         }
     }
 }
@@ -258,9 +272,10 @@ pub struct IbvProvider {
     /// rdma_rxe: its legacy completions carry the kernel's `ib_wc_flags` bits, where
     /// "with invalidate" is bit 2 (libibverbs' `IBV_WC_IP_CSUM_OK`), not bit 3.
     rxe: bool,
-    /// A kernel software device (rdma_rxe, siw): it raises no Last WQE Reached (Debian's 6.1
-    /// kernel: none within 5 s of the error) and leaves a destroyed queue pair's completions
-    /// in the CQ, to be reported after it (see [`Retiring`] for devices that do neither).
+    /// A kernel software device (rdma_rxe, siw), unless [`SrqTeardown::Wait`]: it raises no
+    /// Last WQE Reached (Debian's 6.1 kernel: none within 5 s of the error) and leaves a
+    /// destroyed queue pair's completions in the CQ, to be reported after it (see
+    /// [`Retiring`] for devices that do neither).
     kernel_soft: bool,
     /// Scatter entries an RDMA Read sink may have (siw: 1).
     max_sge_rd: usize,
@@ -385,7 +400,8 @@ impl IbvProvider {
         // rdma_rxe reports vendor 0xffffff.
         let rxe = attr.vendor_id() == 0x00ff_ffff;
         // siw's vendor id is ASCII "bmt".
-        let kernel_soft = rxe || attr.vendor_id() == 0x0062_6d74;
+        let kernel_soft =
+            (rxe || attr.vendor_id() == 0x0062_6d74) && cfg.srq_teardown == SrqTeardown::Auto;
         let has_mw2 = match cfg.exposure {
             Exposure::Auto => mw2 && !rxe,
             Exposure::MemoryWindow if !mw2 => {
@@ -557,6 +573,28 @@ impl IbvProvider {
             r.entry.last_wqe = true;
         }
         self.advance_retiring();
+    }
+
+    /// What the device's Last WQE Reached for `qp` (live or retiring) does, counted as one:
+    /// for tests on devices that never raise it.
+    #[doc(hidden)]
+    pub fn simulate_last_wqe_reached(&mut self, qp: QpId) {
+        let num = match (
+            slot(&self.qps, qp.0),
+            self.retiring.iter().find(|r| r.id == qp),
+        ) {
+            (Ok(e), _) => e.qp.num(),
+            (_, Some(r)) => r.entry.qp.num(),
+            _ => return,
+        };
+        self.device_events.last_wqe_reached += 1;
+        self.last_wqe_reached(num);
+    }
+
+    /// Destroyed queue pairs still kept for what the device owes (`Retiring`).
+    #[doc(hidden)]
+    pub fn retiring_queue_pairs(&self) -> usize {
+        self.retiring.len()
     }
 
     /// Moves the retiring queue pairs on: a marker behind the receives of each that reached
