@@ -127,7 +127,8 @@ impl<P: Provider> Side<P> {
             && self.buf[BUF_LEN - GUARD..].iter().all(|&b| b == GUARD_BYTE)
     }
 
-    fn qp_init(&self) -> QpInit {
+    /// What the side's queue pairs are created with (its CQ for both queues, its SRQ).
+    pub fn qp_init(&self) -> QpInit {
         QpInit {
             pd: self.pd,
             send_cq: self.cq,
@@ -183,6 +184,18 @@ impl<P: Provider> Side<P> {
                 },
             )
             .expect("post_send");
+    }
+
+    /// Post a signaled Send of `len` bytes at region offset `off` on queue pair `qp`.
+    pub fn send_on(&mut self, qp: QpId, wr_id: u64, off: usize, len: usize) {
+        let s = [self.sge(off, len)];
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::Send,
+            sg: &s,
+            signaled: true,
+        };
+        self.p.post_send(qp, &wr).expect("post_send");
     }
 
     /// Post a receive (to the SRQ if the side has one).
@@ -1453,10 +1466,10 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
 /// completions were polled: every buffer it took from the queue is still reported, under its
 /// name (not another queue pair's, not even one created since in its place: the owner gives a
 /// shared buffer back by the completion's queue pair), and the queue's other buffers serve
-/// the next connection. A device may drop
-/// a destroyed queue pair's completions from its CQ (mlx5 does, and frees the buffers it took
-/// in its own books): the provider keeps such a queue pair until it has reported every buffer
-/// it took (IBTA 10.3.1: Last WQE Reached, then a marker through the CQ).
+/// the next connection. A device may drop a destroyed queue pair's completions from its CQ
+/// (mlx5 does, and frees the buffers it took in its own books): the provider keeps such a
+/// queue pair until it has reported every buffer it took (IBTA 10.3.1: Last WQE Reached, then
+/// a marker through the CQ).
 pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &mut H) {
     let mut p = connect(h, true);
     let addr = p.addr;
@@ -1468,15 +1481,9 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
     }
     let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
     for k in 0..2u8 {
-        p.a.fill(4096 + usize::from(k) * 64, &[k + 1; 8]);
-        let s = [p.a.sge(4096 + usize::from(k) * 64, 8)];
-        let wr = SendWr {
-            wr_id: u64::from(k),
-            op: SendOp::Send,
-            sg: &s,
-            signaled: true,
-        };
-        p.a.p.post_send(qa, &wr).expect("post_send");
+        let off = 4096 + usize::from(k) * 64;
+        p.a.fill(off, &[k + 1; 8]);
+        p.a.send_on(qa, u64::from(k), off, 8);
     }
     // Until both Sends are acknowledged, without polling `b`'s CQ (its connection events are
     // taken: the soft provider moves data there).
@@ -1533,16 +1540,7 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
     let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
     let seen = p.b.wcs.len();
     for k in 0..2u64 {
-        let s = [p.a.sge(8192, 8)];
-        let wr = SendWr {
-            wr_id: 10 + k,
-            op: SendOp::Send,
-            sg: &s,
-            signaled: true,
-        };
-        p.a.p
-            .post_send(qa0, &wr)
-            .expect("post_send on the other connection");
+        p.a.send_on(qa0, 10 + k, 8192, 8);
     }
     p.wait("the other connection's receives", |p| {
         p.b.wcs.len() >= seen + 2
@@ -1574,18 +1572,8 @@ pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Ha
         p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
     }
     let (burst, other) = (p.a.qps[0], p.a.qps[1]);
-    let send = |p: &mut Pair<H::P>, qp: QpId, wr_id: u64| {
-        let s = [p.a.sge(0, 8)];
-        let wr = SendWr {
-            wr_id,
-            op: SendOp::Send,
-            sg: &s,
-            signaled: true,
-        };
-        p.a.p.post_send(qp, &wr).expect("post_send");
-    };
     for k in 0..8 {
-        send(&mut p, burst, k);
+        p.a.send_on(burst, k, 0, 8);
     }
     p.wait("the queue emptied by the burst", |p| {
         p.b.wcs
@@ -1601,7 +1589,7 @@ pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Ha
         !p.a.disconnected(qa1) && !p.b.disconnected(qb1),
         "the other connection lives until it sends"
     );
-    send(&mut p, other, 99);
+    p.a.send_on(other, 99, 0, 8);
     p.wait("the other connection ended", |p| {
         p.a.disconnected(qa1) && p.b.disconnected(qb1)
     });

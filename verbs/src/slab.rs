@@ -36,6 +36,8 @@ impl<T> Default for Slab<T> {
 
 impl<T> Slab<T> {
     /// Stores `t`; its handle, or `None` when every slot a handle can index is taken.
+    // Used by the `ibv` provider's tables (the soft provider keeps only queue pairs here).
+    #[cfg_attr(not(feature = "ibv"), allow(dead_code))]
     pub(crate) fn insert(&mut self, t: T) -> Option<u32> {
         self.insert_with(|_| t)
     }
@@ -86,6 +88,7 @@ impl<T> Slab<T> {
     }
 
     /// The live objects with their handles.
+    #[cfg_attr(not(feature = "ibv"), allow(dead_code))]
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
         self.slots
             .iter()
@@ -95,11 +98,13 @@ impl<T> Slab<T> {
     }
 
     /// The live objects.
+    #[cfg_attr(not(feature = "ibv"), allow(dead_code))]
     pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.slots.iter_mut().flatten()
     }
 
     /// Drops every object, in slot order.
+    #[cfg_attr(not(feature = "ibv"), allow(dead_code))]
     pub(crate) fn clear(&mut self) {
         for (i, s) in self.slots.iter_mut().enumerate() {
             if s.take().is_some() {

@@ -76,7 +76,7 @@ fn cq_overrun_ends_the_connections_on_that_cq() {
 /// counted in `retire_timeouts`.
 #[test]
 fn a_destroyed_queue_pair_on_a_shared_receive_queue_is_kept_until_the_device_is_done() {
-    use rpcrdma_verbs::{Provider, QpInit, SendOp, WcOpcode, WcStatus, WorkCompletion};
+    use rpcrdma_verbs::{Provider, SendOp, WcOpcode, WcStatus, WorkCompletion};
     use std::time::{Duration, Instant};
     let mut h = harness();
     h.srq_teardown = SrqTeardown::Wait;
@@ -131,15 +131,7 @@ fn a_destroyed_queue_pair_on_a_shared_receive_queue_is_kept_until_the_device_is_
     let d = p.b.p.device_events();
     assert_eq!((d.last_wqe_reached, d.retire_timeouts), (1, 0));
     // A queue pair whose event never comes goes after RETIRE_WAIT.
-    let init = QpInit {
-        pd: p.b.pd,
-        send_cq: p.b.cq,
-        recv_cq: p.b.cq,
-        srq: p.b.srq,
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_sge: 1,
-    };
+    let init = p.b.qp_init();
     let lone = p.b.p.create_qp(&init).unwrap();
     p.b.p.destroy_qp(lone).unwrap();
     assert_eq!(p.b.p.retiring_queue_pairs(), 1);
