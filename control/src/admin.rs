@@ -237,8 +237,9 @@ pub struct DeviceEventCounts {
     /// error (IBTA's Last WQE Reached; none on rxe and siw).
     #[serde(default)]
     pub last_wqe_reached: u64,
-    /// Queue pairs on the shared receive queue destroyed without Last WQE Reached in time:
-    /// on a device that raises it, buffers they took may be lost to the pool.
+    /// Closed queue pairs destroyed before the device said it was done with them (Last WQE
+    /// Reached on hardware; rxe and siw: their last completion) within 1 s: buffers they
+    /// took may be lost to the pool.
     #[serde(default)]
     pub retire_timeouts: u64,
 }

@@ -484,9 +484,9 @@ pub struct DeviceEvents {
     /// Queue pairs on a shared receive queue that, in the error state, took their last
     /// buffer from it (IBTA's Last WQE Reached): each may be destroyed without losing one.
     pub last_wqe_reached: u64,
-    /// Queue pairs on a shared receive queue destroyed without the device's Last WQE
-    /// Reached in time (`ibv`'s `RETIRE_WAIT`): on a device that cleans a destroyed queue
-    /// pair's completions, buffers they took may be lost to the pool.
+    /// Queue pairs destroyed before the device said it was done with them (`ibv`'s
+    /// `RETIRE_WAIT`: Last WQE Reached on hardware, the last completion on rxe and siw):
+    /// buffers they took may be lost to the pool.
     pub retire_timeouts: u64,
 }
 
@@ -619,10 +619,11 @@ pub trait Provider {
     /// Destroy a queue pair (disconnecting it if needed; outstanding work is dropped, windows
     /// bound to it are invalidated). The handle is gone at once, but a queue pair on a
     /// shared receive queue still has every buffer it took from the queue reported by
-    /// [`poll_cq`](Provider::poll_cq), under its name: the owner gets its buffers back. (A
-    /// device may drop a destroyed queue pair's completions and free, in its own books, the
-    /// buffers it took: the provider keeps such a queue pair until the device says it takes
-    /// no more, and what it took is reported; IBTA 10.3.1.)
+    /// [`poll_cq`](Provider::poll_cq), under its name (never a later queue pair's): the
+    /// owner gets its buffers back. (A device may drop a destroyed queue pair's completions
+    /// and free, in its own books, the buffers it took, or give its number to the next queue
+    /// pair while its completions are still to be polled: the provider keeps the queue pair
+    /// until the device has reported all it will of it; IBTA 10.3.1.)
     fn destroy_qp(&mut self, qp: QpId) -> Result<()>;
 
     /// Current state of a queue pair.

@@ -79,13 +79,15 @@ pub struct IbvConfig {
     pub srq_teardown: SrqTeardown,
 }
 
-/// How a destroyed queue pair on a shared receive queue is let go.
+/// How a destroyed queue pair on a shared receive queue is let go ([`Retiring`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SrqTeardown {
     /// Kept until Last WQE Reached and a marker behind it (at most [`RETIRE_WAIT`]), except
-    /// on rxe and siw: they raise no such event and keep a destroyed queue pair's completions.
+    /// on rxe and siw, which raise no such event: there every destroyed queue pair is kept
+    /// until a marker (rxe) or a poll that empties its CQ (siw).
     Auto,
-    /// Kept on every device (rxe and siw then wait [`RETIRE_WAIT`] for each: for tests).
+    /// Kept until Last WQE Reached on every device (rxe and siw then wait [`RETIRE_WAIT`]
+    /// for each unless a test simulates the event).
     Wait,
 }
 
@@ -175,9 +177,9 @@ const INTERNAL_WR_ID: u64 = u64::MAX - 0x5157;
 /// shared receive ([`Retiring`]); never reported.
 const RETIRE_WR_ID: u64 = u64::MAX - 0x5158;
 
-/// Longest a destroyed queue pair on a shared receive queue is kept for the device's Last
-/// WQE Reached and its marker ([`Retiring`]). A device that raises it does so as soon as
-/// the queue pair is in error (microseconds); one that never does is not waited for longer.
+/// Longest a destroyed queue pair is kept for the device to finish with it ([`Retiring`]). A
+/// device that raises Last WQE Reached does so as soon as the queue pair is in error
+/// (microseconds); one that never does is not waited for longer.
 pub const RETIRE_WAIT: Duration = Duration::from_secs(1);
 
 struct MrEntry {
@@ -226,21 +228,34 @@ struct QpEntry {
     last_wqe: bool,
 }
 
-/// A queue pair on a shared receive queue whose owner destroyed it, kept until the device
-/// has reported every buffer it took from the queue (IBTA 10.3.1): after Last WQE Reached
-/// it takes no more, and a marker posted then completes after the completions of those it
-/// took. Destroyed earlier, a device may drop those completions from the CQ and free the
-/// buffers in its own books (mlx5 cleans a destroyed queue pair's completions): the owner
-/// would never see them again and its pool would shrink. Its number still names it in
-/// completions until then.
+/// A queue pair its owner destroyed, kept (in the error state, its handle gone) until the
+/// device has reported all it will report of it: a completion that came after would name it
+/// by a number the device may have given to a new queue pair by then (siw does, at once),
+/// and an owner routes shared receives by the queue pair. On hardware it is kept only if it
+/// is on a shared receive queue, as IBTA 10.3.1 asks: a device may drop a destroyed queue
+/// pair's completions from the CQ and free, in its own books, the buffers it took from the
+/// queue (mlx5 cleans its CQ), so it goes after Last WQE Reached (it takes no more) and a
+/// marker posted then (the completions of what it took come first). rxe and siw raise no
+/// such event and keep a destroyed queue pair's completions: every queue pair is kept there
+/// until a marker (rxe) or a poll that empties its CQ (siw, which completes what it holds
+/// when it enters the error state and takes no marker).
 struct Retiring {
     id: QpId,
     entry: QpEntry,
-    /// The marker is posted; its completion ends the wait.
-    marker: bool,
-    /// The marker completed: destroyed at the end of the poll that found it.
-    done: bool,
+    stage: Stage,
     deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Until Last WQE Reached (then a marker, or on iWARP a poll that empties the CQ).
+    Event,
+    /// Until the marker (`RETIRE_WR_ID`) completes.
+    Marker,
+    /// Until a poll of its CQ that comes back not full.
+    EmptyPoll,
+    /// Destroyed at the end of this poll.
+    Done,
 }
 
 struct PdEntry {
@@ -274,8 +289,7 @@ pub struct IbvProvider {
     rxe: bool,
     /// A kernel software device (rdma_rxe, siw), unless [`SrqTeardown::Wait`]: it raises no
     /// Last WQE Reached (Debian's 6.1 kernel: none within 5 s of the error) and leaves a
-    /// destroyed queue pair's completions in the CQ, to be reported after it (see
-    /// [`Retiring`] for devices that do neither).
+    /// destroyed queue pair's completions in the CQ ([`Retiring`]).
     kernel_soft: bool,
     /// Scatter entries an RDMA Read sink may have (siw: 1).
     max_sge_rd: usize,
@@ -597,9 +611,9 @@ impl IbvProvider {
         self.retiring.len()
     }
 
-    /// Moves the retiring queue pairs on: a marker behind the receives of each that reached
-    /// its last one (iWARP devices take none: siw completes what it took when it enters the
-    /// error state, before it raises the event), and the end of those past [`RETIRE_WAIT`].
+    /// Moves the retiring queue pairs on: past the event once it came (a marker behind what
+    /// they took, or on iWARP a poll that empties the CQ), and to their end past
+    /// [`RETIRE_WAIT`].
     fn advance_retiring(&mut self) {
         if self.retiring.is_empty() {
             return;
@@ -607,31 +621,30 @@ impl IbvProvider {
         let now = Instant::now();
         let iwarp = self.iwarp;
         for r in &mut self.retiring {
-            if r.entry.last_wqe && !r.marker {
-                r.marker = true;
-                let wr = SendWr {
-                    wr_id: RETIRE_WR_ID,
-                    op: SendOp::Send,
-                    sg: &[],
-                    signaled: true,
+            if r.stage == Stage::Event && r.entry.last_wqe {
+                r.stage = if iwarp {
+                    Stage::EmptyPoll
+                } else {
+                    post_marker(&r.entry)
                 };
-                r.done = iwarp || r.entry.qp.post_send(&wr, &[]).is_err();
             }
-            if now >= r.deadline && !r.done {
-                r.done = true;
+            if now >= r.deadline && r.stage != Stage::Done {
+                r.stage = Stage::Done;
                 self.device_events.retire_timeouts += 1;
             }
         }
-        self.finish_retiring(|r| r.done);
+        self.finish_retiring();
     }
 
-    /// Destroys the retiring queue pairs `f` picks; their numbers name nothing any more.
-    fn finish_retiring(&mut self, f: impl Fn(&Retiring) -> bool) {
+    /// Destroys the retiring queue pairs that are done; their numbers name nothing any more.
+    fn finish_retiring(&mut self) {
         let by_num = &mut self.qp_by_num;
-        self.retiring.retain(|r| {
-            if !f(r) {
+        self.retiring.retain_mut(|r| {
+            if r.stage != Stage::Done {
                 return true;
             }
+            // The connection id before the queue pair.
+            drop(r.entry.id.take());
             let num = r.entry.qp.num();
             if by_num.get(&num) == Some(&r.id) {
                 by_num.remove(&num);
@@ -918,7 +931,7 @@ impl IbvProvider {
         }
         if w.wr_id == RETIRE_WR_ID {
             if let Some(r) = self.retiring.iter_mut().find(|r| r.id == qp) {
-                r.done = true;
+                r.stage = Stage::Done;
             }
             return false;
         }
@@ -995,6 +1008,21 @@ impl IbvProvider {
             };
         }
         Ok(sg.len() as i32)
+    }
+}
+
+/// Posts a retiring queue pair's marker ([`Retiring`]): the stage it is in then (done at once
+/// if the device refuses it).
+fn post_marker(e: &QpEntry) -> Stage {
+    let wr = SendWr {
+        wr_id: RETIRE_WR_ID,
+        op: SendOp::Send,
+        sg: &[],
+        signaled: true,
+    };
+    match e.qp.post_send(&wr, &[]) {
+        Ok(()) => Stage::Marker,
+        Err(_) => Stage::Done,
     }
 }
 
@@ -1204,8 +1232,17 @@ impl Provider for IbvProvider {
                 break;
             }
         }
-        if self.retiring.iter().any(|r| r.done) {
-            self.finish_retiring(|r| r.done);
+        if !self.retiring.is_empty() {
+            // What waited for a poll that empties this CQ has had it if this one came back
+            // not full (a queue pair is retired outside a poll, so all it had was here).
+            let drained = n < wcs.len();
+            for r in &mut self.retiring {
+                let on = r.entry.send_cq == cq || r.entry.recv_cq == cq;
+                if r.stage == Stage::EmptyPoll && drained && on {
+                    r.stage = Stage::Done;
+                }
+            }
+            self.finish_retiring();
         }
         Ok(n)
     }
@@ -1285,27 +1322,33 @@ impl Provider for IbvProvider {
             return Ok(());
         };
         e.free_mws.clear();
-        drop(e.id.take());
-        if self.kernel_soft {
-            // Its completions may still come: its number keeps naming it (an entry per
-            // number, bounded by the device's queue pair numbers; a new queue pair given the
-            // same number takes it over). Never reported under another queue pair's name:
-            // an owner routes shared receives by it.
-        } else if on_srq {
-            // Kept, in the error state, until it has given back what it took from the SRQ.
-            e.state = QpState::Error;
-            e.qp.to_error();
-            self.retiring.push(Retiring {
-                id: qp,
-                entry: e,
-                marker: false,
-                done: false,
-                deadline: Instant::now() + RETIRE_WAIT,
-            });
-            self.advance_retiring();
+        // Kept, in the error state and with its connection id (siw gives the queue pair's
+        // number to the next one once the id is gone), while the device may still report it
+        // ([`Retiring`]).
+        let stage = match (self.kernel_soft, on_srq) {
+            (false, false) => {
+                drop(e.id.take());
+                self.qp_by_num.remove(&num);
+                return Ok(());
+            }
+            (false, true) => Stage::Event,
+            (true, _) if self.iwarp => Stage::EmptyPoll,
+            (true, _) => Stage::Marker,
+        };
+        e.state = QpState::Error;
+        e.qp.to_error();
+        let stage = if stage == Stage::Marker {
+            post_marker(&e)
         } else {
-            self.qp_by_num.remove(&num);
-        }
+            stage
+        };
+        self.retiring.push(Retiring {
+            id: qp,
+            entry: e,
+            stage,
+            deadline: Instant::now() + RETIRE_WAIT,
+        });
+        self.advance_retiring();
         Ok(())
     }
 
@@ -1539,6 +1582,9 @@ impl Drop for IbvProvider {
         self.listeners.clear();
         for q in self.qps.values_mut() {
             drop(q.id.take());
+        }
+        for r in &mut self.retiring {
+            drop(r.entry.id.take());
         }
         self.windows.clear();
         for q in self.qps.values_mut() {
