@@ -159,6 +159,14 @@ impl<P: Provider> Side<P> {
         self.wcs.extend_from_slice(&w[..n]);
     }
 
+    /// Receive completions seen so far.
+    pub fn recvs_seen(&self) -> usize {
+        self.wcs
+            .iter()
+            .filter(|w| w.opcode == WcOpcode::Recv)
+            .count()
+    }
+
     /// The completion of `wr_id`, if seen.
     pub fn wc(&self, wr_id: u64) -> Option<WorkCompletion> {
         self.wcs.iter().copied().find(|w| w.wr_id == wr_id)
@@ -251,6 +259,18 @@ impl<P: Provider> Pair<P> {
             self.b.step();
         }
     }
+}
+
+/// Two connections onto one SRQ on `b` (the first connected first), with four 256-byte
+/// receives posted to it (`wr_id` 100..104 at region offsets 0, 256, 512, 768).
+pub fn connect_two_on_srq<H: Harness>(h: &mut H) -> Pair<H::P> {
+    let mut p = connect(h, true);
+    let addr = p.addr;
+    connect_one(&mut p, addr);
+    for i in 0..4 {
+        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
+    }
+    p
 }
 
 /// Build two sides and connect them (with an SRQ on `b` if `srq`), checking private data.
@@ -1442,13 +1462,7 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
             )
             .unwrap();
     }
-    p.wait("two receives from the SRQ", |p| {
-        p.b.wcs
-            .iter()
-            .filter(|w| w.opcode == WcOpcode::Recv)
-            .count()
-            >= 2
-    });
+    p.wait("two receives from the SRQ", |p| p.b.recvs_seen() >= 2);
     let mut qps: Vec<QpId> = p.b.wcs.iter().map(|w| w.qp).collect();
     qps.sort();
     let mut want = p.b.qps.clone();
@@ -1471,14 +1485,9 @@ pub fn shared_receive_queue<H: Harness>(h: &mut H) {
 /// queue pair until it has reported every buffer it took (IBTA 10.3.1: Last WQE Reached, then
 /// a marker through the CQ).
 pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &mut H) {
-    let mut p = connect(h, true);
-    let addr = p.addr;
-    // A second connection on the same SRQ, created first on `b`'s side: a completion named
-    // after the wrong queue pair would name a live one.
-    connect_one(&mut p, addr);
-    for i in 0..4 {
-        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
-    }
+    // The second connection's queue pair is destroyed, the first one's created before it on
+    // `b`'s side: a completion named after the wrong queue pair would name a live one.
+    let mut p = connect_two_on_srq(h);
     let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
     for k in 0..2u8 {
         let off = 4096 + usize::from(k) * 64;
@@ -1512,13 +1521,7 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
         fresh, qb,
         "a destroyed queue pair's name is not given to the next one"
     );
-    p.wait("both receives reported", |p| {
-        p.b.wcs
-            .iter()
-            .filter(|w| w.opcode == WcOpcode::Recv)
-            .count()
-            >= 2
-    });
+    p.wait("both receives reported", |p| p.b.recvs_seen() >= 2);
     p.settle();
     let recvs: Vec<WorkCompletion> = p.b.wcs.iter().filter(|w| w.wr_id >= 100).copied().collect();
     assert_eq!(
@@ -1565,23 +1568,12 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
 /// burst takes every receive of the queue, and the next Send on another connection, arriving
 /// before any receive is posted again, finds none and ends that other connection.
 pub fn shared_receive_queue_emptied_by_one_connection_ends_the_next_sender<H: Harness>(h: &mut H) {
-    let mut p = connect(h, true);
-    let addr = p.addr;
-    connect_one(&mut p, addr);
-    for i in 0..4 {
-        p.b.recv(100 + i, &[p.b.sge(i as usize * 256, 256)]);
-    }
+    let mut p = connect_two_on_srq(h);
     let (burst, other) = (p.a.qps[0], p.a.qps[1]);
     for k in 0..8 {
         p.a.send_on(burst, k, 0, 8);
     }
-    p.wait("the queue emptied by the burst", |p| {
-        p.b.wcs
-            .iter()
-            .filter(|w| w.opcode == WcOpcode::Recv)
-            .count()
-            == 4
-    });
+    p.wait("the queue emptied by the burst", |p| p.b.recvs_seen() == 4);
     assert!(p.b.wcs.iter().all(|w| w.qp == p.b.qps[0]));
     let (qa1, qb1) = (p.a.qps[1], p.b.qps[1]);
     p.settle();

@@ -105,13 +105,7 @@ fn a_destroyed_queue_pair_on_a_shared_receive_queue_is_kept_until_the_device_is_
     p.b.p.disconnect(qb).unwrap();
     p.b.p.destroy_qp(qb).unwrap();
     assert_eq!(p.b.p.retiring_queue_pairs(), 1, "kept");
-    p.wait("its receives", |p| {
-        p.b.wcs
-            .iter()
-            .filter(|w| w.opcode == WcOpcode::Recv)
-            .count()
-            >= 2
-    });
+    p.wait("its receives", |p| p.b.recvs_seen() >= 2);
     for w in p.b.wcs.iter().filter(|w| w.opcode == WcOpcode::Recv) {
         assert_eq!((w.qp, w.status), (qb, WcStatus::Success), "named after it");
     }
