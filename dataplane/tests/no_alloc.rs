@@ -321,29 +321,31 @@ fn allocations<P: Provider>(
 
 #[test]
 fn steady_calls_allocate_nothing_in_every_transfer_mode() {
-    let modes = [Mode::Inline, Mode::ReadWrite, Mode::ReadReply];
     let f = MemFabric::new();
+    let mut xid = 1;
     let mut c = node(SoftProvider::memory(&f, SoftConfig::default()));
     let mut s = node(SoftProvider::memory(&f, SoftConfig::default()));
-    let conn = connect(&mut c, &mut s, "10.9.0.1:20049".parse().expect("addr"));
-    let mut xid = 1;
-    for mode in modes {
-        let st = allocations(&mut c, &mut s, conn, mode, &mut xid);
-        assert_eq!(
-            (st.allocations, st.reallocations),
-            (0, 0),
-            "memory, {mode:?}: {st:?}"
-        );
-    }
+    no_allocation_in_any_mode(&mut c, &mut s, "10.9.0.1:20049", "memory", &mut xid);
     let mut c = node(SoftProvider::tcp(SoftConfig::default()).expect("tcp"));
     let mut s = node(SoftProvider::tcp(SoftConfig::default()).expect("tcp"));
-    let conn = connect(&mut c, &mut s, "127.0.0.1:0".parse().expect("addr"));
-    for mode in modes {
-        let st = allocations(&mut c, &mut s, conn, mode, &mut xid);
+    no_allocation_in_any_mode(&mut c, &mut s, "127.0.0.1:0", "TCP", &mut xid);
+}
+
+/// Connects `c` to `s` at `addr` and asserts that steady calls allocate nothing in each mode.
+fn no_allocation_in_any_mode<P: Provider>(
+    c: &mut Node<P>,
+    s: &mut Node<P>,
+    addr: &str,
+    link: &str,
+    xid: &mut u32,
+) {
+    let conn = connect(c, s, addr.parse().expect("addr"));
+    for mode in [Mode::Inline, Mode::ReadWrite, Mode::ReadReply] {
+        let st = allocations(c, s, conn, mode, xid);
         assert_eq!(
             (st.allocations, st.reallocations),
             (0, 0),
-            "TCP, {mode:?}: {st:?}"
+            "{link}, {mode:?}: {st:?}"
         );
     }
 }

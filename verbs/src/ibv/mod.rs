@@ -557,7 +557,6 @@ impl IbvProvider {
                 Vec::new()
             }
             AsyncEvent::QpLastWqe(num) => {
-                d.last_wqe_reached += 1;
                 self.last_wqe_reached(num);
                 Vec::new()
             }
@@ -578,6 +577,7 @@ impl IbvProvider {
     /// The device's Last WQE Reached for queue pair number `num`: it takes no more buffers
     /// from its shared receive queue.
     fn last_wqe_reached(&mut self, num: u32) {
+        self.device_events.last_wqe_reached += 1;
         let Some(&qp) = self.qp_by_num.get(&num) else {
             return;
         };
@@ -601,7 +601,6 @@ impl IbvProvider {
             (_, Some(r)) => r.entry.qp.num(),
             _ => return,
         };
-        self.device_events.last_wqe_reached += 1;
         self.last_wqe_reached(num);
     }
 
