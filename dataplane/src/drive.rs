@@ -13,7 +13,8 @@
 //!   Send With Invalidate of any key), RDMA Reads and Writes under keys it saw or guessed, and
 //!   disconnects.
 //!
-//! The bytes choose the settings (per-connection or shared pools on each node, credits), then
+//! The bytes choose the settings (per-connection or shared pools on each node, credits, a
+//! provider that retires a destroyed queue pair only a few polls later, as rxe and siw do), then
 //! steps: calls of every transfer mode on either of C's connections, cancels, closes, H's moves
 //! and poll turns. Time is a counter, so a run replays exactly. [`run`] panics only if a
 //! `Driver` breaks its contract:
@@ -123,13 +124,15 @@ impl Node {
         tmpl: ConnTemplate,
         shared: bool,
         shared_send: bool,
+        retire_polls: u32,
     ) -> Node {
+        let soft = SoftConfig {
+            retire_polls,
+            ..SoftConfig::default()
+        };
         let Side {
             p, pd, cq, buf, mr, ..
-        } = Side::with_access(
-            SoftProvider::memory(f, SoftConfig::default()),
-            REGISTERED_ACCESS,
-        );
+        } = Side::with_access(SoftProvider::memory(f, soft), REGISTERED_ACCESS);
         let region = mr.id;
         let (drv, used) = if shared {
             let send_len = if shared_send {
@@ -415,8 +418,10 @@ impl Run {
         // Version two on every connection the nodes make, or version one.
         let tmpl = template(if cfg & 16 == 16 { 2 } else { 1 }, credits);
         let (shared_c, shared_s) = (cfg & 1 == 1, cfg & 2 == 2);
-        let c = Node::new("C", &f, tmpl, shared_c, cfg & 4 == 4);
-        let s = Node::new("S", &f, tmpl, shared_s, cfg & 8 == 8);
+        // Removed connections' events wait for their queue pair to retire.
+        let retire = if cfg & 32 == 32 { 3 } else { 0 };
+        let c = Node::new("C", &f, tmpl, shared_c, cfg & 4 == 4, retire);
+        let s = Node::new("S", &f, tmpl, shared_s, cfg & 8 == 8, retire);
         let side = Side::new(SoftProvider::memory(&f, SoftConfig::default()));
         let h = Hostile {
             side,
@@ -1446,6 +1451,14 @@ impl Run {
             for id in left {
                 let _ = n.drv.remove(id);
             }
+            // A provider that retires queue pairs late does so within a few polls.
+            for _ in 0..SETTLE_TURNS {
+                if n.drv.retiring() == 0 {
+                    break;
+                }
+                n.drv.poll(self.clock, &mut n.mem);
+            }
+            assert_eq!(n.drv.retiring(), 0, "{}: queue pairs never retired", n.name);
             while let Some(e) = n.drv.poll_event() {
                 n.events.push(e);
             }

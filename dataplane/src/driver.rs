@@ -186,6 +186,9 @@ struct Entry {
     pending: bool,
     /// Listed in the driver's `timed` (a timer or a drain deadline to watch).
     timed: bool,
+    /// Removed, its queue pair destroyed but not retired yet ([`Provider::qp_retired`]):
+    /// listed in the driver's `retiring`, its events held, unknown to every other call.
+    retiring: bool,
 }
 
 impl Entry {
@@ -271,6 +274,9 @@ pub struct Driver<P: Provider> {
     /// Connections with a timer running or events held for a drain: what [`Driver::poll`]
     /// looks at besides the completions, so that a turn does not walk every connection.
     timed: Vec<ConnId>,
+    /// Removed connections whose queue pair the device is not done with yet, and that queue
+    /// pair ([`Driver::remove`]).
+    retiring: Vec<(ConnId, QpId)>,
     /// Work completions polled so far.
     completions: u64,
 }
@@ -393,6 +399,7 @@ impl<P: Provider> Driver<P> {
             events: VecDeque::with_capacity(256),
             pending: Vec::with_capacity(64),
             timed: Vec::with_capacity(64),
+            retiring: Vec::new(),
             completions: 0,
         })
     }
@@ -675,6 +682,7 @@ impl<P: Provider> Driver<P> {
                 held: None,
                 pending: false,
                 timed: false,
+                retiring: false,
             });
         }
         let id = ConnId {
@@ -707,7 +715,13 @@ impl<P: Provider> Driver<P> {
         Ok(())
     }
 
+    /// Connection `id`'s entry, unless it was removed.
     fn entry_mut(&mut self, id: ConnId) -> Option<&mut Entry> {
+        self.any_entry_mut(id).filter(|e| !e.retiring)
+    }
+
+    /// Connection `id`'s entry, also while it retires.
+    fn any_entry_mut(&mut self, id: ConnId) -> Option<&mut Entry> {
         if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
             return None;
         }
@@ -719,7 +733,11 @@ impl<P: Provider> Driver<P> {
         if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
             return None;
         }
-        self.conns.get(id.idx as usize)?.as_ref().map(|e| &e.conn)
+        self.conns
+            .get(id.idx as usize)?
+            .as_ref()
+            .filter(|e| !e.retiring)
+            .map(|e| &e.conn)
     }
 
     /// The connection using queue pair `qp` (to route connection-manager events).
@@ -744,6 +762,9 @@ impl<P: Provider> Driver<P> {
             return None;
         }
         let e = self.conns.get_mut(id.idx as usize)?.as_mut()?;
+        if e.retiring {
+            return None;
+        }
         let mut env = DrvEnv {
             p: &mut self.p,
             mem,
@@ -896,8 +917,13 @@ impl<P: Provider> Driver<P> {
 
     /// Frees a connection's buffers and destroys its queue pair (closing it first if it is
     /// still open: its outstanding calls end with [`CallStatus::Closed`](crate::CallStatus)).
-    /// Its events, held for a drain or not, are all in [`poll_event`](Self::poll_event)'s
-    /// queue when it returns.
+    /// The connection is unknown to every other call from now on. Its events (the ends of its
+    /// calls, which give memory back to the apps) wait until the device is done with its
+    /// queue pair ([`Provider::qp_retired`]): they are in [`poll_event`](Self::poll_event)'s
+    /// queue when this returns if the device was done at once, or after the
+    /// [`poll`](Self::poll) that sees it done ([`retiring`](Self::retiring) counts those
+    /// still waiting). If the queue pair cannot be destroyed, its events go at once, its
+    /// shared send buffers stay out, and the error is returned.
     pub fn remove(&mut self, id: ConnId) -> Result<(), DriverError> {
         // Closed first if it was not (its calls end, its shared buffers are released), then
         // the shared buffers it still has to give back go back now.
@@ -907,8 +933,35 @@ impl<P: Provider> Driver<P> {
         self.flush(id);
         self.by_qp.remove(&qp);
         let destroyed = self.p.destroy_qp(qp);
-        if let Some(e) = self.entry_mut(id) {
-            if destroyed.is_ok() {
+        if destroyed.is_ok() && !self.p.qp_retired(qp) {
+            // An RDMA Read the device was placing may still land, a Send still read its
+            // buffer: nothing goes back until it is done. Its drain marker, if it took one,
+            // no longer matters.
+            if let Some(e) = self.entry_mut(id) {
+                e.retiring = true;
+                e.held = None;
+            }
+            self.retiring.push((id, qp));
+            return Ok(());
+        }
+        self.retired(id, destroyed.is_ok());
+        destroyed?;
+        Ok(())
+    }
+
+    /// Removed connections whose queue pair the device is not done with yet: their events
+    /// come at a later [`poll`](Self::poll) (the provider is [`busy`](Provider::busy) until
+    /// then, so an owner that polls while it is keeps them coming).
+    pub fn retiring(&self) -> usize {
+        self.retiring.len()
+    }
+
+    /// Removed connection `id`'s queue pair is gone (`destroyed`) or could not be destroyed:
+    /// its events go out, its buffers back, its entry is freed.
+    fn retired(&mut self, id: ConnId, destroyed: bool) {
+        if let Some(e) = self.any_entry_mut(id) {
+            e.retiring = false;
+            if destroyed {
                 // The device reads none of its buffers any more: those its last Sends were
                 // reading go back too (if the queue pair could not be destroyed, they stay out).
                 e.conn.teardown();
@@ -918,16 +971,25 @@ impl<P: Provider> Driver<P> {
             e.held = None;
         }
         self.flush(id);
-        let e = self
-            .conns
-            .get_mut(id.idx as usize)
-            .and_then(Option::take)
-            .ok_or(DriverError::BadId)?;
+        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::take) else {
+            return;
+        };
         if e.block != NO_BLOCK {
             self.free_blocks.push(e.block);
         }
-        destroyed?;
-        Ok(())
+    }
+
+    /// Retires the removed connections whose queue pair the device is done with.
+    fn reap_retired(&mut self) {
+        let mut i = 0;
+        while let Some(&(id, qp)) = self.retiring.get(i) {
+            if self.p.qp_retired(qp) {
+                self.retiring.swap_remove(i);
+                self.retired(id, true);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Posts the work waiting since the last call, polls the completion queue once and runs
@@ -960,6 +1022,9 @@ impl<P: Provider> Driver<P> {
             self.with(id, mem, |conn, env| conn.handle_completion(now, &c, env));
         }
         self.wcs = wcs;
+        if !self.retiring.is_empty() {
+            self.reap_retired();
+        }
         let mut i = 0;
         while let Some(&id) = self.timed.get(i) {
             let (due, overdue) = self.entry_mut(id).map_or((false, false), |e| {
@@ -1080,7 +1145,7 @@ impl<P: Provider> Driver<P> {
                 e.watch(id, &mut self.timed);
             }
         }
-        if e.held.is_some() {
+        if e.held.is_some() || e.retiring {
             return;
         }
         while let Some(ev) = e.conn.poll_event() {

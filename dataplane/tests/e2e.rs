@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use rpcrdma_dataplane::{
     Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, ConnConfig, ConnId,
-    ConnTemplate, Driver, Event, MemRef, Memory, ReplySpec, ResultPiece, Role, ServeId, SideMem,
-    SubmitError, REGISTERED_ACCESS,
+    ConnTemplate, Driver, DriverError, Event, MemRef, Memory, ReplySpec, ResultPiece, Role,
+    ServeId, SideMem, SubmitError, REGISTERED_ACCESS,
 };
 use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
@@ -687,6 +687,71 @@ fn e2e_removing_an_open_connection_ends_its_calls_and_frees_its_buffers() {
         .collect();
     assert_eq!(ends.len(), 1);
     assert_eq!((ends[0].user, ends[0].status), (9, CallStatus::Closed));
+}
+
+/// On a device that is not done with a destroyed queue pair at once (rxe until a marker's
+/// trip, siw until a poll empties the CQ; modelled here by `SoftConfig::retire_polls`), a
+/// removed connection's call ends, which give the apps their memory back, wait until it is
+/// (`Provider::qp_retired`), and so do the shared buffers its Sends were reading. Meanwhile
+/// the connection is unknown to every call, and afterwards the node serves new connections.
+#[test]
+fn e2e_a_removed_connection_s_calls_end_once_the_device_is_done_with_its_queue_pair() {
+    let f = MemFabric::new();
+    let late = SoftConfig {
+        retire_polls: 3,
+        ..SoftConfig::default()
+    };
+    let mut c = node_shared(SoftProvider::memory(&f, late), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, _) = connect(&mut c, &mut s, "10.0.0.8:20049".parse().unwrap());
+    drive(&mut c, &mut s, "send completions", |c, _| {
+        c.drv.free_send_buffers() == 24
+    });
+    let spec = bulk_spec(&mut c, 11, 7, &be(&[4]));
+    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
+    c.drv.post_pending();
+    c.drv.remove(conn).unwrap();
+    assert_eq!(c.drv.retiring(), 1);
+    assert!(c.drv.provider().busy(), "an owner must keep polling");
+    assert!(c.drv.connection(conn).is_none(), "removed");
+    let again = bulk_spec(&mut c, 12, 8, &be(&[4]));
+    assert_eq!(
+        c.drv.submit_call(conn, &again, &mut c.mem),
+        Err(SubmitError::Closed)
+    );
+    assert!(matches!(c.drv.remove(conn), Err(DriverError::BadId)));
+    let mut ends = Vec::new();
+    let mut polls = 0;
+    while c.drv.retiring() > 0 {
+        assert!(
+            std::iter::from_fn(|| c.drv.poll_event()).next().is_none(),
+            "an event before the device is done"
+        );
+        assert_eq!(
+            c.drv.free_send_buffers(),
+            23,
+            "the Send's buffer is still out"
+        );
+        c.drv.poll(Instant::now(), &mut c.mem);
+        polls += 1;
+        assert!(polls <= 3, "retired within the polls the provider takes");
+    }
+    ends.extend(
+        std::iter::from_fn(|| c.drv.poll_event()).filter_map(|(id, e)| match e {
+            Event::CallDone(d) => Some((id, d.user, d.status)),
+            _ => None,
+        }),
+    );
+    assert_eq!(ends, [(conn, 11, CallStatus::Closed)], "ended once, then");
+    let b = c.drv.buffer_counts();
+    assert_eq!((b.send_free, b.recv_free), (b.send_total, b.recv_total));
+    assert!(!c.drv.provider().busy());
+    // The node goes on: a new connection gets another id and serves calls.
+    let (fresh, _) = connect(&mut c, &mut s, "10.0.0.9:20049".parse().unwrap());
+    assert_ne!(fresh, conn);
+    let spec = bulk_spec(&mut c, 13, 9, &be(&[4]));
+    let d = run_call(&mut c, &mut s, fresh, &spec);
+    assert_eq!(d.status, CallStatus::Ok);
 }
 
 #[test]

@@ -10,8 +10,10 @@ mod support;
 
 use rpcrdma_dataplane::poll::{self, Command, Event, Mesh, PollHandle};
 use rpcrdma_shm::attach::Listener;
+use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
-use rpcrdma_shm::{Client, Server};
+use rpcrdma_shm::{abi::status, Client, Server};
+use rpcrdma_verbs::soft::SoftConfig;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use support::{attach_next, expect, self_connection, spec, stats, T};
@@ -29,11 +31,20 @@ fn attach<A: Send + 'static>(
 /// `n` started poll threads on one mesh (hop queues `queue` deep), and an app socket path in
 /// a fresh directory named after `name` (removed by the caller).
 fn threads(name: &str, n: usize, queue: usize) -> (PathBuf, PathBuf, Mesh, Vec<PollHandle>) {
+    threads_on(name, n, queue, SoftConfig::default())
+}
+
+/// [`threads`] on soft providers configured `soft`.
+fn threads_on(
+    name: &str,
+    n: usize,
+    queue: usize,
+    soft: SoftConfig,
+) -> (PathBuf, PathBuf, Mesh, Vec<PollHandle>) {
     let dir = std::env::temp_dir().join(format!("rpcrdma-dp-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("app.sock");
     let mut mesh = Mesh::new(n, 2, 1, queue).expect("mesh");
-    let soft = rpcrdma_verbs::soft::SoftConfig::default();
     let handles: Vec<PollHandle> = (0..n)
         .map(|i| {
             let port = mesh.port(i).expect("port");
@@ -371,5 +382,66 @@ fn a_program_registered_on_another_thread_is_served_as_soon_as_its_app_is_told()
     for h in [t0, t1] {
         let _ = h.send(Command::Stop);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A connection closed with a call in flight, on a provider that is done with a destroyed
+/// queue pair only some polls later (as rxe and siw are; `SoftConfig::retire_polls`): the
+/// call still ends, with TRANSPORT, once the device is done (the driver holds the end until
+/// then, and the thread keeps polling meanwhile instead of parking), and a new connection in
+/// the freed slot serves calls.
+#[test]
+fn a_call_on_a_closed_connection_ends_once_its_queue_pair_retires() {
+    let late = SoftConfig {
+        retire_polls: 3,
+        ..SoftConfig::default()
+    };
+    let (dir, path, _mesh, mut handles) = threads_on("retire", 1, 64, late);
+    let t0 = handles.pop().expect("thread");
+    let conn = self_connection(&t0);
+    let mut apps = Listener::bind(&path, spec(0).geometry, vec!["self".into()]).expect("apps");
+    // A server that takes its calls and answers only when told.
+    let (ready, registered) = std::sync::mpsc::channel();
+    let (go, told) = std::sync::mpsc::channel::<()>();
+    let p = path.clone();
+    let _server = attach(&mut apps, &t0, move || {
+        let mut s = server(&p);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready.send(());
+        let _ = told.recv();
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
+    registered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("registered");
+    let p = path.clone();
+    let mut c = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"))
+        .join()
+        .expect("client thread");
+    let peer = c.peer("self").expect("peer");
+    let echo = |c: &mut Client, i: u8| {
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+        call.args().put_opaque(&[i; 8]);
+        call.max_reply(64);
+        call.submit().expect("submit")
+    };
+    let t = echo(&mut c, 1);
+    // Until the call has reached the server's end of the connection: it is in flight.
+    let end = Instant::now() + Duration::from_secs(20);
+    while stats(&t0).totals.calls_in == 0 {
+        assert!(Instant::now() < end, "the call never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    t0.send(Command::Close { conn }).expect("close");
+    match c.wait(t, T) {
+        Err(Error::Status(status::TRANSPORT)) => {}
+        other => panic!("the call on the closed connection: {other:?}"),
+    }
+    self_connection(&t0);
+    go.send(()).expect("go");
+    let t = echo(&mut c, 2);
+    let r = c.wait(t, T).expect("a call on the new connection");
+    assert_eq!(r.body[4..], [2u8; 8]);
+    let _ = t0.send(Command::Stop);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1522,6 +1522,10 @@ pub fn destroyed_queue_pair_reports_the_shared_receives_it_took<H: Harness>(h: &
         "a destroyed queue pair's name is not given to the next one"
     );
     p.wait("both receives reported", |p| p.b.recvs_seen() >= 2);
+    // And the device lets it go within a few polls (at once on the soft provider; rxe after
+    // a marker's trip, siw after a poll that empties the CQ): its memory may be reused then.
+    p.wait("retired", |p| p.b.p.qp_retired(qb));
+    assert!(p.b.p.qp_retired(qb), "retired stays retired");
     p.settle();
     let recvs: Vec<WorkCompletion> = p.b.wcs.iter().filter(|w| w.wr_id >= 100).copied().collect();
     assert_eq!(

@@ -626,6 +626,18 @@ pub trait Provider {
     /// until the device has reported all it will of it; IBTA 10.3.1.)
     fn destroy_qp(&mut self, qp: QpId) -> Result<()>;
 
+    /// Whether the device is done with destroyed queue pair `qp`: it reports nothing more of
+    /// it and moves no data for it (no RDMA Read response lands in local memory, no Send or
+    /// Write reads it). Until then, memory the queue pair's work named must not be reused.
+    /// Once [`destroy_qp`](Provider::destroy_qp) has returned, it becomes true within a
+    /// bounded time of [`poll_cq`](Provider::poll_cq) calls, and stays true; while it is
+    /// false, [`busy`](Provider::busy) is true. The default suits a provider whose
+    /// `destroy_qp` ends the device's work on the queue pair before it returns.
+    fn qp_retired(&self, qp: QpId) -> bool {
+        let _ = qp;
+        true
+    }
+
     /// Current state of a queue pair.
     fn qp_state(&self, qp: QpId) -> Result<QpState>;
 
@@ -683,7 +695,8 @@ pub trait Provider {
     /// Whether the provider has work it will do at its next poll without any new event (the
     /// soft provider: a queue pair stopped in the middle of a transfer so that others get
     /// their turn, in-memory wakeups not taken yet, or a listener's news that a completion
-    /// poll took, left for the next `poll_cm`). An owner must not sleep on
+    /// poll took, left for the next `poll_cm`; any provider: a destroyed queue pair not
+    /// retired yet, see [`qp_retired`](Provider::qp_retired)). An owner must not sleep on
     /// [`event_fd`](Provider::event_fd) while this is true: nothing would wake it.
     fn busy(&self) -> bool {
         false

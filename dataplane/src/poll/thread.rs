@@ -1348,7 +1348,9 @@ impl<P: Provider> PollThread<P> {
                 if !self.waiting.is_empty() && !self.freed.contains(&p.slot) {
                     self.freed.push(p.slot);
                 }
-                if let Some(sl) = self.slots.get_mut(i) {
+                // The call's slot, unless a later connection took it while this one retired.
+                let own = slot == Some(i) || self.slots.get(i).is_some_and(|s| s.conn.is_none());
+                if let Some(sl) = self.slots.get_mut(i).filter(|_| own) {
                     sl.in_flight = sl.in_flight.saturating_sub(1);
                     if sl.in_flight == 0 && sl.notify_idle {
                         sl.notify_idle = false;
@@ -1594,8 +1596,9 @@ impl<P: Provider> PollThread<P> {
         let id = s.stats.info.id;
         s.stats.info.state = ConnState::Free;
         if let Some(c) = conn {
-            // Removed before its calls' ends are handed on: once its queue pair is destroyed,
-            // the device touches none of the memory those ends give back to the apps.
+            // Removed before its calls' ends are handed on: the driver holds them until the
+            // device is done with the queue pair (at once, or at a later turn's poll), so the
+            // device touches none of the memory those ends give back to the apps.
             self.drv.close(c, CloseReason::Requested, &mut self.mem);
             let _ = self.drv.remove(c);
             let now = Instant::now();

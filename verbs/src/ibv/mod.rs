@@ -604,12 +604,6 @@ impl IbvProvider {
         self.last_wqe_reached(num);
     }
 
-    /// Destroyed queue pairs still kept for what the device owes (`Retiring`).
-    #[doc(hidden)]
-    pub fn retiring_queue_pairs(&self) -> usize {
-        self.retiring.len()
-    }
-
     /// Moves the retiring queue pairs on: past the event once it came (a marker behind what
     /// they took, or on iWARP a poll that empties the CQ), and to their end past
     /// [`RETIRE_WAIT`].
@@ -1241,7 +1235,8 @@ impl Provider for IbvProvider {
                     r.stage = Stage::Done;
                 }
             }
-            self.finish_retiring();
+            // Also past `RETIRE_WAIT`: `qp_retired` comes true within bounded polls.
+            self.advance_retiring();
         }
         Ok(n)
     }
@@ -1349,6 +1344,10 @@ impl Provider for IbvProvider {
         });
         self.advance_retiring();
         Ok(())
+    }
+
+    fn qp_retired(&self, qp: QpId) -> bool {
+        self.retiring.iter().all(|r| r.id != qp)
     }
 
     fn qp_state(&self, qp: QpId) -> Result<QpState> {
@@ -1563,6 +1562,11 @@ impl Provider for IbvProvider {
             }
         }
         self.events.pop_front()
+    }
+
+    fn busy(&self) -> bool {
+        // A retiring queue pair moves on at polls (a marker, an empty CQ, `RETIRE_WAIT`).
+        !self.retiring.is_empty()
     }
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {

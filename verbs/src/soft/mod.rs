@@ -74,6 +74,12 @@ pub struct SoftConfig {
     pub connect_timeout: Duration,
     /// How long a responder waits for the MPA Request of an accepted stream (siw: 5 s).
     pub request_timeout: Duration,
+    /// Polls of a completion queue a destroyed queue pair takes to retire
+    /// ([`Provider::qp_retired`] false until then). The soft provider is done with a queue
+    /// pair at [`Provider::destroy_qp`]; this models devices that are not (rxe until a
+    /// marker's trip, siw until a poll empties the CQ, hardware on a shared receive queue
+    /// until Last WQE Reached), so that owners can be tested against them. Default 0.
+    pub retire_polls: u32,
 }
 
 impl Default for SoftConfig {
@@ -84,6 +90,7 @@ impl Default for SoftConfig {
             fpdu_size: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            retire_polls: 0,
         }
     }
 }
@@ -387,6 +394,8 @@ pub struct SoftProvider<T: Transport> {
     listeners: Vec<Option<T::Listener>>,
     pending: Vec<Option<Pending<T::Link>>>,
     events: VecDeque<CmEvent>,
+    /// Destroyed queue pairs not retired yet, with the polls left ([`SoftConfig::retire_polls`]).
+    retiring: Vec<(QpId, u32)>,
 }
 
 impl SoftProvider<Tcp> {
@@ -431,6 +440,7 @@ impl<T: Transport> SoftProvider<T> {
             listeners: Vec::new(),
             pending: Vec::new(),
             events: VecDeque::with_capacity(64),
+            retiring: Vec::new(),
         }
     }
 
@@ -1628,6 +1638,12 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn poll_cq(&mut self, cq: CqId, wcs: &mut [WorkCompletion]) -> Result<usize> {
         self.progress();
+        if !self.retiring.is_empty() {
+            self.retiring.retain_mut(|(_, left)| {
+                *left -= 1;
+                *left > 0
+            });
+        }
         let c = self
             .cqs
             .get_mut(cq.0 as usize)
@@ -1717,7 +1733,14 @@ impl<T: Transport> Provider for SoftProvider<T> {
         }
         self.qps.remove(qp.0);
         self.mem.free_qp_windows(qp.0);
+        if self.cfg.retire_polls > 0 {
+            self.retiring.push((qp, self.cfg.retire_polls));
+        }
         Ok(())
+    }
+
+    fn qp_retired(&self, qp: QpId) -> bool {
+        self.retiring.iter().all(|&(q, _)| q != qp)
     }
 
     fn qp_state(&self, qp: QpId) -> Result<QpState> {
@@ -1973,7 +1996,10 @@ impl<T: Transport> Provider for SoftProvider<T> {
     }
 
     fn busy(&self) -> bool {
-        !self.active.is_empty() || self.cm_news || self.transport.has_ready()
+        !self.active.is_empty()
+            || self.cm_news
+            || self.transport.has_ready()
+            || !self.retiring.is_empty()
     }
 
     fn event_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
