@@ -637,23 +637,35 @@ fn bulk_spec<P: Provider>(c: &mut Node<P>, user: u64, xid: u32, data: &[u8]) -> 
     }
 }
 
+/// Two nodes on shared pools (the client's provider configured `client`) connected at
+/// `addr`, and a call from the client (`user`) posted on the connection, its Send's
+/// completion not polled yet (its shared send buffer out).
+fn shared_pair_with_a_posted_call(
+    client: SoftConfig,
+    addr: &str,
+    user: u64,
+) -> (Node<Soft>, Node<Soft>, ConnId) {
+    let f = MemFabric::new();
+    let mut c = node_shared(SoftProvider::memory(&f, client), 1);
+    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
+    let (conn, _) = connect(&mut c, &mut s, addr.parse().unwrap());
+    drive(&mut c, &mut s, "send completions", |c, _| {
+        c.drv.free_send_buffers() == 24
+    });
+    let spec = bulk_spec(&mut c, user, 5, &be(&[4]));
+    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
+    c.drv.post_pending();
+    assert_eq!(c.drv.free_send_buffers(), 23);
+    (c, s, conn)
+}
+
 /// A shared send buffer under a Send still posted when its connection closes stays out of the
 /// pool until the queue pair is destroyed (`Driver::remove`): the device may still be sending
 /// from it, and another connection's message must not be written there meanwhile.
 #[test]
 fn e2e_a_send_still_posted_keeps_its_shared_buffer_until_the_queue_pair_is_gone() {
-    let f = MemFabric::new();
-    let mut c = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
-    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
-    let (conn, _) = connect(&mut c, &mut s, "10.0.0.6:20049".parse().unwrap());
-    drive(&mut c, &mut s, "send completions", |c, _| {
-        c.drv.free_send_buffers() == 24
-    });
-    let spec = bulk_spec(&mut c, 1, 5, &be(&[4]));
-    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
-    // Posted; its completion is not polled yet.
-    c.drv.post_pending();
-    assert_eq!(c.drv.free_send_buffers(), 23);
+    let (mut c, _s, conn) =
+        shared_pair_with_a_posted_call(SoftConfig::default(), "10.0.0.6:20049", 1);
     c.drv.close(conn, CloseReason::Requested, &mut c.mem);
     c.drv.post_pending();
     assert_eq!(
@@ -696,20 +708,11 @@ fn e2e_removing_an_open_connection_ends_its_calls_and_frees_its_buffers() {
 /// the connection is unknown to every call, and afterwards the node serves new connections.
 #[test]
 fn e2e_a_removed_connection_s_calls_end_once_the_device_is_done_with_its_queue_pair() {
-    let f = MemFabric::new();
     let late = SoftConfig {
         retire_polls: 3,
         ..SoftConfig::default()
     };
-    let mut c = node_shared(SoftProvider::memory(&f, late), 1);
-    let mut s = node_shared(SoftProvider::memory(&f, SoftConfig::default()), 1);
-    let (conn, _) = connect(&mut c, &mut s, "10.0.0.8:20049".parse().unwrap());
-    drive(&mut c, &mut s, "send completions", |c, _| {
-        c.drv.free_send_buffers() == 24
-    });
-    let spec = bulk_spec(&mut c, 11, 7, &be(&[4]));
-    c.drv.submit_call(conn, &spec, &mut c.mem).unwrap();
-    c.drv.post_pending();
+    let (mut c, mut s, conn) = shared_pair_with_a_posted_call(late, "10.0.0.8:20049", 11);
     c.drv.remove(conn).unwrap();
     assert_eq!(c.drv.retiring(), 1);
     assert!(c.drv.provider().busy(), "an owner must keep polling");

@@ -10,7 +10,7 @@ mod support;
 
 use rpcrdma_dataplane::poll::{self, Command, Event, Mesh, PollHandle};
 use rpcrdma_shm::attach::Listener;
-use rpcrdma_shm::client::Error;
+use rpcrdma_shm::client::{Error, Ticket};
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::{abi::status, Client, Server};
 use rpcrdma_verbs::soft::SoftConfig;
@@ -79,6 +79,24 @@ fn rdmatest_server(apps: &mut Listener, to: &PollHandle, path: &Path) {
     ready_rx
         .recv_timeout(Duration::from_secs(20))
         .expect("server registered");
+}
+
+/// A client app attached to `to`, and its peer "self".
+fn client(apps: &mut Listener, to: &PollHandle, path: &Path) -> (Client, u32) {
+    let p = path.to_path_buf();
+    let c = attach(apps, to, move || Client::connect(&p).expect("client"))
+        .join()
+        .expect("client thread");
+    let peer = c.peer("self").expect("peer");
+    (c, peer)
+}
+
+/// Submits an RDMATEST ECHO of eight bytes `i` to version `vers` of the program at `peer`.
+fn echo(c: &mut Client, peer: u32, vers: u32, i: u8) -> Ticket {
+    let mut call = c.call(peer, rdmatest::PROG, vers, rdmatest::ECHO);
+    call.args().put_opaque(&[i; 8]);
+    call.max_reply(64);
+    call.submit().expect("submit")
 }
 
 #[test]
@@ -193,17 +211,8 @@ fn a_server_out_of_buffers_holds_up_only_its_own_calls_which_keep_their_order() 
     b_registered
         .recv_timeout(Duration::from_secs(20))
         .expect("b registered");
-    let p = path.clone();
-    let mut c = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"))
-        .join()
-        .expect("client thread");
-    let peer = c.peer("self").expect("peer");
-    let echo = |c: &mut Client, vers: u32, i: u8| {
-        let mut call = c.call(peer, rdmatest::PROG, vers, rdmatest::ECHO);
-        call.args().put_opaque(&[i; 8]);
-        call.max_reply(64);
-        call.submit().expect("submit")
-    };
+    let (mut c, peer) = client(&mut apps, &t0, &path);
+    let echo = |c: &mut Client, vers: u32, i: u8| echo(c, peer, vers, i);
     // A fresh connection's requester has one credit until a reply grants more: one call
     // answered by B first, or A's unanswered first call would hold up everything after it.
     let warm = echo(&mut c, 2, 99);
@@ -414,18 +423,8 @@ fn a_call_on_a_closed_connection_ends_once_its_queue_pair_retires() {
     registered
         .recv_timeout(Duration::from_secs(20))
         .expect("registered");
-    let p = path.clone();
-    let mut c = attach(&mut apps, &t0, move || Client::connect(&p).expect("client"))
-        .join()
-        .expect("client thread");
-    let peer = c.peer("self").expect("peer");
-    let echo = |c: &mut Client, i: u8| {
-        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
-        call.args().put_opaque(&[i; 8]);
-        call.max_reply(64);
-        call.submit().expect("submit")
-    };
-    let t = echo(&mut c, 1);
+    let (mut c, peer) = client(&mut apps, &t0, &path);
+    let t = echo(&mut c, peer, rdmatest::VERS, 1);
     // Until the call has reached the server's end of the connection: it is in flight.
     let end = Instant::now() + Duration::from_secs(20);
     while stats(&t0).totals.calls_in == 0 {
@@ -439,7 +438,7 @@ fn a_call_on_a_closed_connection_ends_once_its_queue_pair_retires() {
     }
     self_connection(&t0);
     go.send(()).expect("go");
-    let t = echo(&mut c, 2);
+    let t = echo(&mut c, peer, rdmatest::VERS, 2);
     let r = c.wait(t, T).expect("a call on the new connection");
     assert_eq!(r.body[4..], [2u8; 8]);
     let _ = t0.send(Command::Stop);
