@@ -194,6 +194,10 @@ pub struct ThreadStatus {
     pub region_bytes: u64,
     /// RPCs the engine carries for apps (calls awaiting replies, calls being served).
     pub rpcs_in_flight: usize,
+    /// Closed connections whose queue pair the device still holds (their calls' ends wait
+    /// for it; see dataplane/README.md "Closing a connection").
+    #[serde(default)]
+    pub conns_retiring: usize,
     /// Incoming calls waiting now for a receive buffer of their serving app.
     #[serde(default)]
     pub calls_held: usize,

@@ -1338,6 +1338,7 @@ impl Daemon {
                     regions: t.regions,
                     region_bytes: t.region_bytes,
                     rpcs_in_flight: t.rpcs_in_flight,
+                    conns_retiring: t.conns_retiring,
                     calls_held: t.calls_held,
                     calls_held_total: t.calls_held_total,
                     calls_waiting_slot: t.calls_waiting_slot,

@@ -104,7 +104,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let per_thread: [(&str, &str, &str, PerThread); 13] = [
+    let per_thread: [(&str, &str, &str, PerThread); 14] = [
         (
             "rpcrdmad_thread_hops_sent_total",
             "counter",
@@ -147,6 +147,12 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
             "gauge",
             "RPCs the engine carries for apps (sent or being served)",
             |t| t.rpcs_in_flight as u64,
+        ),
+        (
+            "rpcrdmad_conns_retiring",
+            "gauge",
+            "closed connections whose queue pair the device still holds (their calls' ends wait for it)",
+            |t| t.conns_retiring as u64,
         ),
         (
             "rpcrdmad_calls_held",

@@ -218,6 +218,10 @@ fn metrics_endpoint_serves_prometheus_text_with_counters_and_histograms() {
     assert!(
         matches!(value("rpcrdmad_calls_waiting_slot"), Some(prometheus_parse::Value::Gauge(v)) if v == 0.0)
     );
+    // No connection closed: none retires.
+    assert!(
+        matches!(value("rpcrdmad_conns_retiring"), Some(prometheus_parse::Value::Gauge(v)) if v == 0.0)
+    );
     for pool in ["send", "recv"] {
         let total = scrape
             .samples

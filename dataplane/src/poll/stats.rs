@@ -225,6 +225,11 @@ pub struct ThreadStats {
     /// RPCs the engine carries for apps now: calls sent and not yet answered, plus calls
     /// received and not yet answered.
     pub rpcs_in_flight: usize,
+    /// Connections closed and removed whose queue pair the device is not done with yet
+    /// ([`Driver::retiring`](crate::Driver::retiring)): their calls' ends wait for it. Zero
+    /// or a few at a time on a sound device (rxe and siw: a turn or two; hardware: until
+    /// Last WQE Reached, at most a second).
+    pub conns_retiring: usize,
     /// Incoming calls waiting now for a receive buffer of the app that serves them (it has
     /// every buffer it posted in use: it posts too few for the calls it is sent, or is slow).
     pub calls_held: usize,

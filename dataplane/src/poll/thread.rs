@@ -2116,6 +2116,7 @@ impl<P: Provider> PollThread<P> {
         self.stats.buffers = self.drv.buffer_counts();
         self.stats.completions = self.drv.completions();
         self.stats.drains_overdue = self.drv.drains_overdue();
+        self.stats.conns_retiring = self.drv.retiring();
         snap.thread = self.stats;
         snap.n = 0;
         for i in 0..self.slots.len() {

@@ -30,7 +30,7 @@ pack_payload() {
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/nfs/$t"
   done
-  has_part nfs && install -m644 "$HERE"/nfs-*.toml "$p/payload/nfs/"
+  has_part nfs && install -m644 "$HERE"/nfs-*.toml "$HERE"/daemon-*.toml "$p/payload/nfs/"
   install -m755 "$HERE/guest/payload-run" "$p/payload/run"
   ( cd "$p" && find . -print0 | cpio --null -o -H newc --quiet ) > "$OUT/payload.cpio"
   cat "$IMAGE/rootfs.cpio" "$OUT/payload.cpio" > "$OUT/initrd.cpio"
