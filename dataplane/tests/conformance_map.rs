@@ -12,6 +12,7 @@ fn every_requirement_is_mapped_and_every_named_test_exists() {
         fs::read_to_string(format!("{dir}/src/conn/tests.rs")).unwrap(),
         fs::read_to_string(format!("{dir}/tests/e2e.rs")).unwrap(),
         fs::read_to_string(format!("{dir}/tests/pool_scaling.rs")).unwrap(),
+        fs::read_to_string(format!("{dir}/tests/threads.rs")).unwrap(),
     ]
     .concat();
     let rows: Vec<&str> = map
