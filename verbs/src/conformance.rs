@@ -1647,6 +1647,70 @@ pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
     }
 }
 
+/// A destroyed queue pair retires ([`Provider::qp_retired`]) within bounded polls even on a
+/// busy completion queue, whose every poll comes back full: siw retires one at a poll that
+/// comes back not full, and a poll thread whose every turn fills its batch never makes one;
+/// the CQ is first in, first out, so once it has given up as many entries as it holds, what
+/// the queue pair had there is gone. Here: two queue pairs on a CQ of 16, the first with a
+/// Send completed and not polled when it is destroyed, the second kept sending so that the
+/// CQ, polled one entry at a time, never comes back empty. It must retire well before
+/// `RETIRE_WAIT` (no retire timeout counted), its Send reported under its name.
+pub fn a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty<H: Harness>(h: &mut H) {
+    const BACKLOG: u64 = 3;
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    let small = p.a.p.create_cq(16).expect("create_cq");
+    connect_one_on(&mut p, addr, small);
+    connect_one_on(&mut p, addr, small);
+    let (gone, busy) = (p.a.qps[1], p.a.qps[2]);
+    let (b_gone, b_busy) = (p.b.qps[1], p.b.qps[2]);
+    let sg = p.b.sge(0, 64);
+    p.b.p.post_recv(b_gone, 900, &[sg]).expect("post_recv");
+    for i in 0..64 {
+        let sg = p.b.sge(4096 + i as usize * 64, 64);
+        p.b.p.post_recv(b_busy, 1000 + i, &[sg]).expect("post_recv");
+    }
+    // One Send of the queue pair to destroy, then a backlog of the busy one's, all received.
+    p.a.send_on(gone, 1, 0, 8);
+    for k in 0..BACKLOG {
+        p.a.send_on(busy, 100 + k, 0, 8);
+    }
+    p.wait("the Sends received", |p| p.b.recvs_seen() as u64 > BACKLOG);
+    p.a.p.disconnect(gone).expect("disconnect");
+    p.a.p.destroy_qp(gone).expect("destroy_qp");
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let (mut next, mut empty) = (100 + BACKLOG, 0);
+    while !p.a.p.qp_retired(gone) {
+        // One more entry in, one out: the CQ never runs dry.
+        p.a.send_on(busy, next, 0, 8);
+        next += 1;
+        let want = p.b.recvs_seen() + 1;
+        p.wait("the Send received", |p| p.b.recvs_seen() >= want);
+        let mut w = [WorkCompletion::default(); 1];
+        match p.a.p.poll_cq(small, &mut w).expect("poll_cq") {
+            0 => empty += 1,
+            _ => seen.push(w[0]),
+        }
+        assert!(
+            next < 100 + 64,
+            "not retired after {} entries polled from a CQ of 16 ({empty} polls empty)",
+            seen.len()
+        );
+    }
+    let took = start.elapsed();
+    assert_eq!(
+        p.a.p.device_events().retire_timeouts,
+        0,
+        "retired by RETIRE_WAIT, not by the bound ({took:?}, {} polled, {empty} empty)",
+        seen.len()
+    );
+    // Where it was kept for polls, the first entry polled was its Send, under its name.
+    if let Some(w) = seen.first() {
+        assert_eq!((w.wr_id, w.qp), (1, gone), "{seen:?}");
+    }
+}
+
 /// A completion queue that overruns ends the connections on it, and only those (not in
 /// [`conformance_tests!`]: the soft provider's CQs grow instead). On a device, the overrun is
 /// an asynchronous event (`IBV_EVENT_CQ_ERR`): completions may have been lost, so no owner
@@ -2006,6 +2070,7 @@ macro_rules! conformance_tests {
             protection_errors_read, protection_errors_local, receive_too_small,
             no_receive_posted, disconnect_flushes, drain_reports_after_the_work_posted_before,
             shared_receive_queue, destroyed_queue_pair_reports_the_shared_receives_it_took,
+            a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty,
             region_without_remote_rights_is_reached_only_through_exposures,
             exposure_is_refused_on_another_connection, exposure_dies_with_its_connection);
     };

@@ -194,6 +194,9 @@ struct CqEntry {
     cq: RawCq,
     /// Completions the provider made itself (work posted to a queue pair in error).
     synthetic: VecDeque<WorkCompletion>,
+    /// Entries the CQ holds, and entries polled from it so far ([`Retiring`]'s bound).
+    capacity: u64,
+    polled: u64,
 }
 
 /// A live remote exposure: a bound window, or a region registered for it (fallback).
@@ -244,6 +247,8 @@ struct Retiring {
     entry: QpEntry,
     stage: Stage,
     deadline: Instant,
+    /// Its send and receive CQs, with the entries polled from each when it was destroyed.
+    marks: [(CqId, u64); 2],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,7 +257,9 @@ enum Stage {
     Event,
     /// Until the marker (`RETIRE_WR_ID`) completes.
     Marker,
-    /// Until a poll of its CQ that comes back not full.
+    /// Until a poll of its CQ that comes back not full, or until its CQs have given up as
+    /// many entries as they hold since it was destroyed (a CQ is first in, first out: all it
+    /// had there is gone then, though every poll came back full).
     EmptyPoll,
     /// Destroyed at the end of this poll.
     Done,
@@ -613,9 +620,11 @@ impl IbvProvider {
         }
         let now = Instant::now();
         let iwarp = self.iwarp;
+        let cqs = &self.cqs;
         for r in &mut self.retiring {
             if r.stage == Stage::Event && r.entry.last_wqe {
                 r.stage = if iwarp {
+                    r.marks = marks(cqs, &r.entry);
                     Stage::EmptyPoll
                 } else {
                     post_marker(&r.entry)
@@ -1004,6 +1013,13 @@ impl IbvProvider {
     }
 }
 
+/// A retiring queue pair's send and receive CQs, with the entries polled from each so far
+/// ([`Stage::EmptyPoll`]'s bound counts from there).
+fn marks(cqs: &Slab<CqEntry>, e: &QpEntry) -> [(CqId, u64); 2] {
+    let mark = |c: CqId| (c, slot(cqs, c.0).map_or(0, |x| x.polled));
+    [mark(e.send_cq), mark(e.recv_cq)]
+}
+
 /// Posts a retiring queue pair's marker ([`Retiring`]): the stage it is in then (done at once
 /// if the device refuses it).
 fn post_marker(e: &QpEntry) -> Stage {
@@ -1174,11 +1190,14 @@ impl Provider for IbvProvider {
 
     fn create_cq(&mut self, depth: u32) -> Result<CqId> {
         let cq = RawCq::new(self.ctx_ptr(), depth, &self.comp)?;
+        let capacity = u64::from(cq.capacity().max(depth));
         Ok(CqId(push(
             &mut self.cqs,
             CqEntry {
                 cq,
                 synthetic: VecDeque::with_capacity(depth as usize),
+                capacity,
+                polled: 0,
             },
         )?))
     }
@@ -1213,9 +1232,11 @@ impl Provider for IbvProvider {
             }
         }
         let mut raw = [sys::zero_wc(); 32];
+        let mut taken = 0u64;
         while n < wcs.len() {
             let want = (wcs.len() - n).min(raw.len());
             let got = slot(&self.cqs, cq.0)?.cq.poll(&mut raw[..want])?;
+            taken += got as u64;
             for w in &raw[..got] {
                 if self.convert(w, &mut wcs[n]) {
                     n += 1;
@@ -1225,13 +1246,22 @@ impl Provider for IbvProvider {
                 break;
             }
         }
+        if let Ok(c) = slot_mut(&mut self.cqs, cq.0) {
+            c.polled += taken;
+        }
         if !self.retiring.is_empty() {
             // What waited for a poll that empties this CQ has had it if this one came back
-            // not full (a queue pair is retired outside a poll, so all it had was here).
+            // not full (a queue pair is retired outside a poll, so all it had was here), or
+            // once its CQs have given up all they held when it was retired.
             let drained = n < wcs.len();
+            let cqs = &self.cqs;
+            let through = |&(c, at): &(CqId, u64)| {
+                slot(cqs, c.0).map_or(true, |e| e.polled.saturating_sub(at) >= e.capacity)
+            };
             for r in &mut self.retiring {
                 let on = r.entry.send_cq == cq || r.entry.recv_cq == cq;
-                if r.stage == Stage::EmptyPoll && drained && on {
+                let done = (drained && on) || r.marks.iter().all(through);
+                if r.stage == Stage::EmptyPoll && done {
                     r.stage = Stage::Done;
                 }
             }
@@ -1336,11 +1366,14 @@ impl Provider for IbvProvider {
         } else {
             stage
         };
+        // Taken after the error transition, which on siw completes all the queue pair holds.
+        let marks = marks(&self.cqs, &e);
         self.retiring.push(Retiring {
             id: qp,
             entry: e,
             stage,
             deadline: Instant::now() + RETIRE_WAIT,
+            marks,
         });
         self.advance_retiring();
         Ok(())

@@ -287,6 +287,13 @@ impl RawCq {
         self.0
     }
 
+    /// The entries the CQ holds (the device may have made it deeper than asked).
+    pub(super) fn capacity(&self) -> u32 {
+        // SAFETY: the CQ is live; `cqe` is set by `ibv_create_cq` and read-only afterwards.
+        let cqe = unsafe { (*self.0).cqe };
+        u32::try_from(cqe).unwrap_or(0)
+    }
+
     /// Asks for an event on the channel at the CQ's next completion.
     pub(super) fn arm(&self) -> bool {
         // SAFETY: the CQ is live.
