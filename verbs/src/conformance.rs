@@ -1647,6 +1647,18 @@ pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
     }
 }
 
+/// A connected pair, and `conns` more connections whose connecting side's queue pairs share a
+/// completion queue of `depth` entries (returned), created for them.
+fn connected_on_a_cq_of<H: Harness>(h: &mut H, depth: u32, conns: usize) -> (Pair<H::P>, CqId) {
+    let mut p = connect(h, false);
+    let addr = p.addr;
+    let cq = p.a.p.create_cq(depth).expect("create_cq");
+    for _ in 0..conns {
+        connect_one_on(&mut p, addr, cq);
+    }
+    (p, cq)
+}
+
 /// A destroyed queue pair retires ([`Provider::qp_retired`]) within bounded polls even on a
 /// busy completion queue, whose every poll comes back full: siw retires one at a poll that
 /// comes back not full, and a poll thread whose every turn fills its batch never makes one;
@@ -1657,11 +1669,7 @@ pub fn event_fd_wakes_a_sleeper_at_the_next_completion<H: Harness>(h: &mut H) {
 /// `RETIRE_WAIT` (no retire timeout counted), its Send reported under its name.
 pub fn a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty<H: Harness>(h: &mut H) {
     const BACKLOG: u64 = 3;
-    let mut p = connect(h, false);
-    let addr = p.addr;
-    let small = p.a.p.create_cq(16).expect("create_cq");
-    connect_one_on(&mut p, addr, small);
-    connect_one_on(&mut p, addr, small);
+    let (mut p, small) = connected_on_a_cq_of(h, 16, 2);
     let (gone, busy) = (p.a.qps[1], p.a.qps[2]);
     let (b_gone, b_busy) = (p.b.qps[1], p.b.qps[2]);
     let sg = p.b.sge(0, 64);
@@ -1718,10 +1726,7 @@ pub fn a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty<H: Harness
 /// event in [`Provider::device_events`]. A connection on another CQ carries on.
 pub fn cq_overrun_ends_the_connections_on_that_cq<H: Harness>(h: &mut H) {
     const SENDS: u64 = 48;
-    let mut p = connect(h, false);
-    let addr = p.addr;
-    let small = p.a.p.create_cq(1).expect("create_cq");
-    connect_one_on(&mut p, addr, small);
+    let (mut p, _) = connected_on_a_cq_of(h, 1, 1);
     let (qa, qb) = (p.a.qps[1], p.b.qps[1]);
     for i in 0..SENDS {
         let s = [p.b.sge(i as usize * 64, 64)];
