@@ -935,11 +935,9 @@ impl<P: Provider> Driver<P> {
         let destroyed = self.p.destroy_qp(qp);
         if destroyed.is_ok() && !self.p.qp_retired(qp) {
             // An RDMA Read the device was placing may still land, a Send still read its
-            // buffer: nothing goes back until it is done. Its drain marker, if it took one,
-            // no longer matters.
+            // buffer: nothing goes back until it is done (`retired`).
             if let Some(e) = self.entry_mut(id) {
                 e.retiring = true;
-                e.held = None;
             }
             self.retiring.push((id, qp));
             return Ok(());

@@ -194,7 +194,9 @@ struct CqEntry {
     cq: RawCq,
     /// Completions the provider made itself (work posted to a queue pair in error).
     synthetic: VecDeque<WorkCompletion>,
-    /// Entries the CQ holds, and entries polled from it so far ([`Retiring`]'s bound).
+    /// Entries the CQ holds, and entries polled from it while a queue pair retired
+    /// ([`Retiring`]'s bound: only differences since a mark count, and a mark is taken while
+    /// one retires).
     capacity: u64,
     polled: u64,
 }
@@ -1246,10 +1248,10 @@ impl Provider for IbvProvider {
                 break;
             }
         }
-        if let Ok(c) = slot_mut(&mut self.cqs, cq.0) {
-            c.polled += taken;
-        }
         if !self.retiring.is_empty() {
+            if let Ok(c) = slot_mut(&mut self.cqs, cq.0) {
+                c.polled += taken;
+            }
             // What waited for a poll that empties this CQ has had it if this one came back
             // not full (a queue pair is retired outside a poll, so all it had was here), or
             // once its CQs have given up all they held when it was retired.
