@@ -370,6 +370,9 @@ struct App {
     fault: Option<&'static str>,
     /// When the backlog last went from empty to non-empty (the app stopped draining its CQ).
     stalled_since: Option<Instant>,
+    /// When its socket was first found closed with submissions still on its ring (see
+    /// [`AppTable::reap`]).
+    closed_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -379,6 +382,11 @@ struct Registration {
     vers: u32,
     backchannel: bool,
 }
+
+/// How long an app whose socket closed keeps its attachment while its ring still holds
+/// submissions (see [`AppTable::reap`]): many poll-thread turns, and short enough that a
+/// process that closed its socket but goes on submitting does not stay attached.
+pub const CLOSE_GRACE: Duration = Duration::from_millis(100);
 
 /// The apps one poll thread owns.
 #[derive(Debug)]
@@ -607,6 +615,7 @@ impl AppTable {
             max_owed,
             fault: None,
             stalled_since: None,
+            closed_at: None,
         });
         self.stats.apps += 1;
         Ok(id)
@@ -1151,11 +1160,19 @@ impl AppTable {
 
     /// Detaches every app whose socket closed (it exited or was killed) or that corrupted a ring.
     /// Makes one `poll(2)`; call it every millisecond or so, not on every loop.
+    ///
+    /// An app that leaves right after its last submissions (a reply, then its socket closes)
+    /// has them taken first: while its ring still holds submissions, for up to
+    /// [`CLOSE_GRACE`], a closed socket does not detach it, so the [`poll_submissions`]
+    /// that follow take them (a reply is sent, not answered SYSTEM_ERR).
+    ///
+    /// [`poll_submissions`]: Self::poll_submissions
     pub fn reap(&mut self) -> Vec<Detached> {
         let mut gone: Vec<(AppId, &'static str)> = Vec::new();
         self.poll_sockets(&[], Duration::ZERO);
+        let now = Instant::now();
         for &(slot, r) in &self.polled.seen {
-            let Some(a) = self.apps.get(slot).and_then(Option::as_ref) else {
+            let Some(a) = self.apps.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
             };
             if let Some(f) = a.fault {
@@ -1164,6 +1181,11 @@ impl AppTable {
             }
             let hung_up = r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL);
             if hung_up || (r.contains(PollFlags::IN) && !drain(a.att.sock.as_fd())) {
+                let closed_at = *a.closed_at.get_or_insert(now);
+                let left = a.sq.ready().unwrap_or(0) > 0;
+                if left && now.duration_since(closed_at) < CLOSE_GRACE {
+                    continue;
+                }
                 gone.push((a.id, "closed"));
             }
         }
@@ -1239,13 +1261,14 @@ impl AppTable {
         }
         if !busy {
             self.poll_sockets(extra, timeout);
+            // Wake-up bytes are read here; a closed socket is left to `reap`, which takes what
+            // the app submitted before it closed (a fault here would skip that).
             for k in 0..self.polled.seen.len() {
                 let (slot, r) = self.polled.seen[k];
-                let Some(a) = self.apps.get_mut(slot).and_then(Option::as_mut) else {
-                    continue;
-                };
-                if !r.is_empty() && !drain(a.att.sock.as_fd()) {
-                    a.fault.get_or_insert("closed");
+                if let Some(a) = self.apps.get(slot).and_then(Option::as_ref) {
+                    if !r.is_empty() {
+                        let _ = drain(a.att.sock.as_fd());
+                    }
                 }
             }
         }
@@ -1697,6 +1720,65 @@ mod tests {
             app.region.header().state.value.load(Ordering::Acquire),
             STATE_DETACHED
         );
+    }
+
+    /// An app that submits and closes its socket at once (a server's last reply, then its
+    /// exit) has its submissions taken before it is detached: a reap that comes between the
+    /// two leaves it attached. One that goes on submitting is detached after the grace.
+    #[test]
+    fn an_app_that_submits_and_leaves_at_once_is_detached_only_after_its_submissions_are_taken() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (id, mut app) = attach(&mut t, geometry());
+        app.submit(call(1));
+        drop(std::mem::replace(
+            &mut app._peer_sock,
+            UnixStream::pair().unwrap().0,
+        ));
+        assert!(
+            t.reap().is_empty(),
+            "detached with a submission on its ring"
+        );
+        let subs = poll(&mut t);
+        assert!(
+            matches!(subs[..], [(a, Submission::Call(_))] if a == id),
+            "{subs:?}"
+        );
+        let gone = t.reap();
+        assert_eq!((gone.len(), gone[0].app, gone[0].reason), (1, id, "closed"));
+        assert_eq!(
+            gone[0].calls.len(),
+            1,
+            "its call is reported for cancellation"
+        );
+
+        let (id, mut app) = attach(&mut t, geometry());
+        drop(std::mem::replace(
+            &mut app._peer_sock,
+            UnixStream::pair().unwrap().0,
+        ));
+        app.submit(call(2));
+        assert!(t.reap().is_empty());
+        app.submit(call(3));
+        std::thread::sleep(CLOSE_GRACE);
+        let gone = t.reap();
+        assert_eq!((gone.len(), gone[0].app), (1, id), "kept past the grace");
+
+        // A park that finds the socket closed (the app's last submissions came after the
+        // park's look at the rings) leaves them to be taken too.
+        let (id, mut app) = attach(&mut t, geometry());
+        drop(std::mem::replace(
+            &mut app._peer_sock,
+            UnixStream::pair().unwrap().0,
+        ));
+        t.park(Duration::ZERO, &[]);
+        app.submit(call(4));
+        assert!(t.reap().is_empty(), "detached by the park");
+        let subs = poll(&mut t);
+        assert!(
+            matches!(subs[..], [(a, Submission::Call(_))] if a == id),
+            "{subs:?}"
+        );
+        assert_eq!(t.reap().len(), 1);
     }
 
     #[test]
