@@ -34,8 +34,9 @@ pub(crate) type Results = [(u32, u32); rpcrdma_shm::abi::MAX_PIECES];
 /// move in registers. The thread that sends a call or a reply takes a box here; the thread that
 /// receives it keeps the box once it has read it, and the hop answering it (`CallDone`,
 /// `ReplyDone`) brings a box back when it crosses threads. So boxes stay with the threads that
-/// use them, and a thread allocates one only when it has more in flight at once than it ever had
-/// (the first calls after a start; the stack itself is sized once).
+/// use them, and a thread allocates only when it has more in flight at once than it ever had:
+/// then [`Self::BATCH`] boxes at once, so a busier moment than the first calls after a start
+/// (up to a batch more hops in flight) finds them ready (the stack itself is sized once).
 #[derive(Debug)]
 pub(crate) struct Spares<T> {
     free: Vec<Box<T>>,
@@ -44,6 +45,11 @@ pub(crate) struct Spares<T> {
 impl<T: Copy> Spares<T> {
     /// Boxes kept at most (more are freed).
     const MAX: usize = 4096;
+
+    /// Boxes made at once when none is kept: two turns' worth of one app's submissions (a turn
+    /// takes 32), so that one busy app's calls and replies, which come back within a turn on
+    /// the thread's own queue, never find the stack empty once it has been filled.
+    pub(crate) const BATCH: usize = 64;
 
     /// No box yet, room for [`Self::MAX`].
     pub(crate) fn new() -> Spares<T> {
@@ -59,7 +65,10 @@ impl<T: Copy> Spares<T> {
                 *b = *v;
                 b
             }
-            None => Box::new(*v),
+            None => {
+                self.free.extend((1..Self::BATCH).map(|_| Box::new(*v)));
+                Box::new(*v)
+            }
         }
     }
 
@@ -446,13 +455,21 @@ mod tests {
         let a = sp.boxed(&1u64);
         let b = sp.boxed(&2);
         let (pa, pb) = (&*a as *const u64, &*b as *const u64);
-        assert_eq!((sp.len(), *a, *b), (0, 1, 2), "an empty stack allocates");
+        let batch = Spares::<u64>::BATCH;
+        assert_eq!(
+            (sp.len(), *a, *b),
+            (batch - 2, 1, 2),
+            "an empty stack makes a batch"
+        );
         sp.keep(a);
         sp.keep(b);
         let again = sp.boxed(&4);
         assert!(std::ptr::eq(&*again, pb), "the last kept box serves next");
         assert_eq!(*again, 4);
         assert!(sp.give().is_some_and(|g| std::ptr::eq(&*g, pa)));
+        for _ in 2..batch {
+            assert!(sp.give().is_some());
+        }
         assert!(sp.give().is_none());
         let mut full = Spares::new();
         for k in 0..Spares::<u8>::MAX + 5 {
