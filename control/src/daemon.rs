@@ -471,7 +471,9 @@ impl Daemon {
                         self.remote_invalidation &= remote_invalidation;
                         break;
                     }
-                    Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
+                    Some(Event::Failed(e)) => {
+                        return Err(StartError::PollThread(format!("poll thread {t}: {e}")))
+                    }
                     Some(other) => self.on_event(t, other),
                     None if Instant::now() > deadline => {
                         return Err(StartError::PollThread(format!(
@@ -511,7 +513,9 @@ impl Daemon {
                     Some(Event::Listening { result: Err(e), .. }) => {
                         return Err(StartError::PollThread(format!("listener {addr}: {e}")))
                     }
-                    Some(Event::Failed(e)) => return Err(StartError::PollThread(e)),
+                    Some(Event::Failed(e)) => {
+                        return Err(StartError::PollThread(format!("poll thread {t}: {e}")))
+                    }
                     Some(other) => self.on_event(t, other),
                     None if Instant::now() > deadline => {
                         return Err(StartError::PollThread(format!(

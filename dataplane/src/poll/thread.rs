@@ -252,7 +252,9 @@ impl<P: Provider> PollThread<P> {
             return Err(("buffer pool too large".into(), notify));
         };
         let setup = (|| -> Result<_, String> {
-            let pd = provider.alloc_pd().map_err(|e| e.to_string())?;
+            let pd = provider
+                .alloc_pd()
+                .map_err(|e| format!("protection domain: {e}"))?;
             let depth = plan.cq_depth(&provider)?;
             if depth.clamped() {
                 tracing::warn!(
@@ -270,12 +272,13 @@ impl<P: Provider> PollThread<P> {
                 .map_err(|e| format!("completion queue of {} entries: {e}", depth.depth))?;
             let pool = Mapped::anonymous(pool_len).map_err(|e| format!("buffer pool: {e}"))?;
             let pool = Registered::new(&mut provider, pd, pool, REGISTERED_ACCESS)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| format!("registering the buffer pool ({pool_len} bytes): {e}"))?;
             Ok((pd, cq, pool))
         })();
         let (pd, cq, pool) = match setup {
             Ok(x) => x,
-            Err(e) => return Err((format!("provider: {e}"), notify)),
+            // Each step names itself (the completion queue's depth is the configuration's).
+            Err(e) => return Err((e, notify)),
         };
         let drv = match plan.driver(provider, cq, pd, pool.mr()) {
             Ok(d) => d,
