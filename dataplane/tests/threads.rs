@@ -8,7 +8,7 @@
 #[path = "support/poll.rs"]
 mod support;
 
-use rpcrdma_dataplane::poll::{self, Command, Event, Mesh, PollHandle};
+use rpcrdma_dataplane::poll::{self, Command, ConnState, Event, Mesh, PollHandle, Snapshot};
 use rpcrdma_shm::attach::Listener;
 use rpcrdma_shm::client::{Error, Ticket};
 use rpcrdma_shm::rdmatest::{self, pattern};
@@ -443,4 +443,80 @@ fn a_call_on_a_closed_connection_ends_once_its_queue_pair_retires() {
     assert_eq!(r.body[4..], [2u8; 8]);
     let _ = t0.send(Command::Stop);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A connection id names one connection, not its slot: the next connection in a closed
+/// connection's slot gets an id of its own, so a stale id reaches nothing. A call addressed to
+/// it (as a serving app's call back to a client that has left would be) fails TRANSPORT
+/// instead of going out on the new connection, and a `close` of it closes nothing.
+#[test]
+fn a_closed_connection_s_id_never_names_the_next_connection_in_its_slot() {
+    let (dir, path, _mesh, mut handles) = threads("ids", 1, 64);
+    let t0 = handles.pop().expect("thread");
+    let old = self_connection(&t0);
+    let mut apps = Listener::bind(&path, spec(0).geometry, vec!["self".into()]).expect("apps");
+    let (mut c, peer) = client(&mut apps, &t0, &path);
+    // A connection addressed by its id: peer index = the configured peers + the id.
+    let direct = |c: &mut Client, conn: u32| {
+        let t = c
+            .call(
+                peer + 1 + conn,
+                rdmatest::PROG,
+                rdmatest::VERS,
+                rdmatest::NULL,
+            )
+            .submit()
+            .expect("submit");
+        c.wait(t, T)
+    };
+    // Nobody serves the program: PROG_UNAVAIL, from the other end of the connection.
+    assert_eq!(
+        direct(&mut c, old)
+            .expect("the first connection")
+            .accept_stat,
+        1
+    );
+    t0.send(Command::Close { conn: old }).expect("close");
+    expect(&t0, "Down", |e| {
+        matches!(e, Event::Down { conn, .. } if conn == old).then_some(())
+    });
+    let new = self_connection(&t0);
+    assert_ne!(new, old, "the slot's next connection has the same id");
+    assert_eq!(
+        mesh_slot(new),
+        mesh_slot(old),
+        "not the same slot: proves nothing"
+    );
+    match direct(&mut c, old) {
+        Err(Error::Status(status::TRANSPORT)) => {}
+        other => panic!("a call to the closed connection's id: {other:?}"),
+    }
+    t0.send(Command::Close { conn: old }).expect("close");
+    assert_eq!(
+        direct(&mut c, new).expect("the new connection").accept_stat,
+        1
+    );
+    t0.send(Command::Snapshot(Box::new(Snapshot::with_capacity(2))))
+        .expect("snapshot");
+    let s = expect(&t0, "Snapshot", |e| match e {
+        Event::Snapshot(s) => Some(s),
+        _ => None,
+    });
+    assert_eq!(
+        s.thread.totals.calls_out, 2,
+        "the stale call went out: {s:?}"
+    );
+    assert!(
+        s.conns()
+            .iter()
+            .any(|k| k.info.id == new && k.info.state == ConnState::Up),
+        "closed by its slot's old id: {s:?}"
+    );
+    let _ = t0.send(Command::Stop);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The slot of a global connection id (one thread of two slots here: ids go round by 2).
+fn mesh_slot(conn: u32) -> u32 {
+    conn % 2
 }

@@ -274,7 +274,32 @@ impl Mesh {
 
     /// The thread owning global connection id `conn`.
     pub fn thread_of(&self, conn: u32) -> usize {
-        (conn / self.shared.conns_per_thread) as usize
+        self.shared.thread_of(conn)
+    }
+}
+
+/// Global connection ids. Slot `s` of thread `t` names its connections
+/// `t × conns_per_thread + s + k × slots` (`slots` = every thread's slots), `k` counting the
+/// connections the slot has had (modulo [`Shared::generations`]): an id names one connection,
+/// not its slot, so a stale id (a `close` typed after the connection went, a serving app's
+/// call back to a client that has left) never reaches the next connection in the slot.
+impl Shared {
+    /// Slots of every thread.
+    fn slots(&self) -> u32 {
+        u32::try_from(self.threads)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(self.conns_per_thread)
+            .max(1)
+    }
+
+    /// Connections a slot names before its ids come round again: as many as keep every id
+    /// below 2^31 (apps address connections by peer index, the configured peers first).
+    fn generations(&self) -> u32 {
+        ((1u32 << 31) / self.slots()).max(1)
+    }
+
+    fn thread_of(&self, conn: u32) -> usize {
+        ((conn % self.slots()) / self.conns_per_thread) as usize
     }
 }
 
@@ -304,7 +329,28 @@ impl Port {
 
     /// The thread owning global connection id `conn`.
     pub(crate) fn thread_of(&self, conn: u32) -> usize {
-        (conn / self.shared.conns_per_thread) as usize
+        self.shared.thread_of(conn)
+    }
+
+    /// This thread's slot that global connection id `conn` names (the id may be one of the
+    /// slot's earlier connections: compare it with the slot's own).
+    pub(crate) fn slot_of(&self, conn: u32) -> Option<usize> {
+        let i = (conn % self.shared.slots()).checked_sub(self.conn_base())?;
+        (i < self.shared.conns_per_thread).then_some(i as usize)
+    }
+
+    /// The id of the next connection in the slot whose last connection was `conn`.
+    pub(crate) fn next_conn_id(&self, conn: u32) -> u32 {
+        let slots = self.shared.slots();
+        let k = (conn / slots + 1) % self.shared.generations();
+        conn % slots + k * slots
+    }
+
+    /// Global connection ids in all (every id is below it).
+    pub(crate) fn conn_ids(&self) -> u32 {
+        self.shared
+            .slots()
+            .saturating_mul(self.shared.generations())
     }
 
     /// A writer of this thread's doorbell (for the control thread's [`super::PollHandle`]).
@@ -492,5 +538,32 @@ mod tests {
         b.set_route(0, 103, false);
         assert_eq!(a.route(0), None);
         assert_eq!(a.route(9), None, "unknown peer");
+    }
+
+    /// A slot's successive connections get ids of their own, which still name the slot's
+    /// thread and slot, and come round only after as many as fit below 2^31.
+    #[test]
+    fn a_slot_s_next_connection_gets_an_id_of_its_own() {
+        let mut mesh = Mesh::new(2, 100, 0, 16).unwrap();
+        let (a, b) = (mesh.port(0).unwrap(), mesh.port(1).unwrap());
+        let first = b.conn_base() + 7;
+        let second = b.next_conn_id(first);
+        assert_eq!(second, 307, "one slot per thread and connection further on");
+        for id in [first, second] {
+            assert_eq!((mesh.thread_of(id), a.thread_of(id)), (1, 1));
+            assert_eq!((b.slot_of(id), a.slot_of(id)), (Some(7), None));
+        }
+        assert_eq!(b.conn_ids(), 200 * ((1 << 31) / 200));
+        let last = b.conn_ids() - 200 + first;
+        assert!(last < 1 << 31);
+        assert_eq!(b.next_conn_id(last), first, "ids come round");
+        let mut id = first;
+        let seen: std::collections::HashSet<u32> = (0..1000)
+            .map(|_| {
+                id = b.next_conn_id(id);
+                id
+            })
+            .collect();
+        assert_eq!(seen.len(), 1000);
     }
 }

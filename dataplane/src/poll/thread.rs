@@ -80,6 +80,8 @@ const TAG_THREAD_SHIFT: u32 = 56;
 struct Slot {
     qp: Option<QpId>,
     conn: Option<ConnId>,
+    /// Whether the slot has had a connection (its next gets the next id, `Port::next_conn_id`).
+    used: bool,
     stats: ConnStats,
     in_flight: u32,
     notify_idle: bool,
@@ -296,12 +298,11 @@ impl<P: Provider> PollThread<P> {
             "buffer pools registered"
         );
         let peers = u32::try_from(spec.peers.len()).unwrap_or(u32::MAX);
-        let all_conns = spec.max_conns.saturating_mul(port.threads() as u32);
         let table = match AppTable::new(TableConfig {
             max_apps: spec.max_apps,
-            // Peer indexes: the configured peers, then one per connection of every thread (the
+            // Peer indexes: the configured peers, then one per global connection id (the
             // `peer` of an incoming call, so a serving app can call back on that connection).
-            peers: peers.saturating_add(all_conns).max(1),
+            peers: peers.saturating_add(port.conn_ids()).max(1),
             // XIDs this thread's apps get never equal another thread's on a shared connection.
             xid_first: TableConfig::default()
                 .xid_first
@@ -693,10 +694,11 @@ impl<P: Provider> PollThread<P> {
         (self.spec.peers.len() as u32).saturating_add(conn)
     }
 
-    /// This thread's slot of global connection id `conn`.
+    /// This thread's slot of global connection id `conn`, if that connection is its own
+    /// (not one the slot had before).
     fn local_slot(&self, conn: u32) -> Option<usize> {
-        let i = conn.checked_sub(self.port.conn_base())? as usize;
-        (i < self.slots.len()).then_some(i)
+        let i = self.port.slot_of(conn)?;
+        (self.slots.get(i)?.stats.info.id == conn).then_some(i)
     }
 
     /// The slot of engine connection `conn`: every event of the engine asks, so it is a
@@ -1568,6 +1570,10 @@ impl<P: Provider> PollThread<P> {
         }
         self.slot_by_conn[conn.index()] = i as u32;
         let s = &mut self.slots[i];
+        if s.used {
+            s.stats.info.id = self.port.next_conn_id(s.stats.info.id);
+        }
+        s.used = true;
         s.qp = Some(qp);
         s.conn = Some(conn);
         s.in_flight = 0;
