@@ -520,3 +520,29 @@ fn a_closed_connection_s_id_never_names_the_next_connection_in_its_slot() {
 fn mesh_slot(conn: u32) -> u32 {
     conn % 2
 }
+
+/// Connection ids name their thread by the mesh's connections per thread, so a poll thread
+/// whose spec has room for another number of connections refuses to start (it would name
+/// connections of another thread).
+#[test]
+fn a_poll_thread_whose_connections_disagree_with_its_mesh_does_not_start() {
+    let mut mesh = Mesh::new(1, 3, 1, 16).expect("mesh");
+    let port = mesh.port(0).expect("port");
+    let h = poll::spawn_mem(spec(0), port, SoftConfig::default(), Box::new(|| {})).expect("spawn");
+    let end = Instant::now() + Duration::from_secs(20);
+    let why = loop {
+        match h.recv() {
+            Some(Event::Failed(e)) => break e,
+            Some(Event::Started { .. }) => panic!("started with 2 connections in a mesh of 3"),
+            Some(_) => {}
+            None => {
+                assert!(Instant::now() < end, "neither started nor failed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    assert!(
+        why.contains("2 connections in the spec, 3 per thread"),
+        "{why}"
+    );
+}

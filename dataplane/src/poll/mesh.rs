@@ -332,6 +332,11 @@ impl Port {
         self.shared.thread_of(conn)
     }
 
+    /// Connections each thread of the mesh has room for.
+    pub(crate) fn conns_per_thread(&self) -> u32 {
+        self.shared.conns_per_thread
+    }
+
     /// This thread's slot that global connection id `conn` names (the id may be one of the
     /// slot's earlier connections: compare it with the slot's own).
     pub(crate) fn slot_of(&self, conn: u32) -> Option<usize> {

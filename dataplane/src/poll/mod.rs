@@ -143,6 +143,8 @@ pub struct PollSpec {
     /// Connection settings.
     pub transport: TransportSpec,
     /// Most connections (bounds every table; each gets `recv_buffers / max_conns` receives).
+    /// Must equal the [`Mesh`]'s connections per thread (connection ids name their thread by
+    /// it): a thread whose spec disagrees fails to start.
     pub max_conns: u32,
     /// Shared receive queue and send pool sizes.
     pub pools: PoolSpec,

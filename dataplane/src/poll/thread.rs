@@ -235,6 +235,15 @@ impl<P: Provider> PollThread<P> {
         events: Arc<ArrayQueue<Event>>,
         notify: Box<dyn Fn() + Send>,
     ) -> Result<PollThread<P>, StartError> {
+        // Connection ids name their thread by the mesh's connections per thread.
+        if spec.max_conns != port.conns_per_thread() {
+            let mesh = port.conns_per_thread();
+            let e = format!(
+                "{} connections in the spec, {mesh} per thread in the mesh: they must agree",
+                spec.max_conns
+            );
+            return Err((e, notify));
+        }
         // One shared receive queue and one shared send pool for every connection, each
         // connection's credits capped to its share of the queue; or a block of its own per
         // connection (see `PoolPlan`).
