@@ -1261,9 +1261,11 @@ impl Provider for IbvProvider {
                 slot(cqs, c.0).map_or(true, |e| e.polled.saturating_sub(at) >= e.capacity)
             };
             for r in &mut self.retiring {
+                if r.stage != Stage::EmptyPoll {
+                    continue;
+                }
                 let on = r.entry.send_cq == cq || r.entry.recv_cq == cq;
-                let done = (drained && on) || r.marks.iter().all(through);
-                if r.stage == Stage::EmptyPoll && done {
+                if (drained && on) || r.marks.iter().all(through) {
                     r.stage = Stage::Done;
                 }
             }
