@@ -1,4 +1,10 @@
-//! A peer that overruns its credits, against a real `rpcrdmad` (R8166-3.3.1-b): from the test
+//! Hostile peers against a real `rpcrdmad`.
+//!
+//! A peer whose reply breaks the program's binding (R8166-6.1-d): a READ's result sent
+//! inline although the daemon's call offered a Write chunk fails that call `BAD_REPLY`, and
+//! the connection carries the next call.
+//!
+//! A peer that overruns its credits (R8166-3.3.1-b): from the test
 //! process, a bare queue pair on the soft provider over TCP connects to the daemon's listener
 //! and sends more calls than the daemon granted, all at once. The daemon ends that connection
 //! and nothing else: after several such peers, every send buffer and every buffer of the poll
@@ -129,4 +135,150 @@ fn a_peer_overrunning_its_credits_loses_its_connection_and_no_buffer() {
     let mut c = rpcrdma_shm::Client::connect(&client.app).expect("attach");
     let peer = c.peer("srv").expect("peer");
     common::null_unserved(&mut c, peer, Some(Duration::from_secs(20)));
+}
+
+/// A server peer, raw verbs on the soft provider over TCP, listening on `port`: it accepts one
+/// connection and answers two RDMATEST READs of `READ_LEN` bytes that offer a Write chunk.
+/// The first gets its result inline (breaking R8166-6.1-d), the chunk echoed unused; the
+/// second the right way, the result written into the chunk. Returns the connections it
+/// accepted once `stop` says so.
+fn binding_breaker(port: u16, stop: std::sync::mpsc::Receiver<()>) -> u32 {
+    use rpcrdma_proto::{decode, v1, Limits, Message};
+    let mut h = Side::new(SoftProvider::tcp(SoftConfig::default()).expect("soft provider"));
+    let addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    h.p.listen(addr).expect("listen");
+    let private = PrivateData {
+        remote_invalidate: false,
+        send_size: 4096,
+        recv_size: 4096,
+    }
+    .normalized()
+    .emit();
+    let params = ConnParams {
+        private_data: &private,
+        responder_resources: 8,
+        initiator_depth: 8,
+    };
+    let (mut accepted, mut answered) = (0u32, 0u32);
+    let mut wcs = [rpcrdma_verbs::WorkCompletion::default(); 16];
+    let start = Instant::now();
+    while stop.try_recv().is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never told to stop"
+        );
+        while let Some(e) = h.p.poll_cm() {
+            if let CmEvent::ConnectRequest { req, .. } = e {
+                let qp = h.p.create_qp(&h.qp_init()).expect("qp");
+                h.qps.push(qp);
+                for k in 0..16u64 {
+                    let sge = h.sge(4096 * k as usize, 4096);
+                    h.recv(k, &[sge]);
+                }
+                h.p.accept(req, qp, &params).expect("accept");
+                accepted += 1;
+            }
+        }
+        let n = h.p.poll_cq(h.cq, &mut wcs).expect("poll_cq");
+        for wc in &wcs[..n] {
+            if wc.wr_id >= 16 {
+                continue; // a Send's completion
+            }
+            let off = 4096 * wc.wr_id as usize;
+            let msg = h.mem(off, wc.byte_len as usize).to_vec();
+            let Ok(d) = decode(&msg, &Limits::DEFAULT) else {
+                continue;
+            };
+            let Message::V1(v1::Header {
+                xid,
+                body: v1::Body::Msg(c),
+                ..
+            }) = d.message
+            else {
+                continue;
+            };
+            let seg = c
+                .writes
+                .iter()
+                .next()
+                .expect("a Write chunk")
+                .segments()
+                .next()
+                .expect("a segment");
+            let data: Vec<u8> = (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect();
+            let inline = answered == 0;
+            let used = if inline { 0 } else { READ_LEN };
+            let mut r = be(&[xid, 1, 2, 0, 0, 1, 1, seg.handle, used]);
+            r.extend(seg.offset.to_be_bytes());
+            r.extend(be(&[0, 0]));
+            r.extend(rpcmsg::reply_header(xid, 0));
+            r.extend(be(&[READ_LEN]));
+            let out = 16 * 4096 + 8192 * (answered as usize % 8);
+            if inline {
+                r.extend(&data);
+            } else {
+                h.fill(out + 4096, &data);
+                let sge = h.sge(out + 4096, data.len());
+                let op = SendOp::RdmaWrite {
+                    remote_addr: seg.offset,
+                    rkey: seg.handle,
+                };
+                h.post(100, op, &[sge], false);
+            }
+            h.fill(out, &r);
+            let sge = h.sge(out, r.len());
+            h.post(200 + u64::from(answered), SendOp::Send, &[sge], true);
+            answered += 1;
+            let again = h.sge(off, 4096);
+            h.recv(wc.wr_id, &[again]);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    accepted
+}
+
+/// Bytes each READ of `a_peer_whose_reply_breaks_the_binding_fails_that_call_only` asks for.
+const READ_LEN: u32 = 2000;
+
+#[test]
+fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
+    use rpcrdma_shm::abi::status;
+    use rpcrdma_shm::rdmatest;
+    // R8166-6.1-d through a real daemon: its app's READ offers a Write chunk and the peer
+    // sends the result inline. The call fails BAD_REPLY (permanent); the connection stays and
+    // the next READ, answered the right way, succeeds on it.
+    let hport = free_port();
+    let (tell, stop) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || binding_breaker(hport, stop));
+    let dir = tmpdir("bad-reply");
+    let port = free_port();
+    let d = Daemon::start_with(
+        dir.clone(),
+        port,
+        &config(&dir, port, Some(("srv", hport)), ""),
+    );
+    d.wait_peer_up("srv");
+    let mut c = rpcrdma_shm::Client::connect(&d.app).expect("attach");
+    let peer = c.peer("srv").expect("peer");
+    let read = |c: &mut rpcrdma_shm::Client| {
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+        call.args().put_u32(READ_LEN).put_u32(1);
+        call.result_buffer(READ_LEN);
+        let t = call.submit().expect("submit");
+        c.wait(t, Some(Duration::from_secs(20)))
+    };
+    match read(&mut c) {
+        Err(rpcrdma_shm::client::Error::Status(s)) => assert_eq!(status::name(s), "BAD_REPLY"),
+        other => panic!("{:?}", other.map(|r| (r.accept_stat, r.ddp_bytes))),
+    }
+    let r = read(&mut c).expect("the second READ");
+    let data: Vec<u8> = (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect();
+    assert_eq!(r.body, common::xdr_opaque(&data));
+    assert_eq!(r.ddp_bytes, READ_LEN);
+    tell.send(()).expect("stop");
+    assert_eq!(
+        server.join().expect("server"),
+        1,
+        "one connection all along"
+    );
 }

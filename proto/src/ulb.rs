@@ -176,6 +176,51 @@ pub fn eligible_argument(
     Ok(Some(item))
 }
 
+/// Skips an NFSv3 `post_op_attr` (a boolean, then an 84-byte `fattr3` when true).
+fn skip_post_op_attr(r: &mut Reader<'_>, what: &'static str) -> Result<(), Error> {
+    skip_set(r, 21, what)
+}
+
+/// Finds the eligible result in the (possibly reduced) result XDR of a successful reply
+/// (accept_stat SUCCESS; `results` starts after the RPC reply header), for the requester's
+/// checks of R8166-6.1-c/d and the responder's reduction of a result its app left inline.
+///
+/// In every binding here the eligible result is the last item of its reply, so a reduced
+/// reply ends with the item's length word. `Ok(None)`: the procedure has no eligible result,
+/// or this reply carries none (an NFS error status). Only the items before the eligible one
+/// are read.
+pub fn eligible_result(
+    prog: u32,
+    vers: u32,
+    proc: u32,
+    results: &[u8],
+) -> Result<Option<Item>, Error> {
+    const NFS3_OK: u32 = 0;
+    let mut r = Reader::new(results);
+    let item = match (prog, vers, proc) {
+        (RDMATEST_PROG, RDMATEST_VERS, rdmatest::ECHO | rdmatest::READ) => {
+            item_at(&mut r, 0, "result opaque")?
+        }
+        (NFS_PROG, 3, nfs3::READ) => {
+            if r.u32("READ3res status")? != NFS3_OK {
+                return Ok(None);
+            }
+            skip_post_op_attr(&mut r, "READ3resok file_attributes")?;
+            r.take(4 + 4, "READ3resok count, eof")?;
+            item_at(&mut r, 0, "READ3resok data")?
+        }
+        (NFS_PROG, 3, nfs3::READLINK) => {
+            if r.u32("READLINK3res status")? != NFS3_OK {
+                return Ok(None);
+            }
+            skip_post_op_attr(&mut r, "READLINK3resok symlink_attributes")?;
+            item_at(&mut r, 0, "READLINK3resok data")?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(item))
+}
+
 /// Finds the eligible argument of a whole RPC call message; the position is counted from
 /// the first byte of the XID, as Read-chunk positions are (R8166-3.4.5-a).
 pub fn eligible_call_item(msg: &[u8]) -> Result<Option<Item>, Error> {

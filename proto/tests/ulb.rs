@@ -179,3 +179,67 @@ fn rfc8267_nfs3_symlink_path_position() {
         Err(Error::BadValue("set_atime", 3))
     );
 }
+
+#[test]
+fn r8166_6_1_c_d_result_positions_of_each_binding() {
+    // RDMATEST ECHO and READ: the result is the whole reply, an opaque; reduced, only its
+    // length word is left.
+    for p in [rdmatest::ECHO, rdmatest::READ] {
+        assert_eq!(
+            ulb::eligible_result(ulb::RDMATEST_PROG, 1, p, &words(&[4096])),
+            Ok(Some(Item {
+                position: 4,
+                length: 4096
+            }))
+        );
+    }
+    assert_eq!(
+        ulb::eligible_result(ulb::RDMATEST_PROG, 1, rdmatest::WRITE, &words(&[7])),
+        Ok(None),
+        "WRITE's result is not eligible"
+    );
+    // NFSv3 READ3resok: status, post_op_attr (with an 84-byte fattr3), count, eof, data<>.
+    let mut ok = words(&[0, 1]);
+    ok.extend_from_slice(&[0x5a; 84]);
+    ok.extend_from_slice(&words(&[8192, 1, 8192]));
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &ok),
+        Ok(Some(Item {
+            position: 4 + 4 + 84 + 8 + 4,
+            length: 8192
+        }))
+    );
+    // Without attributes the data comes 84 bytes sooner.
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[0, 0, 10, 0, 10])),
+        Ok(Some(Item {
+            position: 20,
+            length: 10
+        }))
+    );
+    // An error status (NFS3ERR_IO, no attributes) carries no eligible result.
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[5, 0])),
+        Ok(None)
+    );
+    // READLINK3resok: status, post_op_attr, nfspath3.
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READLINK, &words(&[0, 0, 11])),
+        Ok(Some(Item {
+            position: 12,
+            length: 11
+        }))
+    );
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READLINK, &words(&[2, 0])),
+        Ok(None)
+    );
+    // Nothing named, nothing eligible; a truncated or malformed reply is an error.
+    assert_eq!(
+        ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::WRITE, &words(&[0])),
+        Ok(None)
+    );
+    assert!(ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[0, 1, 0])).is_err());
+    assert!(ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[0, 2])).is_err());
+    assert!(ulb::eligible_result(ulb::RDMATEST_PROG, 1, rdmatest::READ, &[]).is_err());
+}

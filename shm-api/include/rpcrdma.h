@@ -62,6 +62,7 @@
 #define RR_TRANSPORT 14u
 #define RR_TIMEOUT 15u
 #define RR_CHUNK_REFUSED 16u
+#define RR_BAD_REPLY 17u
 
 #define RR_STATE_ATTACHED 1u
 #define RR_STATE_DETACHED 2u

@@ -165,10 +165,16 @@ pub mod status {
     /// version 2): most often its reply did not fit the reply buffer (inline, or the Reply
     /// chunk offered) or a result buffer. The connection stays up.
     pub const CHUNK_REFUSED: u32 = 16;
+    /// The peer's reply broke RPC-over-RDMA's rules for this call: a Write or Reply chunk
+    /// echoed wrongly, or a result where the program's binding does not allow it (RFC 8166
+    /// §6.1: a result that is not DDP-eligible in a Write chunk, or an eligible one sent
+    /// inline although a Write chunk was offered). A permanent error for the call (the same
+    /// call to the same peer is expected to fail again); the connection stays up.
+    pub const BAD_REPLY: u32 = 17;
 
     /// The name of status `code` as ABI.md §6 lists it, or `"unknown"` (a newer daemon's code).
     pub fn name(code: u32) -> &'static str {
-        const NAMES: [&str; 17] = [
+        const NAMES: [&str; 18] = [
             "OK",
             "BAD_OPCODE",
             "BAD_FLAGS",
@@ -186,6 +192,7 @@ pub mod status {
             "TRANSPORT",
             "TIMEOUT",
             "CHUNK_REFUSED",
+            "BAD_REPLY",
         ];
         usize::try_from(code)
             .ok()
@@ -495,6 +502,7 @@ mod tests {
         let known = (0..64).filter(|&c| status::name(c) != "unknown").count();
         assert_eq!(rows, known, "ABI.md §6 lists every status once");
         assert_eq!(status::name(status::CHUNK_REFUSED), "CHUNK_REFUSED");
-        assert_eq!(status::name(17), "unknown");
+        assert_eq!(status::name(status::BAD_REPLY), "BAD_REPLY");
+        assert_eq!(status::name(18), "unknown");
     }
 }

@@ -670,7 +670,9 @@ impl Connection {
         env: &mut impl Env,
     ) -> CallDone {
         let fail = |s| CallDone::failed(c.user, c.xid, s);
-        let (stat, reply_len) = match payload {
+        // The start of the results, where the binding's checks look (R8166-6.1-c/d).
+        let mut head = [0u8; RESULT_HEAD];
+        let (stat, reply_len, results) = match payload {
             Some(p) => {
                 let Some(h) = rpcmsg::parse_reply(p) else {
                     return fail(CallStatus::BadReply);
@@ -682,10 +684,24 @@ impl Connection {
                 if !body.is_empty() && !env.write(dst, body) {
                     return fail(CallStatus::Local);
                 }
-                (h.stat, body.len() as u32)
+                (h.stat, body.len() as u32, body)
             }
             None => match self.take_reply_chunk(c, lists, env) {
-                Ok(x) => x,
+                Ok((stat, len)) => {
+                    let n = if c.n_w > 0 {
+                        len.min(RESULT_HEAD as u32)
+                    } else {
+                        0
+                    };
+                    let (Some(at), Some(to)) = (c.reply.prefix(n), head.get_mut(..n as usize))
+                    else {
+                        return fail(CallStatus::Local);
+                    };
+                    if n > 0 && !env.read(at, to) {
+                        return fail(CallStatus::Local);
+                    }
+                    (stat, len, &*to)
+                }
                 Err(s) => return fail(s),
             },
         };
@@ -726,17 +742,14 @@ impl Connection {
                     s.length
                 }
             };
-            if used > 0 {
-                // R8166-3.4.6.2-c: the returned length equals the item's length word,
-                // the last word of the reduced reply (where every binding puts it).
-                let mut w = [0u8; 4];
-                let ok = reply_len >= 4
-                    && c.reply
-                        .sub(reply_len - 4, 4)
-                        .is_some_and(|at| env.read(at, &mut w));
-                if !ok || u32::from_be_bytes(w) != used {
-                    return fail(CallStatus::BadReply);
-                }
+            // Every binding has one eligible result, so only the first chunk may be used.
+            let placed = if k == 0 {
+                result_placed(c, results, reply_len, used)
+            } else {
+                used == 0
+            };
+            if !placed {
+                return fail(CallStatus::BadReply);
             }
             if let Some(r) = done.results.get_mut(k) {
                 *r = (reply_len, used);
@@ -803,6 +816,29 @@ impl Connection {
             }
         }
         Ok((h.stat, body))
+    }
+}
+
+/// How much of a Long reply's results the binding's checks read back: every binding's
+/// eligible result starts within it (NFSv3 READ's, the deepest, at 108).
+const RESULT_HEAD: usize = 256;
+
+/// Whether a reply to call `c`, which offered a Write chunk, put the binding's eligible
+/// result there and nothing else (`results`: the start of the reduced results, `reply_len`
+/// bytes in all; `used`: the bytes the echoed chunk says were written):
+/// - R8166-6.1-d: an eligible result that came inline (its length word not zero and no
+///   bytes in the chunk) ends the call with a permanent error;
+/// - R8166-6.1-c: so does a chunk holding anything but the eligible result: a reply that
+///   has none (an NFS error status) or an unparsable one;
+/// - R8166-3.4.6.2-c: the returned length equals the item's length word, which ends the
+///   reduced reply (the last item of every binding).
+fn result_placed(c: &Call, results: &[u8], reply_len: u32, used: u32) -> bool {
+    match rpcrdma_proto::ulb::eligible_result(c.prog, c.vers, c.proc_, results) {
+        Ok(Some(item)) if used > 0 => item.position == reply_len && item.length == used,
+        Ok(Some(item)) => item.length == 0,
+        // Nothing for the chunk: an unparsable reply reaches the app (it is the judge of its
+        // own results) unless the chunk claims a place in it.
+        Ok(None) | Err(_) => used == 0,
     }
 }
 

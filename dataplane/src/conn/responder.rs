@@ -2,7 +2,7 @@
 //! reassembly), and sending replies (Write chunks, Reply chunk, ERR_CHUNK, Send With
 //! Invalidate).
 
-use rpcrdma_proto::ulb::{binding, check_read_chunks};
+use rpcrdma_proto::ulb::{binding, check_read_chunks, eligible_result};
 use rpcrdma_proto::{
     rpc::CallHeader, v1, v2, Chunk, ChunkLists, MsgType, ReadList, Segment, WriteList,
 };
@@ -785,6 +785,20 @@ impl Connection {
                 return sent;
             }
         }
+        let mut found = [ResultPiece::default()];
+        let reduced;
+        let spec = match inline_result(s, spec, env) {
+            Some(piece) => {
+                found[0] = piece;
+                reduced = ReplySpec {
+                    msg: spec.msg.prefix(piece.xdr_pos)?,
+                    results: &found,
+                    ..*spec
+                };
+                &reduced
+            }
+            None => spec,
+        };
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
         // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order.
@@ -1200,4 +1214,35 @@ fn copy_lists(s: &mut Serve, l: &ChunkLists<'_>) -> Option<()> {
     }
     s.inv_rkey = if many { None } else { key };
     Some(())
+}
+
+/// The eligible result an app left in the stream of its reply to serve `s`, which offered
+/// Write chunks: the responder reduces it into the first, as R8166-6.1 requires of it
+/// whatever the app marked (a requester fails a reply whose eligible result came inline,
+/// R8166-6.1-d). Only a successful reply that marks no result is looked at, and only a
+/// result that ends the stream (with or without its pad), as in every binding; its place is
+/// read from a copy of the stream's start.
+fn inline_result(s: &Serve, spec: &ReplySpec<'_>, env: &impl Env) -> Option<ResultPiece> {
+    if s.n_wchunk == 0
+        || !spec.results.is_empty()
+        || spec.accept_stat != rpcmsg::SUCCESS
+        || !binding(s.prog, s.prog_vers, s.proc_).result_eligible
+    {
+        return None;
+    }
+    let mut head = [0u8; 256];
+    let n = spec.msg.len.min(head.len() as u32);
+    let head = head.get_mut(..n as usize)?;
+    if !env.read(spec.msg.prefix(n)?, head) {
+        return None;
+    }
+    let item = eligible_result(s.prog, s.prog_vers, s.proc_, head).ok()??;
+    let end = item.position.checked_add(item.length)?;
+    if item.length == 0 || (spec.msg.len != end && spec.msg.len != round4(end)) {
+        return None;
+    }
+    Some(ResultPiece {
+        mem: spec.msg.sub(item.position, item.length)?,
+        xdr_pos: item.position,
+    })
 }

@@ -254,6 +254,16 @@ impl Side {
     }
 
     /// Allocates app memory holding `data`.
+    /// A peer's RDMA Write of `bytes` at `addr` under `rkey` into this side's memory,
+    /// checked as the executor checks one (key, rights, bounds); false if refused.
+    pub fn remote_write(&mut self, rkey: u32, addr: u64, bytes: &[u8]) -> bool {
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        match self.env.resolve(rkey, addr, len, Access::REMOTE_WRITE) {
+            Some(at) => self.env.write(at, bytes),
+            None => false,
+        }
+    }
+
     pub fn put(&mut self, data: &[u8]) -> MemRef {
         let at = self.alloc(data.len() as u32);
         assert!(self.env.write(at, data));

@@ -212,8 +212,11 @@ fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
 
 /// One reply using a Write chunk and the Reply chunk at once: each echo carries the bytes
 /// written into its own segments (R8166-3.4.6-c, R8166-4.3.3-c) and the other list's
-/// segments keep theirs, so the requester places both (the responder rewrites the echoed
-/// lengths of both lists in one array).
+/// segments keep theirs (the responder rewrites the echoed lengths of both lists in one
+/// array). No valid ECHO reply is that long (its reduced results are one length word), so
+/// the app's 1996 bytes before the result break the binding and the requester refuses the
+/// reply (R8166-6.1-c); `r8166_3_4_6_c_long_reply_and_write_chunk_placed_together` has the
+/// requester place a valid one.
 #[test]
 fn r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply() {
     let mut p = Pair::default_pair();
@@ -274,11 +277,8 @@ fn r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply() {
     p.b.conn.submit_reply(id, &rspec, &mut p.b.env).unwrap();
     p.run();
     let d = done(&mut p);
-    assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
-        (CallStatus::Ok, 2000, &[(2000, 4000)][..]),
-        "{d:?}"
-    );
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    // The chunks were written all the same.
     assert_eq!(p.a.get(reply.prefix(2000).unwrap()), body);
     assert_eq!(p.a.get(result), out);
     let rb = p.b.sent.last().unwrap().clone();
@@ -948,12 +948,30 @@ fn read_spec(xid: u32, msg: MemRef, results: &[MemRef], reply: MemRef) -> CallSp
     }
 }
 
-/// A READ of 4096 bytes into a Write chunk; returns the segment the client offered.
+/// A READ of `count` bytes into a Write chunk; returns the segment the client offered.
 fn read_with_write_chunk(p: &mut Pair, xid: u32, count: u32) -> (MemRef, proto::Segment) {
+    with_write_chunk(p, xid, (RDMATEST_PROG, 1, rdmatest::READ), count)
+}
+
+/// A call of `(prog, vers, proc)` whose binding has an eligible result, with a result
+/// buffer of `count` bytes offered as a Write chunk; returns the buffer and the segment.
+fn with_write_chunk(
+    p: &mut Pair,
+    xid: u32,
+    (prog, vers, proc_): (u32, u32, u32),
+    count: u32,
+) -> (MemRef, proto::Segment) {
     let msg = p.a.put(&be(&[count, 1]));
     let result = p.a.alloc(count);
-    let reply = p.a.alloc(64);
-    call(p, &read_spec(xid, msg, &[result], reply));
+    let reply = p.a.alloc(256);
+    let results = [result];
+    let spec = CallSpec {
+        prog,
+        vers,
+        proc_,
+        ..read_spec(xid, msg, &results, reply)
+    };
+    call(p, &spec);
     let sent = p.a.sent.last().unwrap().clone();
     let v1::Body::Msg(c) = header(&sent).body else {
         panic!()
@@ -997,6 +1015,210 @@ fn r8166_3_4_6_c_returned_write_length_above_the_chunk_is_bad_reply() {
         (CallStatus::Ok, &[(4, 4096)][..])
     );
     assert_ne!(result, result2);
+}
+
+/// A short reply to a call that offered one Write chunk: the echo of that chunk (its
+/// segment with `used` bytes, or an empty chunk when `None`), then the RPC reply header and
+/// `body`.
+fn reply_with_chunk(xid: u32, seg: proto::Segment, used: Option<u32>, body: &[u32]) -> Vec<u8> {
+    let mut r = match used {
+        Some(n) => {
+            let mut r = be(&[xid, 1, 8, 0, 0, 1, 1, seg.handle, n]);
+            r.extend(seg.offset.to_be_bytes());
+            r
+        }
+        None => be(&[xid, 1, 8, 0, 0, 1, 0]),
+    };
+    r.extend(be(&[0, 0]));
+    r.extend(rpcmsg::reply_header(xid, 0));
+    r.extend(be(body));
+    r
+}
+
+#[test]
+fn r8166_6_1_d_eligible_result_sent_inline_despite_a_write_chunk_is_a_permanent_error() {
+    // The READ offered a 4096-byte Write chunk; the responder sends 100 bytes of the result
+    // inline instead, the chunk echoed empty (its segment with length 0, or no segment).
+    let mut p = Pair::default_pair();
+    for (xid, used) in [(1, Some(0)), (2, None)] {
+        let (result, seg) = read_with_write_chunk(&mut p, xid, 4096);
+        let mut body = vec![100];
+        body.extend([0x5a5a_5a5a; 25]);
+        p.inject(false, &reply_with_chunk(xid, seg, used, &body));
+        let d = done(&mut p);
+        assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+        assert_eq!(p.a.get(result), vec![0; 4096]);
+        assert_eq!(
+            p.a.env.live_windows(),
+            0,
+            "the chunk is fenced all the same"
+        );
+    }
+    // An empty result needs no chunk: the same reply with a length word of 0 is accepted.
+    let (_, seg) = read_with_write_chunk(&mut p, 3, 4096);
+    p.inject(false, &reply_with_chunk(3, seg, Some(0), &[0]));
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, 4, &[(4, 0)][..])
+    );
+}
+
+#[test]
+fn r8166_6_1_c_a_write_chunk_holding_a_result_that_is_not_eligible_is_a_permanent_error() {
+    use rpcrdma_proto::ulb::{nfs3, NFS_PROG};
+    let mut p = Pair::default_pair();
+    // An NFSv3 READ that failed (NFS3ERR_IO, no attributes) has no eligible result, yet the
+    // echo says 8 bytes went into the chunk (and a last word agrees: only the binding can
+    // tell).
+    let (_, seg) = with_write_chunk(&mut p, 1, (NFS_PROG, 3, nfs3::READ), 4096);
+    p.inject(false, &reply_with_chunk(1, seg, Some(8), &[5, 0, 8]));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    // The same failure with the chunk unused reaches the app.
+    let (_, seg) = with_write_chunk(&mut p, 2, (NFS_PROG, 3, nfs3::READ), 4096);
+    p.inject(false, &reply_with_chunk(2, seg, Some(0), &[5, 0]));
+    let d = done(&mut p);
+    assert_eq!((d[0].status, d[0].reply_len), (CallStatus::Ok, 8));
+    // A READ3resok reduced at the data: accepted, the result placed after the count, eof
+    // and length words.
+    let (_, seg) = with_write_chunk(&mut p, 3, (NFS_PROG, 3, nfs3::READ), 4096);
+    p.inject(
+        false,
+        &reply_with_chunk(3, seg, Some(3000), &[0, 0, 3000, 1, 3000]),
+    );
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].results()),
+        (CallStatus::Ok, &[(20, 3000)][..])
+    );
+    // Something after the length word: the chunk holds the result, but the reduced reply
+    // goes on where nothing may follow it (an item reduced out of its place).
+    let (_, seg) = read_with_write_chunk(&mut p, 4, 4096);
+    p.inject(false, &reply_with_chunk(4, seg, Some(4096), &[4096, 7]));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    assert_eq!(p.a.env.live_windows(), 0);
+}
+
+/// The responder's side of R8166-6.1: an app that writes a READ's result into its reply
+/// stream, marking nothing, still has it reduced into the Write chunk the call offered (the
+/// requester would fail the reply otherwise); an app whose stream goes on after the result is
+/// sent as it wrote it.
+#[test]
+fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
+    let mut p = Pair::default_pair();
+    let answer = |p: &mut Pair, stream: &[u8]| {
+        p.run();
+        let id = loop {
+            match p.b.events.pop_front() {
+                Some(Event::IncomingCall(ic)) => break ic.id,
+                Some(_) => {}
+                None => panic!("no call"),
+            }
+        };
+        let args = p.b.alloc(8);
+        let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+        assert_eq!(got, Accepted::Ready { args_len: 8 });
+        let msg = p.b.put(stream);
+        let spec = ReplySpec {
+            accept_stat: 0,
+            msg,
+            results: &[],
+        };
+        p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
+        p.run();
+        done(p)
+    };
+    // 1001 bytes and their pad, after the length word.
+    let data = pattern(6, 1001);
+    let mut stream = be(&[1001]);
+    stream.extend(&data);
+    stream.extend([0; 3]);
+    let (result, _) = read_with_write_chunk(&mut p, 1, 4096);
+    let d = answer(&mut p, &stream);
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, 4, &[(4, 1001)][..]),
+        "{d:?}"
+    );
+    assert_eq!(p.a.get(result.prefix(1001).unwrap()), data);
+    let v1::Body::Msg(r) = header(p.b.sent.last().unwrap()).body else {
+        panic!()
+    };
+    assert_eq!(r.writes.iter().next().unwrap().length(), 1001);
+    // Without its pad it is found as well.
+    let (result, _) = read_with_write_chunk(&mut p, 2, 4096);
+    let d = answer(&mut p, &stream[..1005]);
+    assert_eq!(
+        (d[0].status, d[0].results()),
+        (CallStatus::Ok, &[(4, 1001)][..])
+    );
+    assert_eq!(p.a.get(result.prefix(1001).unwrap()), data);
+    // A word after the result: not a READ reply; sent inline, and refused by the requester.
+    let mut odd = be(&[100]);
+    odd.extend(&data[..100]);
+    odd.extend(be(&[7]));
+    read_with_write_chunk(&mut p, 3, 4096);
+    let d = answer(&mut p, &odd);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    assert!(p.b.sent.last().unwrap().ends_with(&odd), "sent as written");
+}
+
+#[test]
+fn r8166_3_4_6_c_long_reply_and_write_chunk_placed_together() {
+    // An ECHO with a 4000-byte result buffer (a Write chunk) and an 8192-byte reply buffer
+    // (a Reply chunk); the peer answers RDMA_NOMSG, the RPC reply header and the result's
+    // length word in the Reply chunk, the result in the Write chunk.
+    let mut p = Pair::default_pair();
+    let msg = p.a.put(&be(&[8]));
+    let piece = p.a.put(&[7; 8]);
+    let result = p.a.alloc(4000);
+    let reply = p.a.alloc(8192);
+    let spec = CallSpec {
+        user: 9,
+        xid: 9,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::ECHO,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: 4,
+        }],
+        results: &[result],
+        reply,
+    };
+    call(&mut p, &spec);
+    let sent = p.a.sent.last().unwrap().clone();
+    let v1::Body::Msg(c) = header(&sent).body else {
+        panic!()
+    };
+    let w = c.writes.iter().next().unwrap().segments().next().unwrap();
+    let rc: Vec<_> = c.reply.unwrap().segments().collect();
+    assert_eq!(rc.len(), 2);
+    let out = pattern(4, 4000);
+    assert!(p.a.remote_write(w.handle, w.offset, &out));
+    assert!(p
+        .a
+        .remote_write(rc[0].handle, rc[0].offset, &rpcmsg::reply_header(9, 0)));
+    assert!(p.a.remote_write(rc[1].handle, rc[1].offset, &be(&[4000])));
+    let mut r = be(&[9, 1, 8, 1, 0, 1, 1, w.handle, 4000]);
+    r.extend(w.offset.to_be_bytes());
+    r.extend(be(&[0, 1, 2, rc[0].handle, 24]));
+    r.extend(rc[0].offset.to_be_bytes());
+    r.extend(be(&[rc[1].handle, 4]));
+    r.extend(rc[1].offset.to_be_bytes());
+    p.inject(false, &r);
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, 4, &[(4, 4000)][..]),
+        "{d:?}"
+    );
+    assert_eq!(p.a.get(reply.prefix(4).unwrap()), be(&[4000]));
+    assert_eq!(p.a.get(result), out);
+    assert_eq!(p.a.env.live_windows(), 0);
 }
 
 #[test]

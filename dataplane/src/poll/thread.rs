@@ -1352,6 +1352,7 @@ impl<P: Provider> PollThread<P> {
                     CallStatus::Ok => status::OK,
                     CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
                     CallStatus::ErrChunk => status::CHUNK_REFUSED,
+                    CallStatus::BadReply => status::BAD_REPLY,
                     CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
                     other => {
                         tracing::debug!(user = d.user, status = ?other, "call failed");
