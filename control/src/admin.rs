@@ -381,6 +381,10 @@ pub struct ConnCounters {
     pub errors_received_by_code: ErrorsByCode,
     /// Times a call waited for a credit.
     pub credit_stalls: u64,
+    /// Replies refused for breaking the chunk rules or the program's binding (their calls
+    /// failed `BAD_REPLY`).
+    #[serde(default)]
+    pub bad_replies: u64,
 }
 
 /// `stats`.

@@ -1499,6 +1499,7 @@ impl Daemon {
             errors_sent_by_code: c.engine.errors_sent_by.into(),
             errors_received_by_code: c.engine.errors_received_by.into(),
             credit_stalls: c.engine.credit_stalls,
+            bad_replies: c.engine.bad_replies,
         }
     }
 

@@ -251,7 +251,7 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         }
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 20] = [
+    let per_conn: [(&str, &str, Conn); 21] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -299,8 +299,13 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         ),
         (
             "dropped",
-            "messages dropped (too short, bad replies, unknown XIDs)",
+            "messages dropped (too short, header errors in replies, unknown XIDs)",
             |c| c.engine.dropped,
+        ),
+        (
+            "bad_replies",
+            "replies refused for breaking the chunk rules or the program's binding (calls failed BAD_REPLY)",
+            |c| c.engine.bad_replies,
         ),
     ];
     for (name, help, pick) in per_conn {

@@ -251,12 +251,12 @@ fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
     let (tell, stop) = std::sync::mpsc::channel();
     let server = std::thread::spawn(move || binding_breaker(hport, stop));
     let dir = tmpdir("bad-reply");
-    let port = free_port();
-    let d = Daemon::start_with(
-        dir.clone(),
-        port,
-        &config(&dir, port, Some(("srv", hport)), ""),
+    let (port, mport) = (free_port(), free_port());
+    let text = config(&dir, port, Some(("srv", hport)), "").replace(
+        "log-level",
+        &format!("metrics-listen = \"127.0.0.1:{mport}\"\nlog-level"),
     );
+    let d = Daemon::start_with(dir, port, &text);
     d.wait_peer_up("srv");
     let mut c = rpcrdma_shm::Client::connect(&d.app).expect("attach");
     let peer = c.peer("srv").expect("peer");
@@ -275,6 +275,25 @@ fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
     let data: Vec<u8> = (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect();
     assert_eq!(r.body, common::xdr_opaque(&data));
     assert_eq!(r.ddp_bytes, READ_LEN);
+    // Operators see it: one bad reply and one protocol error on that connection.
+    let s = d.ctl_json(&["stats"]);
+    let conn = &s["conns"][0];
+    assert_eq!(
+        (
+            conn["bad-replies"].as_u64(),
+            conn["protocol-errors"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{s}"
+    );
+    let (_, body) = common::scrape_response(mport, None);
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("rpcrdmad_conn_bad_replies_total{")
+                && l.contains("peer=\"srv\"")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
     tell.send(()).expect("stop");
     assert_eq!(
         server.join().expect("server"),

@@ -571,6 +571,10 @@ pub struct Stats {
     pub dropped: u64,
     /// Times a call waited for a credit.
     pub credit_stalls: u64,
+    /// Replies refused for breaking the chunk rules or the program's binding (a chunk echoed
+    /// wrongly, a result where the binding does not allow it, R8166-6.1-c/d): their calls end
+    /// [`CallStatus::BadReply`].
+    pub bad_replies: u64,
     /// Local invalidations posted.
     pub invalidations: u64,
     /// Local invalidations skipped because the peer used Send With Invalidate.

@@ -658,6 +658,9 @@ impl Connection {
             return;
         };
         let done = self.place_reply(c, lists, payload, env);
+        if done.status == CallStatus::BadReply {
+            self.stats.bad_replies += 1;
+        }
         self.end_call(i, done, inv);
     }
 

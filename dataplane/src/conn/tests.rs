@@ -1062,6 +1062,8 @@ fn r8166_6_1_d_eligible_result_sent_inline_despite_a_write_chunk_is_a_permanent_
         (d[0].status, d[0].reply_len, d[0].results()),
         (CallStatus::Ok, 4, &[(4, 0)][..])
     );
+    assert_eq!(p.a.conn.stats().bad_replies, 2);
+    assert!(p.a.conn.closed().is_none(), "only the calls paid");
 }
 
 #[test]

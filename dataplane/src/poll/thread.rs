@@ -1391,6 +1391,11 @@ impl<P: Provider> PollThread<P> {
                     } else {
                         s.info.call_errors += 1;
                     }
+                    // The peer broke the protocol (and only this call pays for it).
+                    if d.status == CallStatus::BadReply {
+                        s.info.protocol_errors += 1;
+                        self.stats.totals.protocol_errors += 1;
+                    }
                 }
                 if code == status::OK {
                     self.stats.totals.replies_in += 1;
