@@ -33,6 +33,26 @@ fn be(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_be_bytes()).collect()
 }
 
+/// RFC 8797 private data of a peer with 4 KiB buffers each way.
+fn private_4k() -> [u8; rpcrdma_proto::cm::LEN] {
+    PrivateData {
+        remote_invalidate: false,
+        send_size: 4096,
+        recv_size: 4096,
+    }
+    .normalized()
+    .emit()
+}
+
+/// Connection parameters carrying `private_data`, 8 RDMA Reads each way.
+fn params(private_data: &[u8]) -> ConnParams<'_> {
+    ConnParams {
+        private_data,
+        responder_resources: 8,
+        initiator_depth: 8,
+    }
+}
+
 /// One overrunning peer: connects, posts receives, sends `BURST` calls back to back without
 /// waiting for a reply, and waits until the daemon disconnects it.
 fn overrun(port: u16) {
@@ -53,18 +73,8 @@ fn overrun(port: u16) {
         let sge = h.sge(4096 * (k as usize + 1), 4096);
         h.p.post_recv(qp, 1000 + k, &[sge]).expect("recv");
     }
-    let private = PrivateData {
-        remote_invalidate: false,
-        send_size: 4096,
-        recv_size: 4096,
-    }
-    .normalized()
-    .emit();
-    let params = ConnParams {
-        private_data: &private,
-        responder_resources: 8,
-        initiator_depth: 8,
-    };
+    let private = private_4k();
+    let params = params(&private);
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
     h.p.connect(qp, addr, &params).expect("connect");
     let start = Instant::now();
@@ -147,18 +157,8 @@ fn binding_breaker(port: u16, stop: std::sync::mpsc::Receiver<()>) -> u32 {
     let mut h = Side::new(SoftProvider::tcp(SoftConfig::default()).expect("soft provider"));
     let addr = format!("127.0.0.1:{port}").parse().expect("addr");
     h.p.listen(addr).expect("listen");
-    let private = PrivateData {
-        remote_invalidate: false,
-        send_size: 4096,
-        recv_size: 4096,
-    }
-    .normalized()
-    .emit();
-    let params = ConnParams {
-        private_data: &private,
-        responder_resources: 8,
-        initiator_depth: 8,
-    };
+    let private = private_4k();
+    let params = params(&private);
     let (mut accepted, mut answered) = (0u32, 0u32);
     let mut wcs = [rpcrdma_verbs::WorkCompletion::default(); 16];
     let start = Instant::now();

@@ -15,11 +15,23 @@ fn be(words: &[u32]) -> Vec<u8> {
 
 /// An ECHO of `data`, with the data as a DDP-eligible piece and a result buffer.
 fn echo(p: &mut Pair, xid: u32, data: &[u8]) -> (MemRef, MemRef) {
+    // Room for the result inline too, for when it is too small for a Write chunk.
+    let n = data.len() as u32;
+    echo_sized(p, xid, data, n, n + 8)
+}
+
+/// [`echo`] with a result buffer of `result_len` and a reply buffer of `reply_len` bytes.
+fn echo_sized(
+    p: &mut Pair,
+    xid: u32,
+    data: &[u8],
+    result_len: u32,
+    reply_len: u32,
+) -> (MemRef, MemRef) {
     let msg = p.a.put(&(data.len() as u32).to_be_bytes());
     let piece = p.a.put(data);
-    let result = p.a.alloc(data.len() as u32);
-    // Room for the result inline too, for when it is too small for a Write chunk.
-    let reply = p.a.alloc(data.len() as u32 + 8);
+    let result = p.a.alloc(result_len);
+    let reply = p.a.alloc(reply_len);
     let spec = CallSpec {
         user: u64::from(xid),
         xid,
@@ -1173,25 +1185,8 @@ fn r8166_3_4_6_c_long_reply_and_write_chunk_placed_together() {
     // (a Reply chunk); the peer answers RDMA_NOMSG, the RPC reply header and the result's
     // length word in the Reply chunk, the result in the Write chunk.
     let mut p = Pair::default_pair();
-    let msg = p.a.put(&be(&[8]));
-    let piece = p.a.put(&[7; 8]);
-    let result = p.a.alloc(4000);
-    let reply = p.a.alloc(8192);
-    let spec = CallSpec {
-        user: 9,
-        xid: 9,
-        prog: RDMATEST_PROG,
-        vers: 1,
-        proc_: rdmatest::ECHO,
-        msg,
-        args: &[ArgPiece {
-            mem: piece,
-            xdr_pos: 4,
-        }],
-        results: &[result],
-        reply,
-    };
-    call(&mut p, &spec);
+    let (result, reply) = echo_sized(&mut p, 9, &[7; 8], 4000, 8192);
+    p.run();
     let sent = p.a.sent.last().unwrap().clone();
     let v1::Body::Msg(c) = header(&sent).body else {
         panic!()
