@@ -673,8 +673,9 @@ impl Connection {
         env: &mut impl Env,
     ) -> CallDone {
         let fail = |s| CallDone::failed(c.user, c.xid, s);
-        // The start of the results, where the binding's checks look (R8166-6.1-c/d).
-        let mut head = [0u8; RESULT_HEAD];
+        // The start of a Long reply's results, where the binding's checks look
+        // (R8166-6.1-c/d); set only on that path.
+        let mut head;
         let (stat, reply_len, results) = match payload {
             Some(p) => {
                 let Some(h) = rpcmsg::parse_reply(p) else {
@@ -691,6 +692,7 @@ impl Connection {
             }
             None => match self.take_reply_chunk(c, lists, env) {
                 Ok((stat, len)) => {
+                    head = [0u8; RESULT_HEAD];
                     let n = if c.n_w > 0 {
                         len.min(RESULT_HEAD as u32)
                     } else {
