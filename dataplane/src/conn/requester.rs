@@ -523,6 +523,8 @@ impl Connection {
     /// Starts the end of call `i`: invalidate what it exposed (except the key the peer
     /// already invalidated), then report `done` (R8166-4.4-b).
     fn end_call(&mut self, i: u32, done: CallDone, remote_inv: Option<u32>) {
+        // Only `place_reply` ends a call so.
+        self.stats.bad_replies += u64::from(done.status == CallStatus::BadReply);
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
@@ -658,9 +660,6 @@ impl Connection {
             return;
         };
         let done = self.place_reply(c, lists, payload, env);
-        if done.status == CallStatus::BadReply {
-            self.stats.bad_replies += 1;
-        }
         self.end_call(i, done, inv);
     }
 
