@@ -31,7 +31,9 @@ pub struct ReplySpec<'a> {
     pub accept_stat: u32,
     /// Reduced result XDR.
     pub msg: MemRef,
-    /// DDP-eligible results, by ascending position.
+    /// DDP-eligible results, by ascending position. Empty, on a call that offered a Write
+    /// chunk: the engine looks for the binding's eligible result at the end of `msg` and
+    /// reduces it into the chunk (R8166-6.1).
     pub results: &'a [ResultPiece],
 }
 
