@@ -505,3 +505,45 @@ fn xch_3_e_lowered_rbsiz_reaches_the_engines_between_two_daemons() {
         (Some(2048), Some(2048))
     );
 }
+
+/// R8166-6.1-d on the responder's side, between real processes: B's server app answers READ
+/// with the result written into its reply stream, not marked as a DDP piece. Daemon B still
+/// reduces it into the Write chunk A's call offered (the RFC asks it of a responder, and A
+/// would refuse the result inline as `BAD_REPLY`).
+#[test]
+fn a_read_result_its_server_app_left_unmarked_still_goes_through_the_write_chunk() {
+    let b = Daemon::start("unmarked-b", None);
+    let a = Daemon::start("unmarked-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let app = b.app.clone();
+    std::thread::spawn(move || {
+        let mut s = rpcrdma_shm::Server::connect(&app).expect("server attach");
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, |call, reply| {
+            let w = |i: usize| u32::from_be_bytes(call.args[i..i + 4].try_into().unwrap());
+            // READ(count, seed): the pattern, as a plain opaque.
+            reply.xdr.put_opaque(&pattern(w(4), w(0) as usize));
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("registered");
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c.peer("server").expect("peer");
+    for len in [2000u32, 3001] {
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::READ);
+        call.args().put_u32(len).put_u32(len);
+        call.result_buffer(len);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("READ {len}: {e:?}\nB:\n{}", b.log()));
+        assert_eq!(r.body, xdr_opaque(&pattern(len, len as usize)));
+        assert_eq!(r.ddp_bytes, len, "the result came through the Write chunk");
+    }
+    let bstats = b.ctl_json(&["stats"]);
+    assert_eq!(bstats["conns"][0]["rdma-write-bytes"], 5001, "{bstats}");
+    let astats = a.ctl_json(&["stats"]);
+    assert_eq!(astats["conns"][0]["bad-replies"], 0, "{astats}");
+}
