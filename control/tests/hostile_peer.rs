@@ -206,7 +206,7 @@ fn binding_breaker(port: u16, stop: std::sync::mpsc::Receiver<()>) -> u32 {
                 .segments()
                 .next()
                 .expect("a segment");
-            let data: Vec<u8> = (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect();
+            let data = read_data();
             let inline = answered == 0;
             let used = if inline { 0 } else { READ_LEN };
             let mut r = be(&[xid, 1, 2, 0, 0, 1, 1, seg.handle, used]);
@@ -241,6 +241,11 @@ fn binding_breaker(port: u16, stop: std::sync::mpsc::Receiver<()>) -> u32 {
 /// Bytes each READ of `a_peer_whose_reply_breaks_the_binding_fails_that_call_only` asks for.
 const READ_LEN: u32 = 2000;
 
+/// The result `binding_breaker` answers each READ with.
+fn read_data() -> Vec<u8> {
+    (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect()
+}
+
 #[test]
 fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
     use rpcrdma_shm::abi::status;
@@ -273,8 +278,7 @@ fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
         other => panic!("{:?}", other.map(|r| (r.accept_stat, r.ddp_bytes))),
     }
     let r = read(&mut c).expect("the second READ");
-    let data: Vec<u8> = (0..READ_LEN).map(|i| (i * 7 + 3) as u8).collect();
-    assert_eq!(r.body, common::xdr_opaque(&data));
+    assert_eq!(r.body, common::xdr_opaque(&read_data()));
     assert_eq!(r.ddp_bytes, READ_LEN);
     // Operators see it: one bad reply and one protocol error on that connection.
     let s = d.ctl_json(&["stats"]);

@@ -823,9 +823,10 @@ impl Connection {
     }
 }
 
-/// How much of a Long reply's results the binding's checks read back: every binding's
-/// eligible result starts within it (NFSv3 READ's, the deepest, at 108).
-const RESULT_HEAD: usize = 256;
+/// How much of a reply's results the binding's checks read (a Long reply's on the
+/// requester, an app's reply stream on the responder): every binding's eligible result
+/// starts within it (NFSv3 READ's, the deepest, at 108).
+pub(super) const RESULT_HEAD: usize = 256;
 
 /// Whether a reply to call `c`, which offered a Write chunk, put the binding's eligible
 /// result there and nothing else (`results`: the start of the reduced results, `reply_len`

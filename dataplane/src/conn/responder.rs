@@ -1232,7 +1232,7 @@ fn inline_result(s: &Serve, spec: &ReplySpec<'_>, env: &impl Env) -> Option<Resu
     {
         return None;
     }
-    let mut head = [0u8; 256];
+    let mut head = [0u8; super::requester::RESULT_HEAD];
     let n = spec.msg.len.min(head.len() as u32);
     let head = head.get_mut(..n as usize)?;
     if !env.read(spec.msg.prefix(n)?, head) {

@@ -253,7 +253,6 @@ impl Side {
         })
     }
 
-    /// Allocates app memory holding `data`.
     /// A peer's RDMA Write of `bytes` at `addr` under `rkey` into this side's memory,
     /// checked as the executor checks one (key, rights, bounds); false if refused.
     pub fn remote_write(&mut self, rkey: u32, addr: u64, bytes: &[u8]) -> bool {
@@ -264,6 +263,7 @@ impl Side {
         }
     }
 
+    /// Allocates app memory holding `data`.
     pub fn put(&mut self, data: &[u8]) -> MemRef {
         let at = self.alloc(data.len() as u32);
         assert!(self.env.write(at, data));
