@@ -50,6 +50,7 @@ pub mod cm;
 pub mod credits;
 mod display;
 mod error;
+pub mod nfs4;
 pub mod rpc;
 pub mod ulb;
 pub mod v1;

@@ -1,5 +1,6 @@
 //! Upper-Layer Bindings (RFC 8166 §6): which XDR items of which procedures may be reduced
-//! (moved into chunks), for RDMATEST (TESTPROG.md) and NFS version 3 (RFC 8267).
+//! (moved into chunks), for RDMATEST (TESTPROG.md), NFS version 3 (RFC 8267 §4) and NFS
+//! version 4's COMPOUND (RFC 8267 §5; the walk through its operations is in [`crate::nfs4`]).
 //!
 //! Anything not named here is not DDP-eligible (IMPL-6.2.1-a): unknown programs get
 //! [`Binding::NONE`] and may only use Long messages (PZRC / Reply chunk).
@@ -93,6 +94,10 @@ pub fn binding(prog: u32, vers: u32, proc: u32) -> Binding {
         (RDMATEST_PROG, RDMATEST_VERS, rdmatest::WRITE) => Binding::ARG,
         (NFS_PROG, 3, nfs3::READ | nfs3::READLINK) => Binding::RESULT,
         (NFS_PROG, 3, nfs3::WRITE | nfs3::SYMLINK) => Binding::ARG,
+        // Any operation may carry an eligible item. By default a COMPOUND carries at most one
+        // Read chunk besides a Position-Zero one and at most one Write chunk (RFC 8267 §5,
+        // "chunk list complexity"), which every NFSv4 server must accept.
+        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => Binding::BOTH,
         _ => Binding::NONE,
     }
 }
@@ -171,9 +176,28 @@ pub fn eligible_argument(
             skip_set_time(&mut r, "set_mtime")?;
             item_at(&mut r, 0, "symlink_data")?
         }
+        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => {
+            return crate::nfs4::argument(args, |_| true)
+        }
         _ => return Ok(None),
     };
     Ok(Some(item))
+}
+
+/// Finds the eligible argument that starts at `position` (counted as [`Item::position`] is),
+/// for checking a Read chunk: only a COMPOUND has more than one, and those before `position`
+/// are taken to be inline. `Ok(None)`: no eligible argument starts there.
+pub fn eligible_argument_at(
+    prog: u32,
+    vers: u32,
+    proc: u32,
+    args: &[u8],
+    position: u32,
+) -> Result<Option<Item>, Error> {
+    if (prog, vers, proc) == (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) {
+        return crate::nfs4::argument(args, |item| item.position == position);
+    }
+    Ok(eligible_argument(prog, vers, proc, args)?.filter(|item| item.position == position))
 }
 
 /// Skips an NFSv3 `post_op_attr` (a boolean, then an 84-byte `fattr3` when true).
@@ -185,10 +209,11 @@ fn skip_post_op_attr(r: &mut Reader<'_>, what: &'static str) -> Result<(), Error
 /// (accept_stat SUCCESS; `results` starts after the RPC reply header), for the requester's
 /// checks of R8166-6.1-c/d and the responder's reduction of a result its app left inline.
 ///
-/// In every binding here the eligible result is the last item of its reply, so a reduced
-/// reply ends with the item's length word. `Ok(None)`: the procedure has no eligible result,
-/// or this reply carries none (an NFS error status). Only the items before the eligible one
-/// are read.
+/// In a COMPOUND it is the result of the first READ or READLINK, which the first Write chunk
+/// is for (RFC 8267 §5); in every other binding here it is the last item of its reply, so a
+/// reduced reply ends with the item's length word ([`result_is_last`]). `Ok(None)`: the
+/// procedure has no eligible result, or this reply carries none (an NFS error status). Only
+/// the items before the eligible one are read.
 pub fn eligible_result(
     prog: u32,
     vers: u32,
@@ -216,9 +241,19 @@ pub fn eligible_result(
             skip_post_op_attr(&mut r, "READLINK3resok symlink_attributes")?;
             item_at(&mut r, 0, "READLINK3resok data")?
         }
+        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => {
+            return crate::nfs4::result(results)
+        }
         _ => return Ok(None),
     };
     Ok(Some(item))
+}
+
+/// Whether the eligible result of procedure `proc` is the last item of its reply, so that a
+/// reply whose result was reduced ends with the result's length word. Not so in a COMPOUND,
+/// where operations may follow the READ.
+pub fn result_is_last(prog: u32, vers: u32, proc: u32) -> bool {
+    (prog, vers, proc) != (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND)
 }
 
 /// Finds the eligible argument of a whole RPC call message; the position is counted from
@@ -252,12 +287,14 @@ pub fn check_read_chunks(msg: &[u8], reads: &ReadList<'_>) -> Result<(), Error> 
     if !b.arg_eligible || data_chunks.next().is_some() {
         return Err(Error::NotEligible("read chunk for a non-eligible argument"));
     }
-    let item = eligible_call_item(msg)
+    let args = msg.get(call.args_offset..).unwrap_or(&[]);
+    let at = u32::try_from(call.args_offset)
+        .ok()
+        .and_then(|o| chunk.position.checked_sub(o))
+        .ok_or(Error::NotEligible("read chunk at a non-eligible position"))?;
+    let item = eligible_argument_at(call.prog, call.vers, call.proc, args, at)
         .map_err(|_| Error::NotEligible("unparsable arguments"))?
-        .ok_or(Error::NotEligible("no eligible argument"))?;
-    if chunk.position != item.position {
-        return Err(Error::NotEligible("read chunk at a non-eligible position"));
-    }
+        .ok_or(Error::NotEligible("read chunk at a non-eligible position"))?;
     let len = u64::from(chunk.length().ok_or(Error::ChunkTooLong)?);
     let want = u64::from(item.length);
     if len != want && len != want + crate::xdr::pad(item.length as usize) as u64 {

@@ -29,9 +29,9 @@ fn impl_6_2_1_a_unknown_program_nothing_eligible() {
         ulb::binding(ulb::RDMATEST_PROG, 1, rdmatest::NULL),
         Binding::NONE
     );
-    // NFSv3 GETATTR, NFSv4 anything: not named, not eligible.
+    // NFSv3 GETATTR, NFSv4 NULL: not named, not eligible.
     assert_eq!(ulb::binding(ulb::NFS_PROG, 3, 1), Binding::NONE);
-    assert_eq!(ulb::binding(ulb::NFS_PROG, 4, 1), Binding::NONE);
+    assert_eq!(ulb::binding(ulb::NFS_PROG, 4, 0), Binding::NONE);
     let mut msg = call(100_005, 3, 1);
     msg.extend_from_slice(&words(&[4, 0]));
     assert_eq!(ulb::eligible_call_item(&msg), Ok(None));

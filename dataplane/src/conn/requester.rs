@@ -746,7 +746,8 @@ impl Connection {
                     s.length
                 }
             };
-            // Every binding has one eligible result, so only the first chunk may be used.
+            // Every binding here lets a call offer one Write chunk (in a COMPOUND, for its
+            // first READ or READLINK), so only the first may be used.
             let placed = if k == 0 {
                 result_placed(c, results, reply_len, used)
             } else {
@@ -824,9 +825,12 @@ impl Connection {
 }
 
 /// How much of a reply's results the binding's checks read (a Long reply's on the
-/// requester, an app's reply stream on the responder): every binding's eligible result
-/// starts within it (NFSv3 READ's, the deepest, at 108).
-pub(super) const RESULT_HEAD: usize = 256;
+/// requester, an app's reply stream on the responder). NFSv3 READ's eligible result, the
+/// deepest of a fixed layout, starts at 108; a COMPOUND's first READ starts after the results
+/// of the operations before it (about 80 bytes for SEQUENCE, PUTFH, READ). One that starts
+/// later is treated as unparsable: the responder does not reduce it, and the requester ends a
+/// call whose Write chunk was used with such a Long reply (BAD_REPLY).
+pub(super) const RESULT_HEAD: usize = 1024;
 
 /// Whether a reply to call `c`, which offered a Write chunk, put the binding's eligible
 /// result there and nothing else (`results`: the start of the reduced results, `reply_len`
@@ -836,10 +840,19 @@ pub(super) const RESULT_HEAD: usize = 256;
 /// - R8166-6.1-c: so does a chunk holding anything but the eligible result: a reply that
 ///   has none (an NFS error status) or an unparsable one;
 /// - R8166-3.4.6.2-c: the returned length equals the item's length word, which ends the
-///   reduced reply (the last item of every binding).
+///   reduced reply where the binding's eligible result is its last item (in a COMPOUND,
+///   operations may follow the READ).
 fn result_placed(c: &Call, results: &[u8], reply_len: u32, used: u32) -> bool {
-    match rpcrdma_proto::ulb::eligible_result(c.prog, c.vers, c.proc_, results) {
-        Ok(Some(item)) if used > 0 => item.position == reply_len && item.length == used,
+    use rpcrdma_proto::ulb::{eligible_result, result_is_last};
+    match eligible_result(c.prog, c.vers, c.proc_, results) {
+        Ok(Some(item)) if used > 0 => {
+            let placed = if result_is_last(c.prog, c.vers, c.proc_) {
+                item.position == reply_len
+            } else {
+                item.position <= reply_len
+            };
+            placed && item.length == used
+        }
         Ok(Some(item)) => item.length == 0,
         // Nothing for the chunk: an unparsable reply reaches the app (it is the judge of its
         // own results) unless the chunk claims a place in it.

@@ -3574,3 +3574,248 @@ fn accept_of_an_inline_call_is_ready_at_once() {
         Err(SubmitError::BadId)
     );
 }
+
+/// The words of an NFSv4 COMPOUND4res whose first operations (SEQUENCE, PUTFH) succeeded,
+/// `ops` more operations following, all with status `status`.
+fn compound_res(status: u32, ops: u32) -> Vec<u32> {
+    use rpcrdma_proto::nfs4::op;
+    let sessionid = [0x5e5e_5e5e; 4];
+    let mut w = vec![status, 0, 2 + ops, op::SEQUENCE, 0];
+    w.extend(sessionid);
+    w.extend([5, 0, 63, 63, 0, op::PUTFH, 0]);
+    w
+}
+
+/// RFC 8267 §5 with R8166-6.1-c/d and R8166-3.4.6.2-c: a COMPOUND's first READ goes to the
+/// Write chunk, and, unlike in NFSv3 or RDMATEST, operations may follow it in the reduced
+/// reply. The requester still fails a READ result left inline beside the chunk, and a chunk
+/// used by a COMPOUND whose READ failed.
+#[test]
+fn r8166_6_1_d_compound_read_in_the_write_chunk_with_operations_after_it() {
+    use rpcrdma_proto::nfs4::{self, op};
+    use rpcrdma_proto::ulb::NFS_PROG;
+    let compound = (NFS_PROG, nfs4::VERSION, nfs4::COMPOUND);
+    let mut p = Pair::default_pair();
+    // SEQUENCE, PUTFH, READ (eof, 3000 bytes in the chunk), GETATTR (size).
+    let (result, seg) = with_write_chunk(&mut p, 1, compound, 4096);
+    let mut body = compound_res(0, 2);
+    body.extend([op::READ, 0, 1, 3000, op::GETATTR, 0, 1, 1 << 4, 8, 0, 4096]);
+    let data = pattern(3, 3000);
+    assert!(p.a.remote_write(seg.handle, seg.offset, &data));
+    p.inject(false, &reply_with_chunk(1, seg, Some(3000), &body));
+    let d = done(&mut p);
+    let len = 4 * body.len() as u32;
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, len, &[(len, 3000)][..]),
+        "{d:?}"
+    );
+    assert_eq!(p.a.get(result.prefix(3000).unwrap()), data);
+    // The data inline, the chunk unused: R8166-6.1-d.
+    let (_, seg) = with_write_chunk(&mut p, 2, compound, 4096);
+    let mut body = compound_res(0, 2);
+    body.extend([
+        op::READ,
+        0,
+        1,
+        8,
+        0x5a5a_5a5a,
+        0x5a5a_5a5a,
+        op::GETATTR,
+        0,
+        0,
+        0,
+    ]);
+    p.inject(false, &reply_with_chunk(2, seg, Some(0), &body));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    // The READ failed (NFS4ERR_IO): no result for the chunk, so a chunk said to be used
+    // holds something else (R8166-6.1-c), and an unused one is fine.
+    let mut body = compound_res(5, 1);
+    body.extend([op::READ, 5]);
+    for (xid, used, status) in [(3, 8, CallStatus::BadReply), (4, 0, CallStatus::Ok)] {
+        let (_, seg) = with_write_chunk(&mut p, xid, compound, 4096);
+        p.inject(false, &reply_with_chunk(xid, seg, Some(used), &body));
+        let d = done(&mut p);
+        assert_eq!((d.len(), d[0].status), (1, status), "xid {xid}: {d:?}");
+    }
+    // The echoed length must be the READ's length word (R8166-3.4.6.2-c).
+    let (_, seg) = with_write_chunk(&mut p, 5, compound, 4096);
+    let mut body = compound_res(0, 1);
+    body.extend([op::READ, 0, 1, 3000]);
+    p.inject(false, &reply_with_chunk(5, seg, Some(2999), &body));
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    assert_eq!(p.a.conn.stats().bad_replies, 3);
+    assert!(p.a.conn.closed().is_none());
+}
+
+/// The arguments of an NFSv4 COMPOUND with a WRITE of `data` between a PUTFH and a GETATTR,
+/// reduced at the data (the length word stays); and the data's position in them.
+fn compound_write(data_len: u32) -> (Vec<u8>, u32) {
+    use rpcrdma_proto::nfs4::op;
+    let mut a = be(&[0, 1, 3, op::PUTFH, 8, 0xfafa_fafa, 0xfafa_fafa, op::WRITE]);
+    a.extend([7; 16]);
+    a.extend(be(&[0, 4096, 2, data_len]));
+    let at = a.len() as u32;
+    a.extend(be(&[op::GETATTR, 1, 1 << 4]));
+    (a, at)
+}
+
+/// RFC 8267 §5 with R8166-6.1-b, R8166-3.4.5-a and IMPL-3.7-a: a COMPOUND's WRITE data goes
+/// in a Read chunk at its position and comes back at that place in the server's arguments,
+/// the GETATTR after it starting on the next word; a chunk anywhere else in a COMPOUND is
+/// answered GARBAGE_ARGS.
+#[test]
+fn r8166_6_1_b_compound_write_data_through_a_read_chunk_operations_after_it_intact() {
+    use rpcrdma_proto::nfs4;
+    use rpcrdma_proto::ulb::NFS_PROG;
+    let mut p = Pair::default_pair();
+    let data = pattern(11, 5001);
+    let (args, at) = compound_write(5001);
+    let msg = p.a.put(&args);
+    let piece = p.a.put(&data);
+    let reply = p.a.alloc(256);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: NFS_PROG,
+        vers: nfs4::VERSION,
+        proc_: nfs4::COMPOUND,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: at,
+        }],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    let rc: Vec<_> = c.reads.chunks().collect();
+    assert_eq!(rc.len(), 1);
+    assert_eq!(
+        rc[0].position,
+        40 + at,
+        "R8166-3.4.5-a: counted from the XID"
+    );
+    let ic = match p.b.events.pop_front() {
+        Some(Event::IncomingCall(ic)) => ic,
+        other => panic!("{other:?}"),
+    };
+    let buf = p.b.alloc(ic.args_len);
+    let got = p.b.conn.accept_call(ic.id, buf, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Pulling);
+    p.run();
+    assert!(matches!(
+        p.b.events.pop_front(),
+        Some(Event::ArgsReady { .. })
+    ));
+    let mut want = args[..at as usize].to_vec();
+    want.extend(&data);
+    want.extend([0; 3]);
+    want.extend(&args[at as usize..]);
+    assert_eq!(ic.args_len, want.len() as u32);
+    assert_eq!(p.b.get(buf.prefix(ic.args_len).unwrap()), want);
+
+    // By hand: the same call with its chunk at the GETATTR, then at the PUTFH's handle.
+    let dc = p.a.put(&data);
+    let seg =
+        p.a.env
+            .expose(dc, rpcrdma_verbs::Access::REMOTE_READ)
+            .unwrap();
+    for (xid, pos) in [(7u32, 40 + at + 4), (8, 40 + 20)] {
+        let mut call = rpcmsg::call_header(xid, NFS_PROG, nfs4::VERSION, nfs4::COMPOUND).to_vec();
+        call.extend(&args);
+        let mut m = be(&[xid, 1, 8, 0, 1, pos, seg.handle, 5001]);
+        m.extend(seg.offset.to_be_bytes());
+        m.extend(be(&[0, 0, 0]));
+        m.extend(&call);
+        p.inject(true, &m);
+        let rb = p.b.sent.last().unwrap().clone();
+        assert_eq!(
+            &rb[28..],
+            &rpcmsg::reply_header(xid, rpcmsg::GARBAGE_ARGS)[..],
+            "chunk at {pos}"
+        );
+    }
+    assert!(p.b.conn.closed().is_none());
+}
+
+/// R8166-4.3.2.1-a (RFC 8267 §5): a responder puts a COMPOUND's READ results in the Write
+/// chunks in order, first READ to first chunk, second to second (our requester offers one
+/// Write chunk to a COMPOUND, the binding's default, so the call is made by hand).
+#[test]
+fn r8166_4_3_2_1_a_two_reads_of_a_compound_land_in_two_chunks_in_order() {
+    use rpcrdma_proto::nfs4::{self, op};
+    use rpcrdma_proto::ulb::NFS_PROG;
+    let mut p = Pair::default_pair();
+    let (c1, c2) = (p.a.alloc(4096), p.a.alloc(4096));
+    let s1 =
+        p.a.env
+            .expose(c1, rpcrdma_verbs::Access::REMOTE_WRITE)
+            .unwrap();
+    let s2 =
+        p.a.env
+            .expose(c2, rpcrdma_verbs::Access::REMOTE_WRITE)
+            .unwrap();
+    // PUTFH, READ, PUTFH, READ.
+    let mut call = rpcmsg::call_header(9, NFS_PROG, nfs4::VERSION, nfs4::COMPOUND).to_vec();
+    call.extend(be(&[0, 1, 2, op::READ]));
+    call.extend([7; 16]);
+    call.extend(be(&[0, 0, 0, 4096, op::READ]));
+    call.extend([7; 16]);
+    call.extend(be(&[0, 8192, 4096]));
+    let mut m = be(&[9, 1, 8, 0, 0, 1, 1, s1.handle, 4096]);
+    m.extend(s1.offset.to_be_bytes());
+    m.extend(be(&[1, 1, s2.handle, 4096]));
+    m.extend(s2.offset.to_be_bytes());
+    m.extend(be(&[0, 0]));
+    m.extend(&call);
+    p.inject(true, &m);
+    let ic = match p.b.events.pop_front() {
+        Some(Event::IncomingCall(ic)) => ic,
+        other => panic!("{other:?}"),
+    };
+    let (id, args) = (ic.id, p.b.alloc(ic.args_len));
+    let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Ready { args_len: 80 });
+    // The server app answers both READs (eof false), marking each one's data.
+    let (d1, d2) = (pattern(1, 1000), pattern(2, 2000));
+    let mut res = be(&[0, 0, 2, op::READ, 0, 0, 1000]);
+    let at1 = res.len() as u32;
+    res.extend(be(&[op::READ, 0, 1, 2000]));
+    let at2 = res.len() as u32;
+    let msg = p.b.put(&res);
+    let (r1, r2) = (p.b.put(&d1), p.b.put(&d2));
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg,
+        results: &[
+            ResultPiece {
+                mem: r1,
+                xdr_pos: at1,
+            },
+            ResultPiece {
+                mem: r2,
+                xdr_pos: at2,
+            },
+        ],
+    };
+    p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
+    p.run();
+    assert_eq!(p.a.get(c1.prefix(1000).unwrap()), d1);
+    assert_eq!(p.a.get(c2.prefix(2000).unwrap()), d2);
+    let sent = p.b.sent.last().unwrap().clone();
+    let v1::Body::Msg(r) = header(&sent).body else {
+        panic!()
+    };
+    let lens: Vec<_> = r.writes.iter().map(|w| w.length()).collect();
+    assert_eq!(lens, [1000, 2000]);
+    assert!(
+        sent.ends_with(&res),
+        "the reduced reply as the app wrote it"
+    );
+}
