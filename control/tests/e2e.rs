@@ -547,3 +547,142 @@ fn a_read_result_its_server_app_left_unmarked_still_goes_through_the_write_chunk
     let astats = a.ctl_json(&["stats"]);
     assert_eq!(astats["conns"][0]["bad-replies"], 0, "{astats}");
 }
+
+/// The words of an NFSv4 COMPOUND4res: status, empty tag, `n` results, then SEQUENCE and
+/// PUTFH succeeded (the first two).
+fn nfs4_res_head(x: &mut rpcrdma_shm::client::XdrBuilder, n: u32) {
+    x.put_u32(0).put_u32(0).put_u32(n);
+    x.put_u32(53).put_u32(0);
+    for w in [0x5e5e_5e5e; 4] {
+        x.put_u32(w);
+    }
+    for w in [5, 0, 63, 63, 0] {
+        x.put_u32(w);
+    }
+    x.put_u32(22).put_u32(0);
+}
+
+/// The NFSv4 binding (RFC 8267 §5) between real processes: a COMPOUND's WRITE data goes in
+/// a Read chunk (not a Long call) and reaches B's server app with the GETATTR after it intact
+/// (IMPL-3.7-a); a COMPOUND's READ data, marked by B's app, comes back through the Write chunk
+/// with a GETATTR after it in the reply, which A's requester accepts (R8166-6.1-c/d).
+#[test]
+fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
+    const NFS: u32 = 100_003;
+    let b = Daemon::start("nfs4-b", None);
+    let a = Daemon::start("nfs4-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    let data = pattern(7, 6000);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let app = b.app.clone();
+    let want = data.clone();
+    std::thread::spawn(move || {
+        let mut s = rpcrdma_shm::Server::connect(&app).expect("server attach");
+        s.start(NFS, 4).expect("register");
+        let _ = tx.send(());
+        let _ = s.serve(NFS, 4, |call, reply| {
+            let w = |i: usize| u32::from_be_bytes(call.args[i..i + 4].try_into().unwrap());
+            // tag (empty), minor version, count, SEQUENCE (opcode and 32 bytes), PUTFH
+            // (opcode and an 8-byte handle), then WRITE or READ.
+            let op = w(64);
+            let x = &mut reply.xdr;
+            if op == 38 {
+                // stateid, offset, stable, then the data and the GETATTR after it.
+                let len = w(96) as usize;
+                let ok = call.args[100..100 + len] == want[..]
+                    && w(100 + len) == 9
+                    && w(104 + len) == 1
+                    && w(108 + len) == 1 << 4;
+                nfs4_res_head(x, 4);
+                x.put_u32(38).put_u32(if ok { 0 } else { 5 });
+                x.put_u32(len as u32)
+                    .put_u32(2)
+                    .put_u32(0x7777_7777)
+                    .put_u32(0x7777_7777);
+                x.put_u32(9).put_u32(0).put_u32(0).put_u32(0);
+            } else {
+                // READ: stateid, offset, count. Answer the data, eof, then GETATTR (size).
+                let count = w(92) as usize;
+                nfs4_res_head(x, 4);
+                x.put_u32(25).put_u32(0).put_u32(1);
+                x.put_ddp_opaque(&pattern(9, count));
+                x.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
+                x.put_opaque(&(count as u64).to_be_bytes());
+            }
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("registered");
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c.peer("server").expect("peer");
+    let head = |call: &mut rpcrdma_shm::client::XdrBuilder, op: u32| {
+        call.put_u32(0).put_u32(1).put_u32(4);
+        call.put_u32(53);
+        for w in [
+            0x5e5e_5e5e,
+            0x5e5e_5e5e,
+            0x5e5e_5e5e,
+            0x5e5e_5e5e,
+            5,
+            0,
+            0,
+            1,
+        ] {
+            call.put_u32(w);
+        }
+        call.put_u32(22).put_opaque(&[0xfa; 8]);
+        call.put_u32(op);
+        for w in [1, 7, 7, 7, 0, 0] {
+            call.put_u32(w);
+        }
+    };
+    // WRITE (offset 0, FILE_SYNC4), its data as the DDP piece, then GETATTR.
+    let mut call = c.call(peer, NFS, 4, 1);
+    head(call.args(), 38);
+    call.args().put_u32(2).put_ddp_opaque(&data);
+    call.args().put_u32(9).put_u32(1).put_u32(1 << 4);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("WRITE: {e:?}\nB:\n{}", b.log()));
+    let w = |i: usize| u32::from_be_bytes(r.body[i..i + 4].try_into().unwrap());
+    assert_eq!((w(0), w(64), w(68)), (0, 38, 0), "WRITE4res: {:?}", r.body);
+    let astats = a.ctl_json(&["stats"]);
+    let conn = &astats["conns"][0];
+    assert_eq!(
+        (&conn["read-chunks"], &conn["long-calls"]),
+        (&1.into(), &0.into()),
+        "a Read chunk, not a Long call: {astats}"
+    );
+    // READ of 5000 bytes into a result buffer, a GETATTR after it.
+    let mut call = c.call(peer, NFS, 4, 1);
+    head(call.args(), 25);
+    call.args()
+        .put_u32(5000)
+        .put_u32(9)
+        .put_u32(1)
+        .put_u32(1 << 4);
+    call.result_buffer(5000);
+    let t = call.submit().expect("submit");
+    let r = c
+        .wait(t, T)
+        .unwrap_or_else(|e| panic!("READ: {e:?}\nB:\n{}", b.log()));
+    assert_eq!(
+        r.ddp_bytes, 5000,
+        "the READ data came through the Write chunk"
+    );
+    let mut want = rpcrdma_shm::client::XdrBuilder::default();
+    nfs4_res_head(&mut want, 4);
+    want.put_u32(25)
+        .put_u32(0)
+        .put_u32(1)
+        .put_opaque(&pattern(9, 5000));
+    want.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
+    want.put_opaque(&5000u64.to_be_bytes());
+    assert_eq!(r.body, want.to_full());
+    let astats = a.ctl_json(&["stats"]);
+    assert_eq!(astats["conns"][0]["bad-replies"], 0, "{astats}");
+    let bstats = b.ctl_json(&["stats"]);
+    assert_eq!(bstats["conns"][0]["rdma-read-bytes"], 6000, "{bstats}");
+    assert_eq!(bstats["conns"][0]["rdma-write-bytes"], 5000, "{bstats}");
+}

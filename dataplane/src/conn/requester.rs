@@ -751,13 +751,13 @@ impl Connection {
             let placed = if k == 0 {
                 result_placed(c, results, reply_len, used)
             } else {
-                used == 0
+                (used == 0).then_some(reply_len)
             };
-            if !placed {
+            let Some(at) = placed else {
                 return fail(CallStatus::BadReply);
-            }
+            };
             if let Some(r) = done.results.get_mut(k) {
-                *r = (reply_len, used);
+                *r = (at, used);
             }
         }
         done
@@ -834,30 +834,32 @@ pub(super) const RESULT_HEAD: usize = 1024;
 
 /// Whether a reply to call `c`, which offered a Write chunk, put the binding's eligible
 /// result there and nothing else (`results`: the start of the reduced results, `reply_len`
-/// bytes in all; `used`: the bytes the echoed chunk says were written):
+/// bytes in all; `used`: the bytes the echoed chunk says were written), and if so where in
+/// the reduced reply the chunk's bytes belong (`reply_len` when it is unused):
 /// - R8166-6.1-d: an eligible result that came inline (its length word not zero and no
 ///   bytes in the chunk) ends the call with a permanent error;
 /// - R8166-6.1-c: so does a chunk holding anything but the eligible result: a reply that
 ///   has none (an NFS error status) or an unparsable one;
 /// - R8166-3.4.6.2-c: the returned length equals the item's length word, which ends the
 ///   reduced reply where the binding's eligible result is its last item (in a COMPOUND,
-///   operations may follow the READ).
-fn result_placed(c: &Call, results: &[u8], reply_len: u32, used: u32) -> bool {
+///   operations may follow the READ, and the bytes belong after its length word).
+fn result_placed(c: &Call, results: &[u8], reply_len: u32, used: u32) -> Option<u32> {
     use rpcrdma_proto::ulb::{eligible_result, result_is_last};
-    match eligible_result(c.prog, c.vers, c.proc_, results) {
+    let placed = match eligible_result(c.prog, c.vers, c.proc_, results) {
         Ok(Some(item)) if used > 0 => {
-            let placed = if result_is_last(c.prog, c.vers, c.proc_) {
+            let at = if result_is_last(c.prog, c.vers, c.proc_) {
                 item.position == reply_len
             } else {
                 item.position <= reply_len
             };
-            placed && item.length == used
+            return (at && item.length == used).then_some(item.position);
         }
         Ok(Some(item)) => item.length == 0,
         // Nothing for the chunk: an unparsable reply reaches the app (it is the judge of its
         // own results) unless the chunk claims a place in it.
         Ok(None) | Err(_) => used == 0,
-    }
+    };
+    placed.then_some(reply_len)
 }
 
 /// Bytes one Write chunk of one segment adds to a reply's header: its discriminator, its

@@ -3604,10 +3604,12 @@ fn r8166_6_1_d_compound_read_in_the_write_chunk_with_operations_after_it() {
     assert!(p.a.remote_write(seg.handle, seg.offset, &data));
     p.inject(false, &reply_with_chunk(1, seg, Some(3000), &body));
     let d = done(&mut p);
+    // The data belongs after the READ's length word, before the GETATTR.
     let len = 4 * body.len() as u32;
+    let at = 4 * (compound_res(0, 2).len() as u32 + 4);
     assert_eq!(
         (d[0].status, d[0].reply_len, d[0].results()),
-        (CallStatus::Ok, len, &[(len, 3000)][..]),
+        (CallStatus::Ok, len, &[(at, 3000)][..]),
         "{d:?}"
     );
     assert_eq!(p.a.get(result.prefix(3000).unwrap()), data);
