@@ -20,6 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut fs = Fs::new(seed, read_size, entries);
     let mut server = Server::connect(sock)?;
     server.receive_buffers(2, (1 << 20) + 8192);
+    // NFSv4.1 (the probe's `--nfs4` step) on the same server.
+    server.start(nfs3::PROG, 4)?;
     println!("ready");
     server.serve(nfs3::PROG, nfs3::VERS, |c, r| fs.serve(c, r))?;
     Ok(())

@@ -10,6 +10,7 @@
 pub mod miniserver;
 pub mod nfs;
 pub mod nfs3;
+pub mod nfs4;
 pub mod probe;
 pub mod tcprpc;
 pub mod xdr;

@@ -13,7 +13,7 @@ const USAGE: &str = "usage:
   nfs-probe run --socket PATH --peer NAME (--mount-server HOST[:PORT] --export PATH | --root-fh HEX)
                 [--mount-port N] [--read-file NAME] [--read-size N] [--read-seed N] [--write-file NAME]
                 [--dir NAME] [--dir-entries N] [--random-seed N] [--random-rounds N] [--long-size N]
-                [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--json]
+                [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--nfs4] [--json]
   nfs-probe gen --seed N --size N        (writes the pattern file content to stdout)";
 
 fn main() -> ExitCode {
@@ -161,7 +161,7 @@ fn root_handle(f: &Flags, timeout: Duration) -> Result<(Vec<u8>, String), String
 }
 
 fn run(a: &[String]) -> Result<bool, String> {
-    let f = Flags::parse(a, &["json"])?;
+    let f = Flags::parse(a, &["json", "nfs4"])?;
     let timeout = Duration::from_millis(f.num("timeout-ms", 30_000)?);
     let ex = Expect {
         read_file: f.str("read-file").unwrap_or("read.bin").into(),
@@ -175,6 +175,7 @@ fn run(a: &[String]) -> Result<bool, String> {
         long_size: f.num("long-size", 64 << 10)?,
         inflight: f.num("inflight", 64)?,
         rdp_maxcount: f.num("rdp-maxcount", 256 << 10)?,
+        nfs4: f.has("nfs4"),
     };
     if ex.read_size < 1 << 20 {
         return Err("--read-size must be at least 1 MiB".into());

@@ -1,6 +1,7 @@
-//! A tiny in-memory NFSv3-subset server (the procedures the probe uses) and a MOUNT v3 responder, for
-//! end-to-end runs of the probe without a kernel server: through `shm-loopback` in the tests, or behind a
-//! second rpcrdmad (`examples/miniserver.rs`). Not an NFS server: fixed names, no permissions.
+//! A tiny in-memory NFSv3-subset server (the procedures the probe uses), the NFSv4.1 operations of
+//! the probe's `nfs4_chunks` step, and a MOUNT v3 responder, for end-to-end runs of the probe
+//! without a kernel server: through `shm-loopback` in the tests, or behind a second rpcrdmad
+//! (`examples/miniserver.rs`). Not an NFS server: fixed names, no permissions, one session.
 
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3REG};
@@ -74,10 +75,16 @@ impl Fs {
         }
     }
 
-    /// Serves one call; malformed arguments get GARBAGE_ARGS, unknown procedures PROC_UNAVAIL.
+    /// Serves one call of NFS version 3 or 4; malformed arguments get GARBAGE_ARGS, unknown
+    /// procedures PROC_UNAVAIL.
     pub fn serve(&mut self, call: &Call<'_>, reply: &mut ReplyBuilder) {
         let mut r = Reader::new(call.args);
-        match self.proc(call.proc_, &mut r, &mut reply.xdr) {
+        let done = if call.vers == 4 {
+            self.compound(call.proc_, &mut r, &mut reply.xdr)
+        } else {
+            self.proc(call.proc_, &mut r, &mut reply.xdr)
+        };
+        match done {
             Some(true) => {}
             Some(false) => {
                 reply.xdr = XdrBuilder::default();
@@ -188,6 +195,226 @@ impl Fs {
             _ => return Some(false),
         }
         Some(true)
+    }
+}
+
+/// NFSv4 operation numbers and statuses the subset knows.
+mod v4 {
+    pub const GETATTR: u32 = 9;
+    pub const PUTFH: u32 = 22;
+    pub const READ: u32 = 25;
+    pub const WRITE: u32 = 38;
+    pub const EXCHANGE_ID: u32 = 42;
+    pub const CREATE_SESSION: u32 = 43;
+    pub const DESTROY_SESSION: u32 = 44;
+    pub const SEQUENCE: u32 = 53;
+    pub const DESTROY_CLIENTID: u32 = 57;
+    pub const RECLAIM_COMPLETE: u32 = 58;
+    pub const ERR_STALE: u32 = 70;
+    pub const ERR_NOFILEHANDLE: u32 = 10_020;
+    pub const ERR_NOTSUPP: u32 = 10_004;
+    pub const SESSION: &[u8; 16] = b"mini-session-001";
+    pub const SIZE_MASK: u32 = 1 << 4;
+}
+
+impl Fs {
+    /// NFSv4 NULL and COMPOUND (minor version 1): the operations run in order until one fails.
+    fn compound(&mut self, p: u32, r: &mut Reader<'_>, x: &mut XdrBuilder) -> Option<bool> {
+        match p {
+            0 => return Some(true),
+            1 => {}
+            _ => return Some(false),
+        }
+        r.opaque(1024).ok()?;
+        r.u32().ok()?;
+        let n = r.u32().ok()?;
+        x.put_u32(0).put_u32(0);
+        let count_at = x.len();
+        x.put_u32(0);
+        let mut cur: Option<&'static [u8]> = None;
+        let mut done = 0;
+        for _ in 0..n.min(16) {
+            let op = r.u32().ok()?;
+            let status = self.op4(op, r, x, &mut cur)?;
+            done += 1;
+            if status != 0 {
+                x.set_u32(0, status);
+                break;
+            }
+        }
+        x.set_u32(count_at, done);
+        Some(true)
+    }
+
+    /// One operation: its arguments read, its result (number, status, result) written.
+    fn op4(
+        &mut self,
+        op: u32,
+        r: &mut Reader<'_>,
+        x: &mut XdrBuilder,
+        cur: &mut Option<&'static [u8]>,
+    ) -> Option<u32> {
+        x.put_u32(op);
+        match op {
+            v4::SEQUENCE => {
+                let id = r.fixed(16).ok()?;
+                let (seq, slot) = (r.u32().ok()?, r.u32().ok()?);
+                r.fixed(8).ok()?;
+                x.put_u32(0);
+                for w in id.chunks(4) {
+                    x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
+                }
+                x.put_u32(seq)
+                    .put_u32(slot)
+                    .put_u32(0)
+                    .put_u32(0)
+                    .put_u32(0);
+            }
+            v4::EXCHANGE_ID => {
+                r.fixed(8).ok()?;
+                r.opaque(1024).ok()?;
+                r.u32().ok()?;
+                if r.u32().ok()? != 0 || r.u32().ok()? != 0 {
+                    x.put_u32(v4::ERR_NOTSUPP);
+                    return Some(v4::ERR_NOTSUPP);
+                }
+                // Client id 1, sequence 1, USE_NON_PNFS, SP4_NONE, owner, scope, no impl id.
+                x.put_u32(0)
+                    .put_u32(0)
+                    .put_u32(1)
+                    .put_u32(1)
+                    .put_u32(0x0001_0000);
+                x.put_u32(0).put_u32(0).put_u32(0).put_opaque(b"mini");
+                x.put_opaque(b"mini").put_u32(0);
+            }
+            v4::CREATE_SESSION => {
+                r.fixed(8).ok()?;
+                let seq = r.u32().ok()?;
+                r.u32().ok()?;
+                let mut chans = [[0u32; 6]; 2];
+                for c in &mut chans {
+                    for w in c.iter_mut() {
+                        *w = r.u32().ok()?;
+                    }
+                    let ird = r.u32().ok()?;
+                    r.fixed(4 * ird.min(1) as usize).ok()?;
+                }
+                r.u32().ok()?;
+                for _ in 0..r.u32().ok()?.min(4) {
+                    if r.u32().ok()? != 0 {
+                        x.put_u32(v4::ERR_NOTSUPP);
+                        return Some(v4::ERR_NOTSUPP);
+                    }
+                }
+                x.put_u32(0);
+                for w in v4::SESSION.chunks(4) {
+                    x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
+                }
+                x.put_u32(seq).put_u32(0);
+                for c in chans {
+                    for w in c {
+                        x.put_u32(w);
+                    }
+                    x.put_u32(0);
+                }
+            }
+            v4::RECLAIM_COMPLETE => {
+                r.u32().ok()?;
+                x.put_u32(0);
+            }
+            v4::DESTROY_SESSION => {
+                r.fixed(16).ok()?;
+                x.put_u32(0);
+            }
+            v4::DESTROY_CLIENTID => {
+                r.u64().ok()?;
+                x.put_u32(0);
+            }
+            v4::PUTFH => {
+                let fh = r.opaque(128).ok()?;
+                *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT]
+                    .into_iter()
+                    .find(|k| *k == fh);
+                let status = if cur.is_some() { 0 } else { v4::ERR_STALE };
+                x.put_u32(status);
+                return Some(status);
+            }
+            v4::READ | v4::WRITE | v4::GETATTR => {
+                let Some(fh) = *cur else {
+                    x.put_u32(v4::ERR_NOFILEHANDLE);
+                    return Some(v4::ERR_NOFILEHANDLE);
+                };
+                return self.file_op4(op, fh, r, x);
+            }
+            _ => {
+                x.put_u32(v4::ERR_NOTSUPP);
+                return Some(v4::ERR_NOTSUPP);
+            }
+        }
+        Some(0)
+    }
+
+    /// READ (the data a DDP piece), WRITE and GETATTR (the size only) on file `fh`.
+    fn file_op4(
+        &mut self,
+        op: u32,
+        fh: &'static [u8],
+        r: &mut Reader<'_>,
+        x: &mut XdrBuilder,
+    ) -> Option<u32> {
+        match op {
+            v4::READ => {
+                r.fixed(16).ok()?;
+                let off = usize::try_from(r.u64().ok()?).unwrap_or(usize::MAX);
+                let count = r.u32().ok()?.min(MAX_WRITE) as usize;
+                let file = if fh == FH_READ {
+                    &self.read
+                } else {
+                    &self.write
+                };
+                let start = off.min(file.len());
+                let end = start.saturating_add(count).min(file.len());
+                let data = file.get(start..end)?.to_vec();
+                x.put_u32(0).put_u32(u32::from(end == file.len()));
+                x.put_ddp_opaque(&data);
+            }
+            v4::WRITE => {
+                r.fixed(16).ok()?;
+                let off = usize::try_from(r.u64().ok()?).ok()?;
+                r.u32().ok()?;
+                let data = r.opaque(MAX_WRITE).ok()?;
+                let end = off.checked_add(data.len())?;
+                if fh != FH_WRITE || end > MAX_FILE {
+                    x.put_u32(13); // NFS4ERR_ACCESS
+                    return Some(13);
+                }
+                if self.write.len() < end {
+                    self.write.resize(end, 0);
+                }
+                self.write.get_mut(off..end)?.copy_from_slice(data);
+                x.put_u32(0).put_u32(data.len() as u32).put_u32(2);
+                x.put_u32(1).put_u32(2);
+            }
+            _ => {
+                let words = r.u32().ok()?;
+                let mut want = 0;
+                for k in 0..words.min(8) {
+                    let w = r.u32().ok()?;
+                    if k == 0 {
+                        want = w & v4::SIZE_MASK;
+                    }
+                }
+                let size = self.attr(fh).map_or(0, |a| a.1);
+                x.put_u32(0);
+                if want != 0 {
+                    x.put_u32(1).put_u32(v4::SIZE_MASK);
+                    x.put_opaque(&size.to_be_bytes());
+                } else {
+                    x.put_u32(0).put_u32(0);
+                }
+            }
+        }
+        Some(0)
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Expect {
     pub inflight: u32,
     /// READDIRPLUS maxcount.
     pub rdp_maxcount: u32,
+    /// Also run the NFSv4.1 step (`nfs4_chunks`).
+    pub nfs4: bool,
 }
 
 /// One step's outcome.
@@ -184,7 +186,51 @@ pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
         Ok(format!("{} B inline WRITE, read back equal", ex.long_size))
     });
     step("inflight", &mut || inflight(nfs, &h.read, ex));
+    if ex.nfs4 {
+        step("nfs4_chunks", &mut || nfs4_chunks(nfs, &h, ex));
+    }
     out
+}
+
+/// NFSv4.1 through chunks (RFC 8267 §5): a session, a READ whose data comes in a Write
+/// chunk, a WRITE whose data goes in a Read chunk with a GETATTR after it (odd-sized, so the
+/// chunk's pad is in play), the written bytes read back, the session ended.
+fn nfs4_chunks(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
+    let owner = format!(
+        "rpcrdmad-nfs-probe/{}/{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    );
+    let mut s = nfs.session(owner.as_bytes())?;
+    let (off, len) = (4096u64, 256u32 << 10);
+    let (data, ddp) = nfs.read4(&mut s, &h.read, off, len)?;
+    check_data(
+        "NFSv4 READ",
+        &data,
+        &pattern_at(ex.read_seed, off, len as usize),
+    )?;
+    if ddp != len {
+        return Err(format!(
+            "NFSv4 READ: data correct but {ddp} of {len} B came by DDP"
+        ));
+    }
+    let wlen = 200_001usize;
+    let out = pattern_at(ex.read_seed ^ 0x44, 0, wlen);
+    let w = nfs.write4(&mut s, &h.write, 0, &out)?;
+    if w.count as usize != wlen || w.size < wlen as u64 {
+        return Err(format!(
+            "NFSv4 WRITE: count {} size {} for {wlen} B",
+            w.count, w.size
+        ));
+    }
+    let (back, ddp_back) = nfs.read4(&mut s, &h.write, 0, wlen as u32)?;
+    check_data("NFSv4 read back", &back, &out)?;
+    nfs.end_session(s)?;
+    Ok(format!(
+        "session; READ {len} B ({ddp} by DDP); WRITE {wlen} B through a Read chunk, GETATTR \
+         after it (size {}); read back equal ({ddp_back} by DDP); session ended",
+        w.size
+    ))
 }
 
 fn random(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {

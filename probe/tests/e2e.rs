@@ -31,6 +31,7 @@ fn start(dir: &Path, entries: u64) -> (PathBuf, u16) {
     // Registered before the probe starts: a call that arrived first was refused
     // (UNKNOWN_PROGRAM), which made this test fail now and then under load.
     server.start(nfs3::PROG, nfs3::VERS).unwrap();
+    server.start(nfs3::PROG, 4).unwrap();
     let mut fs = Fs::new(SEED, READ_SIZE, entries);
     std::thread::spawn(move || server.serve(nfs3::PROG, nfs3::VERS, |c, r| fs.serve(c, r)));
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -68,7 +69,7 @@ fn tmpdir(name: &str) -> PathBuf {
 fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory() {
     let d = tmpdir("probe-e2e-pass");
     let (sock, port) = start(&d, 300);
-    let out = probe(&sock, port, &["--rdp-maxcount", "8192"]);
+    let out = probe(&sock, port, &["--rdp-maxcount", "8192", "--nfs4"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -95,7 +96,8 @@ fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory(
             "random_sizes",
             "readdirplus_reply_chunk",
             "long_call_inline_write",
-            "inflight"
+            "inflight",
+            "nfs4_chunks"
         ]
     );
     // 300 entries at most ~57 per 8 KiB reply: the cookie loop must have taken several calls.

@@ -436,6 +436,29 @@ impl XdrBuilder {
         self
     }
 
+    /// Bytes of the reduced stream written so far (the position of the next item).
+    pub fn len(&self) -> u32 {
+        self.msg.len() as u32
+    }
+
+    /// Whether nothing has been written yet.
+    pub fn is_empty(&self) -> bool {
+        self.msg.is_empty() && self.pieces.is_empty()
+    }
+
+    /// Overwrites the word written at `at` (from [`len`](Self::len) before it was put), for a
+    /// count known only once its list is written; `false` if no word was written there.
+    pub fn set_u32(&mut self, at: u32, v: u32) -> bool {
+        let at = at as usize;
+        match self.msg.get_mut(at..at.saturating_add(4)) {
+            Some(w) if at % 4 == 0 => {
+                w.copy_from_slice(&v.to_be_bytes());
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The reassembled stream (pieces put back in place with their pad).
     pub fn to_full(&self) -> Vec<u8> {
         reassemble(
@@ -909,6 +932,8 @@ impl Client {
 /// An incoming call as the handler sees it.
 #[derive(Debug)]
 pub struct Call<'a> {
+    /// Program version (a server may serve several, [`Server::start`] each).
+    pub vers: u32,
     /// Procedure.
     pub proc_: u32,
     /// XID.
@@ -1154,6 +1179,7 @@ impl Server {
                 let mut rb = ReplyBuilder::default();
                 handler(
                     &Call {
+                        vers: c.vers,
                         proc_: c.proc_,
                         xid: c.xid,
                         peer: c.peer,

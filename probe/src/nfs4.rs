@@ -1,0 +1,285 @@
+//! A minimal NFSv4.1 client (RFC 8881) through rpcrdmad, enough to move file data through
+//! chunks the way the NFSv4 Upper-Layer Binding (RFC 8267 §5) places it: a session
+//! (EXCHANGE_ID, CREATE_SESSION), then SEQUENCE + PUTFH + READ with the READ's data in a
+//! Write chunk, and SEQUENCE + PUTFH + WRITE + GETATTR with the WRITE's data in a Read chunk
+//! and an operation after it. File handles come from the NFSv3 side (Linux's knfsd handles are
+//! the same for both versions); I/O uses the anonymous stateid, so no OPEN state is kept.
+
+use crate::nfs::{Nfs, R, SMALL_REPLY};
+use crate::xdr::{Reader, Res, XdrError};
+use rpcrdma_shm::client::{CallBuilder, XdrBuilder};
+
+/// NFS version 4 (all minor versions).
+pub const VERS: u32 = 4;
+/// The COMPOUND procedure.
+pub const COMPOUND: u32 = 1;
+const MINOR: u32 = 1;
+
+const OP_GETATTR: u32 = 9;
+const OP_PUTFH: u32 = 22;
+const OP_READ: u32 = 25;
+const OP_WRITE: u32 = 38;
+const OP_EXCHANGE_ID: u32 = 42;
+const OP_CREATE_SESSION: u32 = 43;
+const OP_DESTROY_SESSION: u32 = 44;
+const OP_SEQUENCE: u32 = 53;
+const OP_DESTROY_CLIENTID: u32 = 57;
+const OP_RECLAIM_COMPLETE: u32 = 58;
+/// NFS4ERR_COMPLETE_ALREADY: RECLAIM_COMPLETE sent twice, harmless.
+const ERR_COMPLETE_ALREADY: u32 = 10_054;
+const FILE_SYNC4: u32 = 2;
+/// FATTR4_SIZE, bit 4 of word 0.
+const SIZE_MASK: u32 = 1 << 4;
+
+/// A session on one NFSv4.1 server, its single slot used for every request.
+#[derive(Debug)]
+pub struct Session {
+    clientid: u64,
+    id: [u8; 16],
+    seq: u32,
+}
+
+/// What a WRITE answered.
+#[derive(Debug)]
+pub struct Written {
+    /// Bytes written.
+    pub count: u32,
+    /// The file size GETATTR reported after it.
+    pub size: u64,
+}
+
+fn put_u64(x: &mut XdrBuilder, v: u64) {
+    x.put_u32((v >> 32) as u32).put_u32(v as u32);
+}
+
+fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
+    for w in d.chunks(4) {
+        let mut b = [0u8; 4];
+        b[..w.len()].copy_from_slice(w);
+        x.put_u32(u32::from_be_bytes(b));
+    }
+}
+
+/// Reads a COMPOUND4res up to its operations: fails on a COMPOUND error, naming the
+/// first failed operation.
+fn results(body: &[u8]) -> R<Reader<'_>> {
+    let mut r = Reader::new(body);
+    let x = |e: XdrError| format!("bad COMPOUND reply: {e}");
+    let status = r.u32().map_err(x)?;
+    r.opaque(1024).map_err(x)?;
+    let n = r.u32().map_err(x)?;
+    if status != 0 {
+        // Find the failed operation for the message.
+        let mut last = None;
+        for _ in 0..n {
+            let (Ok(op), Ok(st)) = (r.u32(), r.u32()) else {
+                break;
+            };
+            last = Some((op, st));
+            if st != 0 {
+                break;
+            }
+            // The results of the successful operations before it are not stepped over.
+            if op != OP_SEQUENCE && op != OP_PUTFH {
+                break;
+            }
+            if op == OP_SEQUENCE && r.fixed(36).is_err() {
+                break;
+            }
+        }
+        return Err(match last {
+            Some((op, st)) if st != 0 => format!("COMPOUND failed: operation {op}, nfsstat4 {st}"),
+            _ => format!("COMPOUND failed: nfsstat4 {status}"),
+        });
+    }
+    Ok(r)
+}
+
+/// The next operation's number and status; `want` must be its number and the status OK.
+fn op(r: &mut Reader<'_>, want: u32) -> R<()> {
+    let x = |e: XdrError| format!("bad COMPOUND reply: {e}");
+    let (got, st) = (r.u32().map_err(x)?, r.u32().map_err(x)?);
+    if got != want || st != 0 {
+        return Err(format!(
+            "operation {got} (expected {want}) answered nfsstat4 {st}"
+        ));
+    }
+    Ok(())
+}
+
+fn bad(e: XdrError) -> String {
+    format!("bad COMPOUND reply: {e}")
+}
+
+/// `channel_attrs4`: header pad, request, response, cached response sizes, operations,
+/// requests, no RDMA IRD.
+fn channel(x: &mut XdrBuilder, req: u32, resp: u32, cached: u32, ops: u32, reqs: u32) {
+    for w in [0, req, resp, cached, ops, reqs, 0] {
+        x.put_u32(w);
+    }
+}
+
+fn skip_channel(r: &mut Reader<'_>) -> Res<()> {
+    r.fixed(24)?;
+    let n = r.u32()?;
+    r.fixed(4 * n.min(1) as usize)?;
+    Ok(())
+}
+
+impl Nfs {
+    fn compound(&mut self, ops: u32) -> CallBuilder<'_> {
+        let mut c = self
+            .client
+            .call(self.peer, crate::nfs3::PROG, VERS, COMPOUND);
+        c.max_reply(SMALL_REPLY);
+        c.args().put_u32(0).put_u32(MINOR).put_u32(ops);
+        c
+    }
+
+    /// EXCHANGE_ID and CREATE_SESSION (no back channel), then RECLAIM_COMPLETE.
+    pub fn session(&mut self, owner: &[u8]) -> R<Session> {
+        let mut c = self.compound(1);
+        let x = c.args();
+        x.put_u32(OP_EXCHANGE_ID);
+        put_fixed(x, &std::process::id().to_be_bytes().repeat(2));
+        x.put_opaque(owner);
+        // No flags, SP4_NONE, no implementation id.
+        x.put_u32(0).put_u32(0).put_u32(0);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        op(&mut r, OP_EXCHANGE_ID)?;
+        let clientid = r.u64().map_err(bad)?;
+        let seq = r.u32().map_err(bad)?;
+
+        let mut c = self.compound(1);
+        let x = c.args();
+        x.put_u32(OP_CREATE_SESSION);
+        put_u64(x, clientid);
+        x.put_u32(seq).put_u32(0);
+        channel(x, 1_049_620, 1_049_480, 7584, 8, 16);
+        channel(x, 4096, 4096, 0, 2, 16);
+        // The callback program and one AUTH_NONE security parameter.
+        x.put_u32(0x4000_0000).put_u32(1).put_u32(0);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        op(&mut r, OP_CREATE_SESSION)?;
+        let mut id = [0u8; 16];
+        id.copy_from_slice(r.fixed(16).map_err(bad)?);
+        r.fixed(8).map_err(bad)?;
+        skip_channel(&mut r).map_err(bad)?;
+        skip_channel(&mut r).map_err(bad)?;
+        let mut s = Session {
+            clientid,
+            id,
+            seq: 1,
+        };
+
+        let mut c = self.compound(2);
+        sequence(c.args(), &mut s);
+        c.args().put_u32(OP_RECLAIM_COMPLETE).put_u32(0);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = Reader::new(&reply.body);
+        r.fixed(4).map_err(bad)?;
+        r.opaque(1024).map_err(bad)?;
+        r.u32().map_err(bad)?;
+        op(&mut r, OP_SEQUENCE)?;
+        r.fixed(36).map_err(bad)?;
+        let (o, st) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
+        if o != OP_RECLAIM_COMPLETE || (st != 0 && st != ERR_COMPLETE_ALREADY) {
+            return Err(format!("RECLAIM_COMPLETE answered nfsstat4 {st}"));
+        }
+        Ok(s)
+    }
+
+    /// SEQUENCE + PUTFH + READ of `count` bytes at `offset` into a result buffer (a Write
+    /// chunk); the data and the bytes that came by DDP.
+    pub fn read4(
+        &mut self,
+        s: &mut Session,
+        fh: &[u8],
+        offset: u64,
+        count: u32,
+    ) -> R<(Vec<u8>, u32)> {
+        let mut c = self.compound(3);
+        let x = c.args();
+        sequence(x, s);
+        x.put_u32(OP_PUTFH).put_opaque(fh);
+        x.put_u32(OP_READ);
+        put_fixed(x, &[0; 16]);
+        put_u64(x, offset);
+        x.put_u32(count);
+        c.result_buffer(count.max(4));
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        op(&mut r, OP_SEQUENCE)?;
+        r.fixed(36).map_err(bad)?;
+        op(&mut r, OP_PUTFH)?;
+        op(&mut r, OP_READ)?;
+        r.bool().map_err(bad)?;
+        let data = r.opaque(count).map_err(bad)?.to_vec();
+        Ok((data, reply.ddp_bytes))
+    }
+
+    /// SEQUENCE + PUTFH + WRITE (FILE_SYNC4, the data a DDP piece: a Read chunk) + GETATTR
+    /// of the size, an operation after the chunk's place.
+    pub fn write4(&mut self, s: &mut Session, fh: &[u8], offset: u64, data: &[u8]) -> R<Written> {
+        let mut c = self.compound(4);
+        let x = c.args();
+        sequence(x, s);
+        x.put_u32(OP_PUTFH).put_opaque(fh);
+        x.put_u32(OP_WRITE);
+        put_fixed(x, &[0; 16]);
+        put_u64(x, offset);
+        x.put_u32(FILE_SYNC4).put_ddp_opaque(data);
+        x.put_u32(OP_GETATTR).put_u32(1).put_u32(SIZE_MASK);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        op(&mut r, OP_SEQUENCE)?;
+        r.fixed(36).map_err(bad)?;
+        op(&mut r, OP_PUTFH)?;
+        op(&mut r, OP_WRITE)?;
+        let count = r.u32().map_err(bad)?;
+        r.fixed(12).map_err(bad)?;
+        op(&mut r, OP_GETATTR)?;
+        let words = r.u32().map_err(bad)?;
+        let mask = r.fixed(4 * words.min(8) as usize).map_err(bad)?;
+        let vals = r.opaque(1024).map_err(bad)?;
+        if mask.get(..4) != Some(&SIZE_MASK.to_be_bytes()[..]) || vals.len() != 8 {
+            return Err(format!(
+                "GETATTR answered mask {mask:?}, {} value bytes",
+                vals.len()
+            ));
+        }
+        let size = u64::from_be_bytes(vals.try_into().map_err(|_| "size")?);
+        Ok(Written { count, size })
+    }
+
+    /// DESTROY_SESSION, then DESTROY_CLIENTID.
+    pub fn end_session(&mut self, s: Session) -> R<()> {
+        let mut c = self.compound(1);
+        c.args().put_u32(OP_DESTROY_SESSION);
+        put_fixed(c.args(), &s.id);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        op(&mut results(&reply.body)?, OP_DESTROY_SESSION)?;
+        let mut c = self.compound(1);
+        c.args().put_u32(OP_DESTROY_CLIENTID);
+        put_u64(c.args(), s.clientid);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        op(&mut results(&reply.body)?, OP_DESTROY_CLIENTID)
+    }
+}
+
+/// SEQUENCE on slot 0 with the session's next sequence id.
+fn sequence(x: &mut XdrBuilder, s: &mut Session) {
+    x.put_u32(OP_SEQUENCE);
+    put_fixed(x, &s.id);
+    x.put_u32(s.seq).put_u32(0).put_u32(0).put_u32(0);
+    s.seq = s.seq.wrapping_add(1);
+}
