@@ -63,6 +63,35 @@ impl Fs {
         }
     }
 
+    /// Up to `count` bytes of the file `fh` from `off` (the read file, else the write file),
+    /// and whether they reach its end.
+    fn read_at(&self, fh: &[u8], off: u64, count: u32) -> Option<(Vec<u8>, bool)> {
+        let file = if fh == FH_READ {
+            &self.read
+        } else {
+            &self.write
+        };
+        let start = usize::try_from(off).unwrap_or(usize::MAX).min(file.len());
+        let end = start
+            .saturating_add(count.min(MAX_WRITE) as usize)
+            .min(file.len());
+        Some((file.get(start..end)?.to_vec(), end == file.len()))
+    }
+
+    /// Writes `data` at `off` of the write file; `Some(false)`: refused (another file, or past
+    /// the largest size).
+    fn write_at(&mut self, fh: &[u8], off: usize, data: &[u8]) -> Option<bool> {
+        let end = off.checked_add(data.len())?;
+        if fh != FH_WRITE || end > MAX_FILE {
+            return Some(false);
+        }
+        if self.write.len() < end {
+            self.write.resize(end, 0);
+        }
+        self.write.get_mut(off..end)?.copy_from_slice(data);
+        Some(true)
+    }
+
     fn post_op(&self, x: &mut XdrBuilder, fh: &[u8]) {
         match self.attr(fh) {
             Some((t, s, id)) => {
@@ -129,20 +158,12 @@ impl Fs {
             }
             nfs3::READ => {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
-                let off = usize::try_from(r.u64().ok()?).unwrap_or(usize::MAX);
-                let count = r.u32().ok()?.min(MAX_WRITE) as usize;
-                let file = if fh == FH_READ {
-                    &self.read
-                } else {
-                    &self.write
-                };
-                let start = off.min(file.len());
-                let end = start.saturating_add(count).min(file.len());
-                let data = file.get(start..end)?.to_vec();
+                let off = r.u64().ok()?;
+                let (data, eof) = self.read_at(fh, off, r.u32().ok()?)?;
                 x.put_u32(0);
                 self.post_op(x, fh);
                 x.put_u32(data.len() as u32)
-                    .put_u32(u32::from(end == file.len()))
+                    .put_u32(u32::from(eof))
                     .put_ddp_opaque(&data);
             }
             nfs3::WRITE => {
@@ -151,15 +172,10 @@ impl Fs {
                 let _count = r.u32().ok()?;
                 let _stable = r.u32().ok()?;
                 let data = r.opaque(MAX_WRITE).ok()?;
-                let end = off.checked_add(data.len())?;
-                if fh != FH_WRITE || end > MAX_FILE {
+                if !self.write_at(fh, off, data)? {
                     x.put_u32(13).put_u32(0).put_u32(0); // NFS3ERR_ACCES, empty wcc_data
                     return Some(true);
                 }
-                if self.write.len() < end {
-                    self.write.resize(end, 0);
-                }
-                self.write.get_mut(off..end)?.copy_from_slice(data);
                 x.put_u32(0).put_u32(0);
                 self.post_op(x, fh);
                 x.put_u32(data.len() as u32)
@@ -365,17 +381,9 @@ impl Fs {
         match op {
             v4::READ => {
                 r.fixed(16).ok()?;
-                let off = usize::try_from(r.u64().ok()?).unwrap_or(usize::MAX);
-                let count = r.u32().ok()?.min(MAX_WRITE) as usize;
-                let file = if fh == FH_READ {
-                    &self.read
-                } else {
-                    &self.write
-                };
-                let start = off.min(file.len());
-                let end = start.saturating_add(count).min(file.len());
-                let data = file.get(start..end)?.to_vec();
-                x.put_u32(0).put_u32(u32::from(end == file.len()));
+                let off = r.u64().ok()?;
+                let (data, eof) = self.read_at(fh, off, r.u32().ok()?)?;
+                x.put_u32(0).put_u32(u32::from(eof));
                 x.put_ddp_opaque(&data);
             }
             v4::WRITE => {
@@ -383,15 +391,10 @@ impl Fs {
                 let off = usize::try_from(r.u64().ok()?).ok()?;
                 r.u32().ok()?;
                 let data = r.opaque(MAX_WRITE).ok()?;
-                let end = off.checked_add(data.len())?;
-                if fh != FH_WRITE || end > MAX_FILE {
+                if !self.write_at(fh, off, data)? {
                     x.put_u32(13); // NFS4ERR_ACCESS
                     return Some(13);
                 }
-                if self.write.len() < end {
-                    self.write.resize(end, 0);
-                }
-                self.write.get_mut(off..end)?.copy_from_slice(data);
                 x.put_u32(0).put_u32(data.len() as u32).put_u32(2);
                 x.put_u32(1).put_u32(2);
             }

@@ -204,21 +204,12 @@ impl Nfs {
         count: u32,
     ) -> R<(Vec<u8>, u32)> {
         let mut c = self.compound(3);
-        let x = c.args();
-        sequence(x, s);
-        x.put_u32(OP_PUTFH).put_opaque(fh);
-        x.put_u32(OP_READ);
-        put_fixed(x, &[0; 16]);
-        put_u64(x, offset);
-        x.put_u32(count);
+        io_head(c.args(), s, fh, OP_READ, offset);
+        c.args().put_u32(count);
         c.result_buffer(count.max(4));
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        let mut r = results(&reply.body)?;
-        op(&mut r, OP_SEQUENCE)?;
-        r.fixed(36).map_err(bad)?;
-        op(&mut r, OP_PUTFH)?;
-        op(&mut r, OP_READ)?;
+        let mut r = io_results(&reply.body, OP_READ)?;
         r.bool().map_err(bad)?;
         let data = r.opaque(count).map_err(bad)?.to_vec();
         Ok((data, reply.ddp_bytes))
@@ -229,20 +220,12 @@ impl Nfs {
     pub fn write4(&mut self, s: &mut Session, fh: &[u8], offset: u64, data: &[u8]) -> R<Written> {
         let mut c = self.compound(4);
         let x = c.args();
-        sequence(x, s);
-        x.put_u32(OP_PUTFH).put_opaque(fh);
-        x.put_u32(OP_WRITE);
-        put_fixed(x, &[0; 16]);
-        put_u64(x, offset);
+        io_head(x, s, fh, OP_WRITE, offset);
         x.put_u32(FILE_SYNC4).put_ddp_opaque(data);
         x.put_u32(OP_GETATTR).put_u32(1).put_u32(SIZE_MASK);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        let mut r = results(&reply.body)?;
-        op(&mut r, OP_SEQUENCE)?;
-        r.fixed(36).map_err(bad)?;
-        op(&mut r, OP_PUTFH)?;
-        op(&mut r, OP_WRITE)?;
+        let mut r = io_results(&reply.body, OP_WRITE)?;
         let count = r.u32().map_err(bad)?;
         r.fixed(12).map_err(bad)?;
         op(&mut r, OP_GETATTR)?;
@@ -274,6 +257,26 @@ impl Nfs {
         let reply = self.finish(t)?;
         op(&mut results(&reply.body)?, OP_DESTROY_CLIENTID)
     }
+}
+
+/// SEQUENCE, PUTFH `fh`, then operation `op` (READ or WRITE) up to its offset, with the
+/// anonymous stateid.
+fn io_head(x: &mut XdrBuilder, s: &mut Session, fh: &[u8], op: u32, offset: u64) {
+    sequence(x, s);
+    x.put_u32(OP_PUTFH).put_opaque(fh);
+    x.put_u32(op);
+    put_fixed(x, &[0; 16]);
+    put_u64(x, offset);
+}
+
+/// The results of an [`io_head`] COMPOUND, read up to operation `op`'s result.
+fn io_results(body: &[u8], want: u32) -> R<Reader<'_>> {
+    let mut r = results(body)?;
+    op(&mut r, OP_SEQUENCE)?;
+    r.fixed(36).map_err(bad)?;
+    op(&mut r, OP_PUTFH)?;
+    op(&mut r, want)?;
+    Ok(r)
 }
 
 /// SEQUENCE on slot 0 with the session's next sequence id.

@@ -803,10 +803,12 @@ impl Connection {
         };
         let v2 = s.vers == v2::VERSION;
         let fixed = if v2 { 20u32 } else { 16 };
-        // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order.
+        // R8166-3.5.3-e, R8166-4.3.2-a: DDP results go to the Write chunks, in order. A
+        // chunk without segments asks for its result inline (RFC 8267 §5: a client that wants
+        // one READ of a COMPOUND inline offers an empty chunk in its place).
         let mut to_chunk = [false; MAX_PIECES];
         for (k, r) in spec.results.iter().enumerate() {
-            if k < usize::from(s.n_wchunk) {
+            if k < usize::from(s.n_wchunk) && !s.wchunk_segs(k).is_empty() {
                 let cap = s
                     .wchunk_segs(k)
                     .iter()

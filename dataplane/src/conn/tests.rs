@@ -3821,3 +3821,76 @@ fn r8166_4_3_2_1_a_two_reads_of_a_compound_land_in_two_chunks_in_order() {
         "the reduced reply as the app wrote it"
     );
 }
+
+/// RFC 8267 §5: a client that wants a COMPOUND's first READ inline offers an empty Write
+/// chunk in its place; the second READ still goes to the second chunk.
+#[test]
+fn r8166_4_3_2_1_a_an_empty_write_chunk_keeps_its_read_inline() {
+    use rpcrdma_proto::nfs4::{self, op};
+    use rpcrdma_proto::ulb::NFS_PROG;
+    let mut p = Pair::default_pair();
+    let c2 = p.a.alloc(4096);
+    let s2 =
+        p.a.env
+            .expose(c2, rpcrdma_verbs::Access::REMOTE_WRITE)
+            .unwrap();
+    let mut call = rpcmsg::call_header(9, NFS_PROG, nfs4::VERSION, nfs4::COMPOUND).to_vec();
+    call.extend(be(&[0, 1, 2, op::READ]));
+    call.extend([7; 16]);
+    call.extend(be(&[0, 0, 0, 64, op::READ]));
+    call.extend([7; 16]);
+    call.extend(be(&[0, 8192, 4096]));
+    // Write list: an empty chunk, then one of 4096 bytes.
+    let mut m = be(&[9, 1, 8, 0, 0, 1, 0, 1, 1, s2.handle, 4096]);
+    m.extend(s2.offset.to_be_bytes());
+    m.extend(be(&[0, 0]));
+    m.extend(&call);
+    p.inject(true, &m);
+    let ic = match p.b.events.pop_front() {
+        Some(Event::IncomingCall(ic)) => ic,
+        other => panic!("{other:?}"),
+    };
+    let args = p.b.alloc(ic.args_len);
+    p.b.conn.accept_call(ic.id, args, &mut p.b.env).unwrap();
+    let (d1, d2) = (pattern(1, 61), pattern(2, 2000));
+    let mut res = be(&[0, 0, 2, op::READ, 0, 0, 61]);
+    let at1 = res.len() as u32;
+    res.extend(be(&[op::READ, 0, 1, 2000]));
+    let at2 = res.len() as u32;
+    let msg = p.b.put(&res);
+    let (r1, r2) = (p.b.put(&d1), p.b.put(&d2));
+    let results = [
+        ResultPiece {
+            mem: r1,
+            xdr_pos: at1,
+        },
+        ResultPiece {
+            mem: r2,
+            xdr_pos: at2,
+        },
+    ];
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg,
+        results: &results,
+    };
+    p.b.conn.submit_reply(ic.id, &spec, &mut p.b.env).unwrap();
+    p.run();
+    assert_eq!(p.a.get(c2.prefix(2000).unwrap()), d2);
+    let sent = p.b.sent.last().unwrap().clone();
+    let v1::Body::Msg(r) = header(&sent).body else {
+        panic!("{sent:?}")
+    };
+    let chunks: Vec<_> = r
+        .writes
+        .iter()
+        .map(|w| (w.segments().count(), w.length()))
+        .collect();
+    assert_eq!(chunks, [(0, 0), (1, 2000)]);
+    // The first READ's data inline, with its pad, before the second READ's result.
+    let mut inline = res[..at1 as usize].to_vec();
+    inline.extend(&d1);
+    inline.extend([0; 3]);
+    inline.extend(&res[at1 as usize..]);
+    assert!(sent.ends_with(&inline), "the reply's stream");
+}
