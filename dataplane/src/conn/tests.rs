@@ -3851,7 +3851,8 @@ fn r8166_4_3_2_1_a_an_empty_write_chunk_keeps_its_read_inline() {
         other => panic!("{other:?}"),
     };
     let args = p.b.alloc(ic.args_len);
-    p.b.conn.accept_call(ic.id, args, &mut p.b.env).unwrap();
+    let got = p.b.conn.accept_call(ic.id, args, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Ready { args_len: 80 });
     let (d1, d2) = (pattern(1, 61), pattern(2, 2000));
     let mut res = be(&[0, 0, 2, op::READ, 0, 0, 61]);
     let at1 = res.len() as u32;
