@@ -658,7 +658,7 @@ fn skip_resok(r: &mut Reader<'_>, opnum: u32) -> Walk {
     }
 }
 
-/// Where an eligible item was found by [`argument`].
+/// The eligible item whose length word is next: its length, and where its data starts.
 fn item_here(r: &mut Reader<'_>, what: &'static str) -> Result<Item, Error> {
     let length = r.u32(what)?;
     let position = u32::try_from(r.position()).map_err(|_| Error::Unencodable(what))?;
