@@ -64,10 +64,9 @@ fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
 /// first failed operation.
 fn results(body: &[u8]) -> R<Reader<'_>> {
     let mut r = Reader::new(body);
-    let x = |e: XdrError| format!("bad COMPOUND reply: {e}");
-    let status = r.u32().map_err(x)?;
-    r.opaque(1024).map_err(x)?;
-    let n = r.u32().map_err(x)?;
+    let status = r.u32().map_err(bad)?;
+    r.opaque(1024).map_err(bad)?;
+    let n = r.u32().map_err(bad)?;
     if status != 0 {
         // Find the failed operation for the message.
         let mut last = None;
@@ -97,8 +96,7 @@ fn results(body: &[u8]) -> R<Reader<'_>> {
 
 /// The next operation's number and status; `want` must be its number and the status OK.
 fn op(r: &mut Reader<'_>, want: u32) -> R<()> {
-    let x = |e: XdrError| format!("bad COMPOUND reply: {e}");
-    let (got, st) = (r.u32().map_err(x)?, r.u32().map_err(x)?);
+    let (got, st) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
     if got != want || st != 0 {
         return Err(format!(
             "operation {got} (expected {want}) answered nfsstat4 {st}"
