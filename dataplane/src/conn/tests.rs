@@ -3746,76 +3746,118 @@ fn r8166_6_1_b_compound_write_data_through_a_read_chunk_operations_after_it_inta
     assert!(p.b.conn.closed().is_none());
 }
 
-/// R8166-4.3.2.1-a (RFC 8267 §5): a responder puts a COMPOUND's READ results in the Write
-/// chunks in order, first READ to first chunk, second to second (our requester offers one
-/// Write chunk to a COMPOUND, the binding's default, so the call is made by hand).
-#[test]
-fn r8166_4_3_2_1_a_two_reads_of_a_compound_land_in_two_chunks_in_order() {
+/// What [`two_compound_reads`] sent and answered.
+struct TwoReads {
+    /// Each offered chunk's buffer in `a`'s memory.
+    bufs: [Option<MemRef>; 2],
+    /// Each READ's data.
+    data: [Vec<u8>; 2],
+    /// The reduced reply stream `b`'s app wrote.
+    res: Vec<u8>,
+    /// Where each READ's data belongs in it.
+    at: [u32; 2],
+}
+
+/// Injects into `p.b`, by hand, an NFSv4 COMPOUND of two READs (of 99 and 2000 bytes) whose
+/// Write list has a chunk of 4096 bytes in `a`'s memory for each `true` in `chunks` and an
+/// empty chunk for each `false`; `b`'s app answers both, marking each READ's data.
+fn two_compound_reads(p: &mut Pair, chunks: [bool; 2]) -> TwoReads {
     use rpcrdma_proto::nfs4::{self, op};
     use rpcrdma_proto::ulb::NFS_PROG;
-    let mut p = Pair::default_pair();
-    let (c1, c2) = (p.a.alloc(4096), p.a.alloc(4096));
-    let s1 =
-        p.a.env
-            .expose(c1, rpcrdma_verbs::Access::REMOTE_WRITE)
-            .unwrap();
-    let s2 =
-        p.a.env
-            .expose(c2, rpcrdma_verbs::Access::REMOTE_WRITE)
-            .unwrap();
-    // PUTFH, READ, PUTFH, READ.
-    let mut call = rpcmsg::call_header(9, NFS_PROG, nfs4::VERSION, nfs4::COMPOUND).to_vec();
-    call.extend(be(&[0, 1, 2, op::READ]));
-    call.extend([7; 16]);
-    call.extend(be(&[0, 0, 0, 4096, op::READ]));
-    call.extend([7; 16]);
-    call.extend(be(&[0, 8192, 4096]));
-    let mut m = be(&[9, 1, 8, 0, 0, 1, 1, s1.handle, 4096]);
-    m.extend(s1.offset.to_be_bytes());
-    m.extend(be(&[1, 1, s2.handle, 4096]));
-    m.extend(s2.offset.to_be_bytes());
+    // RDMA_MSG, no Read list, then the Write list.
+    let mut m = be(&[9, 1, 8, 0, 0]);
+    let mut bufs = [None; 2];
+    for (k, offered) in chunks.into_iter().enumerate() {
+        m.extend(be(&[1]));
+        if !offered {
+            m.extend(be(&[0]));
+            continue;
+        }
+        let c = p.a.alloc(4096);
+        let seg =
+            p.a.env
+                .expose(c, rpcrdma_verbs::Access::REMOTE_WRITE)
+                .unwrap();
+        m.extend(be(&[1, seg.handle, 4096]));
+        m.extend(seg.offset.to_be_bytes());
+        bufs[k] = Some(c);
+    }
     m.extend(be(&[0, 0]));
-    m.extend(&call);
+    // READ, READ (no PUTFH: the app does not look).
+    m.extend(rpcmsg::call_header(
+        9,
+        NFS_PROG,
+        nfs4::VERSION,
+        nfs4::COMPOUND,
+    ));
+    m.extend(be(&[0, 1, 2, op::READ]));
+    m.extend([7; 16]);
+    m.extend(be(&[0, 0, 0, 4096, op::READ]));
+    m.extend([7; 16]);
+    m.extend(be(&[0, 8192, 4096]));
     p.inject(true, &m);
     let ic = match p.b.events.pop_front() {
         Some(Event::IncomingCall(ic)) => ic,
         other => panic!("{other:?}"),
     };
-    let (id, args) = (ic.id, p.b.alloc(ic.args_len));
-    let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    let args = p.b.alloc(ic.args_len);
+    let got = p.b.conn.accept_call(ic.id, args, &mut p.b.env).unwrap();
     assert_eq!(got, Accepted::Ready { args_len: 80 });
-    // The server app answers both READs (eof false), marking each one's data.
-    let (d1, d2) = (pattern(1, 1000), pattern(2, 2000));
-    let mut res = be(&[0, 0, 2, op::READ, 0, 0, 1000]);
+    // The first READ not at the end of the file, the second at it.
+    // 99 bytes: small enough to go inline (the call offers no Reply chunk), odd for the pad.
+    let data = [pattern(1, 99), pattern(2, 2000)];
+    let mut res = be(&[0, 0, 2, op::READ, 0, 0, 99]);
     let at1 = res.len() as u32;
     res.extend(be(&[op::READ, 0, 1, 2000]));
     let at2 = res.len() as u32;
     let msg = p.b.put(&res);
-    let (r1, r2) = (p.b.put(&d1), p.b.put(&d2));
+    let results = [(&data[0], at1), (&data[1], at2)].map(|(d, xdr_pos)| ResultPiece {
+        mem: p.b.put(d),
+        xdr_pos,
+    });
     let spec = ReplySpec {
         accept_stat: 0,
         msg,
-        results: &[
-            ResultPiece {
-                mem: r1,
-                xdr_pos: at1,
-            },
-            ResultPiece {
-                mem: r2,
-                xdr_pos: at2,
-            },
-        ],
+        results: &results,
     };
-    p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
+    p.b.conn.submit_reply(ic.id, &spec, &mut p.b.env).unwrap();
     p.run();
-    assert_eq!(p.a.get(c1.prefix(1000).unwrap()), d1);
-    assert_eq!(p.a.get(c2.prefix(2000).unwrap()), d2);
+    TwoReads {
+        bufs,
+        data,
+        res,
+        at: [at1, at2],
+    }
+}
+
+/// The echoed Write list of `b`'s last reply: each chunk's segment count and length.
+fn echoed_chunks(p: &Pair) -> Vec<(usize, u64)> {
     let sent = p.b.sent.last().unwrap().clone();
     let v1::Body::Msg(r) = header(&sent).body else {
-        panic!()
+        panic!("{sent:?}")
     };
-    let lens: Vec<_> = r.writes.iter().map(|w| w.length()).collect();
-    assert_eq!(lens, [1000, 2000]);
+    r.writes
+        .iter()
+        .map(|w| (w.segments().count(), w.length()))
+        .collect()
+}
+
+/// R8166-4.3.2.1-a (RFC 8267 §5): a responder puts a COMPOUND's READ results in the Write
+/// chunks in order, first READ to first chunk, second to second (our requester offers one
+/// Write chunk to a COMPOUND, the binding's default, so the call is made by hand).
+#[test]
+fn r8166_4_3_2_1_a_two_reads_of_a_compound_land_in_two_chunks_in_order() {
+    let mut p = Pair::default_pair();
+    let TwoReads {
+        bufs: [c1, c2],
+        data: [d1, d2],
+        res,
+        ..
+    } = two_compound_reads(&mut p, [true, true]);
+    assert_eq!(p.a.get(c1.unwrap().prefix(99).unwrap()), d1);
+    assert_eq!(p.a.get(c2.unwrap().prefix(2000).unwrap()), d2);
+    assert_eq!(echoed_chunks(&p), [(1, 99), (1, 2000)]);
+    let sent = p.b.sent.last().unwrap();
     assert!(
         sent.ends_with(&res),
         "the reduced reply as the app wrote it"
@@ -3826,72 +3868,22 @@ fn r8166_4_3_2_1_a_two_reads_of_a_compound_land_in_two_chunks_in_order() {
 /// chunk in its place; the second READ still goes to the second chunk.
 #[test]
 fn r8166_4_3_2_1_a_an_empty_write_chunk_keeps_its_read_inline() {
-    use rpcrdma_proto::nfs4::{self, op};
-    use rpcrdma_proto::ulb::NFS_PROG;
     let mut p = Pair::default_pair();
-    let c2 = p.a.alloc(4096);
-    let s2 =
-        p.a.env
-            .expose(c2, rpcrdma_verbs::Access::REMOTE_WRITE)
-            .unwrap();
-    let mut call = rpcmsg::call_header(9, NFS_PROG, nfs4::VERSION, nfs4::COMPOUND).to_vec();
-    call.extend(be(&[0, 1, 2, op::READ]));
-    call.extend([7; 16]);
-    call.extend(be(&[0, 0, 0, 64, op::READ]));
-    call.extend([7; 16]);
-    call.extend(be(&[0, 8192, 4096]));
-    // Write list: an empty chunk, then one of 4096 bytes.
-    let mut m = be(&[9, 1, 8, 0, 0, 1, 0, 1, 1, s2.handle, 4096]);
-    m.extend(s2.offset.to_be_bytes());
-    m.extend(be(&[0, 0]));
-    m.extend(&call);
-    p.inject(true, &m);
-    let ic = match p.b.events.pop_front() {
-        Some(Event::IncomingCall(ic)) => ic,
-        other => panic!("{other:?}"),
-    };
-    let args = p.b.alloc(ic.args_len);
-    let got = p.b.conn.accept_call(ic.id, args, &mut p.b.env).unwrap();
-    assert_eq!(got, Accepted::Ready { args_len: 80 });
-    let (d1, d2) = (pattern(1, 61), pattern(2, 2000));
-    let mut res = be(&[0, 0, 2, op::READ, 0, 0, 61]);
-    let at1 = res.len() as u32;
-    res.extend(be(&[op::READ, 0, 1, 2000]));
-    let at2 = res.len() as u32;
-    let msg = p.b.put(&res);
-    let (r1, r2) = (p.b.put(&d1), p.b.put(&d2));
-    let results = [
-        ResultPiece {
-            mem: r1,
-            xdr_pos: at1,
-        },
-        ResultPiece {
-            mem: r2,
-            xdr_pos: at2,
-        },
-    ];
-    let spec = ReplySpec {
-        accept_stat: 0,
-        msg,
-        results: &results,
-    };
-    p.b.conn.submit_reply(ic.id, &spec, &mut p.b.env).unwrap();
-    p.run();
-    assert_eq!(p.a.get(c2.prefix(2000).unwrap()), d2);
-    let sent = p.b.sent.last().unwrap().clone();
-    let v1::Body::Msg(r) = header(&sent).body else {
-        panic!("{sent:?}")
-    };
-    let chunks: Vec<_> = r
-        .writes
-        .iter()
-        .map(|w| (w.segments().count(), w.length()))
-        .collect();
-    assert_eq!(chunks, [(0, 0), (1, 2000)]);
+    let TwoReads {
+        bufs: [_, c2],
+        data: [d1, d2],
+        res,
+        at: [at1, _],
+    } = two_compound_reads(&mut p, [false, true]);
+    assert_eq!(p.a.get(c2.unwrap().prefix(2000).unwrap()), d2);
+    assert_eq!(echoed_chunks(&p), [(0, 0), (1, 2000)]);
     // The first READ's data inline, with its pad, before the second READ's result.
     let mut inline = res[..at1 as usize].to_vec();
     inline.extend(&d1);
-    inline.extend([0; 3]);
+    inline.push(0);
     inline.extend(&res[at1 as usize..]);
-    assert!(sent.ends_with(&inline), "the reply's stream");
+    assert!(
+        p.b.sent.last().unwrap().ends_with(&inline),
+        "the reply's stream"
+    );
 }
