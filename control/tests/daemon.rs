@@ -371,6 +371,73 @@ fn reload_applies_live_settings_and_refuses_the_rest() {
     assert!(a.ctl(&["status"]).status.success());
 }
 
+/// R8166-3.3.2-b: version 1 has no way to change a live connection's inline thresholds, and a
+/// configuration change does not try. A's connection is made with 2048-byte inline sizes; a
+/// reload raising them to 4096 is refused, the connection still shows 2048 (and so does B's
+/// view of A's RFC 8797 data), and a 3000-byte call that would fit 4096 still goes as a Long call.
+/// It also checks R8166-3.3.2-a in the daemon: A's receive buffers are 8192 bytes, yet the
+/// threshold for B's replies is the 2048 A announced (it was 4096 before that was fixed).
+#[test]
+fn r8166_3_3_2_b_a_reload_leaves_a_live_connections_thresholds_alone() {
+    let b = Daemon::start("thresholds-b", None);
+    let dir = tmpdir("thresholds-a");
+    let port = free_port();
+    let small = "[transport]\ninline-send = 2048\ninline-recv = 2048\n";
+    let text = config(&dir, port, Some(("server", b.port)), small);
+    let a = Daemon::start_with(dir, port, &text);
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    // ECHO of 3000 bytes, not marked DDP-eligible: inline if the call threshold allows it,
+    // else a Long call; the reply comes back through a Reply chunk.
+    let echo_3000 = |c: &mut Client| {
+        let data = rdmatest::pattern(3000, 3000);
+        let mut call = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+        call.args().put_opaque(&data);
+        call.max_reply(8192);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, Some(Duration::from_secs(20)))
+            .expect("ECHO reply");
+        assert_eq!(r.body, common::xdr_opaque(&data));
+    };
+    // The connection's thresholds: A's calls, B's replies (both 2048).
+    let thresholds = |a: &Daemon| {
+        let c = a.ctl_json(&["conns"])[0].clone();
+        (c["inline-send"].clone(), c["inline-recv"].clone())
+    };
+    assert_eq!(thresholds(&a), (2048.into(), 2048.into()));
+    echo_3000(&mut c);
+    let long_calls = |a: &Daemon| a.ctl_json(&["stats"])["conns"][0]["long-calls"].clone();
+    assert_eq!(long_calls(&a), 1, "{}", a.ctl_json(&["stats"]));
+
+    std::fs::write(&a.config, text.replace("= 2048", "= 4096")).expect("write");
+    let r = a.ctl_json(&["reload"]);
+    let refused: Vec<_> = r["refused"]
+        .as_array()
+        .expect("refused")
+        .iter()
+        .map(|k| k["key"].as_str().expect("key").to_string())
+        .collect();
+    assert_eq!(
+        refused,
+        ["transport.inline-recv", "transport.inline-send"],
+        "{r}"
+    );
+
+    assert_eq!(thresholds(&a), (2048.into(), 2048.into()));
+    let seen = &b.ctl_json(&["conns"])[0];
+    assert_eq!(seen["peer-inline-recv"], 2048, "{seen}");
+    echo_3000(&mut c);
+    assert_eq!(
+        long_calls(&a),
+        2,
+        "still a Long call: {}",
+        a.ctl_json(&["stats"])
+    );
+}
+
 #[test]
 fn v2_client_falls_back_to_v1_against_a_v1_only_server() {
     let dir_b = tmpdir("v1-b");

@@ -637,6 +637,11 @@ pub struct Connection {
     send_threshold: u32,
     /// Inline threshold for messages the peer sends (decides the Reply chunk).
     recv_threshold: u32,
+    /// The receive size this side announced (RFC 8797; its receive buffers unless told
+    /// otherwise) and the peer's largest Send: version one's `recv_threshold` is their
+    /// minimum, the size the peer itself computes (R8166-3.3.2-a).
+    own_recv: u32,
+    peer_send: u32,
     /// The peer accepts Send With Invalidate (RFC 8797 flag).
     peer_takes_inv: bool,
     /// A version-two message from the peer has been seen (V2-5.1-a).
@@ -719,6 +724,8 @@ impl Connection {
             // starts at 1024 until the peer confirms (AMB-20).
             send_threshold: cfg.send_size.min(peer_recv),
             recv_threshold: peer_send.min(cfg.recv_size),
+            own_recv: cfg.recv_size,
+            peer_send,
             peer_takes_inv: peer_inv,
             v2_confirmed: false,
             peer_rbsiz: None,
@@ -1539,7 +1546,17 @@ impl Connection {
     /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer
     /// sends, which decides when calls offer a Reply chunk.
     pub fn set_peer_send_size(&mut self, size: u32) {
-        self.recv_threshold = self.cfg.recv_size.min(size.max(DEFAULT_INLINE));
+        self.peer_send = size.max(DEFAULT_INLINE);
+        self.recv_threshold = self.own_recv.min(self.peer_send);
+    }
+
+    /// Sets the receive size this side announces in its RFC 8797 private data, when it is
+    /// smaller than the receive buffers posted (`ConnConfig::recv_size`, which bounds it):
+    /// the peer sends inline no more than that, so a call whose reply may be larger offers
+    /// a Reply chunk (R8166-3.3.2-a, R8166-4.3.3-a). Call it before any call is sent.
+    pub fn set_announced_receive_size(&mut self, size: u32) {
+        self.own_recv = size.clamp(DEFAULT_INLINE, self.cfg.recv_size);
+        self.recv_threshold = self.own_recv.min(self.peer_send);
     }
 
     /// Applies the peer's XCHAR_REQREMINV (version two): whether replies may use Send With

@@ -2527,6 +2527,69 @@ fn r8166_3_3_2_a_thresholds_are_min_of_send_and_peer_receive() {
     assert_eq!(c.thresholds(), (1024, 1024));
 }
 
+/// R8166-3.3.2-a: the threshold for what the peer sends is what the peer computes, from the
+/// receive size this side announced, even when the buffers posted are larger (the daemon posts
+/// `pools.recv-buffer-size` and announces `transport.inline-recv`). A call whose reply may
+/// exceed it offers a Reply chunk (R8166-4.3.3-a); before the announced size was used, the
+/// 8192-byte buffers made it 4096 and the call went without one.
+#[test]
+fn r8166_3_3_2_a_the_reply_threshold_is_the_announced_receive_size() {
+    use rpcrdma_proto::cm::PrivateData;
+    let mut cfg = sim::config(Role::Client, 4);
+    cfg.recv_size = 8192;
+    cfg.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 4096,
+        recv_size: 4096,
+    });
+    let mut c = Connection::new(sim::sized(cfg)).unwrap();
+    assert_eq!(c.thresholds(), (4096, 4096));
+    c.set_announced_receive_size(2048);
+    assert_eq!(c.thresholds(), (4096, 2048));
+    // The peer's RFC 8797 data arriving later keeps it (the minimum of both).
+    c.set_peer_send_size(8192);
+    assert_eq!(c.thresholds(), (4096, 2048));
+    c.set_peer_send_size(1024);
+    assert_eq!(c.thresholds(), (4096, 1024));
+    // Never above the buffers posted, never below 1024.
+    c.set_peer_send_size(65536);
+    c.set_announced_receive_size(1 << 20);
+    assert_eq!(c.thresholds().1, 8192);
+    c.set_announced_receive_size(0);
+    assert_eq!(c.thresholds().1, 1024);
+
+    // Between two engines: a call with a 3000-byte reply buffer offers a Reply chunk.
+    let mut client = sim::config(Role::Client, 8);
+    client.recv_size = 8192;
+    client.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 4096,
+        recv_size: 4096,
+    });
+    let mut server = sim::config(Role::Server, 8);
+    server.send_size = 4096;
+    server.peer = Some(PrivateData {
+        remote_invalidate: false,
+        send_size: 4096,
+        recv_size: 2048,
+    });
+    let mut p = Pair::new(sim::sized(client), sim::sized(server));
+    p.a.conn.set_announced_receive_size(2048);
+    let reply = bulk(&mut p, 1, &[5; 100], 3000);
+    p.run();
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    assert!(
+        c.reply.is_some(),
+        "a Reply chunk for a reply of up to 3000 bytes"
+    );
+    serve(&mut p);
+    let d = done(&mut p);
+    assert_eq!((d[0].status, d[0].reply_len), (CallStatus::Ok, 100));
+    assert_eq!(p.a.get(reply.prefix(100).unwrap()), [5; 100]);
+}
+
 #[test]
 fn r8166_3_3_3_d_receive_buffers_hold_1024() {
     let mut cfg = sim::config(Role::Server, 4);

@@ -1538,7 +1538,8 @@ impl<P: Provider> PollThread<P> {
         self.slots.iter().position(|s| s.qp.is_none())
     }
 
-    fn local_private(&self) -> [u8; rpcrdma_proto::cm::LEN] {
+    /// What this side announces in its RFC 8797 private data.
+    fn local_cm(&self) -> CmData {
         let t = &self.spec.transport;
         CmData {
             remote_invalidate: t.remote_invalidation,
@@ -1546,7 +1547,10 @@ impl<P: Provider> PollThread<P> {
             recv_size: t.inline_recv,
         }
         .normalized()
-        .emit()
+    }
+
+    fn local_private(&self) -> [u8; rpcrdma_proto::cm::LEN] {
+        self.local_cm().emit()
     }
 
     /// A queue pair with its engine connection (receives posted, speaking at most
@@ -1576,9 +1580,13 @@ impl<P: Provider> PollThread<P> {
             }
         };
         let t = self.spec.transport;
+        // The engine's receive buffers may be larger than the size announced to the peer
+        // (pools.recv-buffer-size above transport.inline-recv): the peer sends by the latter.
+        let announced = self.local_cm().recv_size;
         let _ = self.drv.configure(conn, |c| {
             c.set_first_reply_timeout(t.v2_first_reply_timeout);
             c.set_chunk_caps(t.max_segments_per_chunk, t.max_chunks_per_list);
+            c.set_announced_receive_size(announced);
         });
         if self.slot_by_conn.len() <= conn.index() {
             self.slot_by_conn.resize(conn.index() + 1, u32::MAX);
