@@ -31,7 +31,9 @@ pub struct ConnTemplate {
     pub max_calls: u32,
     /// Largest Send (and inline threshold this side offers).
     pub send_size: u32,
-    /// Receive buffer size (advertised in RFC 8797 private data).
+    /// Receive buffer size. It is also the receive size a connection takes as announced
+    /// in RFC 8797 private data, unless the owner announces a smaller one
+    /// ([`Connection::set_announced_receive_size`](crate::conn::Connection::set_announced_receive_size)).
     pub recv_size: u32,
     /// Receive buffers per connection (credits plus room for backward calls).
     pub recv_slots: u32,

@@ -5,6 +5,7 @@
 
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3REG};
+use crate::nfs4::{op, SIZE_MASK};
 use crate::tcprpc::read_record;
 use crate::xdr::{Reader, Writer};
 use rpcrdma_shm::client::{Call, ReplyBuilder, XdrBuilder};
@@ -214,23 +215,12 @@ impl Fs {
     }
 }
 
-/// NFSv4 operation numbers and statuses the subset knows.
+/// NFSv4 statuses and the session id of the subset (its operations: [`crate::nfs4::op`]).
 mod v4 {
-    pub const GETATTR: u32 = 9;
-    pub const PUTFH: u32 = 22;
-    pub const READ: u32 = 25;
-    pub const WRITE: u32 = 38;
-    pub const EXCHANGE_ID: u32 = 42;
-    pub const CREATE_SESSION: u32 = 43;
-    pub const DESTROY_SESSION: u32 = 44;
-    pub const SEQUENCE: u32 = 53;
-    pub const DESTROY_CLIENTID: u32 = 57;
-    pub const RECLAIM_COMPLETE: u32 = 58;
     pub const ERR_STALE: u32 = 70;
     pub const ERR_NOFILEHANDLE: u32 = 10_020;
     pub const ERR_NOTSUPP: u32 = 10_004;
     pub const SESSION: &[u8; 16] = b"mini-session-001";
-    pub const SIZE_MASK: u32 = 1 << 4;
 }
 
 impl Fs {
@@ -250,8 +240,8 @@ impl Fs {
         let mut cur: Option<&'static [u8]> = None;
         let mut done = 0;
         for _ in 0..n.min(16) {
-            let op = r.u32().ok()?;
-            let status = self.op4(op, r, x, &mut cur)?;
+            let opnum = r.u32().ok()?;
+            let status = self.op4(opnum, r, x, &mut cur)?;
             done += 1;
             if status != 0 {
                 x.set_u32(0, status);
@@ -265,14 +255,14 @@ impl Fs {
     /// One operation: its arguments read, its result (number, status, result) written.
     fn op4(
         &mut self,
-        op: u32,
+        opnum: u32,
         r: &mut Reader<'_>,
         x: &mut XdrBuilder,
         cur: &mut Option<&'static [u8]>,
     ) -> Option<u32> {
-        x.put_u32(op);
-        match op {
-            v4::SEQUENCE => {
+        x.put_u32(opnum);
+        match opnum {
+            op::SEQUENCE => {
                 let id = r.fixed(16).ok()?;
                 let (seq, slot) = (r.u32().ok()?, r.u32().ok()?);
                 r.fixed(8).ok()?;
@@ -286,7 +276,7 @@ impl Fs {
                     .put_u32(0)
                     .put_u32(0);
             }
-            v4::EXCHANGE_ID => {
+            op::EXCHANGE_ID => {
                 r.fixed(8).ok()?;
                 r.opaque(1024).ok()?;
                 r.u32().ok()?;
@@ -303,7 +293,7 @@ impl Fs {
                 x.put_u32(0).put_u32(0).put_u32(0).put_opaque(b"mini");
                 x.put_opaque(b"mini").put_u32(0);
             }
-            v4::CREATE_SESSION => {
+            op::CREATE_SESSION => {
                 r.fixed(8).ok()?;
                 let seq = r.u32().ok()?;
                 r.u32().ok()?;
@@ -334,19 +324,19 @@ impl Fs {
                     x.put_u32(0);
                 }
             }
-            v4::RECLAIM_COMPLETE => {
+            op::RECLAIM_COMPLETE => {
                 r.u32().ok()?;
                 x.put_u32(0);
             }
-            v4::DESTROY_SESSION => {
+            op::DESTROY_SESSION => {
                 r.fixed(16).ok()?;
                 x.put_u32(0);
             }
-            v4::DESTROY_CLIENTID => {
+            op::DESTROY_CLIENTID => {
                 r.u64().ok()?;
                 x.put_u32(0);
             }
-            v4::PUTFH => {
+            op::PUTFH => {
                 let fh = r.opaque(128).ok()?;
                 *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT]
                     .into_iter()
@@ -355,12 +345,12 @@ impl Fs {
                 x.put_u32(status);
                 return Some(status);
             }
-            v4::READ | v4::WRITE | v4::GETATTR => {
+            op::READ | op::WRITE | op::GETATTR => {
                 let Some(fh) = *cur else {
                     x.put_u32(v4::ERR_NOFILEHANDLE);
                     return Some(v4::ERR_NOFILEHANDLE);
                 };
-                return self.file_op4(op, fh, r, x);
+                return self.file_op4(opnum, fh, r, x);
             }
             _ => {
                 x.put_u32(v4::ERR_NOTSUPP);
@@ -373,20 +363,20 @@ impl Fs {
     /// READ (the data a DDP piece), WRITE and GETATTR (the size only) on file `fh`.
     fn file_op4(
         &mut self,
-        op: u32,
+        opnum: u32,
         fh: &'static [u8],
         r: &mut Reader<'_>,
         x: &mut XdrBuilder,
     ) -> Option<u32> {
-        match op {
-            v4::READ => {
+        match opnum {
+            op::READ => {
                 r.fixed(16).ok()?;
                 let off = r.u64().ok()?;
                 let (data, eof) = self.read_at(fh, off, r.u32().ok()?)?;
                 x.put_u32(0).put_u32(u32::from(eof));
                 x.put_ddp_opaque(&data);
             }
-            v4::WRITE => {
+            op::WRITE => {
                 r.fixed(16).ok()?;
                 let off = usize::try_from(r.u64().ok()?).ok()?;
                 r.u32().ok()?;
@@ -404,13 +394,13 @@ impl Fs {
                 for k in 0..words.min(8) {
                     let w = r.u32().ok()?;
                     if k == 0 {
-                        want = w & v4::SIZE_MASK;
+                        want = w & SIZE_MASK;
                     }
                 }
                 let size = self.attr(fh).map_or(0, |a| a.1);
                 x.put_u32(0);
                 if want != 0 {
-                    x.put_u32(1).put_u32(v4::SIZE_MASK);
+                    x.put_u32(1).put_u32(SIZE_MASK);
                     x.put_opaque(&size.to_be_bytes());
                 } else {
                     x.put_u32(0).put_u32(0);

@@ -15,21 +15,25 @@ pub const VERS: u32 = 4;
 pub const COMPOUND: u32 = 1;
 const MINOR: u32 = 1;
 
-const OP_GETATTR: u32 = 9;
-const OP_PUTFH: u32 = 22;
-const OP_READ: u32 = 25;
-const OP_WRITE: u32 = 38;
-const OP_EXCHANGE_ID: u32 = 42;
-const OP_CREATE_SESSION: u32 = 43;
-const OP_DESTROY_SESSION: u32 = 44;
-const OP_SEQUENCE: u32 = 53;
-const OP_DESTROY_CLIENTID: u32 = 57;
-const OP_RECLAIM_COMPLETE: u32 = 58;
+/// The operation numbers (`nfs_opnum4`) the probe's client and the miniserver use.
+#[allow(missing_docs)]
+pub mod op {
+    pub const GETATTR: u32 = 9;
+    pub const PUTFH: u32 = 22;
+    pub const READ: u32 = 25;
+    pub const WRITE: u32 = 38;
+    pub const EXCHANGE_ID: u32 = 42;
+    pub const CREATE_SESSION: u32 = 43;
+    pub const DESTROY_SESSION: u32 = 44;
+    pub const SEQUENCE: u32 = 53;
+    pub const DESTROY_CLIENTID: u32 = 57;
+    pub const RECLAIM_COMPLETE: u32 = 58;
+}
 /// NFS4ERR_COMPLETE_ALREADY: RECLAIM_COMPLETE sent twice, harmless.
 const ERR_COMPLETE_ALREADY: u32 = 10_054;
 const FILE_SYNC4: u32 = 2;
 /// FATTR4_SIZE, bit 4 of word 0.
-const SIZE_MASK: u32 = 1 << 4;
+pub const SIZE_MASK: u32 = 1 << 4;
 
 /// A session on one NFSv4.1 server, its single slot used for every request.
 #[derive(Debug)]
@@ -79,10 +83,10 @@ fn results(body: &[u8]) -> R<Reader<'_>> {
                 break;
             }
             // The results of the successful operations before it are not stepped over.
-            if op != OP_SEQUENCE && op != OP_PUTFH {
+            if op != op::SEQUENCE && op != op::PUTFH {
                 break;
             }
-            if op == OP_SEQUENCE && r.fixed(36).is_err() {
+            if op == op::SEQUENCE && r.fixed(36).is_err() {
                 break;
             }
         }
@@ -95,7 +99,7 @@ fn results(body: &[u8]) -> R<Reader<'_>> {
 }
 
 /// The next operation's number and status; `want` must be its number and the status OK.
-fn op(r: &mut Reader<'_>, want: u32) -> R<()> {
+fn expect_op(r: &mut Reader<'_>, want: u32) -> R<()> {
     let (got, st) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
     if got != want || st != 0 {
         return Err(format!(
@@ -138,7 +142,7 @@ impl Nfs {
     pub fn session(&mut self, owner: &[u8]) -> R<Session> {
         let mut c = self.compound(1);
         let x = c.args();
-        x.put_u32(OP_EXCHANGE_ID);
+        x.put_u32(op::EXCHANGE_ID);
         put_fixed(x, &std::process::id().to_be_bytes().repeat(2));
         x.put_opaque(owner);
         // No flags, SP4_NONE, no implementation id.
@@ -146,13 +150,13 @@ impl Nfs {
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
         let mut r = results(&reply.body)?;
-        op(&mut r, OP_EXCHANGE_ID)?;
+        expect_op(&mut r, op::EXCHANGE_ID)?;
         let clientid = r.u64().map_err(bad)?;
         let seq = r.u32().map_err(bad)?;
 
         let mut c = self.compound(1);
         let x = c.args();
-        x.put_u32(OP_CREATE_SESSION);
+        x.put_u32(op::CREATE_SESSION);
         put_u64(x, clientid);
         x.put_u32(seq).put_u32(0);
         channel(x, 1_049_620, 1_049_480, 7584, 8, 16);
@@ -162,7 +166,7 @@ impl Nfs {
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
         let mut r = results(&reply.body)?;
-        op(&mut r, OP_CREATE_SESSION)?;
+        expect_op(&mut r, op::CREATE_SESSION)?;
         let mut id = [0u8; 16];
         id.copy_from_slice(r.fixed(16).map_err(bad)?);
         r.fixed(8).map_err(bad)?;
@@ -176,17 +180,17 @@ impl Nfs {
 
         let mut c = self.compound(2);
         sequence(c.args(), &mut s);
-        c.args().put_u32(OP_RECLAIM_COMPLETE).put_u32(0);
+        c.args().put_u32(op::RECLAIM_COMPLETE).put_u32(0);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
         let mut r = Reader::new(&reply.body);
         r.fixed(4).map_err(bad)?;
         r.opaque(1024).map_err(bad)?;
         r.u32().map_err(bad)?;
-        op(&mut r, OP_SEQUENCE)?;
+        expect_op(&mut r, op::SEQUENCE)?;
         r.fixed(36).map_err(bad)?;
         let (o, st) = (r.u32().map_err(bad)?, r.u32().map_err(bad)?);
-        if o != OP_RECLAIM_COMPLETE || (st != 0 && st != ERR_COMPLETE_ALREADY) {
+        if o != op::RECLAIM_COMPLETE || (st != 0 && st != ERR_COMPLETE_ALREADY) {
             return Err(format!("RECLAIM_COMPLETE answered nfsstat4 {st}"));
         }
         Ok(s)
@@ -202,12 +206,12 @@ impl Nfs {
         count: u32,
     ) -> R<(Vec<u8>, u32)> {
         let mut c = self.compound(3);
-        io_head(c.args(), s, fh, OP_READ, offset);
+        io_head(c.args(), s, fh, op::READ, offset);
         c.args().put_u32(count);
         c.result_buffer(count.max(4));
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        let mut r = io_results(&reply.body, OP_READ)?;
+        let mut r = io_results(&reply.body, op::READ)?;
         r.bool().map_err(bad)?;
         let data = r.opaque(count).map_err(bad)?.to_vec();
         Ok((data, reply.ddp_bytes))
@@ -218,15 +222,15 @@ impl Nfs {
     pub fn write4(&mut self, s: &mut Session, fh: &[u8], offset: u64, data: &[u8]) -> R<Written> {
         let mut c = self.compound(4);
         let x = c.args();
-        io_head(x, s, fh, OP_WRITE, offset);
+        io_head(x, s, fh, op::WRITE, offset);
         x.put_u32(FILE_SYNC4).put_ddp_opaque(data);
-        x.put_u32(OP_GETATTR).put_u32(1).put_u32(SIZE_MASK);
+        x.put_u32(op::GETATTR).put_u32(1).put_u32(SIZE_MASK);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        let mut r = io_results(&reply.body, OP_WRITE)?;
+        let mut r = io_results(&reply.body, op::WRITE)?;
         let count = r.u32().map_err(bad)?;
         r.fixed(12).map_err(bad)?;
-        op(&mut r, OP_GETATTR)?;
+        expect_op(&mut r, op::GETATTR)?;
         let words = r.u32().map_err(bad)?;
         let mask = r.fixed(4 * words.min(8) as usize).map_err(bad)?;
         let vals = r.opaque(1024).map_err(bad)?;
@@ -243,17 +247,17 @@ impl Nfs {
     /// DESTROY_SESSION, then DESTROY_CLIENTID.
     pub fn end_session(&mut self, s: Session) -> R<()> {
         let mut c = self.compound(1);
-        c.args().put_u32(OP_DESTROY_SESSION);
+        c.args().put_u32(op::DESTROY_SESSION);
         put_fixed(c.args(), &s.id);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        op(&mut results(&reply.body)?, OP_DESTROY_SESSION)?;
+        expect_op(&mut results(&reply.body)?, op::DESTROY_SESSION)?;
         let mut c = self.compound(1);
-        c.args().put_u32(OP_DESTROY_CLIENTID);
+        c.args().put_u32(op::DESTROY_CLIENTID);
         put_u64(c.args(), s.clientid);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
-        op(&mut results(&reply.body)?, OP_DESTROY_CLIENTID)
+        expect_op(&mut results(&reply.body)?, op::DESTROY_CLIENTID)
     }
 }
 
@@ -261,7 +265,7 @@ impl Nfs {
 /// anonymous stateid.
 fn io_head(x: &mut XdrBuilder, s: &mut Session, fh: &[u8], op: u32, offset: u64) {
     sequence(x, s);
-    x.put_u32(OP_PUTFH).put_opaque(fh);
+    x.put_u32(op::PUTFH).put_opaque(fh);
     x.put_u32(op);
     put_fixed(x, &[0; 16]);
     put_u64(x, offset);
@@ -270,16 +274,16 @@ fn io_head(x: &mut XdrBuilder, s: &mut Session, fh: &[u8], op: u32, offset: u64)
 /// The results of an [`io_head`] COMPOUND, read up to operation `op`'s result.
 fn io_results(body: &[u8], want: u32) -> R<Reader<'_>> {
     let mut r = results(body)?;
-    op(&mut r, OP_SEQUENCE)?;
+    expect_op(&mut r, op::SEQUENCE)?;
     r.fixed(36).map_err(bad)?;
-    op(&mut r, OP_PUTFH)?;
-    op(&mut r, want)?;
+    expect_op(&mut r, op::PUTFH)?;
+    expect_op(&mut r, want)?;
     Ok(r)
 }
 
 /// SEQUENCE on slot 0 with the session's next sequence id.
 fn sequence(x: &mut XdrBuilder, s: &mut Session) {
-    x.put_u32(OP_SEQUENCE);
+    x.put_u32(op::SEQUENCE);
     put_fixed(x, &s.id);
     x.put_u32(s.seq).put_u32(0).put_u32(0).put_u32(0);
     s.seq = s.seq.wrapping_add(1);

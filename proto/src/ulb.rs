@@ -6,6 +6,7 @@
 //! [`Binding::NONE`] and may only use Long messages (PZRC / Reply chunk).
 
 use crate::chunk::ReadList;
+use crate::nfs4::{COMPOUND as NFS4_COMPOUND, VERSION as NFS4_VERS};
 use crate::rpc::CallHeader;
 use crate::xdr::Reader;
 use crate::Error;
@@ -97,7 +98,7 @@ pub fn binding(prog: u32, vers: u32, proc: u32) -> Binding {
         // Any operation may carry an eligible item. By default a COMPOUND carries at most one
         // Read chunk besides a Position-Zero one and at most one Write chunk (RFC 8267 §5,
         // "chunk list complexity"), which every NFSv4 server must accept.
-        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => Binding::BOTH,
+        (NFS_PROG, NFS4_VERS, NFS4_COMPOUND) => Binding::BOTH,
         _ => Binding::NONE,
     }
 }
@@ -176,9 +177,7 @@ pub fn eligible_argument(
             skip_set_time(&mut r, "set_mtime")?;
             item_at(&mut r, 0, "symlink_data")?
         }
-        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => {
-            return crate::nfs4::argument(args, |_| true)
-        }
+        (NFS_PROG, NFS4_VERS, NFS4_COMPOUND) => return crate::nfs4::argument(args, |_| true),
         _ => return Ok(None),
     };
     Ok(Some(item))
@@ -194,7 +193,7 @@ pub fn eligible_argument_at(
     args: &[u8],
     position: u32,
 ) -> Result<Option<Item>, Error> {
-    if (prog, vers, proc) == (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) {
+    if is_compound(prog, vers, proc) {
         return crate::nfs4::argument(args, |item| item.position == position);
     }
     Ok(eligible_argument(prog, vers, proc, args)?.filter(|item| item.position == position))
@@ -241,9 +240,7 @@ pub fn eligible_result(
             skip_post_op_attr(&mut r, "READLINK3resok symlink_attributes")?;
             item_at(&mut r, 0, "READLINK3resok data")?
         }
-        (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND) => {
-            return crate::nfs4::result(results)
-        }
+        (NFS_PROG, NFS4_VERS, NFS4_COMPOUND) => return crate::nfs4::result(results),
         _ => return Ok(None),
     };
     Ok(Some(item))
@@ -253,7 +250,12 @@ pub fn eligible_result(
 /// reply whose result was reduced ends with the result's length word. Not so in a COMPOUND,
 /// where operations may follow the READ.
 pub fn result_is_last(prog: u32, vers: u32, proc: u32) -> bool {
-    (prog, vers, proc) != (NFS_PROG, crate::nfs4::VERSION, crate::nfs4::COMPOUND)
+    !is_compound(prog, vers, proc)
+}
+
+/// NFSv4's COMPOUND, the one binding here with several eligible items per message.
+fn is_compound(prog: u32, vers: u32, proc: u32) -> bool {
+    (prog, vers, proc) == (NFS_PROG, NFS4_VERS, NFS4_COMPOUND)
 }
 
 /// Finds the eligible argument of a whole RPC call message; the position is counted from

@@ -845,21 +845,20 @@ pub(super) const RESULT_HEAD: usize = 1024;
 ///   operations may follow the READ, and the bytes belong after its length word).
 fn result_placed(c: &Call, results: &[u8], reply_len: u32, used: u32) -> Option<u32> {
     use rpcrdma_proto::ulb::{eligible_result, result_is_last};
-    let placed = match eligible_result(c.prog, c.vers, c.proc_, results) {
+    match eligible_result(c.prog, c.vers, c.proc_, results) {
         Ok(Some(item)) if used > 0 => {
-            let at = if result_is_last(c.prog, c.vers, c.proc_) {
+            let in_place = if result_is_last(c.prog, c.vers, c.proc_) {
                 item.position == reply_len
             } else {
                 item.position <= reply_len
             };
-            return (at && item.length == used).then_some(item.position);
+            (in_place && item.length == used).then_some(item.position)
         }
-        Ok(Some(item)) => item.length == 0,
+        Ok(Some(item)) => (item.length == 0).then_some(reply_len),
         // Nothing for the chunk: an unparsable reply reaches the app (it is the judge of its
         // own results) unless the chunk claims a place in it.
-        Ok(None) | Err(_) => used == 0,
-    };
-    placed.then_some(reply_len)
+        Ok(None) | Err(_) => (used == 0).then_some(reply_len),
+    }
 }
 
 /// Bytes one Write chunk of one segment adds to a reply's header: its discriminator, its
