@@ -1,6 +1,7 @@
 //! Upper-Layer Bindings (RFC 8166 §6): which XDR items of which procedures may be reduced
-//! (moved into chunks), for RDMATEST (TESTPROG.md), NFS version 3 (RFC 8267 §4) and NFS
-//! version 4's COMPOUND (RFC 8267 §5; the walk through its operations is in [`crate::nfs4`]).
+//! (moved into chunks), for RDMATEST (TESTPROG.md), NFS versions 2 and 3 (RFC 8267 §4) and
+//! NFS version 4's COMPOUND (RFC 8267 §5; the walk through its operations is in
+//! [`crate::nfs4`]).
 //!
 //! Anything not named here is not DDP-eligible (IMPL-6.2.1-a): unknown programs get
 //! [`Binding::NONE`] and may only use Long messages (PZRC / Reply chunk).
@@ -34,6 +35,20 @@ pub mod rdmatest {
 pub const RDMATEST_CB_PROG: u32 = 0x2052_4455;
 /// NFS program number.
 pub const NFS_PROG: u32 = 100_003;
+/// NFS version 2 procedures with DDP-eligible items (RFC 8267 §4, on RFC 1094's
+/// procedures): the same four items as in version 3, under other numbers.
+pub mod nfs2 {
+    /// READLINK: the `path` result is eligible.
+    pub const READLINK: u32 = 5;
+    /// READ: the `data` result is eligible.
+    pub const READ: u32 = 6;
+    /// WRITE: the `data` argument is eligible.
+    pub const WRITE: u32 = 8;
+    /// SYMLINK: the `to` path argument is eligible; unlike version 3's, attributes follow it.
+    pub const SYMLINK: u32 = 13;
+    /// Size of a version 2 file handle (fixed-length opaque).
+    pub const FHSIZE: usize = 32;
+}
 /// NFS version 3 procedures with DDP-eligible items (RFC 8267 §4).
 pub mod nfs3 {
     /// READLINK: the `nfspath3` result is eligible.
@@ -93,6 +108,8 @@ pub fn binding(prog: u32, vers: u32, proc: u32) -> Binding {
         (RDMATEST_PROG, RDMATEST_VERS, rdmatest::ECHO) => Binding::BOTH,
         (RDMATEST_PROG, RDMATEST_VERS, rdmatest::READ) => Binding::RESULT,
         (RDMATEST_PROG, RDMATEST_VERS, rdmatest::WRITE) => Binding::ARG,
+        (NFS_PROG, 2, nfs2::READ | nfs2::READLINK) => Binding::RESULT,
+        (NFS_PROG, 2, nfs2::WRITE | nfs2::SYMLINK) => Binding::ARG,
         (NFS_PROG, 3, nfs3::READ | nfs3::READLINK) => Binding::RESULT,
         (NFS_PROG, 3, nfs3::WRITE | nfs3::SYMLINK) => Binding::ARG,
         // Any operation may carry an eligible item. By default a COMPOUND carries at most one
@@ -161,6 +178,18 @@ pub fn eligible_argument(
             r.u32("write_args.seed")?;
             item_at(&mut r, 0, "write_args.data")?
         }
+        (NFS_PROG, 2, nfs2::WRITE) => {
+            r.take(
+                nfs2::FHSIZE + 4 + 4 + 4,
+                "writeargs file, offsets, totalcount",
+            )?;
+            item_at(&mut r, 0, "writeargs data")?
+        }
+        (NFS_PROG, 2, nfs2::SYMLINK) => {
+            r.take(nfs2::FHSIZE, "diropargs dir")?;
+            skip_opaque_head(&mut r, 255, "diropargs name")?;
+            item_at(&mut r, 0, "symlinkargs to")?
+        }
         (NFS_PROG, 3, nfs3::WRITE) => {
             skip_opaque_head(&mut r, 64, "nfs_fh3")?;
             r.take(8 + 4 + 4, "WRITE3args offset, count, stable")?;
@@ -219,24 +248,31 @@ pub fn eligible_result(
     proc: u32,
     results: &[u8],
 ) -> Result<Option<Item>, Error> {
-    const NFS3_OK: u32 = 0;
+    const NFS_OK: u32 = 0;
     let mut r = Reader::new(results);
+    // Every NFSv2 and NFSv3 reply with an eligible result opens with a status; an error
+    // status carries no result at all.
+    let legacy_nfs = prog == NFS_PROG && matches!(vers, 2 | 3);
+    if legacy_nfs && binding(prog, vers, proc).result_eligible && r.u32("NFS status")? != NFS_OK {
+        return Ok(None);
+    }
     let item = match (prog, vers, proc) {
         (RDMATEST_PROG, RDMATEST_VERS, rdmatest::ECHO | rdmatest::READ) => {
             item_at(&mut r, 0, "result opaque")?
         }
+        (NFS_PROG, 2, nfs2::READ) => {
+            // fattr: type, mode, nlink, uid, gid, size, blocksize, rdev, blocks, fsid,
+            // fileid, then three timevals.
+            r.take(17 * 4, "readres attributes")?;
+            item_at(&mut r, 0, "readres data")?
+        }
+        (NFS_PROG, 2, nfs2::READLINK) => item_at(&mut r, 0, "readlinkres data")?,
         (NFS_PROG, 3, nfs3::READ) => {
-            if r.u32("READ3res status")? != NFS3_OK {
-                return Ok(None);
-            }
             skip_post_op_attr(&mut r, "READ3resok file_attributes")?;
             r.take(4 + 4, "READ3resok count, eof")?;
             item_at(&mut r, 0, "READ3resok data")?
         }
         (NFS_PROG, 3, nfs3::READLINK) => {
-            if r.u32("READLINK3res status")? != NFS3_OK {
-                return Ok(None);
-            }
             skip_post_op_attr(&mut r, "READLINK3resok symlink_attributes")?;
             item_at(&mut r, 0, "READLINK3resok data")?
         }

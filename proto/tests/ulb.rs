@@ -1,7 +1,14 @@
-//! Upper-Layer Binding tables: RDMATEST (TESTPROG.md) and NFSv3 (RFC 8267).
+//! Upper-Layer Binding tables: RDMATEST (TESTPROG.md) and NFSv2 and NFSv3 (RFC 8267 §4).
+//!
+//! The NFSv2 layouts are judged by Wireshark too (`rfc8267_nfs2_positions_agree_with_wireshark`;
+//! needs `tshark`, which `scripts/setup` installs, and fails without it).
+
+mod wire;
+
+use std::path::PathBuf;
 
 use rpcrdma_proto::chunk::{ReadList, ReadSegment, Segment};
-use rpcrdma_proto::ulb::{self, nfs3, rdmatest, Binding, Item};
+use rpcrdma_proto::ulb::{self, nfs2, nfs3, rdmatest, Binding, Item};
 use rpcrdma_proto::{Answer, Error, Received};
 
 fn words(ws: &[u32]) -> Vec<u8> {
@@ -242,4 +249,207 @@ fn r8166_6_1_c_d_result_positions_of_each_binding() {
     assert!(ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[0, 1, 0])).is_err());
     assert!(ulb::eligible_result(ulb::NFS_PROG, 3, nfs3::READ, &words(&[0, 2])).is_err());
     assert!(ulb::eligible_result(ulb::RDMATEST_PROG, 1, rdmatest::READ, &[]).is_err());
+}
+
+#[test]
+fn rfc8267_nfs2_binding_table() {
+    let b = |p| ulb::binding(ulb::NFS_PROG, 2, p);
+    assert!(b(nfs2::WRITE).arg_eligible && !b(nfs2::WRITE).result_eligible);
+    assert!(b(nfs2::SYMLINK).arg_eligible && !b(nfs2::SYMLINK).result_eligible);
+    assert!(b(nfs2::READ).result_eligible && !b(nfs2::READ).arg_eligible);
+    assert!(b(nfs2::READLINK).result_eligible);
+    assert_eq!(b(nfs2::READ).max_write_chunks, 1);
+    assert_eq!(b(nfs2::WRITE).max_read_chunks, 1);
+    // Version 2's WRITECACHE (7) and version 3's WRITE number carry nothing in version 2.
+    assert_eq!(b(7), Binding::NONE);
+    assert_eq!(b(10), Binding::NONE, "REMOVE, version 3's SYMLINK number");
+    assert_eq!(b(1), Binding::NONE, "GETATTR");
+}
+
+/// An NFSv2 file handle: 32 bytes, fixed length.
+fn fh2() -> Vec<u8> {
+    (0..32).collect()
+}
+
+/// XDR opaque or string: length, bytes, zero pad to a multiple of 4.
+fn opaque(data: &[u8]) -> Vec<u8> {
+    let mut v = words(&[data.len() as u32]);
+    v.extend_from_slice(data);
+    v.resize(v.len().next_multiple_of(4), 0);
+    v
+}
+
+const V2_DATA: &[u8] = b"0123456789abcdefghij-";
+const V2_PATH: &[u8] = b"/target/pth";
+/// The `uid` of SYMLINK's attributes, which follow the eligible path.
+const V2_UID: u32 = 1000;
+
+/// NFSv2 writeargs: file, beginoffset, offset, totalcount, data.
+fn nfs2_write_args() -> Vec<u8> {
+    [fh2(), words(&[7, 4096, 21]), opaque(V2_DATA)].concat()
+}
+
+/// NFSv2 symlinkargs: from (dir handle, name), to (the path), sattr (mode, uid, gid, size,
+/// atime, mtime).
+fn nfs2_symlink_args() -> Vec<u8> {
+    [
+        fh2(),
+        opaque(b"ln"),
+        opaque(V2_PATH),
+        words(&[0o644, V2_UID, 1001, u32::MAX, 1, 2, 3, 4]),
+    ]
+    .concat()
+}
+
+/// NFSv2 readres, NFS_OK: status, fattr (17 words), data.
+fn nfs2_read_res() -> Vec<u8> {
+    let fattr: Vec<u32> = (1..=17).collect();
+    [words(&[0]), words(&fattr), opaque(V2_DATA)].concat()
+}
+
+/// NFSv2 readlinkres, NFS_OK: status, path.
+fn nfs2_readlink_res() -> Vec<u8> {
+    [words(&[0]), opaque(V2_PATH)].concat()
+}
+
+#[test]
+fn rfc8267_nfs2_item_positions() {
+    let at = |position, length| Ok(Some(Item { position, length }));
+    let arg = |proc, args: &[u8]| ulb::eligible_argument(ulb::NFS_PROG, 2, proc, args);
+    let res = |proc, results: &[u8]| ulb::eligible_result(ulb::NFS_PROG, 2, proc, results);
+    // WRITE: handle 32, three words, the data's length word.
+    assert_eq!(arg(nfs2::WRITE, &nfs2_write_args()), at(32 + 12 + 4, 21));
+    // SYMLINK: handle 32, name "ln" 8, the path's length word; 32 bytes of attributes follow.
+    let symlink = nfs2_symlink_args();
+    assert_eq!(arg(nfs2::SYMLINK, &symlink), at(32 + 8 + 4, 11));
+    assert_eq!(symlink.len(), 32 + 8 + 4 + 12 + 32);
+    // READ: status, fattr 68, the data's length word. READLINK: status, the length word.
+    assert_eq!(res(nfs2::READ, &nfs2_read_res()), at(4 + 68 + 4, 21));
+    assert_eq!(res(nfs2::READLINK, &nfs2_readlink_res()), at(8, 11));
+    // An error status (NFSERR_IO, NFSERR_ACCES) has no result to place.
+    assert_eq!(res(nfs2::READ, &words(&[5])), Ok(None));
+    assert_eq!(res(nfs2::READLINK, &words(&[13])), Ok(None));
+    // Cut short, or a name over NFSv2's 255 bytes: errors, never a wrong position.
+    assert!(arg(nfs2::WRITE, &fh2()).is_err());
+    assert!(res(nfs2::READ, &words(&[0, 1, 2])).is_err());
+    let long_name = [fh2(), words(&[256])].concat();
+    assert_eq!(
+        arg(nfs2::SYMLINK, &long_name),
+        Err(Error::BadValue("diropargs name", 256))
+    );
+}
+
+#[test]
+fn r8166_6_1_b_nfs2_symlink_read_chunk_with_arguments_after_it() {
+    // The reduced SYMLINK keeps its attributes inline after the path's length word; a Read
+    // chunk at the path's position, of the path's length (with or without pad), is eligible.
+    let mut msg = call(ulb::NFS_PROG, 2, nfs2::SYMLINK);
+    msg.extend_from_slice(&[fh2(), opaque(b"ln"), words(&[11])].concat());
+    msg.extend_from_slice(&words(&[0o644, V2_UID, 1001, u32::MAX, 1, 2, 3, 4]));
+    let position = 40 + 32 + 8 + 4;
+    for len in [11, 12] {
+        let r = reads(position, &[len]);
+        assert_eq!(
+            ulb::check_read_chunks(&msg, &ReadList::from_segments(&r)),
+            Ok(())
+        );
+    }
+    for (position, len) in [(position, 10), (position + 4, 11), (40 + 32 + 4, 11)] {
+        let r = reads(position, &[len]);
+        let e = ulb::check_read_chunks(&msg, &ReadList::from_segments(&r)).unwrap_err();
+        assert!(
+            matches!(e, Error::NotEligible(_)),
+            "{position} {len}: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn rfc8267_nfs2_positions_agree_with_wireshark() {
+    // Each call and reply goes into a capture; Wireshark's NFSv2 dissector must find, as the
+    // eligible item, the very bytes the binding points at, and SYMLINK's uid right after it.
+    let reply_head = |xid| words(&[xid, 1, 0, 0, 0, 0]);
+    let mut pcap = wire::Pcap::new();
+    let mut expect = Vec::new();
+    for (xid, proc, args) in [
+        (1, nfs2::WRITE, nfs2_write_args()),
+        (2, nfs2::SYMLINK, nfs2_symlink_args()),
+    ] {
+        let msg = [v2_call(xid, proc), args].concat();
+        let item = ulb::eligible_call_item(&msg).unwrap().unwrap();
+        expect.push((
+            pcap.push(true, &msg),
+            proc,
+            slice(&msg, item),
+            after(&msg, item),
+        ));
+    }
+    for (xid, proc, results) in [
+        (3, nfs2::READ, nfs2_read_res()),
+        (4, nfs2::READLINK, nfs2_readlink_res()),
+    ] {
+        pcap.push(true, &[v2_call(xid, proc), fh2()].concat());
+        let item = ulb::eligible_result(ulb::NFS_PROG, 2, proc, &results)
+            .unwrap()
+            .unwrap();
+        let reply = [reply_head(xid), results.clone()].concat();
+        expect.push((pcap.push(false, &reply), proc, slice(&results, item), None));
+    }
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nfs2-layouts.pcap");
+    std::fs::write(&file, &pcap.bytes).unwrap();
+    let fields = [
+        "frame.number",
+        "nfs.data",
+        "nfs.symlink.to",
+        "nfs.readlink.data",
+        "nfs.fattr.uid",
+        "_ws.malformed",
+    ];
+    let rows = wire::tshark(&file, &fields);
+    for (frame, proc, item, next_word) in expect {
+        let row = rows
+            .iter()
+            .find(|r| r.first() == Some(&frame.to_string()))
+            .unwrap_or_else(|| panic!("tshark printed no frame {frame}"));
+        let seen = match proc {
+            nfs2::WRITE | nfs2::READ => row[1].clone(),
+            nfs2::SYMLINK => hex(row[2].as_bytes()),
+            _ => hex(row[3].as_bytes()),
+        };
+        assert_eq!(
+            seen,
+            hex(&item),
+            "frame {frame}, procedure {proc}: eligible item"
+        );
+        if let Some(uid) = next_word {
+            assert_eq!(
+                row[4],
+                uid.to_string(),
+                "frame {frame}: the word after the item"
+            );
+        }
+        assert!(row[5].is_empty(), "frame {frame} malformed");
+    }
+}
+
+/// An NFSv2 call header (AUTH_NONE) with XID `xid`, for Wireshark to pair calls and replies.
+fn v2_call(xid: u32, proc: u32) -> Vec<u8> {
+    words(&[xid, 0, 2, ulb::NFS_PROG, 2, proc, 0, 0, 0, 0])
+}
+
+/// The item's bytes (pad excluded).
+fn slice(msg: &[u8], item: Item) -> Vec<u8> {
+    let at = item.position as usize;
+    msg[at..at + item.length as usize].to_vec()
+}
+
+/// The second word after the item and its pad (SYMLINK's `uid`), if the message goes on.
+fn after(msg: &[u8], item: Item) -> Option<u32> {
+    let at = (item.position + item.length).next_multiple_of(4) as usize + 4;
+    let w = msg.get(at..at + 4)?;
+    Some(u32::from_be_bytes(w.try_into().unwrap()))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -3727,6 +3727,68 @@ fn compound_write(data_len: u32) -> (Vec<u8>, u32) {
     (a, at)
 }
 
+/// RFC 8267 §4 with R8166-6.1-b and R8166-3.4.5-a: an NFSv2 SYMLINK's path, its eligible
+/// argument, goes in a Read chunk although arguments follow it (its attributes, unlike in
+/// NFSv3), and the server gets the whole call back in order.
+#[test]
+fn r8166_6_1_b_nfs2_symlink_path_through_a_read_chunk_attributes_after_it_intact() {
+    use rpcrdma_proto::ulb::{nfs2, NFS_PROG};
+    let mut p = Pair::default_pair();
+    let path = pattern(5, 1024);
+    // symlinkargs: dir handle (32), name "ln", the path's length word, then the sattr.
+    let mut args = vec![0xd1; nfs2::FHSIZE];
+    args.extend(be(&[2]));
+    args.extend(b"ln\0\0");
+    args.extend(be(&[1024]));
+    let at = args.len() as u32;
+    let sattr = be(&[0o644, 1000, 1001, u32::MAX, 1, 2, 3, 4]);
+    args.extend(&sattr);
+    let msg = p.a.put(&args);
+    let piece = p.a.put(&path);
+    let reply = p.a.alloc(256);
+    let spec = CallSpec {
+        user: 1,
+        xid: 1,
+        prog: NFS_PROG,
+        vers: 2,
+        proc_: nfs2::SYMLINK,
+        msg,
+        args: &[ArgPiece {
+            mem: piece,
+            xdr_pos: at,
+        }],
+        results: &[],
+        reply,
+    };
+    call(&mut p, &spec);
+    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
+        panic!()
+    };
+    let rc: Vec<_> = c.reads.chunks().collect();
+    assert_eq!(rc.len(), 1, "the path is reduced");
+    assert_eq!((rc[0].position, rc[0].length()), (40 + at, Some(1024)));
+    let ic = match p.b.events.pop_front() {
+        Some(Event::IncomingCall(ic)) => ic,
+        other => panic!("{other:?}"),
+    };
+    let buf = p.b.alloc(ic.args_len);
+    let got = p.b.conn.accept_call(ic.id, buf, &mut p.b.env).unwrap();
+    assert_eq!(
+        got,
+        Accepted::Pulling,
+        "a chunk the binding allows is pulled"
+    );
+    p.run();
+    assert!(matches!(
+        p.b.events.pop_front(),
+        Some(Event::ArgsReady { .. })
+    ));
+    let mut want = args[..at as usize].to_vec();
+    want.extend(&path);
+    want.extend(&sattr);
+    assert_eq!(p.b.get(buf.prefix(ic.args_len).unwrap()), want);
+}
+
 /// RFC 8267 §5 with R8166-6.1-b, R8166-3.4.5-a and IMPL-3.7-a: a COMPOUND's WRITE data goes
 /// in a Read chunk at its position and comes back at that place in the server's arguments,
 /// the GETATTR after it starting on the next word; a chunk anywhere else in a COMPOUND is
