@@ -3743,15 +3743,33 @@ fn r8166_6_1_b_nfs2_symlink_path_through_a_read_chunk_attributes_after_it_intact
     let at = args.len() as u32;
     let sattr = be(&[0o644, 1000, 1001, u32::MAX, 1, 2, 3, 4]);
     args.extend(&sattr);
-    let msg = p.a.put(&args);
-    let piece = p.a.put(&path);
+    let got = pulled_through_a_read_chunk(&mut p, (NFS_PROG, 2, nfs2::SYMLINK), &args, at, &path);
+    let mut want = args[..at as usize].to_vec();
+    want.extend(&path);
+    want.extend(&sattr);
+    assert_eq!(got, want);
+}
+
+/// Calls `rpc` (program, version, procedure) with `data` as its one DDP piece at `at` in the
+/// reduced arguments `args`, checks that the call carries it in one Read chunk at its position
+/// (R8166-3.4.5-a: counted from the XID), has the server accept the call and the engine pull
+/// the chunk, and returns the arguments the server got.
+fn pulled_through_a_read_chunk(
+    p: &mut Pair,
+    rpc: (u32, u32, u32),
+    args: &[u8],
+    at: u32,
+    data: &[u8],
+) -> Vec<u8> {
+    let msg = p.a.put(args);
+    let piece = p.a.put(data);
     let reply = p.a.alloc(256);
     let spec = CallSpec {
         user: 1,
         xid: 1,
-        prog: NFS_PROG,
-        vers: 2,
-        proc_: nfs2::SYMLINK,
+        prog: rpc.0,
+        vers: rpc.1,
+        proc_: rpc.2,
         msg,
         args: &[ArgPiece {
             mem: piece,
@@ -3760,13 +3778,16 @@ fn r8166_6_1_b_nfs2_symlink_path_through_a_read_chunk_attributes_after_it_intact
         results: &[],
         reply,
     };
-    call(&mut p, &spec);
+    call(p, &spec);
     let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
         panic!()
     };
     let rc: Vec<_> = c.reads.chunks().collect();
-    assert_eq!(rc.len(), 1, "the path is reduced");
-    assert_eq!((rc[0].position, rc[0].length()), (40 + at, Some(1024)));
+    assert_eq!(rc.len(), 1, "the piece is reduced");
+    assert_eq!(
+        (rc[0].position, rc[0].length()),
+        (40 + at, Some(data.len() as u32))
+    );
     let ic = match p.b.events.pop_front() {
         Some(Event::IncomingCall(ic)) => ic,
         other => panic!("{other:?}"),
@@ -3783,10 +3804,7 @@ fn r8166_6_1_b_nfs2_symlink_path_through_a_read_chunk_attributes_after_it_intact
         p.b.events.pop_front(),
         Some(Event::ArgsReady { .. })
     ));
-    let mut want = args[..at as usize].to_vec();
-    want.extend(&path);
-    want.extend(&sattr);
-    assert_eq!(p.b.get(buf.prefix(ic.args_len).unwrap()), want);
+    p.b.get(buf.prefix(ic.args_len).unwrap())
 }
 
 /// RFC 8267 §5 with R8166-6.1-b, R8166-3.4.5-a and IMPL-3.7-a: a COMPOUND's WRITE data goes
@@ -3800,52 +3818,13 @@ fn r8166_6_1_b_compound_write_data_through_a_read_chunk_operations_after_it_inta
     let mut p = Pair::default_pair();
     let data = pattern(11, 5001);
     let (args, at) = compound_write(5001);
-    let msg = p.a.put(&args);
-    let piece = p.a.put(&data);
-    let reply = p.a.alloc(256);
-    let spec = CallSpec {
-        user: 1,
-        xid: 1,
-        prog: NFS_PROG,
-        vers: nfs4::VERSION,
-        proc_: nfs4::COMPOUND,
-        msg,
-        args: &[ArgPiece {
-            mem: piece,
-            xdr_pos: at,
-        }],
-        results: &[],
-        reply,
-    };
-    call(&mut p, &spec);
-    let v1::Body::Msg(c) = header(&p.a.sent[0]).body else {
-        panic!()
-    };
-    let rc: Vec<_> = c.reads.chunks().collect();
-    assert_eq!(rc.len(), 1);
-    assert_eq!(
-        rc[0].position,
-        40 + at,
-        "R8166-3.4.5-a: counted from the XID"
-    );
-    let ic = match p.b.events.pop_front() {
-        Some(Event::IncomingCall(ic)) => ic,
-        other => panic!("{other:?}"),
-    };
-    let buf = p.b.alloc(ic.args_len);
-    let got = p.b.conn.accept_call(ic.id, buf, &mut p.b.env).unwrap();
-    assert_eq!(got, Accepted::Pulling);
-    p.run();
-    assert!(matches!(
-        p.b.events.pop_front(),
-        Some(Event::ArgsReady { .. })
-    ));
+    let compound = (NFS_PROG, nfs4::VERSION, nfs4::COMPOUND);
+    let got = pulled_through_a_read_chunk(&mut p, compound, &args, at, &data);
     let mut want = args[..at as usize].to_vec();
     want.extend(&data);
     want.extend([0; 3]);
     want.extend(&args[at as usize..]);
-    assert_eq!(ic.args_len, want.len() as u32);
-    assert_eq!(p.b.get(buf.prefix(ic.args_len).unwrap()), want);
+    assert_eq!(got, want);
 
     // By hand: the same call with its chunk at the GETATTR, then at the PUTFH's handle.
     let dc = p.a.put(&data);
