@@ -4,8 +4,9 @@
 //! (`examples/miniserver.rs`). Not an NFS server: fixed names, no permissions, one session.
 
 use crate::nfs::pattern_at;
-use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3REG};
+use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3LNK, NF3REG};
 use crate::nfs4::{op, SIZE_MASK};
+use crate::probe::LINK_NAME;
 use crate::tcprpc::read_record;
 use crate::xdr::{Reader, Writer};
 use rpcrdma_shm::client::{Call, ReplyBuilder, XdrBuilder};
@@ -17,6 +18,7 @@ pub const ROOT: &[u8] = b"root-fh-0001";
 const FH_READ: &[u8] = b"fh-read";
 const FH_WRITE: &[u8] = b"fh-write";
 const FH_DIR: &[u8] = b"fh-dir";
+const FH_LINK: &[u8] = b"fh-link";
 /// Largest WRITE accepted.
 const MAX_WRITE: u32 = 4 << 20;
 /// Largest file offset a WRITE may reach.
@@ -36,12 +38,15 @@ fn put_fattr(x: &mut XdrBuilder, ftype: u32, size: u64, fileid: u64) {
     }
 }
 
-/// The file system: `read.bin` (pattern), `write.bin` (writable) and `dir/` with `entries` names.
+/// The file system: `read.bin` (pattern), `write.bin` (writable), `dir/` with `entries` names,
+/// and the probe's symbolic link once made.
 #[derive(Debug)]
 pub struct Fs {
     read: Vec<u8>,
     write: Vec<u8>,
     entries: u64,
+    /// The target of [`LINK_NAME`], if it exists.
+    link: Option<Vec<u8>>,
 }
 
 impl Fs {
@@ -51,6 +56,7 @@ impl Fs {
             read: pattern_at(seed, 0, read_size),
             write: Vec::new(),
             entries,
+            link: None,
         }
     }
 
@@ -60,6 +66,7 @@ impl Fs {
             FH_READ => Some((NF3REG, self.read.len() as u64, 2)),
             FH_WRITE => Some((NF3REG, self.write.len() as u64, 3)),
             FH_DIR => Some((NF3DIR, 4096, 4)),
+            FH_LINK => self.link.as_ref().map(|t| (NF3LNK, t.len() as u64, 5)),
             _ => None,
         }
     }
@@ -148,6 +155,7 @@ impl Fs {
                     b"read.bin" => FH_READ,
                     b"write.bin" => FH_WRITE,
                     b"dir" => FH_DIR,
+                    n if n == LINK_NAME.as_bytes() && self.link.is_some() => FH_LINK,
                     _ => {
                         x.put_u32(2).put_u32(0); // NFS3ERR_NOENT, no directory attributes
                         return Some(true);
@@ -184,6 +192,48 @@ impl Fs {
                     .put_u32(1)
                     .put_u32(2);
             }
+            nfs3::SYMLINK => {
+                let dir = r.opaque(nfs3::FHSIZE).ok()?;
+                let name = r.opaque(nfs3::NAME_MAX).ok()?;
+                skip_sattr3(r)?;
+                let target = r.opaque(nfs3::MAXPATHLEN).ok()?;
+                let status = match (dir == ROOT && name == LINK_NAME.as_bytes(), &self.link) {
+                    (false, _) => 13,      // NFS3ERR_ACCES: the one name this server makes
+                    (true, Some(_)) => 17, // NFS3ERR_EXIST
+                    (true, None) => 0,
+                };
+                x.put_u32(status);
+                if status == 0 {
+                    self.link = Some(target.to_vec());
+                    x.put_u32(1).put_opaque(FH_LINK);
+                    self.post_op(x, FH_LINK);
+                }
+                x.put_u32(0).put_u32(0); // wcc_data of the directory: none
+            }
+            nfs3::READLINK => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                match self.link.as_ref().filter(|_| fh == FH_LINK) {
+                    Some(target) => {
+                        x.put_u32(0);
+                        self.post_op(x, FH_LINK);
+                        x.put_ddp_opaque(target);
+                    }
+                    None => {
+                        x.put_u32(70).put_u32(0); // NFS3ERR_STALE, no attributes
+                    }
+                }
+            }
+            nfs3::REMOVE => {
+                let dir = r.opaque(nfs3::FHSIZE).ok()?;
+                let name = r.opaque(nfs3::NAME_MAX).ok()?;
+                let found = dir == ROOT && name == LINK_NAME.as_bytes() && self.link.is_some();
+                if found {
+                    self.link = None;
+                }
+                x.put_u32(if found { 0 } else { nfs3::ERR_NOENT })
+                    .put_u32(0)
+                    .put_u32(0);
+            }
             nfs3::READDIRPLUS => {
                 let _dir = r.opaque(nfs3::FHSIZE).ok()?;
                 let cookie = r.u64().ok()?;
@@ -213,6 +263,26 @@ impl Fs {
         }
         Some(true)
     }
+}
+
+/// Steps over an NFSv3 `sattr3`: four optional values (mode, uid, gid, size), then two
+/// `set_time` unions; `None` if it is malformed.
+fn skip_sattr3(r: &mut Reader<'_>) -> Option<()> {
+    for words in [1, 1, 1, 2] {
+        if r.bool().ok()? {
+            r.fixed(4 * words).ok()?;
+        }
+    }
+    for _ in 0..2 {
+        match r.u32().ok()? {
+            0 | 1 => {}
+            2 => {
+                r.fixed(8).ok()?;
+            }
+            _ => return None,
+        }
+    }
+    Some(())
 }
 
 /// NFSv4 statuses and the session id of the subset (its operations: [`crate::nfs4::op`]).

@@ -134,6 +134,53 @@ impl Nfs {
         Ok(ok)
     }
 
+    /// NFSPROC3_SYMLINK: `name` in `dir` pointing at `target` (a Read chunk when `ddp` and
+    /// long enough); the new link's handle, if the server returned one.
+    pub fn symlink(
+        &mut self,
+        dir: &[u8],
+        name: &str,
+        target: &[u8],
+        ddp: bool,
+    ) -> R<Option<Vec<u8>>> {
+        let mut c = self.start(nfs3::SYMLINK);
+        nfs3::symlink_args(c.args(), dir, name, target, ddp);
+        let t = c.submit().map_err(sub)?;
+        let r = self.finish(t)?;
+        status(
+            &format!("SYMLINK {name}"),
+            nfs3::symlink_res(&r.body).map_err(xdr)?,
+        )
+    }
+
+    /// NFSPROC3_READLINK with a result buffer for the target (a Write chunk): the target and
+    /// the bytes placed by DDP.
+    pub fn readlink(&mut self, fh: &[u8]) -> R<(Vec<u8>, u32)> {
+        let mut c = self.start(nfs3::READLINK);
+        nfs3::readlink_args(c.args(), fh);
+        c.result_buffer(nfs3::MAXPATHLEN);
+        let t = c.submit().map_err(sub)?;
+        let r = self.finish(t)?;
+        let target = status(
+            "READLINK",
+            nfs3::readlink_res(&r.body, nfs3::MAXPATHLEN).map_err(xdr)?,
+        )?;
+        Ok((target, r.ddp_bytes))
+    }
+
+    /// NFSPROC3_REMOVE of `name` in `dir`; false if there was no such name.
+    pub fn remove(&mut self, dir: &[u8], name: &str) -> R<bool> {
+        let mut c = self.start(nfs3::REMOVE);
+        nfs3::lookup_args(c.args(), dir, name);
+        let t = c.submit().map_err(sub)?;
+        let r = self.finish(t)?;
+        match nfs3::remove_res(&r.body).map_err(xdr)? {
+            Ok(_) => Ok(true),
+            Err((nfs3::ERR_NOENT, _)) => Ok(false),
+            Err((s, _)) => Err(format!("REMOVE {name}: nfsstat3 {s}")),
+        }
+    }
+
     /// NFSPROC3_READDIRPLUS with a reply buffer of `maxcount` plus headroom (a Reply chunk when large).
     pub fn readdirplus(
         &mut self,

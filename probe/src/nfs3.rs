@@ -16,10 +16,16 @@ pub const NULL: u32 = 0;
 pub const GETATTR: u32 = 1;
 /// NFSPROC3_LOOKUP.
 pub const LOOKUP: u32 = 3;
+/// NFSPROC3_READLINK.
+pub const READLINK: u32 = 5;
 /// NFSPROC3_READ.
 pub const READ: u32 = 6;
 /// NFSPROC3_WRITE.
 pub const WRITE: u32 = 7;
+/// NFSPROC3_SYMLINK.
+pub const SYMLINK: u32 = 10;
+/// NFSPROC3_REMOVE.
+pub const REMOVE: u32 = 12;
 /// NFSPROC3_READDIRPLUS.
 pub const READDIRPLUS: u32 = 17;
 
@@ -38,6 +44,12 @@ pub type Status = u32;
 pub const NF3REG: u32 = 1;
 /// `ftype3` NF3DIR.
 pub const NF3DIR: u32 = 2;
+/// `ftype3` NF3LNK.
+pub const NF3LNK: u32 = 5;
+/// NFS3_MAXPATHLEN as Linux has it (PATH_MAX): the longest symbolic link target.
+pub const MAXPATHLEN: u32 = 4096;
+/// `nfsstat3` NFS3ERR_NOENT.
+pub const ERR_NOENT: Status = 2;
 
 /// `fattr3`: the attributes the probe checks (all fields decoded).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -246,6 +258,38 @@ pub fn write_res(b: &[u8]) -> Res<NfsResult<WriteOk, WccData>> {
     }))
 }
 
+/// SYMLINK3res: the new link's handle (`post_op_fh3`, which a server may leave out).
+pub fn symlink_res(b: &[u8]) -> Res<NfsResult<Option<Vec<u8>>, WccData>> {
+    let mut r = Reader::new(b);
+    let s = r.u32()?;
+    if s != 0 {
+        return Ok(Err((s, wcc_data(&mut r)?)));
+    }
+    let fh = if r.bool()? { Some(fh3(&mut r)?) } else { None };
+    post_op_attr(&mut r)?;
+    wcc_data(&mut r)?;
+    Ok(Ok(fh))
+}
+
+/// READLINK3res: the link's target, at most `max` bytes.
+pub fn readlink_res(b: &[u8], max: u32) -> Res<NfsResult<Vec<u8>, Option<Fattr3>>> {
+    let mut r = Reader::new(b);
+    let s = r.u32()?;
+    let attr = post_op_attr(&mut r)?;
+    if s != 0 {
+        return Ok(Err((s, attr)));
+    }
+    Ok(Ok(r.opaque(max)?.to_vec()))
+}
+
+/// REMOVE3res: the directory's `wcc_data` whatever the status.
+pub fn remove_res(b: &[u8]) -> Res<NfsResult<WccData, WccData>> {
+    let mut r = Reader::new(b);
+    let s = r.u32()?;
+    let wcc = wcc_data(&mut r)?;
+    Ok(if s == 0 { Ok(wcc) } else { Err((s, wcc)) })
+}
+
 /// One `entryplus3`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryPlus {
@@ -341,6 +385,26 @@ pub fn write_args(x: &mut XdrBuilder, fh: &[u8], offset: u64, data: &[u8], ddp: 
     }
 }
 
+/// SYMLINK3args: `name` in `dir`, no attributes set, pointing at `target`, which `ddp`
+/// marks DDP-eligible (RFC 8267 §4: `symlink_data` may go in a Read chunk).
+pub fn symlink_args(x: &mut XdrBuilder, dir: &[u8], name: &str, target: &[u8], ddp: bool) {
+    x.put_opaque(dir).put_opaque(name.as_bytes());
+    // sattr3: mode, uid, gid and size not set; atime and mtime DONT_CHANGE.
+    for _ in 0..6 {
+        x.put_u32(0);
+    }
+    if ddp {
+        x.put_ddp_opaque(target);
+    } else {
+        x.put_opaque(target);
+    }
+}
+
+/// READLINK3args.
+pub fn readlink_args(x: &mut XdrBuilder, fh: &[u8]) {
+    x.put_opaque(fh);
+}
+
 /// READDIRPLUS3args.
 pub fn readdirplus_args(
     x: &mut XdrBuilder,
@@ -399,6 +463,49 @@ mod tests {
         assert_eq!(getattr_res(&[0, 0, 0, 70]).unwrap(), Err((70, ())));
         b[7] = 8;
         assert_eq!(getattr_res(&b), Err(XdrError::BadValue(8)));
+    }
+
+    /// SYMLINK3args as RFC 1813 §3.3.10 lays it out; the target's length word stays in the
+    /// reduced stream, the target is the DDP piece.
+    #[test]
+    fn rfc8267_symlink_target_is_the_ddp_piece_after_its_length() {
+        let mut x = XdrBuilder::default();
+        symlink_args(&mut x, &[0xab; 4], "ln", b"/t", true);
+        let full = x.to_full();
+        let mut want = vec![
+            0, 0, 0, 4, 0xab, 0xab, 0xab, 0xab, 0, 0, 0, 2, b'l', b'n', 0, 0,
+        ];
+        want.extend([0; 24]);
+        want.extend([0, 0, 0, 2, b'/', b't', 0, 0]);
+        assert_eq!(full, want);
+        let mut inline = XdrBuilder::default();
+        symlink_args(&mut inline, &[0xab; 4], "ln", b"/t", false);
+        assert_eq!(inline.to_full(), full);
+    }
+
+    /// SYMLINK3res, READLINK3res and REMOVE3res, success and failure arms.
+    #[test]
+    fn rfc1813_symlink_readlink_remove_results() {
+        let w = |ws: &[u32]| -> Vec<u8> { ws.iter().flat_map(|v| v.to_be_bytes()).collect() };
+        // SYMLINK3resok: handle follows (4 bytes), no attributes, empty wcc_data.
+        let ok = w(&[0, 1, 4, 0x0102_0304, 0, 0, 0]);
+        assert_eq!(symlink_res(&ok).unwrap(), Ok(Some(vec![1, 2, 3, 4])));
+        let exist = w(&[17, 0, 0]);
+        assert!(matches!(symlink_res(&exist).unwrap(), Err((17, _))));
+        // READLINK3resok: no attributes, "/t".
+        let mut rl = w(&[0, 0, 2]);
+        rl.extend(b"/t\0\0");
+        assert_eq!(readlink_res(&rl, MAXPATHLEN).unwrap(), Ok(b"/t".to_vec()));
+        assert_eq!(readlink_res(&rl, 1), Err(XdrError::TooLong(2)));
+        assert_eq!(
+            readlink_res(&w(&[70, 0]), MAXPATHLEN).unwrap(),
+            Err((70, None))
+        );
+        assert!(remove_res(&w(&[0, 0, 0])).unwrap().is_ok());
+        assert!(matches!(
+            remove_res(&w(&[ERR_NOENT, 0, 0])).unwrap(),
+            Err((ERR_NOENT, _))
+        ));
     }
 
     /// WRITE3args: the data's length word stays in the reduced stream, the bytes become the DDP piece.

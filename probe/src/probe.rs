@@ -185,11 +185,55 @@ pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
         check_data("read back", &r.data, &data)?;
         Ok(format!("{} B inline WRITE, read back equal", ex.long_size))
     });
+    step("symlink_readlink_chunks", &mut || {
+        symlink_readlink(nfs, root)
+    });
     step("inflight", &mut || inflight(nfs, &h.read, ex));
     if ex.nfs4 {
         step("nfs4_chunks", &mut || nfs4_chunks(nfs, &h, ex));
     }
     out
+}
+
+/// The name of the probe's symbolic link in the export's root.
+pub const LINK_NAME: &str = "rpcrdmad-probe-link";
+/// Length of its target: past the daemon's default DDP threshold (1024), so the target goes
+/// in a Read chunk, and under Linux's PATH_MAX.
+const LINK_TARGET_LEN: usize = 3001;
+
+/// The other two DDP-eligible items of NFSv3 (RFC 8267 §4): a SYMLINK whose long target goes
+/// in a Read chunk, then a READLINK whose result must come back through the Write chunk
+/// offered for it, equal; the link is removed before and after.
+fn symlink_readlink(nfs: &mut Nfs, root: &[u8]) -> R<String> {
+    let target: Vec<u8> = (0..LINK_TARGET_LEN)
+        .map(|i| {
+            if i % 16 == 0 {
+                b'/'
+            } else {
+                b'a' + (i % 26) as u8
+            }
+        })
+        .collect();
+    nfs.remove(root, LINK_NAME)?;
+    let fh = match nfs.symlink(root, LINK_NAME, &target, true)? {
+        Some(fh) => fh,
+        None => nfs.lookup(root, LINK_NAME)?.fh,
+    };
+    let (got, ddp) = nfs.readlink(&fh)?;
+    check_data("READLINK", &got, &target)?;
+    if ddp as usize != target.len() {
+        return Err(format!(
+            "target correct but {ddp} of {} bytes came by DDP (no Write chunk used?)",
+            target.len()
+        ));
+    }
+    if !nfs.remove(root, LINK_NAME)? {
+        return Err(format!("{LINK_NAME} gone before its REMOVE"));
+    }
+    Ok(format!(
+        "{} B target sent as DDP piece, read back equal, {ddp} B by DDP",
+        target.len()
+    ))
 }
 
 /// NFSv4.1 through chunks (RFC 8267 §5): a session, a READ whose data comes in a Write

@@ -96,6 +96,7 @@ fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory(
             "random_sizes",
             "readdirplus_reply_chunk",
             "long_call_inline_write",
+            "symlink_readlink_chunks",
             "inflight",
             "nfs4_chunks"
         ]

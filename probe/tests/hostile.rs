@@ -11,6 +11,9 @@ fn all(b: &[u8]) {
     let _ = nfs3::read_res(b, 1 << 20);
     let _ = nfs3::write_res(b);
     let _ = nfs3::readdirplus_res(b);
+    let _ = nfs3::symlink_res(b);
+    let _ = nfs3::readlink_res(b, nfs3::MAXPATHLEN);
+    let _ = nfs3::remove_res(b);
     let _ = mnt_res(b);
     let _ = parse_reply(b, 1);
     let _ = read_record(&mut &b[..]);
