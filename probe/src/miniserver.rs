@@ -408,12 +408,15 @@ impl Fs {
             }
             op::PUTFH => {
                 let fh = r.opaque(128).ok()?;
-                *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT]
+                *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT, FH_LINK]
                     .into_iter()
-                    .find(|k| *k == fh);
+                    .find(|k| *k == fh && self.attr(k).is_some());
                 let status = if cur.is_some() { 0 } else { v4::ERR_STALE };
                 x.put_u32(status);
                 return Some(status);
+            }
+            op::CREATE | op::GETFH | op::READLINK | op::REMOVE => {
+                return self.link_op4(opnum, r, x, cur)
             }
             op::READ | op::WRITE | op::GETATTR => {
                 let Some(fh) = *cur else {
@@ -428,6 +431,79 @@ impl Fs {
             }
         }
         Some(0)
+    }
+
+    /// The operations on the probe's link: CREATE of it (NF4LNK, in the root, named
+    /// [`LINK_NAME`]), GETFH, READLINK (the target a DDP piece) and REMOVE of it.
+    fn link_op4(
+        &mut self,
+        opnum: u32,
+        r: &mut Reader<'_>,
+        x: &mut XdrBuilder,
+        cur: &mut Option<&'static [u8]>,
+    ) -> Option<u32> {
+        const ERR_NOENT: u32 = 2;
+        const ERR_ACCESS: u32 = 13;
+        const ERR_EXIST: u32 = 17;
+        const ERR_INVAL: u32 = 22;
+        let Some(fh) = *cur else {
+            x.put_u32(v4::ERR_NOFILEHANDLE);
+            return Some(v4::ERR_NOFILEHANDLE);
+        };
+        let status = match opnum {
+            op::CREATE => {
+                if r.u32().ok()? != crate::nfs4::NF4LNK {
+                    x.put_u32(v4::ERR_NOTSUPP);
+                    return Some(v4::ERR_NOTSUPP);
+                }
+                let target = r.opaque(nfs3::MAXPATHLEN).ok()?;
+                let name = r.opaque(nfs3::NAME_MAX).ok()?;
+                let words = r.u32().ok()?;
+                r.fixed(4 * words.min(8) as usize).ok()?;
+                r.opaque(1024).ok()?;
+                match (fh == ROOT && name == LINK_NAME.as_bytes(), &self.link) {
+                    (false, _) => ERR_ACCESS,
+                    (true, Some(_)) => ERR_EXIST,
+                    (true, None) => {
+                        self.link = Some(target.to_vec());
+                        *cur = Some(FH_LINK);
+                        // change_info4 (atomic, before, after), no attributes set.
+                        x.put_u32(0).put_u32(1);
+                        for _ in 0..4 {
+                            x.put_u32(0);
+                        }
+                        x.put_u32(0);
+                        return Some(0);
+                    }
+                }
+            }
+            op::GETFH => {
+                x.put_u32(0).put_opaque(fh);
+                return Some(0);
+            }
+            op::READLINK => match self.link.as_ref().filter(|_| fh == FH_LINK) {
+                Some(target) => {
+                    x.put_u32(0).put_ddp_opaque(target);
+                    return Some(0);
+                }
+                None => ERR_INVAL,
+            },
+            _ => {
+                let name = r.opaque(nfs3::NAME_MAX).ok()?;
+                if fh != ROOT || name != LINK_NAME.as_bytes() || self.link.is_none() {
+                    ERR_NOENT
+                } else {
+                    self.link = None;
+                    x.put_u32(0).put_u32(1);
+                    for _ in 0..4 {
+                        x.put_u32(0);
+                    }
+                    return Some(0);
+                }
+            }
+        };
+        x.put_u32(status);
+        Some(status)
     }
 
     /// READ (the data a DDP piece), WRITE and GETATTR (the size only) on file `fh`.

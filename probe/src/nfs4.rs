@@ -2,8 +2,10 @@
 //! chunks the way the NFSv4 Upper-Layer Binding (RFC 8267 §5) places it: a session
 //! (EXCHANGE_ID, CREATE_SESSION), then SEQUENCE + PUTFH + READ with the READ's data in a
 //! Write chunk, and SEQUENCE + PUTFH + WRITE + GETATTR with the WRITE's data in a Read chunk
-//! and an operation after it. File handles come from the NFSv3 side (Linux's knfsd handles are
-//! the same for both versions); I/O uses the anonymous stateid, so no OPEN state is kept.
+//! and an operation after it; CREATE of a symbolic link whose target is a DDP piece, and
+//! READLINK with the target in a Write chunk. File handles come from the NFSv3 side (Linux's
+//! knfsd handles are the same for both versions); I/O uses the anonymous stateid, so no OPEN
+//! state is kept.
 
 use crate::nfs::{Nfs, R, SMALL_REPLY};
 use crate::xdr::{Reader, Res, XdrError};
@@ -18,9 +20,13 @@ const MINOR: u32 = 1;
 /// The operation numbers (`nfs_opnum4`) the probe's client and the miniserver use.
 #[allow(missing_docs)]
 pub mod op {
+    pub const CREATE: u32 = 6;
     pub const GETATTR: u32 = 9;
+    pub const GETFH: u32 = 10;
     pub const PUTFH: u32 = 22;
     pub const READ: u32 = 25;
+    pub const READLINK: u32 = 27;
+    pub const REMOVE: u32 = 28;
     pub const WRITE: u32 = 38;
     pub const EXCHANGE_ID: u32 = 42;
     pub const CREATE_SESSION: u32 = 43;
@@ -29,6 +35,12 @@ pub mod op {
     pub const DESTROY_CLIENTID: u32 = 57;
     pub const RECLAIM_COMPLETE: u32 = 58;
 }
+/// `nfs_ftype4` NF4LNK.
+pub const NF4LNK: u32 = 5;
+/// NFS4ERR_NOENT.
+pub const ERR_NOENT: u32 = 2;
+/// The largest NFSv4 file handle (NFS4_FHSIZE).
+pub const FHSIZE: u32 = 128;
 /// NFS4ERR_COMPLETE_ALREADY: RECLAIM_COMPLETE sent twice, harmless.
 const ERR_COMPLETE_ALREADY: u32 = 10_054;
 const FILE_SYNC4: u32 = 2;
@@ -244,6 +256,81 @@ impl Nfs {
         Ok(Written { count, size })
     }
 
+    /// SEQUENCE + PUTFH `dir` + CREATE of a symbolic link `name` to `target` (the target a DDP
+    /// piece: a Read chunk at `linkdata`, with the name and attributes after it) + GETFH: the
+    /// new link's handle.
+    pub fn symlink4(
+        &mut self,
+        s: &mut Session,
+        dir: &[u8],
+        name: &str,
+        target: &[u8],
+    ) -> R<Vec<u8>> {
+        let mut c = self.compound(4);
+        let x = c.args();
+        sequence(x, s);
+        x.put_u32(op::PUTFH).put_opaque(dir);
+        x.put_u32(op::CREATE).put_u32(NF4LNK).put_ddp_opaque(target);
+        // The name, then no attributes (an empty bitmap, an empty attribute list).
+        x.put_opaque(name.as_bytes()).put_u32(0).put_u32(0);
+        x.put_u32(op::GETFH);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        expect_op(&mut r, op::SEQUENCE)?;
+        r.fixed(36).map_err(bad)?;
+        expect_op(&mut r, op::PUTFH)?;
+        expect_op(&mut r, op::CREATE)?;
+        // change_info4, then the attributes set.
+        r.fixed(20).map_err(bad)?;
+        let words = r.u32().map_err(bad)?;
+        r.fixed(4 * words.min(8) as usize).map_err(bad)?;
+        expect_op(&mut r, op::GETFH)?;
+        Ok(r.opaque(FHSIZE).map_err(bad)?.to_vec())
+    }
+
+    /// SEQUENCE + PUTFH `fh` + READLINK with a result buffer for the target (a Write chunk):
+    /// the target and the bytes that came by DDP.
+    pub fn readlink4(&mut self, s: &mut Session, fh: &[u8]) -> R<(Vec<u8>, u32)> {
+        let mut c = self.compound(3);
+        sequence(c.args(), s);
+        c.args()
+            .put_u32(op::PUTFH)
+            .put_opaque(fh)
+            .put_u32(op::READLINK);
+        c.result_buffer(crate::nfs3::MAXPATHLEN);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = io_results(&reply.body, op::READLINK)?;
+        let target = r.opaque(crate::nfs3::MAXPATHLEN).map_err(bad)?.to_vec();
+        Ok((target, reply.ddp_bytes))
+    }
+
+    /// SEQUENCE + PUTFH `dir` + REMOVE `name`; false if there was no such name.
+    pub fn remove4(&mut self, s: &mut Session, dir: &[u8], name: &str) -> R<bool> {
+        let mut c = self.compound(3);
+        sequence(c.args(), s);
+        c.args().put_u32(op::PUTFH).put_opaque(dir);
+        c.args().put_u32(op::REMOVE).put_opaque(name.as_bytes());
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        // Not `results`: a REMOVE that found no such name fails the COMPOUND.
+        let mut r = Reader::new(&reply.body);
+        r.u32().map_err(bad)?;
+        r.opaque(1024).map_err(bad)?;
+        r.u32().map_err(bad)?;
+        expect_op(&mut r, op::SEQUENCE)?;
+        r.fixed(36).map_err(bad)?;
+        expect_op(&mut r, op::PUTFH)?;
+        match (r.u32().map_err(bad)?, r.u32().map_err(bad)?) {
+            (op::REMOVE, 0) => Ok(true),
+            (op::REMOVE, ERR_NOENT) => Ok(false),
+            (o, st) => Err(format!(
+                "REMOVE {name}: operation {o} answered nfsstat4 {st}"
+            )),
+        }
+    }
+
     /// DESTROY_SESSION, then DESTROY_CLIENTID.
     pub fn end_session(&mut self, s: Session) -> R<()> {
         let mut c = self.compound(1);
@@ -271,7 +358,8 @@ fn io_head(x: &mut XdrBuilder, s: &mut Session, fh: &[u8], op: u32, offset: u64)
     put_u64(x, offset);
 }
 
-/// The results of an [`io_head`] COMPOUND, read up to operation `op`'s result.
+/// The results of a SEQUENCE + PUTFH + `want` COMPOUND ([`io_head`] and others), read up to
+/// `want`'s result.
 fn io_results(body: &[u8], want: u32) -> R<Reader<'_>> {
     let mut r = results(body)?;
     expect_op(&mut r, op::SEQUENCE)?;

@@ -190,7 +190,7 @@ pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
     });
     step("inflight", &mut || inflight(nfs, &h.read, ex));
     if ex.nfs4 {
-        step("nfs4_chunks", &mut || nfs4_chunks(nfs, &h, ex));
+        step("nfs4_chunks", &mut || nfs4_chunks(nfs, root, &h, ex));
     }
     out
 }
@@ -200,6 +200,19 @@ pub const LINK_NAME: &str = "rpcrdmad-probe-link";
 /// Length of its target: past the daemon's default DDP threshold (1024), so the target goes
 /// in a Read chunk, and under Linux's PATH_MAX.
 const LINK_TARGET_LEN: usize = 3001;
+
+/// The probe's link target: [`LINK_TARGET_LEN`] bytes of a path, no NUL in it.
+fn link_target() -> Vec<u8> {
+    (0..LINK_TARGET_LEN)
+        .map(|i| {
+            if i % 16 == 0 {
+                b'/'
+            } else {
+                b'a' + (i % 26) as u8
+            }
+        })
+        .collect()
+}
 
 /// The other two DDP-eligible items of NFSv3 (RFC 8267 §4): a SYMLINK whose long target goes
 /// in a Read chunk, then a READLINK whose result must come back through the Write chunk
@@ -238,8 +251,10 @@ fn symlink_readlink(nfs: &mut Nfs, root: &[u8]) -> R<String> {
 
 /// NFSv4.1 through chunks (RFC 8267 §5): a session, a READ whose data comes in a Write
 /// chunk, a WRITE whose data goes in a Read chunk with a GETATTR after it (odd-sized, so the
-/// chunk's pad is in play), the written bytes read back, the session ended.
-fn nfs4_chunks(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
+/// chunk's pad is in play), the written bytes read back; the link of
+/// `symlink_readlink_chunks` made again with CREATE (its target a Read chunk, the name after
+/// it) and read with READLINK (a Write chunk), then removed; the session ended.
+fn nfs4_chunks(nfs: &mut Nfs, root: &[u8], h: &Handles, ex: &Expect) -> R<String> {
     let owner = format!(
         "rpcrdmad-nfs-probe/{}/{:?}",
         std::process::id(),
@@ -269,11 +284,27 @@ fn nfs4_chunks(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
     }
     let (back, ddp_back) = nfs.read4(&mut s, &h.write, 0, wlen as u32)?;
     check_data("NFSv4 read back", &back, &out)?;
+    let target = link_target();
+    nfs.remove4(&mut s, root, LINK_NAME)?;
+    let link = nfs.symlink4(&mut s, root, LINK_NAME, &target)?;
+    let (got, ddp_link) = nfs.readlink4(&mut s, &link)?;
+    check_data("NFSv4 READLINK", &got, &target)?;
+    if ddp_link as usize != target.len() {
+        return Err(format!(
+            "NFSv4 READLINK: target correct but {ddp_link} of {} B came by DDP",
+            target.len()
+        ));
+    }
+    if !nfs.remove4(&mut s, root, LINK_NAME)? {
+        return Err(format!("{LINK_NAME} gone before its REMOVE"));
+    }
     nfs.end_session(s)?;
     Ok(format!(
         "session; READ {len} B ({ddp} by DDP); WRITE {wlen} B through a Read chunk, GETATTR \
-         after it (size {}); read back equal ({ddp_back} by DDP); session ended",
-        w.size
+         after it (size {}); read back equal ({ddp_back} by DDP); CREATE of a link, its {} B \
+         target a DDP piece, READLINK ({ddp_link} by DDP); session ended",
+        w.size,
+        target.len()
     ))
 }
 
