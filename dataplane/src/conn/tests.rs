@@ -1,6 +1,7 @@
 //! Conformance tests driving two engines through the simulator; each is named after the
 //! REQUIREMENTS.md ID it proves.
 
+use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_proto::{self as proto, v1, Message};
 
@@ -11,6 +12,15 @@ use crate::rpcmsg;
 
 fn be(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_be_bytes()).collect()
+}
+
+/// What a peer announced in its RFC 8797 private data, for [`ConnConfig::peer`].
+fn peer_announced(send_size: u32, recv_size: u32, remote_invalidate: bool) -> Option<PrivateData> {
+    Some(PrivateData {
+        remote_invalidate,
+        send_size,
+        recv_size,
+    })
 }
 
 /// An ECHO of `data`, with the data as a DDP-eligible piece and a result buffer.
@@ -783,13 +793,8 @@ fn r8166_4_5_c_malformed_reply_dropped_silently() {
 
 #[test]
 fn xch_3_2_b_send_with_invalidate_only_when_allowed_and_one_key() {
-    use rpcrdma_proto::cm::PrivateData;
     let mut server = sim::config(Role::Server, 8);
-    server.peer = Some(PrivateData {
-        remote_invalidate: true,
-        send_size: 4096,
-        recv_size: 4096,
-    });
+    server.peer = peer_announced(4096, 4096, true);
     let mut p = Pair::new(sim::config(Role::Client, 8), server);
     // One key (the Write chunk): Send With Invalidate of it; the requester skips it.
     let count = 8192u32;
@@ -1784,7 +1789,6 @@ fn amb_11_reply_for_unknown_xid_dropped() {
 mod props {
     use super::*;
     use proptest::prelude::*;
-    use rpcrdma_proto::cm::PrivateData;
 
     /// The RDMATEST calls of the mix, by transfer mode (TESTPROG.md).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1985,22 +1989,14 @@ mod props {
         client.send_size = cs;
         client.recv_size = cr;
         client.shared_send = m.shared;
-        client.peer = Some(PrivateData {
-            remote_invalidate: false,
-            send_size: ss,
-            recv_size: sr,
-        });
+        client.peer = peer_announced(ss, sr, false);
         let mut server = sim::config(Role::Server, 8);
         server.credits = m.grant;
         server.send_size = ss;
         server.recv_size = sr;
         server.shared_recv = m.shared;
         server.shared_send = m.shared;
-        server.peer = Some(PrivateData {
-            remote_invalidate: m.remote_inv,
-            send_size: cs,
-            recv_size: cr,
-        });
+        server.peer = peer_announced(cs, cr, m.remote_inv);
         let mut p = Pair::new(sim::sized(client), sim::sized(server));
         p.a.report_unsignaled = m.report_unsignaled;
         p.b.report_unsignaled = m.report_unsignaled;
@@ -2514,13 +2510,8 @@ fn r8166_3_3_1_i_responder_sends_only_answers_and_3_3_1_e_grant_constant() {
 
 #[test]
 fn r8166_3_3_2_a_thresholds_are_min_of_send_and_peer_receive() {
-    use rpcrdma_proto::cm::PrivateData;
     let mut cfg = sim::config(Role::Client, 4);
-    cfg.peer = Some(PrivateData {
-        remote_invalidate: false,
-        send_size: 2048,
-        recv_size: 8192,
-    });
+    cfg.peer = peer_announced(2048, 8192, false);
     let c = Connection::new(cfg).unwrap();
     assert_eq!(c.thresholds(), (4096, 2048));
     let c = Connection::new(sim::config(Role::Client, 4)).unwrap();
@@ -2534,14 +2525,9 @@ fn r8166_3_3_2_a_thresholds_are_min_of_send_and_peer_receive() {
 /// 8192-byte buffers made it 4096 and the call went without one.
 #[test]
 fn r8166_3_3_2_a_the_reply_threshold_is_the_announced_receive_size() {
-    use rpcrdma_proto::cm::PrivateData;
     let mut cfg = sim::config(Role::Client, 4);
     cfg.recv_size = 8192;
-    cfg.peer = Some(PrivateData {
-        remote_invalidate: false,
-        send_size: 4096,
-        recv_size: 4096,
-    });
+    cfg.peer = peer_announced(4096, 4096, false);
     let mut c = Connection::new(sim::sized(cfg)).unwrap();
     assert_eq!(c.thresholds(), (4096, 4096));
     c.set_announced_receive_size(2048);
@@ -2561,18 +2547,10 @@ fn r8166_3_3_2_a_the_reply_threshold_is_the_announced_receive_size() {
     // Between two engines: a call with a 3000-byte reply buffer offers a Reply chunk.
     let mut client = sim::config(Role::Client, 8);
     client.recv_size = 8192;
-    client.peer = Some(PrivateData {
-        remote_invalidate: false,
-        send_size: 4096,
-        recv_size: 4096,
-    });
+    client.peer = peer_announced(4096, 4096, false);
     let mut server = sim::config(Role::Server, 8);
     server.send_size = 4096;
-    server.peer = Some(PrivateData {
-        remote_invalidate: false,
-        send_size: 4096,
-        recv_size: 2048,
-    });
+    server.peer = peer_announced(4096, 2048, false);
     let mut p = Pair::new(sim::sized(client), sim::sized(server));
     p.a.conn.set_announced_receive_size(2048);
     let reply = bulk(&mut p, 1, &[5; 100], 3000);
@@ -2613,14 +2591,9 @@ fn r8166_3_3_3_e_1024_bytes_inline_1028_not() {
 
 #[test]
 fn r8166_3_4_2_a_ineligible_piece_never_reduced() {
-    use rpcrdma_proto::cm::PrivateData;
     let mut client = sim::config(Role::Client, 4);
     client.send_size = 8192;
-    client.peer = Some(PrivateData {
-        remote_invalidate: false,
-        send_size: 8192,
-        recv_size: 8192,
-    });
+    client.peer = peer_announced(8192, 8192, false);
     let mut server = sim::config(Role::Server, 4);
     server.recv_size = 8192;
     let mut p = Pair::new(sim::sized(client), sim::sized(server));
