@@ -289,16 +289,21 @@ impl Nfs {
         Ok(r.opaque(FHSIZE).map_err(bad)?.to_vec())
     }
 
-    /// SEQUENCE + PUTFH `fh` + READLINK with a result buffer for the target (a Write chunk):
-    /// the target and the bytes that came by DDP.
-    pub fn readlink4(&mut self, s: &mut Session, fh: &[u8]) -> R<(Vec<u8>, u32)> {
+    /// SEQUENCE + PUTFH `fh` + READLINK, with a result buffer for the target (a Write chunk)
+    /// when `ddp`, else with room for it in the reply: the target and the bytes that came by
+    /// DDP.
+    pub fn readlink4(&mut self, s: &mut Session, fh: &[u8], ddp: bool) -> R<(Vec<u8>, u32)> {
         let mut c = self.compound(3);
         sequence(c.args(), s);
         c.args()
             .put_u32(op::PUTFH)
             .put_opaque(fh)
             .put_u32(op::READLINK);
-        c.result_buffer(crate::nfs3::MAXPATHLEN);
+        if ddp {
+            c.result_buffer(crate::nfs3::MAXPATHLEN);
+        } else {
+            c.max_reply(crate::nfs3::MAXPATHLEN + SMALL_REPLY);
+        }
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
         let mut r = io_results(&reply.body, op::READLINK)?;

@@ -190,7 +190,13 @@ pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
     });
     step("inflight", &mut || inflight(nfs, &h.read, ex));
     if ex.nfs4 {
-        step("nfs4_chunks", &mut || nfs4_chunks(nfs, root, &h, ex));
+        step("nfs4_chunks", &mut || nfs4_chunks(nfs, &h, ex));
+        step("nfs4_symlink_read_chunk", &mut || {
+            nfs4_link(nfs, root, false)
+        });
+        step("nfs4_readlink_write_chunk", &mut || {
+            nfs4_link(nfs, root, true)
+        });
     }
     out
 }
@@ -251,10 +257,8 @@ fn symlink_readlink(nfs: &mut Nfs, root: &[u8]) -> R<String> {
 
 /// NFSv4.1 through chunks (RFC 8267 §5): a session, a READ whose data comes in a Write
 /// chunk, a WRITE whose data goes in a Read chunk with a GETATTR after it (odd-sized, so the
-/// chunk's pad is in play), the written bytes read back; the link of
-/// `symlink_readlink_chunks` made again with CREATE (its target a Read chunk, the name after
-/// it) and read with READLINK (a Write chunk), then removed; the session ended.
-fn nfs4_chunks(nfs: &mut Nfs, root: &[u8], h: &Handles, ex: &Expect) -> R<String> {
+/// chunk's pad is in play), the written bytes read back, the session ended.
+fn nfs4_chunks(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
     let owner = format!(
         "rpcrdmad-nfs-probe/{}/{:?}",
         std::process::id(),
@@ -284,15 +288,34 @@ fn nfs4_chunks(nfs: &mut Nfs, root: &[u8], h: &Handles, ex: &Expect) -> R<String
     }
     let (back, ddp_back) = nfs.read4(&mut s, &h.write, 0, wlen as u32)?;
     check_data("NFSv4 read back", &back, &out)?;
+    nfs.end_session(s)?;
+    Ok(format!(
+        "session; READ {len} B ({ddp} by DDP); WRITE {wlen} B through a Read chunk, GETATTR \
+         after it (size {}); read back equal ({ddp_back} by DDP); session ended",
+        w.size
+    ))
+}
+
+/// NFSv4.1's other two DDP-eligible items (RFC 8267 §5): in a session, the link of
+/// `symlink_readlink_chunks` made again with CREATE (NF4LNK), its target a DDP piece (a Read
+/// chunk, with the name and attributes after it), then READLINK: with `write_chunk`, the
+/// target must come back through the Write chunk offered for it, all of it by DDP; without,
+/// it comes back in the reply. The link is removed before and after.
+fn nfs4_link(nfs: &mut Nfs, root: &[u8], write_chunk: bool) -> R<String> {
+    let owner = format!(
+        "rpcrdmad-nfs-probe/{}/link/{write_chunk}",
+        std::process::id()
+    );
+    let mut s = nfs.session(owner.as_bytes())?;
     let target = link_target();
     nfs.remove4(&mut s, root, LINK_NAME)?;
     let link = nfs.symlink4(&mut s, root, LINK_NAME, &target)?;
-    let (got, ddp_link) = nfs.readlink4(&mut s, &link)?;
+    let (got, ddp) = nfs.readlink4(&mut s, &link, write_chunk)?;
     check_data("NFSv4 READLINK", &got, &target)?;
-    if ddp_link as usize != target.len() {
+    let want = if write_chunk { target.len() } else { 0 };
+    if ddp as usize != want {
         return Err(format!(
-            "NFSv4 READLINK: target correct but {ddp_link} of {} B came by DDP",
-            target.len()
+            "NFSv4 READLINK: target correct but {ddp} B came by DDP, expected {want}"
         ));
     }
     if !nfs.remove4(&mut s, root, LINK_NAME)? {
@@ -300,10 +323,7 @@ fn nfs4_chunks(nfs: &mut Nfs, root: &[u8], h: &Handles, ex: &Expect) -> R<String
     }
     nfs.end_session(s)?;
     Ok(format!(
-        "session; READ {len} B ({ddp} by DDP); WRITE {wlen} B through a Read chunk, GETATTR \
-         after it (size {}); read back equal ({ddp_back} by DDP); CREATE of a link, its {} B \
-         target a DDP piece, READLINK ({ddp_link} by DDP); session ended",
-        w.size,
+        "CREATE of a link, its {} B target a DDP piece; READLINK, {ddp} B by DDP; removed",
         target.len()
     ))
 }

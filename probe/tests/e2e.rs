@@ -98,7 +98,9 @@ fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory(
             "long_call_inline_write",
             "symlink_readlink_chunks",
             "inflight",
-            "nfs4_chunks"
+            "nfs4_chunks",
+            "nfs4_symlink_read_chunk",
+            "nfs4_readlink_write_chunk"
         ]
     );
     // 300 entries at most ~57 per 8 KiB reply: the cookie loop must have taken several calls.
