@@ -2,12 +2,22 @@
 //! (`dataplane/fuzz`, target `engine`) and its property test.
 //!
 //! The bytes choose the two connections' settings (versions, credits, shared pools, sizes,
-//! thresholds), then a sequence of steps: legitimate calls of every RDMATEST kind in both
-//! directions, a server app that accepts, answers, rejects or ignores what reaches it (its
-//! answers sometimes malformed), a hostile peer injecting raw or plausible messages into
-//! either side, control-plane changes (credits, sizes learned from the peer), time passing,
-//! cancellations, provider faults and closes. Whatever the bytes, [`run`] panics only if the
-//! engine breaks its contract:
+//! thresholds), then a sequence of steps: legitimate calls of every RDMATEST kind and NFSv4
+//! COMPOUNDs in both directions, a server app that accepts, answers, rejects or ignores what
+//! reaches it (its answers sometimes malformed), a hostile peer injecting raw or plausible
+//! messages into either side, control-plane changes (credits, sizes learned from the peer),
+//! time passing, cancellations, provider faults and closes.
+//!
+//! The COMPOUNDs exercise the NFSv4 Upper-Layer Binding (RFC 8267 §5): PUTFH (after SEQUENCE
+//! in minor version 1), one or two WRITEs or READs of sizes the script chooses, and maybe a
+//! GETATTR after them. The requester may move a WRITE's data into the Read chunk (the first
+//! one past the DDP threshold) and offers the first READ's buffer as the Write chunk; the
+//! server app decodes the arguments, answers only a COMPOUND that encodes back to exactly
+//! what arrived (anything else gets NFS4ERR_BADXDR), every operation NFS4_OK, each READ's
+//! data a pattern seeded by its offset, and marks the READ data as results or, as the script
+//! says, leaves it in its stream for the engine to find.
+//!
+//! Whatever the bytes, [`run`] panics only if the engine breaks its contract:
 //! - nothing panics, and the simulation always settles (no livelock);
 //! - every call submitted ends exactly once ([`Event::CallDone`]), and no call ends that was
 //!   not submitted;
@@ -18,7 +28,8 @@
 //! - each side reports its close once, and after both close (and their queue pairs are torn
 //!   down) every shared send buffer and every shared receive buffer is back in its pool;
 //! - until something hostile happens (a message injected, a botched reply), every call that
-//!   succeeds brings back exactly the bytes the server sent;
+//!   succeeds brings back exactly the bytes the server sent (a COMPOUND's first READ data,
+//!   from the Write chunk, at its place in the reply, operations after it intact);
 //! - in sessions of calls, answers, cancels, timeouts and closes alone, no Send finds the
 //!   peer without a posted receive.
 
@@ -26,7 +37,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rpcrdma_proto::cm::PrivateData;
-use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
+use rpcrdma_proto::nfs4::{self, op};
+use rpcrdma_proto::ulb::{rdmatest, NFS_PROG, RDMATEST_PROG};
+use rpcrdma_proto::xdr::{pad, Reader};
+use rpcrdma_proto::Error;
 
 use super::sim::{config, pattern, sized, Pair, Side, BULK_PROG, SEND_COUNT};
 use super::{
@@ -123,8 +137,8 @@ struct Held {
 }
 
 /// The calls an app makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
     Null,
     Echo,
     Read,
@@ -133,6 +147,12 @@ enum Kind {
     Bulk,
     /// A program nobody serves.
     Other,
+    /// An NFSv4 COMPOUND with one or two WRITEs ([`script_compound`]): their data DDP-eligible
+    /// (RFC 8267 §5; the first one the threshold lets go into the Read chunk).
+    Nfs4Write,
+    /// An NFSv4 COMPOUND with one or two READs ([`script_compound`]): the first READ's data
+    /// DDP-eligible, for the call's Write chunk, operations possibly after it.
+    Nfs4Read,
 }
 
 impl Kind {
@@ -144,18 +164,329 @@ impl Kind {
             Kind::Write,
             Kind::Bulk,
             Kind::Other,
-        ][usize::from(b % 6)]
+            Kind::Nfs4Write,
+            Kind::Nfs4Read,
+        ][usize::from(b % 8)]
     }
 }
 
-/// What a call's reply must hold if it succeeds (RDMATEST, as `answer` serves it).
-#[derive(Clone, Copy, Debug)]
+// NFSv4 COMPOUNDs (RFC 8267 §5): the few operations the script's calls use, encoded by the
+// client, decoded and answered by the server, and expected back by the client.
+
+/// The tag of the script's COMPOUNDs (six bytes: its pad is not empty).
+const TAG: &[u8] = b"script";
+/// The session of the script's SEQUENCEs.
+const SESSION: [u8; 16] = [0x5e; 16];
+/// The file handle of its PUTFHs.
+const FH: [u8; 8] = [0xfa; 8];
+/// The stateid of its READs and WRITEs.
+const STATEID: [u8; 16] = [0x57; 16];
+/// The verifier of its server's WRITE results.
+const VERIFIER: [u8; 8] = [0x7e; 8];
+/// `FILE_SYNC4`, how the script's WRITEs are to be committed.
+const FILE_SYNC4: u32 = 2;
+/// `FATTR4_SIZE`, the attribute its GETATTRs ask for (bit 4 of the bitmap's first word).
+const SIZE_ATTR: u32 = 1 << 4;
+/// `NFS4_OK`.
+const NFS4_OK: u32 = 0;
+/// `NFS4ERR_BADXDR`: the server's answer to arguments that are not a COMPOUND of the script.
+const NFS4ERR_BADXDR: u32 = 10036;
+/// Operations of a COMPOUND the script makes, at most.
+const MAX_OPS: u32 = 8;
+
+/// An operation of the script's COMPOUNDs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op4 {
+    /// SEQUENCE in the script's session (minor version 1), with this sequence id.
+    Sequence(u32),
+    /// PUTFH of the script's file handle.
+    Putfh,
+    /// WRITE (`FILE_SYNC4`) of the [`file_data`] at `offset`, `len` bytes.
+    Write { offset: u64, len: u32 },
+    /// READ of `count` bytes at `offset`, which the server answers with the [`file_data`].
+    Read { offset: u64, count: u32 },
+    /// GETATTR of the size.
+    Getattr,
+}
+
+/// A COMPOUND of the script: its minor version and its operations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Compound {
+    minor: u32,
+    ops: Vec<Op4>,
+}
+
+/// The bytes of the script's file at `offset`, `len` of them: a pattern seeded by both words
+/// of the offset, so that each READ or WRITE of a call has its own (the script puts the XID in
+/// the low word and the operation's rank in the high one).
+fn file_data(offset: u64, len: u32) -> Vec<u8> {
+    pattern((offset >> 32) as u32 ^ offset as u32, len as usize)
+}
+
+/// The COMPOUND of a call of kind [`Kind::Nfs4Write`] (`write`) or [`Kind::Nfs4Read`] with
+/// XID `xid`: PUTFH (after a SEQUENCE in minor version 1), one or two WRITEs or READs, the
+/// first of `n` bytes, and a GETATTR, as the script's next byte says: bit 0, minor version 0
+/// (no SEQUENCE); bit 1, a second WRITE or READ, its size in the next two bytes; bit 2, no
+/// GETATTR (the last data ends the arguments or the results).
+fn script_compound(write: bool, n: u32, xid: u32, b: &mut Bytes<'_>) -> Compound {
+    let shape = b.u8();
+    let minor = u32::from(shape & 1 == 0);
+    let mut ops = Vec::new();
+    if minor == 1 {
+        ops.push(Op4::Sequence(xid));
+    }
+    ops.push(Op4::Putfh);
+    let second = (shape & 2 != 0).then(|| u32::from(b.u16()) % 9000);
+    for (rank, len) in [Some(n), second].into_iter().flatten().enumerate() {
+        let offset = (rank as u64) << 32 | u64::from(xid);
+        ops.push(if write {
+            Op4::Write { offset, len }
+        } else {
+            Op4::Read { offset, count: len }
+        });
+    }
+    if shape & 4 == 0 {
+        ops.push(Op4::Getattr);
+    }
+    Compound { minor, ops }
+}
+
+/// XDR, built an item at a time.
+#[derive(Default)]
+struct Xdr(Vec<u8>);
+
+impl Xdr {
+    fn u32(&mut self, w: u32) {
+        self.0.extend(w.to_be_bytes());
+    }
+
+    fn u64(&mut self, w: u64) {
+        self.0.extend(w.to_be_bytes());
+    }
+
+    fn fixed(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+
+    /// An `opaque<>` (length word, bytes, pad); returns where its bytes start.
+    fn opaque(&mut self, b: &[u8]) -> u32 {
+        self.u32(b.len() as u32);
+        let at = self.0.len() as u32;
+        self.0.extend_from_slice(b);
+        self.0.resize(self.0.len() + pad(b.len()), 0);
+        at
+    }
+}
+
+/// `COMPOUND4args` of `c`, whole (every WRITE's data inline), and where each WRITE's data
+/// sits in it (position, length).
+fn compound_args(c: &Compound) -> (Vec<u8>, Vec<(u32, u32)>) {
+    let mut x = Xdr::default();
+    let mut items = Vec::new();
+    x.opaque(TAG);
+    x.u32(c.minor);
+    x.u32(c.ops.len() as u32);
+    for o in &c.ops {
+        match *o {
+            Op4::Sequence(seq) => {
+                x.u32(op::SEQUENCE);
+                x.fixed(&SESSION);
+                // Sequence id, slot id, highest slot id, cachethis.
+                for w in [seq, 0, 0, 0] {
+                    x.u32(w);
+                }
+            }
+            Op4::Putfh => {
+                x.u32(op::PUTFH);
+                x.opaque(&FH);
+            }
+            Op4::Write { offset, len } => {
+                x.u32(op::WRITE);
+                x.fixed(&STATEID);
+                x.u64(offset);
+                x.u32(FILE_SYNC4);
+                items.push((x.opaque(&file_data(offset, len)), len));
+            }
+            Op4::Read { offset, count } => {
+                x.u32(op::READ);
+                x.fixed(&STATEID);
+                x.u64(offset);
+                x.u32(count);
+            }
+            Op4::Getattr => {
+                x.u32(op::GETATTR);
+                x.u32(1);
+                x.u32(SIZE_ATTR);
+            }
+        }
+    }
+    (x.0, items)
+}
+
+/// The COMPOUND the script's server reads in `args` (whole, as `accept_call` placed them). It
+/// reads only what varies between the script's COMPOUNDs: arguments that are not one of them
+/// may still decode, and the server tells them apart by encoding the result again.
+fn parse_compound(args: &[u8]) -> Result<Compound, Error> {
+    let mut r = Reader::new(args);
+    r.opaque("tag")?;
+    let minor = r.u32("minorversion")?;
+    let n = r.u32("COMPOUND operation count")?;
+    if n > MAX_OPS {
+        return Err(Error::BadValue("COMPOUND operation count", n));
+    }
+    let mut ops = Vec::new();
+    for _ in 0..n {
+        let o = match r.u32("nfs_opnum4")? {
+            op::SEQUENCE => {
+                r.take(SESSION.len(), "sessionid")?;
+                let seq = r.u32("sequenceid")?;
+                r.take(12, "SEQUENCE4args")?;
+                Op4::Sequence(seq)
+            }
+            op::PUTFH => {
+                r.opaque("nfs_fh4")?;
+                Op4::Putfh
+            }
+            op::WRITE => {
+                r.take(STATEID.len(), "stateid")?;
+                let offset = r.u64("offset")?;
+                r.u32("stable")?;
+                let len = r.opaque("WRITE4args data")?.len() as u32;
+                Op4::Write { offset, len }
+            }
+            op::READ => {
+                r.take(STATEID.len(), "stateid")?;
+                let offset = r.u64("offset")?;
+                let count = r.u32("count")?;
+                Op4::Read { offset, count }
+            }
+            op::GETATTR => {
+                r.take(8, "bitmap4")?;
+                Op4::Getattr
+            }
+            v => return Err(Error::BadValue("nfs_opnum4", v)),
+        };
+        ops.push(o);
+    }
+    Ok(Compound { minor, ops })
+}
+
+/// The `COMPOUND4res` the script's server answers `c` with, whole (every READ's data inline),
+/// and where each READ's data sits in it (position, length). Every operation succeeds: a READ
+/// returns the [`file_data`] at its offset (eof set), a WRITE all its bytes, a GETATTR the size
+/// of a file that ends where the last READ or WRITE before it ended. Arguments that were not a
+/// COMPOUND of the script (`None`) get `NFS4ERR_BADXDR` and no results.
+fn compound_res(c: Option<&Compound>) -> (Vec<u8>, Vec<(u32, u32)>) {
+    let mut x = Xdr::default();
+    let mut items = Vec::new();
+    let Some(c) = c else {
+        x.u32(NFS4ERR_BADXDR);
+        x.opaque(TAG);
+        x.u32(0);
+        return (x.0, items);
+    };
+    x.u32(NFS4_OK);
+    x.opaque(TAG);
+    x.u32(c.ops.len() as u32);
+    let mut size = 0u64;
+    for o in &c.ops {
+        match *o {
+            Op4::Sequence(seq) => {
+                x.u32(op::SEQUENCE);
+                x.u32(NFS4_OK);
+                x.fixed(&SESSION);
+                // Sequence id, slot id, highest and target highest slot ids, status flags.
+                for w in [seq, 0, 0, 0, 0] {
+                    x.u32(w);
+                }
+            }
+            Op4::Putfh => {
+                x.u32(op::PUTFH);
+                x.u32(NFS4_OK);
+            }
+            Op4::Write { offset, len } => {
+                x.u32(op::WRITE);
+                x.u32(NFS4_OK);
+                x.u32(len);
+                x.u32(FILE_SYNC4);
+                x.fixed(&VERIFIER);
+                size = offset.saturating_add(u64::from(len));
+            }
+            Op4::Read { offset, count } => {
+                x.u32(op::READ);
+                x.u32(NFS4_OK);
+                x.u32(1);
+                items.push((x.opaque(&file_data(offset, count)), count));
+                size = offset.saturating_add(u64::from(count));
+            }
+            Op4::Getattr => {
+                x.u32(op::GETATTR);
+                x.u32(NFS4_OK);
+                x.u32(1);
+                x.u32(SIZE_ATTR);
+                x.u32(8);
+                x.u64(size);
+            }
+        }
+    }
+    (x.0, items)
+}
+
+/// `xdr` without the items at `items` (position, length; in order), their data and pad, as an
+/// app reduces a message (the length words stay); and each item's position in what is left.
+fn cut(xdr: &[u8], items: &[(u32, u32)]) -> (Vec<u8>, Vec<u32>) {
+    let mut left = Vec::new();
+    let mut at = Vec::new();
+    let mut from = 0usize;
+    for &(pos, len) in items {
+        let pos = pos as usize;
+        left.extend_from_slice(xdr.get(from..pos).unwrap_or_default());
+        at.push(left.len() as u32);
+        from = pos + len as usize + pad(len as usize);
+    }
+    left.extend_from_slice(xdr.get(from..).unwrap_or_default());
+    (left, at)
+}
+
+/// App memory of side `s` holding `bytes`.
+fn stored(s: &mut Side, bytes: &[u8]) -> Option<MemRef> {
+    let at = s.try_alloc(bytes.len() as u32)?;
+    s.env.write(at, bytes).then_some(at)
+}
+
+/// The pieces of a call of COMPOUND `c` in side `s`'s memory: its reduced arguments, each
+/// WRITE's data (DDP-eligible), and a buffer for each READ's data (for Write chunks).
+fn compound_call(s: &mut Side, c: &Compound) -> Option<(MemRef, Vec<ArgPiece>, Vec<MemRef>)> {
+    let (whole, items) = compound_args(c);
+    let (reduced, at) = cut(&whole, &items);
+    let mut args = Vec::new();
+    for (&(pos, len), xdr_pos) in items.iter().zip(at) {
+        let data = whole.get(pos as usize..(pos + len) as usize)?;
+        args.push(ArgPiece {
+            mem: stored(s, data)?,
+            xdr_pos,
+        });
+    }
+    let mut results = Vec::new();
+    for o in &c.ops {
+        if let Op4::Read { count, .. } = *o {
+            results.push(s.try_alloc(count)?);
+        }
+    }
+    Some((stored(s, &reduced)?, args, results))
+}
+
+/// What a call's reply must hold if it succeeds (RDMATEST or NFSv4, as `answer` serves it).
+#[derive(Clone, Debug)]
 struct Expect {
     kind: Kind,
     xid: u32,
     n: u32,
     reply: MemRef,
+    /// The buffer of the first DDP-eligible result (the one a Write chunk may be offered for).
     result: Option<MemRef>,
+    /// The call's COMPOUND (kinds [`Kind::Nfs4Write`] and [`Kind::Nfs4Read`]).
+    compound: Option<Compound>,
 }
 
 impl Expect {
@@ -175,12 +506,26 @@ impl Expect {
                 .unwrap_or_default()
                 .to_vec(),
         };
+        // A COMPOUND's reply, whole: the first READ's data, if it came in the Write chunk, at
+        // its place after its length word (operations may follow it), with its pad.
+        let whole = || match (d.results().first(), self.result) {
+            (Some(&(at, used)), Some(buf)) if used > 0 => {
+                let (head, tail) = reply.split_at((at as usize).min(reply.len()));
+                let mut whole = head.to_vec();
+                whole.extend(s.get(buf.prefix(used).unwrap_or_default()));
+                whole.resize(whole.len() + pad(used as usize), 0);
+                whole.extend_from_slice(tail);
+                whole
+            }
+            _ => reply.clone(),
+        };
         let ok = match self.kind {
             Kind::Null => d.reply_len == 0,
             Kind::Echo | Kind::Read => word == Some(self.n) && result() == data(),
             Kind::Write => word == Some(self.n),
             Kind::Bulk => reply == data(),
             Kind::Other => true,
+            Kind::Nfs4Write | Kind::Nfs4Read => whole() == compound_res(self.compound.as_ref()).0,
         };
         assert!(
             ok,
@@ -258,6 +603,8 @@ struct Session {
     /// optional message either): no Send may find the peer without a posted receive
     /// (R8166-3.3.1-g/h: credits and grants stay covered by receives).
     honest: bool,
+    /// Calls whose replies were checked against what the server sent, by kind.
+    checked: BTreeMap<Kind, u32>,
 }
 
 /// Side 0 is the client (`a`), side 1 the server (`b`).
@@ -285,6 +632,7 @@ impl Session {
                     let ok = d.status == super::CallStatus::Ok && d.rpc_stat == rpcmsg::SUCCESS;
                     if let (Some(e), true) = (self.apps[k].calls.get(&d.user), ok) {
                         e.check(who, s, d);
+                        *self.checked.entry(e.kind).or_default() += 1;
                     }
                 }
                 self.apps[k].event(who, ev);
@@ -321,10 +669,7 @@ impl Session {
     fn call(&mut self, k: usize, b: &mut Bytes<'_>) {
         let kind = Kind::from_byte(b.u8());
         let n = u32::from(b.u16()) % 9000;
-        let reply_room = match b.u8() % 4 {
-            0 => u32::from(b.u8()),
-            _ => n + 128,
-        };
+        let small_room = (b.u8() % 4 == 0).then(|| u32::from(b.u8()));
         let app = &mut self.apps[k];
         let xid = if b.u8() % 16 == 0 {
             // Sometimes an XID already in use, which the engine must refuse.
@@ -333,6 +678,13 @@ impl Session {
             app.next_xid = app.next_xid.wrapping_add(1);
             app.next_xid | ((k as u32) << 31)
         };
+        let compound = matches!(kind, Kind::Nfs4Write | Kind::Nfs4Read)
+            .then(|| script_compound(kind == Kind::Nfs4Write, n, xid, b));
+        // Room for the whole reply (a COMPOUND's exactly), or sometimes too little.
+        let reply_room = small_room.unwrap_or_else(|| match &compound {
+            Some(c) => compound_res(Some(c)).0.len() as u32,
+            None => n + 128,
+        });
         let s = side(&mut self.p, k);
         let Some(reply) = s.try_alloc(reply_room) else {
             return;
@@ -346,37 +698,79 @@ impl Session {
             let at = s.try_alloc(len)?;
             s.env.write(at, &pattern(xid, len as usize)).then_some(at)
         };
-        let (prog, proc_, msg, arg, result) = match kind {
-            Kind::Null => (RDMATEST_PROG, rdmatest::NULL, words(s, &[]), None, None),
+        let (prog, vers, proc_, msg, args, results) = match kind {
+            Kind::Null => (
+                RDMATEST_PROG,
+                1,
+                rdmatest::NULL,
+                words(s, &[]),
+                vec![],
+                vec![],
+            ),
             Kind::Echo => {
                 let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 4 });
                 let result = s.try_alloc(n);
-                (RDMATEST_PROG, rdmatest::ECHO, words(s, &[n]), arg, result)
+                let msg = words(s, &[n]);
+                (
+                    RDMATEST_PROG,
+                    1,
+                    rdmatest::ECHO,
+                    msg,
+                    Vec::from_iter(arg),
+                    Vec::from_iter(result),
+                )
             }
             Kind::Read => {
                 let result = s.try_alloc(n);
                 let msg = words(s, &[n, xid]);
-                (RDMATEST_PROG, rdmatest::READ, msg, None, result)
+                (
+                    RDMATEST_PROG,
+                    1,
+                    rdmatest::READ,
+                    msg,
+                    vec![],
+                    Vec::from_iter(result),
+                )
             }
             Kind::Write => {
                 let arg = data(s, n).map(|mem| ArgPiece { mem, xdr_pos: 8 });
                 let msg = words(s, &[xid, n]);
-                (RDMATEST_PROG, rdmatest::WRITE, msg, arg, None)
+                (
+                    RDMATEST_PROG,
+                    1,
+                    rdmatest::WRITE,
+                    msg,
+                    Vec::from_iter(arg),
+                    vec![],
+                )
             }
-            Kind::Bulk => (BULK_PROG, 1, data(s, n), None, None),
-            Kind::Other => (b.u32(), b.u32(), data(s, n % 64), None, None),
+            Kind::Bulk => (BULK_PROG, 1, 1, data(s, n), vec![], vec![]),
+            Kind::Other => (b.u32(), 1, b.u32(), data(s, n % 64), vec![], vec![]),
+            Kind::Nfs4Write | Kind::Nfs4Read => {
+                let Some((msg, args, results)) =
+                    compound.as_ref().and_then(|c| compound_call(s, c))
+                else {
+                    return;
+                };
+                (
+                    NFS_PROG,
+                    nfs4::VERSION,
+                    nfs4::COMPOUND,
+                    Some(msg),
+                    args,
+                    results,
+                )
+            }
         };
         let Some(msg) = msg else {
             return;
         };
-        let args: Vec<ArgPiece> = arg.into_iter().collect();
-        let results: Vec<MemRef> = result.into_iter().collect();
         let user = self.apps[k].next_user;
         let spec = CallSpec {
             user,
             xid,
             prog,
-            vers: 1,
+            vers,
             proc_,
             msg,
             args: &args,
@@ -392,21 +786,24 @@ impl Session {
                 n,
                 reply,
                 result: results.first().copied(),
+                compound,
             };
             app.calls.insert(user, expect);
             app.xids.push(xid);
         }
     }
 
-    /// Side `k`'s app acts on each call it holds, as the script says.
+    /// Side `k`'s app acts on each call it holds, as the script says: a byte each, whose
+    /// low two bits choose the act and whose bit 2, in an answer, leaves a COMPOUND's READ
+    /// data unmarked in the reply stream (for the engine to find, R8166-6.1).
     fn serve(&mut self, k: usize, b: &mut Bytes<'_>) {
         for i in 0..self.apps[k].served.len() {
             let Some(h) = self.apps[k].served.get(i).copied() else {
                 break;
             };
-            let choice = b.u8() % 4;
+            let choice = b.u8();
             let s = side(&mut self.p, k);
-            let next = match (h.stage, choice) {
+            let next = match (h.stage, choice % 4) {
                 (Stage::Delivered, 0) => {
                     let Some(buf) = s.try_alloc(h.call.args_len.max(4)) else {
                         continue;
@@ -426,7 +823,8 @@ impl Session {
                     .ok()
                     .map(|()| (h.buf, Stage::Answered)),
                 (Stage::Ready(args_len), 0) => {
-                    answer(s, &h, args_len).map(|()| (h.buf, Stage::Answered))
+                    let mark = choice & 4 == 0;
+                    answer(s, &h, args_len, mark).map(|()| (h.buf, Stage::Answered))
                 }
                 (Stage::Ready(_), 1) => {
                     self.clean = false;
@@ -599,13 +997,16 @@ impl Session {
     }
 }
 
-/// The RDMATEST answer to a call whose arguments are in place (PROG_UNAVAIL for another
-/// program, GARBAGE_ARGS when they do not parse).
-fn answer(s: &mut Side, h: &Held, args_len: u32) -> Option<()> {
+/// The RDMATEST or NFSv4 answer to a call whose arguments are in place (PROG_UNAVAIL for
+/// another program, GARBAGE_ARGS when RDMATEST arguments do not parse). A COMPOUND gets
+/// [`compound_res`]: of the COMPOUND it holds if it is one of the script's, else
+/// `NFS4ERR_BADXDR`; the data of its READs marked as results if `mark`, else left inline.
+fn answer(s: &mut Side, h: &Held, args_len: u32, mark: bool) -> Option<()> {
     let args = s.get(h.buf.prefix(args_len)?);
     let word = |at: usize| be32(&args, at);
     let mut msg: Vec<u8> = Vec::new();
     let mut result = None;
+    let mut results = Vec::new();
     let stat = match (h.call.prog, h.call.proc_) {
         (RDMATEST_PROG, rdmatest::NULL) => rpcmsg::SUCCESS,
         (RDMATEST_PROG, rdmatest::ECHO) => match word(0) {
@@ -639,12 +1040,28 @@ fn answer(s: &mut Side, h: &Held, args_len: u32) -> Option<()> {
             msg = args.clone();
             rpcmsg::SUCCESS
         }
+        (NFS_PROG, nfs4::COMPOUND) if h.call.vers == nfs4::VERSION => {
+            // Only the script's own COMPOUNDs encode back to exactly their arguments.
+            let c = parse_compound(&args)
+                .ok()
+                .filter(|c| compound_args(c).0 == args);
+            let (whole, items) = compound_res(c.as_ref());
+            if mark {
+                let (reduced, at) = cut(&whole, &items);
+                for (&(pos, len), xdr_pos) in items.iter().zip(at) {
+                    let data = whole.get(pos as usize..(pos + len) as usize)?;
+                    let mem = stored(s, data)?;
+                    results.push(ResultPiece { mem, xdr_pos });
+                }
+                msg = reduced;
+            } else {
+                msg = whole;
+            }
+            rpcmsg::SUCCESS
+        }
         _ => rpcmsg::PROG_UNAVAIL,
     };
-    let results: Vec<ResultPiece> = result
-        .map(|(mem, xdr_pos)| ResultPiece { mem, xdr_pos })
-        .into_iter()
-        .collect();
+    results.extend(result.map(|(mem, xdr_pos)| ResultPiece { mem, xdr_pos }));
     reply(s, h.call.id, stat, &msg, &results)
 }
 
@@ -681,6 +1098,12 @@ fn reply(s: &mut Side, id: ServeId, stat: u32, msg: &[u8], results: &[ResultPiec
 /// module documentation). With `SCRIPT_TRACE` set in the environment it prints what
 /// happens, to read a failing input: `SCRIPT_TRACE=1 target/fuzz/.../engine ARTIFACT`.
 pub fn run(data: &[u8]) {
+    play(data);
+}
+
+/// [`run`], telling how many calls of each kind succeeded with their replies checked
+/// against what the server sent (for tests of the seeds).
+pub(crate) fn play(data: &[u8]) -> BTreeMap<Kind, u32> {
     let mut b = Bytes(data);
     let setup = b.u8();
     let mut cfgs = [Role::Client, Role::Server].map(|role| {
@@ -712,6 +1135,7 @@ pub fn run(data: &[u8]) {
         trace: std::env::var_os("SCRIPT_TRACE").is_some(),
         clean: true,
         honest: true,
+        checked: BTreeMap::new(),
     };
     session.p.a.report_unsignaled = setup & 16 != 0;
     session.p.b.report_unsignaled = setup & 32 != 0;
@@ -766,5 +1190,7 @@ pub fn run(data: &[u8]) {
         session.sends(&mut seen);
     }
     session.run();
+    let checked = std::mem::take(&mut session.checked);
     session.finish();
+    checked
 }
