@@ -265,6 +265,14 @@ impl Fs {
     }
 }
 
+/// An NFSv4 `change_info4` of the root: atomic, both change ids 0.
+fn put_change_info(x: &mut XdrBuilder) {
+    x.put_u32(1);
+    for _ in 0..4 {
+        x.put_u32(0);
+    }
+}
+
 /// Steps over an NFSv3 `sattr3`: four optional values (mode, uid, gid, size), then two
 /// `set_time` unions; `None` if it is malformed.
 fn skip_sattr3(r: &mut Reader<'_>) -> Option<()> {
@@ -467,12 +475,9 @@ impl Fs {
                     (true, None) => {
                         self.link = Some(target.to_vec());
                         *cur = Some(FH_LINK);
-                        // change_info4 (atomic, before, after), no attributes set.
-                        x.put_u32(0).put_u32(1);
-                        for _ in 0..4 {
-                            x.put_u32(0);
-                        }
                         x.put_u32(0);
+                        put_change_info(x);
+                        x.put_u32(0); // no attributes set
                         return Some(0);
                     }
                 }
@@ -494,10 +499,8 @@ impl Fs {
                     ERR_NOENT
                 } else {
                     self.link = None;
-                    x.put_u32(0).put_u32(1);
-                    for _ in 0..4 {
-                        x.put_u32(0);
-                    }
+                    x.put_u32(0);
+                    put_change_info(x);
                     return Some(0);
                 }
             }

@@ -224,15 +224,7 @@ fn link_target() -> Vec<u8> {
 /// in a Read chunk, then a READLINK whose result must come back through the Write chunk
 /// offered for it, equal; the link is removed before and after.
 fn symlink_readlink(nfs: &mut Nfs, root: &[u8]) -> R<String> {
-    let target: Vec<u8> = (0..LINK_TARGET_LEN)
-        .map(|i| {
-            if i % 16 == 0 {
-                b'/'
-            } else {
-                b'a' + (i % 26) as u8
-            }
-        })
-        .collect();
+    let target = link_target();
     nfs.remove(root, LINK_NAME)?;
     let fh = match nfs.symlink(root, LINK_NAME, &target, true)? {
         Some(fh) => fh,
