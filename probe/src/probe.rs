@@ -32,7 +32,8 @@ pub struct Expect {
     pub inflight: u32,
     /// READDIRPLUS maxcount.
     pub rdp_maxcount: u32,
-    /// Also run the NFSv4.1 step (`nfs4_chunks`).
+    /// Also run the NFSv4.1 steps (`nfs4_chunks`, `nfs4_symlink_read_chunk`,
+    /// `nfs4_readlink_write_chunk`).
     pub nfs4: bool,
 }
 
