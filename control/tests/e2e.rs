@@ -564,8 +564,9 @@ fn nfs4_res_head(x: &mut rpcrdma_shm::client::XdrBuilder, n: u32) {
 
 /// The NFSv4 binding (RFC 8267 §5) between real processes: a COMPOUND's WRITE data goes in
 /// a Read chunk (not a Long call) and reaches B's server app with the GETATTR after it intact
-/// (IMPL-3.7-a); a COMPOUND's READ data, marked by B's app, comes back through the Write chunk
-/// with a GETATTR after it in the reply, which A's requester accepts (R8166-6.1-c/d).
+/// (IMPL-3.7-a); a COMPOUND's READ data comes back through the Write chunk with a GETATTR
+/// after it in the reply, which A's requester accepts (R8166-6.1-c/d), whether B's app marks
+/// the data or leaves it in its stream for daemon B to reduce (R8166-6.1-d, responder).
 #[test]
 fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
     const NFS: u32 = 100_003;
@@ -602,10 +603,15 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
                 x.put_u32(9).put_u32(0).put_u32(0).put_u32(0);
             } else {
                 // READ: stateid, offset, count. Answer the data, eof, then GETATTR (size).
+                // A READ at offset 1 has its data left unmarked, for daemon B to find.
                 let count = w(92) as usize;
                 nfs4_res_head(x, 4);
                 x.put_u32(25).put_u32(0).put_u32(1);
-                x.put_ddp_opaque(&pattern(9, count));
+                if w(88) == 1 {
+                    x.put_opaque(&pattern(9, count));
+                } else {
+                    x.put_ddp_opaque(&pattern(9, count));
+                }
                 x.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
                 x.put_opaque(&(count as u64).to_be_bytes());
             }
@@ -615,7 +621,8 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
         .expect("registered");
     let mut c = Client::connect(&a.app).expect("client attach");
     let peer = c.peer("server").expect("peer");
-    let head = |call: &mut rpcrdma_shm::client::XdrBuilder, op: u32| {
+    // SEQUENCE, PUTFH, then `op`'s stateid and offset (`offset` its low word).
+    let head = |call: &mut rpcrdma_shm::client::XdrBuilder, op: u32, offset: u32| {
         call.put_u32(0).put_u32(1).put_u32(4);
         call.put_u32(53);
         for w in [
@@ -632,13 +639,13 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
         }
         call.put_u32(22).put_opaque(&[0xfa; 8]);
         call.put_u32(op);
-        for w in [1, 7, 7, 7, 0, 0] {
+        for w in [1, 7, 7, 7, 0, offset] {
             call.put_u32(w);
         }
     };
     // WRITE (offset 0, FILE_SYNC4), its data as the DDP piece, then GETATTR.
     let mut call = c.call(peer, NFS, 4, 1);
-    head(call.args(), 38);
+    head(call.args(), 38, 0);
     call.args().put_u32(2).put_ddp_opaque(&data);
     call.args().put_u32(9).put_u32(1).put_u32(1 << 4);
     let t = call.submit().expect("submit");
@@ -654,35 +661,39 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
         (&1.into(), &0.into()),
         "a Read chunk, not a Long call: {astats}"
     );
-    // READ of 5000 bytes into a result buffer, a GETATTR after it.
-    let mut call = c.call(peer, NFS, 4, 1);
-    head(call.args(), 25);
-    call.args()
-        .put_u32(5000)
-        .put_u32(9)
-        .put_u32(1)
-        .put_u32(1 << 4);
-    call.result_buffer(5000);
-    let t = call.submit().expect("submit");
-    let r = c
-        .wait(t, T)
-        .unwrap_or_else(|e| panic!("READ: {e:?}\nB:\n{}", b.log()));
-    assert_eq!(
-        r.ddp_bytes, 5000,
-        "the READ data came through the Write chunk"
-    );
-    let mut want = rpcrdma_shm::client::XdrBuilder::default();
-    nfs4_res_head(&mut want, 4);
-    want.put_u32(25)
-        .put_u32(0)
-        .put_u32(1)
-        .put_opaque(&pattern(9, 5000));
-    want.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
-    want.put_opaque(&5000u64.to_be_bytes());
-    assert_eq!(r.body, want.to_full());
+    // READs into a result buffer, a GETATTR after them: 5000 bytes at offset 0, which B's
+    // app marks; 4000 at offset 1, which it leaves in its stream (daemon B reduces it all
+    // the same, R8166-6.1-d).
+    for (offset, count) in [(0, 5000u32), (1, 4000)] {
+        let mut call = c.call(peer, NFS, 4, 1);
+        head(call.args(), 25, offset);
+        call.args()
+            .put_u32(count)
+            .put_u32(9)
+            .put_u32(1)
+            .put_u32(1 << 4);
+        call.result_buffer(count);
+        let t = call.submit().expect("submit");
+        let r = c
+            .wait(t, T)
+            .unwrap_or_else(|e| panic!("READ at {offset}: {e:?}\nB:\n{}", b.log()));
+        assert_eq!(
+            r.ddp_bytes, count,
+            "the READ data at {offset} came through the Write chunk"
+        );
+        let mut want = rpcrdma_shm::client::XdrBuilder::default();
+        nfs4_res_head(&mut want, 4);
+        want.put_u32(25)
+            .put_u32(0)
+            .put_u32(1)
+            .put_opaque(&pattern(9, count as usize));
+        want.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
+        want.put_opaque(&u64::from(count).to_be_bytes());
+        assert_eq!(r.body, want.to_full(), "READ at {offset}");
+    }
     let astats = a.ctl_json(&["stats"]);
     assert_eq!(astats["conns"][0]["bad-replies"], 0, "{astats}");
     let bstats = b.ctl_json(&["stats"]);
     assert_eq!(bstats["conns"][0]["rdma-read-bytes"], 6000, "{bstats}");
-    assert_eq!(bstats["conns"][0]["rdma-write-bytes"], 5000, "{bstats}");
+    assert_eq!(bstats["conns"][0]["rdma-write-bytes"], 9000, "{bstats}");
 }

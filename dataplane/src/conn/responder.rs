@@ -2,7 +2,7 @@
 //! reassembly), and sending replies (Write chunks, Reply chunk, ERR_CHUNK, Send With
 //! Invalidate).
 
-use rpcrdma_proto::ulb::{binding, check_read_chunks, eligible_result};
+use rpcrdma_proto::ulb::{binding, check_read_chunks, eligible_result, result_is_last};
 use rpcrdma_proto::{
     rpc::CallHeader, v1, v2, Chunk, ChunkLists, MsgType, ReadList, Segment, WriteList,
 };
@@ -32,8 +32,9 @@ pub struct ReplySpec<'a> {
     /// Reduced result XDR.
     pub msg: MemRef,
     /// DDP-eligible results, by ascending position. Empty, on a call that offered a Write
-    /// chunk: the engine looks for the binding's eligible result at the end of `msg` and
-    /// reduces it into the chunk (R8166-6.1).
+    /// chunk: the engine looks for the binding's eligible result in `msg` (at its end; in an
+    /// NFSv4 COMPOUND, the first READ's or READLINK's data, wherever it is) and reduces it
+    /// into the chunk (R8166-6.1).
     pub results: &'a [ResultPiece],
 }
 
@@ -788,10 +789,14 @@ impl Connection {
             }
         }
         let mut found = [ResultPiece::default()];
+        // What follows a result found inline in the stream (a COMPOUND's operations after
+        // its READ): it travels after the result's place, as the reduced stream's last item.
+        let mut rest = None;
         let reduced;
         let spec = match inline_result(s, spec, env) {
-            Some(piece) => {
+            Some((piece, after)) => {
                 found[0] = piece;
+                rest = after;
                 reduced = ReplySpec {
                     msg: spec.msg.prefix(piece.xdr_pos)?,
                     results: &found,
@@ -828,6 +833,7 @@ impl Connection {
                 .zip(to_chunk)
                 .filter(|(_, c)| !c)
                 .map(|(r, _)| (r.xdr_pos, r.mem))
+                .chain(rest.map(|m| (spec.msg.len, m)))
         };
         let r_len = stream_len(spec.msg, items())?.checked_add(hdr24.len() as u32)?;
         let wlist_len: u32 = 4
@@ -1223,10 +1229,15 @@ fn copy_lists(s: &mut Serve, l: &ChunkLists<'_>) -> Option<()> {
 /// The eligible result an app left in the stream of its reply to serve `s`, which offered
 /// Write chunks: the responder reduces it into the first, as R8166-6.1 requires of it
 /// whatever the app marked (a requester fails a reply whose eligible result came inline,
-/// R8166-6.1-d). Only a successful reply that marks no result is looked at, and only a
-/// result that ends the stream (with or without its pad), as in every binding; its place is
-/// read from a copy of the stream's start.
-fn inline_result(s: &Serve, spec: &ReplySpec<'_>, env: &impl Env) -> Option<ResultPiece> {
+/// R8166-6.1-d). Only a successful reply that marks no result is looked at; its place is
+/// read from a copy of the stream's start. In most bindings the result ends the stream
+/// (with or without its pad); in a COMPOUND, operations may follow the READ: they are
+/// returned too, the stream after the result's pad, to travel after the result's place.
+fn inline_result(
+    s: &Serve,
+    spec: &ReplySpec<'_>,
+    env: &impl Env,
+) -> Option<(ResultPiece, Option<MemRef>)> {
     if s.n_wchunk == 0
         || !spec.results.is_empty()
         || spec.accept_stat != rpcmsg::SUCCESS
@@ -1242,11 +1253,20 @@ fn inline_result(s: &Serve, spec: &ReplySpec<'_>, env: &impl Env) -> Option<Resu
     }
     let item = eligible_result(s.prog, s.prog_vers, s.proc_, head).ok()??;
     let end = item.position.checked_add(item.length)?;
-    if item.length == 0 || (spec.msg.len != end && spec.msg.len != round4(end)) {
+    let padded = round4(end);
+    let rest = if spec.msg.len == end || spec.msg.len == padded {
+        None
+    } else if spec.msg.len > padded && !result_is_last(s.prog, s.prog_vers, s.proc_) {
+        Some(spec.msg.sub(padded, spec.msg.len - padded)?)
+    } else {
+        return None;
+    };
+    if item.length == 0 {
         return None;
     }
-    Some(ResultPiece {
+    let piece = ResultPiece {
         mem: spec.msg.sub(item.position, item.length)?,
         xdr_pos: item.position,
-    })
+    };
+    Some((piece, rest))
 }

@@ -3716,6 +3716,75 @@ fn r8166_6_1_d_compound_read_in_the_write_chunk_with_operations_after_it() {
     assert!(p.a.conn.closed().is_none());
 }
 
+/// R8166-6.1-d with RFC 8267 §5, responder side: a server app's COMPOUND reply that leaves
+/// its READ data in the stream, a GETATTR after it, has the data reduced into the offered
+/// Write chunk and the GETATTR sent after the READ's length word; the requester gets both
+/// back in place. In NFSv3, where the result ends every reply, a word after it keeps the
+/// reply as written (and the requester refuses it).
+#[test]
+fn r8166_6_1_d_responder_reduces_a_compound_read_left_inline_with_operations_after_it() {
+    use rpcrdma_proto::nfs4::{self, op};
+    use rpcrdma_proto::ulb::{nfs3, NFS_PROG};
+    let mut p = Pair::default_pair();
+    let answer = |p: &mut Pair, stream: &[u8]| {
+        p.run();
+        let id = loop {
+            match p.b.events.pop_front() {
+                Some(Event::IncomingCall(ic)) => break ic.id,
+                Some(_) => {}
+                None => panic!("no call"),
+            }
+        };
+        let args = p.b.alloc(8);
+        let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+        assert_eq!(got, Accepted::Ready { args_len: 8 });
+        let spec = ReplySpec {
+            accept_stat: 0,
+            msg: p.b.put(stream),
+            results: &[],
+        };
+        p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
+        p.run();
+        done(p)
+    };
+    let data = pattern(8, 1001);
+    let mut head = be(&compound_res(0, 2));
+    head.extend(be(&[op::READ, 0, 1, 1001]));
+    let getattr = be(&[op::GETATTR, 0, 1, 1 << 4, 8, 0, 1001]);
+    let mut stream = head.clone();
+    stream.extend(&data);
+    stream.extend([0; 3]);
+    stream.extend(&getattr);
+    let (result, _) = with_write_chunk(&mut p, 1, (NFS_PROG, nfs4::VERSION, nfs4::COMPOUND), 4096);
+    let d = answer(&mut p, &stream);
+    let reduced = (head.len() + getattr.len()) as u32;
+    assert_eq!(
+        (d[0].status, d[0].reply_len, d[0].results()),
+        (CallStatus::Ok, reduced, &[(head.len() as u32, 1001)][..]),
+        "{d:?}"
+    );
+    assert_eq!(p.a.get(result.prefix(1001).unwrap()), data);
+    let sent = p.b.sent.last().unwrap();
+    let v1::Body::Msg(r) = header(sent).body else {
+        panic!()
+    };
+    assert_eq!(r.writes.iter().next().unwrap().length(), 1001);
+    let mut want = head.clone();
+    want.extend(&getattr);
+    assert!(
+        sent.ends_with(&want),
+        "the reduced COMPOUND, GETATTR after the READ"
+    );
+    // NFSv3 READ3resok (no attributes, count, eof, data) with a word after the data.
+    let mut odd = be(&[0, 0, 100, 1, 100]);
+    odd.extend(&data[..100]);
+    odd.extend(be(&[7]));
+    with_write_chunk(&mut p, 2, (NFS_PROG, 3, nfs3::READ), 4096);
+    let d = answer(&mut p, &odd);
+    assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
+    assert!(p.b.sent.last().unwrap().ends_with(&odd), "sent as written");
+}
+
 /// The arguments of an NFSv4 COMPOUND with a WRITE of `data` between a PUTFH and a GETATTR,
 /// reduced at the data (the length word stays); and the data's position in them.
 fn compound_write(data_len: u32) -> (Vec<u8>, u32) {
