@@ -110,6 +110,8 @@ pub struct Daemon {
     peers: Vec<PeerState>,
     /// Peer name (or remote address) of each connection, by global connection id.
     remote_of: HashMap<u32, String>,
+    /// Per-peer counters across connections, for `/metrics`.
+    ledger: crate::metrics::PeerLedger,
     started: Instant,
     draining: Option<Instant>,
     drained: usize,
@@ -412,6 +414,7 @@ impl Daemon {
             listeners: Vec::new(),
             peers,
             remote_of: HashMap::new(),
+            ledger: crate::metrics::PeerLedger::default(),
             started: Instant::now(),
             draining: None,
             drained: 0,
@@ -640,6 +643,8 @@ impl Daemon {
                 };
                 info!(conn, peer = %name, thread, "connection up");
                 self.remote_of.insert(conn, name);
+                let key = self.peer_key(peer, remote);
+                self.ledger.opened(&key);
                 let v1_only = peer
                     .and_then(|p| self.peers.get(p as usize))
                     .is_some_and(|p| p.v1_only);
@@ -660,8 +665,16 @@ impl Daemon {
             Event::ConnectFailed { peer, reason } => {
                 self.peer_failed(peer as usize, &format!("connect failed: {reason}"));
             }
-            Event::Down { conn, peer, reason } => {
+            Event::Down {
+                conn,
+                peer,
+                remote,
+                reason,
+                last,
+            } => {
                 let name = self.remote_of.remove(&conn).unwrap_or_default();
+                let key = self.peer_key(peer, remote);
+                self.ledger.ended(thread, conn, &key, last);
                 self.xchar.remove(&conn);
                 info!(conn, peer = %name, %reason, "connection down");
                 match (peer, reason) {
@@ -698,6 +711,7 @@ impl Daemon {
                 if let Some(slot) = self.latest.get_mut(thread) {
                     *slot = *s;
                 }
+                self.ledger.snapshot_arrived(thread);
                 self.pending_snaps = self.pending_snaps.saturating_sub(1);
             }
             Event::Drained { in_flight } => {
@@ -1271,7 +1285,20 @@ impl Daemon {
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
         let snaps: Vec<&Snapshot> = self.latest.iter().collect();
-        crate::metrics::render(&snaps, |t, c| self.name_of(t, c))
+        let peers = self
+            .ledger
+            .totals(&snaps, |c| self.peer_key(c.peer, c.remote));
+        crate::metrics::render(&snaps, |t, c| self.name_of(t, c), &peers)
+    }
+
+    /// The `peer` label of per-peer metrics: a configured peer's name; for an accepted
+    /// connection, the remote host's address without the port, which changes every time.
+    fn peer_key(&self, peer: Option<u32>, remote: Option<std::net::SocketAddr>) -> String {
+        match (peer.and_then(|p| self.peers.get(p as usize)), remote) {
+            (Some(p), _) => p.name.clone(),
+            (None, Some(r)) => r.ip().to_string(),
+            (None, None) => "-".into(),
+        }
     }
 
     fn name_of(&self, _thread: usize, conn: u32) -> String {

@@ -1,7 +1,58 @@
 //! Prometheus text exposition (format 0.0.4) of the poll threads' snapshots.
 
-use rpcrdma_dataplane::poll::{Histo, Snapshot};
+use rpcrdma_dataplane::poll::{ConnInfo, Histo, Snapshot, Totals};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
+
+/// Per-peer totals, by peer key: a configured peer's name, or for a connection the daemon
+/// accepted, the remote host's address (its port changes with every connection).
+pub type PeerTotals = BTreeMap<String, Totals>;
+
+/// What a peer's ended connections counted, so that its `rpcrdmad_peer_*` counters go on
+/// across reconnects (a connection's own series ends with it; the next one has a new `conn`).
+/// Also the connections that ended since their thread's last snapshot: the snapshot kept
+/// until the next one still lists them, and their counts are here now.
+#[derive(Debug, Default)]
+pub struct PeerLedger {
+    ended: PeerTotals,
+    gone: HashSet<(usize, u32)>,
+}
+
+impl PeerLedger {
+    /// A connection to or from `peer` is established.
+    pub fn opened(&mut self, peer: &str) {
+        let t = self.ended.entry(peer.to_owned()).or_default();
+        t.conns_opened = t.conns_opened.saturating_add(1);
+    }
+
+    /// Connection `conn` of `thread`, with `peer`, ended having counted `last`.
+    pub fn ended(&mut self, thread: usize, conn: u32, peer: &str, last: Totals) {
+        let t = self.ended.entry(peer.to_owned()).or_default();
+        *t += last;
+        t.conns_closed = t.conns_closed.saturating_add(1);
+        self.gone.insert((thread, conn));
+    }
+
+    /// A fresh snapshot of `thread` arrived: it lists none of the connections that ended
+    /// before it was filled (the thread's events come in order).
+    pub fn snapshot_arrived(&mut self, thread: usize) {
+        self.gone.retain(|&(t, _)| t != thread);
+    }
+
+    /// Each peer's totals: its ended connections' counts and its live connections' in
+    /// `snaps`; `key` names a live connection's peer.
+    pub fn totals(&self, snaps: &[&Snapshot], key: impl Fn(&ConnInfo) -> String) -> PeerTotals {
+        let mut all = self.ended.clone();
+        for s in snaps {
+            for c in s.conns() {
+                if !self.gone.contains(&(s.thread.index, c.info.id)) {
+                    *all.entry(key(&c.info)).or_default() += c.info.totals();
+                }
+            }
+        }
+        all
+    }
+}
 
 /// Histogram bucket upper bounds, in seconds.
 pub const BUCKETS: [f64; 14] = [
@@ -40,10 +91,15 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histo) {
     let _ = writeln!(out, "{name}_count{{{labels}}} {total}");
 }
 
-/// Renders every thread's snapshot; `peer_of(thread, conn)` names a connection's peer.
-pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> String {
+/// Renders every thread's snapshot; `peer_of(thread, conn)` names a connection's peer;
+/// `peers` are the per-peer totals ([`PeerLedger::totals`]).
+pub fn render(
+    snaps: &[&Snapshot],
+    peer_of: impl Fn(usize, u32) -> String,
+    peers: &PeerTotals,
+) -> String {
     let mut out = String::with_capacity(4096);
-    type Pick = fn(&rpcrdma_dataplane::poll::Totals) -> u64;
+    type Pick = fn(&Totals) -> u64;
     let totals: [(&str, &str, Pick); 10] = [
         ("calls_out", "RPC calls sent as requester", |t| t.calls_out),
         ("replies_in", "RPC replies received", |t| t.replies_in),
@@ -72,6 +128,18 @@ pub fn render(snaps: &[&Snapshot], peer_of: impl Fn(usize, u32) -> String) -> St
         );
         let sum: u64 = snaps.iter().map(|s| pick(&s.thread.totals)).sum();
         let _ = writeln!(out, "{metric} {sum}");
+    }
+    for (name, help, pick) in totals {
+        let metric = format!("rpcrdmad_peer_{name}_total");
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help}, with this peer (its ended connections included)"),
+        );
+        for (peer, t) in peers {
+            let _ = writeln!(out, "{metric}{{peer=\"{}\"}} {}", esc(peer), pick(t));
+        }
     }
     header(
         &mut out,
@@ -413,6 +481,54 @@ mod tests {
         s
     }
 
+    /// A peer's counters go on across its connections: an ended connection's last counts
+    /// replace what the kept snapshot still says of it, and the next connection adds its own.
+    #[test]
+    fn peer_totals_outlive_connections_and_never_count_one_twice() {
+        let key = |_: &ConnInfo| "srv1".to_owned();
+        let calls = |p: &PeerTotals| {
+            p.get("srv1")
+                .map(|t| (t.calls_out, t.conns_opened, t.conns_closed))
+        };
+        let mut ledger = PeerLedger::default();
+        let first = snap();
+        ledger.opened("srv1");
+        assert_eq!(calls(&ledger.totals(&[&first], key)), Some((7, 1, 0)));
+        // Connection 3 ends having sent 9 calls; the snapshot kept still says 7.
+        let last = Totals {
+            calls_out: 9,
+            ..Totals::default()
+        };
+        ledger.ended(0, 3, "srv1", last);
+        assert_eq!(calls(&ledger.totals(&[&first], key)), Some((9, 1, 1)));
+        // The next connection (id 4) has sent 2 when the thread's next snapshot comes.
+        ledger.opened("srv1");
+        ledger.snapshot_arrived(0);
+        let mut next = snap();
+        next.conns[0].info.id = 4;
+        next.conns[0].info.calls_out = 2;
+        let peers = ledger.totals(&[&next], key);
+        assert_eq!(calls(&peers), Some((11, 2, 1)));
+        let text = render(&[&next], |_, _| "srv1".into(), &peers);
+        let lines = text.lines().map(|l| Ok(l.to_string()));
+        let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
+        let peer = |name: &str| {
+            parsed
+                .samples
+                .iter()
+                .find(|m| m.metric == name && m.labels.get("peer") == Some("srv1"))
+                .map(|m| m.value.clone())
+        };
+        assert!(matches!(
+            peer("rpcrdmad_peer_calls_out_total"),
+            Some(prometheus_parse::Value::Counter(v)) if v == 11.0
+        ));
+        assert!(matches!(
+            peer("rpcrdmad_peer_conns_opened_total"),
+            Some(prometheus_parse::Value::Counter(v)) if v == 2.0
+        ));
+    }
+
     #[test]
     fn label_values_are_escaped() {
         assert_eq!(esc("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
@@ -421,7 +537,7 @@ mod tests {
     #[test]
     fn exposition_parses_and_carries_counters_and_histogram() {
         let s = snap();
-        let text = render(&[&s], |_, _| "srv1".into());
+        let text = render(&[&s], |_, _| "srv1".into(), &PeerTotals::new());
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
         let total = parsed

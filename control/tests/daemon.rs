@@ -341,6 +341,118 @@ fn conn_close_disconnects_and_the_peer_is_reconnected() {
     assert!(a.log().contains("connection down"));
 }
 
+/// A daemon whose `/metrics` listens on a port of its own: the daemon and that port.
+fn with_metrics(name: &str, peer: Option<(&str, u16)>) -> (Daemon, u16) {
+    let dir = tmpdir(name);
+    let (port, mport) = (free_port(), free_port());
+    let text = config(&dir, port, peer, "").replace(
+        "log-level",
+        &format!("metrics-listen = \"127.0.0.1:{mport}\"\nlog-level"),
+    );
+    (Daemon::start_with(dir, port, &text), mport)
+}
+
+/// The value of counter `metric` with every label of `labels`, in one scrape of `port`.
+fn counter(port: u16, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let body = scrape(port);
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text format");
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .and_then(|s| match s.value {
+            prometheus_parse::Value::Counter(v) => Some(v),
+            _ => None,
+        })
+}
+
+/// `rpcrdmad_peer_*_total` goes on across a reconnect, while the connection's own series
+/// ends with it (the next connection has a new `conn`): on the connecting side under the
+/// peer's configured name, on the accepting side under the remote host's address.
+#[test]
+fn peer_counters_in_metrics_go_on_across_a_reconnect() {
+    let (b, bm) = with_metrics("peerm-b", None);
+    let (a, am) = with_metrics("peerm-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let calls = |c: &mut Client, n: usize| {
+        let peer = c.peer("server").expect("peer");
+        for _ in 0..n {
+            echo(c, peer, 100);
+        }
+    };
+    calls(&mut Client::connect(&a.app).expect("attach"), 3);
+    let first = a.ctl_json(&["conns"])[0]["id"].as_u64().expect("id");
+    let conn = first.to_string();
+    let server = [("peer", "server")];
+    assert_eq!(
+        counter(am, "rpcrdmad_peer_calls_out_total", &server),
+        Some(3.0)
+    );
+    assert_eq!(
+        counter(am, "rpcrdmad_conn_calls_out_total", &[("conn", &conn)]),
+        Some(3.0)
+    );
+    assert!(a.ctl(&["conn", "close", &conn]).status.success());
+    let again = eventually(20, || {
+        let s = a.ctl_json(&["status"]);
+        (s["peers"][0]["state"] == "up").then_some(())
+    });
+    assert!(again.is_some(), "{}", a.log());
+    calls(&mut Client::connect(&a.app).expect("attach"), 2);
+    let next = a.ctl_json(&["conns"])[0]["id"].as_u64().expect("id");
+    assert_ne!(next, first);
+    assert_eq!(
+        counter(am, "rpcrdmad_peer_calls_out_total", &server),
+        Some(5.0)
+    );
+    assert_eq!(
+        counter(am, "rpcrdmad_peer_replies_in_total", &server),
+        Some(5.0)
+    );
+    assert_eq!(
+        counter(am, "rpcrdmad_peer_conns_opened_total", &server),
+        Some(2.0)
+    );
+    assert_eq!(
+        counter(am, "rpcrdmad_peer_conns_closed_total", &server),
+        Some(1.0)
+    );
+    assert_eq!(
+        counter(am, "rpcrdmad_conn_calls_out_total", &[("conn", &conn)]),
+        None,
+        "the ended connection's own series is gone"
+    );
+    assert_eq!(
+        counter(
+            am,
+            "rpcrdmad_conn_calls_out_total",
+            &[("conn", &next.to_string())]
+        ),
+        Some(2.0)
+    );
+    // B accepted both connections from 127.0.0.1 (each from another port).
+    let client = [("peer", "127.0.0.1")];
+    let b_seen = eventually(10, || {
+        let n = counter(bm, "rpcrdmad_peer_conns_closed_total", &client)?;
+        (n == 1.0).then_some(())
+    });
+    assert!(b_seen.is_some(), "{}", b.log());
+    assert_eq!(
+        counter(bm, "rpcrdmad_peer_calls_in_total", &client),
+        Some(5.0)
+    );
+    assert_eq!(
+        counter(bm, "rpcrdmad_peer_replies_out_total", &client),
+        Some(5.0)
+    );
+    assert_eq!(
+        counter(bm, "rpcrdmad_peer_conns_opened_total", &client),
+        Some(2.0)
+    );
+}
+
 #[test]
 fn reload_applies_live_settings_and_refuses_the_rest() {
     let a = Daemon::start("reload", None);

@@ -309,12 +309,15 @@ fn connect_one_on<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr, cq: CqId) {
             .iter()
             .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
     });
-    let (req, pd) = pair.b.events[seen..]
+    let (req, pd, remote) = pair.b.events[seen..]
         .iter()
         .find_map(|e| match e {
             CmEvent::ConnectRequest {
-                req, private_data, ..
-            } => Some((*req, *private_data)),
+                req,
+                private_data,
+                remote,
+                ..
+            } => Some((*req, *private_data, *remote)),
             _ => None,
         })
         .unwrap();
@@ -323,6 +326,14 @@ fn connect_one_on<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr, cq: CqId) {
         &CLIENT_PD,
         "connect private data arrives intact"
     );
+    // A transport with addresses names the connecting side: another port than the
+    // listener's own (the two ends may share an IP address, on loopback or in one host).
+    if let Some(r) = remote {
+        assert!(
+            r.port() != 0 && r.port() != addr.port(),
+            "connect request from {r}, listener {addr}"
+        );
+    }
     let init = pair.b.qp_init();
     let qb = pair.b.p.create_qp(&init).expect("create_qp b");
     pair.b

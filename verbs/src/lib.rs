@@ -501,6 +501,8 @@ pub enum CmEvent {
         req: ConnReqId,
         /// The peer's ULP private data (transport prefixes stripped).
         private_data: PrivateData,
+        /// The connecting side's address, where the transport has one.
+        remote: Option<SocketAddr>,
         /// The peer's IRD (its `responder_resources`).
         responder_resources: u16,
         /// The peer's ORD (its `initiator_depth`).

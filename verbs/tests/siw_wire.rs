@@ -199,6 +199,8 @@ fn iwarp_1_4_responder_answers_siw_request_and_terminates_send_without_receive()
             listener: rpcrdma_verbs::ListenerId(0),
             req: rpcrdma_verbs::ConnReqId(0),
             private_data: rpcrdma_verbs::PrivateData::new(&CLIENT_PD),
+            // The connecting socket's own address, as the listener saw it.
+            remote: Some(s.local_addr().unwrap()),
             responder_resources: 128,
             initiator_depth: 0,
         }

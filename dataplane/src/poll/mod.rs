@@ -322,8 +322,12 @@ pub enum Event {
         conn: u32,
         /// Peer index for outgoing connections.
         peer: Option<u32>,
+        /// Remote address, where known.
+        remote: Option<SocketAddr>,
         /// Why.
         reason: Reason,
+        /// Its counters at the end (`conns_*` zero), for totals that outlive it.
+        last: Totals,
     },
     /// An app attached.
     AppAttached {

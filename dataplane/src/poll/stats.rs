@@ -243,6 +243,39 @@ pub struct ThreadStats {
     pub totals: Totals,
 }
 
+impl ConnInfo {
+    /// This connection's share of its thread's [`Totals`] (the connection counts zero).
+    pub fn totals(&self) -> Totals {
+        Totals {
+            calls_out: self.calls_out,
+            replies_in: self.replies_in,
+            calls_in: self.calls_in,
+            replies_out: self.replies_out,
+            call_errors: self.call_errors,
+            protocol_errors: self.protocol_errors,
+            bytes_out: self.bytes_out,
+            bytes_in: self.bytes_in,
+            conns_opened: 0,
+            conns_closed: 0,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Totals {
+    fn add_assign(&mut self, o: Totals) {
+        self.calls_out = self.calls_out.saturating_add(o.calls_out);
+        self.replies_in = self.replies_in.saturating_add(o.replies_in);
+        self.calls_in = self.calls_in.saturating_add(o.calls_in);
+        self.replies_out = self.replies_out.saturating_add(o.replies_out);
+        self.call_errors = self.call_errors.saturating_add(o.call_errors);
+        self.protocol_errors = self.protocol_errors.saturating_add(o.protocol_errors);
+        self.bytes_out = self.bytes_out.saturating_add(o.bytes_out);
+        self.bytes_in = self.bytes_in.saturating_add(o.bytes_in);
+        self.conns_opened = self.conns_opened.saturating_add(o.conns_opened);
+        self.conns_closed = self.conns_closed.saturating_add(o.conns_closed);
+    }
+}
+
 /// Monotonic totals of a thread, summed by the control thread across threads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {

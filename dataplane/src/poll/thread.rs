@@ -1655,7 +1655,10 @@ impl<P: Provider> PollThread<P> {
     fn on_cm(&mut self, ev: CmEvent) {
         match ev {
             CmEvent::ConnectRequest {
-                req, private_data, ..
+                req,
+                private_data,
+                remote,
+                ..
             } => {
                 let peer_pd = CmData::parse(private_data.as_slice());
                 if self.draining.is_some() {
@@ -1663,7 +1666,7 @@ impl<P: Provider> PollThread<P> {
                     return;
                 }
                 let version = self.spec.transport.version;
-                let i = match self.open(Role::Server, None, None, peer_pd, version) {
+                let i = match self.open(Role::Server, None, remote, peer_pd, version) {
                     Ok(i) => i,
                     Err(_) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
@@ -1741,7 +1744,16 @@ impl<P: Provider> PollThread<P> {
                     }
                 } else {
                     self.stats.totals.conns_closed += 1;
-                    self.emit(Event::Down { conn, peer, reason });
+                    // Its counters as they end (the calls it failed on closing included).
+                    let info = &self.slots[i].stats.info;
+                    let (remote, last) = (info.remote, info.totals());
+                    self.emit(Event::Down {
+                        conn,
+                        peer,
+                        remote,
+                        reason,
+                        last,
+                    });
                 }
             }
         }

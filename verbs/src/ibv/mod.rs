@@ -711,6 +711,7 @@ impl IbvProvider {
                     return;
                 };
                 let Some(id) = ev.take_new_id() else { return };
+                let remote = id.peer_addr();
                 let Ok(req) = push(&mut self.reqs, id) else {
                     return;
                 };
@@ -718,6 +719,7 @@ impl IbvProvider {
                     listener: ListenerId(listener),
                     req: ConnReqId(req),
                     private_data: ev.private_data,
+                    remote,
                     responder_resources: ev.responder_resources,
                     initiator_depth: ev.initiator_depth,
                 });

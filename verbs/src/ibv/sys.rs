@@ -762,6 +762,32 @@ impl CmEventData {
 /// An rdma_cm identifier (destroyed on drop).
 pub(super) struct CmId(*mut rdma_cm_id);
 
+/// The IPv4 or IPv6 address in `ss`, as its family says.
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    let at = ptr::addr_of!(*ss);
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says `ss` holds a sockaddr_in; sockaddr_storage is larger
+            // than and aligned for it.
+            let sin = unsafe { at.cast::<libc::sockaddr_in>().read() };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { at.cast::<libc::sockaddr_in6>().read() };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
 fn sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -817,6 +843,18 @@ impl CmId {
     pub(super) fn listen(&self, backlog: i32) -> Result<()> {
         // SAFETY: the id is live and bound.
         cm_ret(unsafe { ffi::rdma_listen(self.0, backlog) }).map_err(Error::Io)
+    }
+
+    /// The other end's address (`rdma_get_peer_addr`): on a connect request's new id, the
+    /// connecting side's. `None` for a family other than IPv4 or IPv6 (an InfiniBand
+    /// `AF_IB` address, say).
+    pub(super) fn peer_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is live; `route.addr`'s destination union is a sockaddr_storage
+        // long, and a plain-old-data copy of it is valid whatever rdma_cm wrote there.
+        let ss = unsafe {
+            ptr::addr_of!((*self.0).route.addr.dst_addr_union.dst_storage).read_unaligned()
+        };
+        from_sockaddr(&ss)
     }
 
     /// The bound source port (`rdma_get_src_port`, which the run-time shim lacks: the port
@@ -979,5 +1017,16 @@ mod tests {
         assert_eq!(u16::from_be(sin6.sin6_port), 7);
         assert_eq!(sin6.sin6_scope_id, 3);
         assert_eq!(sin6.sin6_addr.s6_addr[0], 0xfe);
+    }
+
+    #[test]
+    fn peer_addresses_read_back_as_written() {
+        for a in ["10.99.0.1:20049", "[fe80::1%3]:7", "[2001:db8::5]:20049"] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_sockaddr(&sockaddr(a)), Some(a));
+        }
+        let mut ss = sockaddr("10.99.0.1:1".parse().unwrap());
+        ss.ss_family = 27; // AF_IB
+        assert_eq!(from_sockaddr(&ss), None);
     }
 }

@@ -19,6 +19,8 @@ pub trait Link {
     fn shutdown(&mut self);
     /// The path's maximum segment size, if the transport has one.
     fn mss(&self) -> Option<usize>;
+    /// The other end's address, if the transport has one.
+    fn peer_addr(&self) -> Option<SocketAddr>;
 }
 
 /// A way to listen for and make [`Link`]s.
@@ -131,6 +133,9 @@ impl Link for TcpLink {
             )
         };
         (rc == 0 && v > 0).then_some(v as usize)
+    }
+    fn peer_addr(&self) -> Option<SocketAddr> {
+        self.0.peer_addr().ok()
     }
 }
 
@@ -386,6 +391,10 @@ impl Link for MemLink {
         self.rx.borrow_mut().closed = true;
     }
     fn mss(&self) -> Option<usize> {
+        None
+    }
+    /// A memory link's ends have no addresses (only listeners do).
+    fn peer_addr(&self) -> Option<SocketAddr> {
         None
     }
 }

@@ -598,6 +598,7 @@ impl<T: Transport> SoftProvider<T> {
                         listener: p.listener,
                         req: ConnReqId(i as u32),
                         private_data: PrivateData::new(f.private_data),
+                        remote: p.link.peer_addr(),
                         responder_resources: f.ird().unwrap_or(0),
                         initiator_depth: f.ord().unwrap_or(0),
                     });
