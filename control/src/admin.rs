@@ -387,6 +387,34 @@ pub struct ConnCounters {
     pub bad_replies: u64,
 }
 
+/// Counters of one peer over all its connections, ended ones included (`stats`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PeerCounters {
+    /// Configured peer name, or the remote host's address for accepted connections.
+    pub peer: String,
+    /// Calls sent.
+    pub calls_out: u64,
+    /// Replies received.
+    pub replies_in: u64,
+    /// Calls received.
+    pub calls_in: u64,
+    /// Replies sent.
+    pub replies_out: u64,
+    /// Failed calls.
+    pub call_errors: u64,
+    /// Protocol errors.
+    pub protocol_errors: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Connections established.
+    pub conns_opened: u64,
+    /// Connections ended.
+    pub conns_closed: u64,
+}
+
 /// `stats`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -395,6 +423,9 @@ pub struct Stats {
     pub threads: Vec<ThreadStatus>,
     /// Per connection (connections that closed are gone).
     pub conns: Vec<ConnCounters>,
+    /// Per peer, by name (connections that closed still count).
+    #[serde(default)]
+    pub peers: Vec<PeerCounters>,
 }
 
 /// Latency percentiles of one connection, in microseconds.

@@ -1285,10 +1285,13 @@ impl Daemon {
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
         let snaps: Vec<&Snapshot> = self.latest.iter().collect();
-        let peers = self
-            .ledger
-            .totals(&snaps, |c| self.peer_key(c.peer, c.remote));
-        crate::metrics::render(&snaps, |t, c| self.name_of(t, c), &peers)
+        crate::metrics::render(&snaps, |t, c| self.name_of(t, c), &self.peer_totals(&snaps))
+    }
+
+    /// Each peer's counters over all its connections ([`crate::metrics::PeerLedger`]).
+    fn peer_totals(&self, snaps: &[&Snapshot]) -> crate::metrics::PeerTotals {
+        self.ledger
+            .totals(snaps, |c| self.peer_key(c.peer, c.remote))
     }
 
     /// The `peer` label of per-peer metrics: a configured peer's name; for an accepted
@@ -1482,9 +1485,28 @@ impl Daemon {
                     .all_conns()
                     .map(|(t, c)| self.counters(t, &c.info))
                     .collect();
+                let snaps: Vec<&Snapshot> = self.latest.iter().collect();
+                let peers = self
+                    .peer_totals(&snaps)
+                    .into_iter()
+                    .map(|(peer, t)| admin::PeerCounters {
+                        peer,
+                        calls_out: t.calls_out,
+                        replies_in: t.replies_in,
+                        calls_in: t.calls_in,
+                        replies_out: t.replies_out,
+                        call_errors: t.call_errors,
+                        protocol_errors: t.protocol_errors,
+                        bytes_out: t.bytes_out,
+                        bytes_in: t.bytes_in,
+                        conns_opened: t.conns_opened,
+                        conns_closed: t.conns_closed,
+                    })
+                    .collect();
                 Response::ok(admin::Stats {
                     threads: self.thread_status(),
                     conns,
+                    peers,
                 })
             }
             Request::Latency => {

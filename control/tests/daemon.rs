@@ -432,6 +432,26 @@ fn peer_counters_in_metrics_go_on_across_a_reconnect() {
         ),
         Some(2.0)
     );
+    // `rpcrdmactl stats` says the same per peer.
+    let stats = a.ctl_json(&["stats"]);
+    let p = &stats["peers"][0];
+    assert_eq!(
+        (
+            &p["peer"],
+            &p["calls-out"],
+            &p["conns-opened"],
+            &p["conns-closed"]
+        ),
+        (&"server".into(), &5.into(), &2.into(), &1.into()),
+        "{stats}"
+    );
+    let human = String::from_utf8_lossy(&a.ctl(&["stats"]).stdout).into_owned();
+    assert!(
+        human
+            .lines()
+            .any(|l| l.starts_with("server") && l.split_whitespace().nth(1) == Some("5")),
+        "{human}"
+    );
     // B accepted both connections from 127.0.0.1 (each from another port).
     let client = [("peer", "127.0.0.1")];
     let b_seen = eventually(10, || {

@@ -283,6 +283,38 @@ fn human(req: &Request, r: &Value) -> String {
                 ),
             );
             out.push('\n');
+            out += &table::render(
+                &[
+                    "PEER",
+                    "CALLS-OUT",
+                    "REPLIES-IN",
+                    "CALLS-IN",
+                    "REPLIES-OUT",
+                    "ERRORS",
+                    "PROTO-ERR",
+                    "BYTES-OUT",
+                    "BYTES-IN",
+                    "OPENED",
+                    "CLOSED",
+                ],
+                &rows(
+                    &r["peers"],
+                    &[
+                        "peer",
+                        "calls-out",
+                        "replies-in",
+                        "calls-in",
+                        "replies-out",
+                        "call-errors",
+                        "protocol-errors",
+                        "bytes-out",
+                        "bytes-in",
+                        "conns-opened",
+                        "conns-closed",
+                    ],
+                ),
+            );
+            out.push('\n');
             let codes = ["err-vers", "err-chunk", "bad-header", "inval-option"];
             let errors: Vec<Vec<String>> = r["conns"]
                 .as_array()
