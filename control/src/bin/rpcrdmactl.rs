@@ -126,6 +126,25 @@ fn rows(v: &Value, keys: &[&str]) -> Vec<Vec<String>> {
         .unwrap_or_default()
 }
 
+/// The traffic counters `stats` shows per connection and per peer: column, JSON key.
+const TRAFFIC: [(&str, &str); 8] = [
+    ("CALLS-OUT", "calls-out"),
+    ("REPLIES-IN", "replies-in"),
+    ("CALLS-IN", "calls-in"),
+    ("REPLIES-OUT", "replies-out"),
+    ("ERRORS", "call-errors"),
+    ("PROTO-ERR", "protocol-errors"),
+    ("BYTES-OUT", "bytes-out"),
+    ("BYTES-IN", "bytes-in"),
+];
+
+/// A table of the objects in array `v`, one column per (header, key) of `groups`, in order.
+fn columns(v: &Value, groups: &[&[(&str, &str)]]) -> String {
+    let (heads, keys): (Vec<&str>, Vec<&str>) =
+        groups.iter().flat_map(|g| g.iter().copied()).unzip();
+    table::render(&heads, &rows(v, &keys))
+}
+
 fn human(req: &Request, r: &Value) -> String {
     match req {
         Request::Status => {
@@ -247,72 +266,26 @@ fn human(req: &Request, r: &Value) -> String {
                 .unwrap_or_default(),
         ),
         Request::Stats => {
-            let mut out = table::render(
+            let mut out = columns(
+                &r["conns"],
                 &[
-                    "CONN",
-                    "PEER",
-                    "CALLS-OUT",
-                    "REPLIES-IN",
-                    "CALLS-IN",
-                    "REPLIES-OUT",
-                    "ERRORS",
-                    "PROTO-ERR",
-                    "BYTES-OUT",
-                    "BYTES-IN",
-                    "RDMA-RD",
-                    "RDMA-WR",
-                    "STALLS",
-                ],
-                &rows(
-                    &r["conns"],
+                    &[("CONN", "id"), ("PEER", "peer")],
+                    &TRAFFIC,
                     &[
-                        "id",
-                        "peer",
-                        "calls-out",
-                        "replies-in",
-                        "calls-in",
-                        "replies-out",
-                        "call-errors",
-                        "protocol-errors",
-                        "bytes-out",
-                        "bytes-in",
-                        "rdma-read-bytes",
-                        "rdma-write-bytes",
-                        "credit-stalls",
+                        ("RDMA-RD", "rdma-read-bytes"),
+                        ("RDMA-WR", "rdma-write-bytes"),
+                        ("STALLS", "credit-stalls"),
                     ],
-                ),
+                ],
             );
             out.push('\n');
-            out += &table::render(
+            out += &columns(
+                &r["peers"],
                 &[
-                    "PEER",
-                    "CALLS-OUT",
-                    "REPLIES-IN",
-                    "CALLS-IN",
-                    "REPLIES-OUT",
-                    "ERRORS",
-                    "PROTO-ERR",
-                    "BYTES-OUT",
-                    "BYTES-IN",
-                    "OPENED",
-                    "CLOSED",
+                    &[("PEER", "peer")],
+                    &TRAFFIC,
+                    &[("OPENED", "conns-opened"), ("CLOSED", "conns-closed")],
                 ],
-                &rows(
-                    &r["peers"],
-                    &[
-                        "peer",
-                        "calls-out",
-                        "replies-in",
-                        "calls-in",
-                        "replies-out",
-                        "call-errors",
-                        "protocol-errors",
-                        "bytes-out",
-                        "bytes-in",
-                        "conns-opened",
-                        "conns-closed",
-                    ],
-                ),
             );
             out.push('\n');
             let codes = ["err-vers", "err-chunk", "bad-header", "inval-option"];

@@ -1124,38 +1124,40 @@ fn r8166_6_1_c_a_write_chunk_holding_a_result_that_is_not_eligible_is_a_permanen
 /// stream, marking nothing, still has it reduced into the Write chunk the call offered (the
 /// requester would fail the reply otherwise); an app whose stream goes on after the result is
 /// sent as it wrote it.
+/// Server B takes the call that reached it (8 bytes of arguments, inline) and answers it
+/// with `stream`, marking no result; returns what client A's calls ended with.
+fn answer_unmarked(p: &mut Pair, stream: &[u8]) -> Vec<CallDone> {
+    p.run();
+    let id = loop {
+        match p.b.events.pop_front() {
+            Some(Event::IncomingCall(ic)) => break ic.id,
+            Some(_) => {}
+            None => panic!("no call"),
+        }
+    };
+    let args = p.b.alloc(8);
+    let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
+    assert_eq!(got, Accepted::Ready { args_len: 8 });
+    let spec = ReplySpec {
+        accept_stat: 0,
+        msg: p.b.put(stream),
+        results: &[],
+    };
+    p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
+    p.run();
+    done(p)
+}
+
 #[test]
 fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
     let mut p = Pair::default_pair();
-    let answer = |p: &mut Pair, stream: &[u8]| {
-        p.run();
-        let id = loop {
-            match p.b.events.pop_front() {
-                Some(Event::IncomingCall(ic)) => break ic.id,
-                Some(_) => {}
-                None => panic!("no call"),
-            }
-        };
-        let args = p.b.alloc(8);
-        let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
-        assert_eq!(got, Accepted::Ready { args_len: 8 });
-        let msg = p.b.put(stream);
-        let spec = ReplySpec {
-            accept_stat: 0,
-            msg,
-            results: &[],
-        };
-        p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
-        p.run();
-        done(p)
-    };
     // 1001 bytes and their pad, after the length word.
     let data = pattern(6, 1001);
     let mut stream = be(&[1001]);
     stream.extend(&data);
     stream.extend([0; 3]);
     let (result, _) = read_with_write_chunk(&mut p, 1, 4096);
-    let d = answer(&mut p, &stream);
+    let d = answer_unmarked(&mut p, &stream);
     assert_eq!(
         (d[0].status, d[0].reply_len, d[0].results()),
         (CallStatus::Ok, 4, &[(4, 1001)][..]),
@@ -1168,7 +1170,7 @@ fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
     assert_eq!(r.writes.iter().next().unwrap().length(), 1001);
     // Without its pad it is found as well.
     let (result, _) = read_with_write_chunk(&mut p, 2, 4096);
-    let d = answer(&mut p, &stream[..1005]);
+    let d = answer_unmarked(&mut p, &stream[..1005]);
     assert_eq!(
         (d[0].status, d[0].results()),
         (CallStatus::Ok, &[(4, 1001)][..])
@@ -1179,7 +1181,7 @@ fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
     odd.extend(&data[..100]);
     odd.extend(be(&[7]));
     read_with_write_chunk(&mut p, 3, 4096);
-    let d = answer(&mut p, &odd);
+    let d = answer_unmarked(&mut p, &odd);
     assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
     assert!(p.b.sent.last().unwrap().ends_with(&odd), "sent as written");
 }
@@ -3726,27 +3728,6 @@ fn r8166_6_1_d_responder_reduces_a_compound_read_left_inline_with_operations_aft
     use rpcrdma_proto::nfs4::{self, op};
     use rpcrdma_proto::ulb::{nfs3, NFS_PROG};
     let mut p = Pair::default_pair();
-    let answer = |p: &mut Pair, stream: &[u8]| {
-        p.run();
-        let id = loop {
-            match p.b.events.pop_front() {
-                Some(Event::IncomingCall(ic)) => break ic.id,
-                Some(_) => {}
-                None => panic!("no call"),
-            }
-        };
-        let args = p.b.alloc(8);
-        let got = p.b.conn.accept_call(id, args, &mut p.b.env).unwrap();
-        assert_eq!(got, Accepted::Ready { args_len: 8 });
-        let spec = ReplySpec {
-            accept_stat: 0,
-            msg: p.b.put(stream),
-            results: &[],
-        };
-        p.b.conn.submit_reply(id, &spec, &mut p.b.env).unwrap();
-        p.run();
-        done(p)
-    };
     let data = pattern(8, 1001);
     let mut head = be(&compound_res(0, 2));
     head.extend(be(&[op::READ, 0, 1, 1001]));
@@ -3756,7 +3737,7 @@ fn r8166_6_1_d_responder_reduces_a_compound_read_left_inline_with_operations_aft
     stream.extend([0; 3]);
     stream.extend(&getattr);
     let (result, _) = with_write_chunk(&mut p, 1, (NFS_PROG, nfs4::VERSION, nfs4::COMPOUND), 4096);
-    let d = answer(&mut p, &stream);
+    let d = answer_unmarked(&mut p, &stream);
     let reduced = (head.len() + getattr.len()) as u32;
     assert_eq!(
         (d[0].status, d[0].reply_len, d[0].results()),
@@ -3780,7 +3761,7 @@ fn r8166_6_1_d_responder_reduces_a_compound_read_left_inline_with_operations_aft
     odd.extend(&data[..100]);
     odd.extend(be(&[7]));
     with_write_chunk(&mut p, 2, (NFS_PROG, 3, nfs3::READ), 4096);
-    let d = answer(&mut p, &odd);
+    let d = answer_unmarked(&mut p, &odd);
     assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply), "{d:?}");
     assert!(p.b.sent.last().unwrap().ends_with(&odd), "sent as written");
 }
