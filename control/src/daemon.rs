@@ -671,10 +671,11 @@ impl Daemon {
                 remote,
                 reason,
                 last,
+                latency,
             } => {
                 let name = self.remote_of.remove(&conn).unwrap_or_default();
                 let key = self.peer_key(peer, remote);
-                self.ledger.ended(thread, conn, &key, last);
+                self.ledger.ended(thread, conn, &key, last, &latency);
                 self.xchar.remove(&conn);
                 info!(conn, peer = %name, %reason, "connection down");
                 match (peer, reason) {
@@ -1285,7 +1286,13 @@ impl Daemon {
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
         let snaps: Vec<&Snapshot> = self.latest.iter().collect();
-        crate::metrics::render(&snaps, |t, c| self.name_of(t, c), &self.peer_totals(&snaps))
+        let rtt = self.ledger.rtt(&snaps, |c| self.peer_key(c.peer, c.remote));
+        crate::metrics::render(
+            &snaps,
+            |t, c| self.name_of(t, c),
+            &self.peer_totals(&snaps),
+            &rtt,
+        )
     }
 
     /// Each peer's counters over all its connections ([`crate::metrics::PeerLedger`]).

@@ -1,6 +1,6 @@
 //! Prometheus text exposition (format 0.0.4) of the poll threads' snapshots.
 
-use rpcrdma_dataplane::poll::{ConnInfo, Histo, Snapshot, Totals};
+use rpcrdma_dataplane::poll::{ConnInfo, ConnStats, Histo, Snapshot, Totals};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
 
@@ -15,6 +15,8 @@ pub type PeerTotals = BTreeMap<String, Totals>;
 #[derive(Debug, Default)]
 pub struct PeerLedger {
     ended: PeerTotals,
+    /// The ended connections' round-trip histograms, merged per peer.
+    ended_rtt: BTreeMap<String, Histo>,
     gone: HashSet<(usize, u32)>,
 }
 
@@ -25,11 +27,13 @@ impl PeerLedger {
         t.conns_opened = t.conns_opened.saturating_add(1);
     }
 
-    /// Connection `conn` of `thread`, with `peer`, ended having counted `last`.
-    pub fn ended(&mut self, thread: usize, conn: u32, peer: &str, last: Totals) {
+    /// Connection `conn` of `thread`, with `peer`, ended having counted `last` and
+    /// recorded `rtt`.
+    pub fn ended(&mut self, thread: usize, conn: u32, peer: &str, last: Totals, rtt: &Histo) {
         let t = self.ended.entry(peer.to_owned()).or_default();
         *t += last;
         t.conns_closed = t.conns_closed.saturating_add(1);
+        self.ended_rtt.entry(peer.to_owned()).or_default().add(rtt);
         self.gone.insert((thread, conn));
     }
 
@@ -43,14 +47,32 @@ impl PeerLedger {
     /// `snaps`; `key` names a live connection's peer.
     pub fn totals(&self, snaps: &[&Snapshot], key: impl Fn(&ConnInfo) -> String) -> PeerTotals {
         let mut all = self.ended.clone();
-        for s in snaps {
-            for c in s.conns() {
-                if !self.gone.contains(&(s.thread.index, c.info.id)) {
-                    *all.entry(key(&c.info)).or_default() += c.info.totals();
-                }
-            }
+        for c in self.live(snaps) {
+            *all.entry(key(&c.info)).or_default() += c.info.totals();
         }
         all
+    }
+
+    /// Each peer's round-trip histogram, its ended and live connections' merged.
+    pub fn rtt(
+        &self,
+        snaps: &[&Snapshot],
+        key: impl Fn(&ConnInfo) -> String,
+    ) -> BTreeMap<String, Histo> {
+        let mut all = self.ended_rtt.clone();
+        for c in self.live(snaps) {
+            all.entry(key(&c.info)).or_default().add(&c.latency);
+        }
+        all
+    }
+
+    /// The connections of `snaps` that have not ended since.
+    fn live<'a>(&'a self, snaps: &'a [&'a Snapshot]) -> impl Iterator<Item = &'a ConnStats> {
+        snaps.iter().flat_map(move |s| {
+            s.conns()
+                .iter()
+                .filter(move |c| !self.gone.contains(&(s.thread.index, c.info.id)))
+        })
     }
 }
 
@@ -97,6 +119,7 @@ pub fn render(
     snaps: &[&Snapshot],
     peer_of: impl Fn(usize, u32) -> String,
     peers: &PeerTotals,
+    peer_rtt: &BTreeMap<String, Histo>,
 ) -> String {
     let mut out = String::with_capacity(4096);
     type Pick = fn(&Totals) -> u64;
@@ -449,6 +472,16 @@ pub fn render(
             histogram(&mut out, "rpcrdmad_conn_rtt_seconds", &labels, &c.latency);
         }
     }
+    header(
+        &mut out,
+        "rpcrdmad_peer_rtt_seconds",
+        "histogram",
+        "round-trip time of calls to this peer, over all its connections (ended ones included)",
+    );
+    for (peer, h) in peer_rtt {
+        let labels = format!("peer=\"{}\"", esc(peer));
+        histogram(&mut out, "rpcrdmad_peer_rtt_seconds", &labels, h);
+    }
     out
 }
 
@@ -499,8 +532,16 @@ mod tests {
             calls_out: 9,
             ..Totals::default()
         };
-        ledger.ended(0, 3, "srv1", last);
+        // It had timed 5 calls by then (the snapshot says 4).
+        let mut rtt = Histo::new();
+        for ns in [4_000, 15_000, 15_000, 3_000_000, 7_000] {
+            rtt.record(ns);
+        }
+        ledger.ended(0, 3, "srv1", last, &rtt);
         assert_eq!(calls(&ledger.totals(&[&first], key)), Some((9, 1, 1)));
+        let timed =
+            |l: &PeerLedger, snaps: &[&Snapshot]| l.rtt(snaps, key).get("srv1").map(Histo::len);
+        assert_eq!(timed(&ledger, &[&first]), Some(5));
         // The next connection (id 4) has sent 2 when the thread's next snapshot comes.
         ledger.opened("srv1");
         ledger.snapshot_arrived(0);
@@ -509,7 +550,13 @@ mod tests {
         next.conns[0].info.calls_out = 2;
         let peers = ledger.totals(&[&next], key);
         assert_eq!(calls(&peers), Some((11, 2, 1)));
-        let text = render(&[&next], |_, _| "srv1".into(), &peers);
+        assert_eq!(timed(&ledger, &[&next]), Some(9));
+        let text = render(
+            &[&next],
+            |_, _| "srv1".into(),
+            &peers,
+            &ledger.rtt(&[&next], key),
+        );
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
         let peer = |name: &str| {
@@ -527,6 +574,15 @@ mod tests {
             peer("rpcrdmad_peer_conns_opened_total"),
             Some(prometheus_parse::Value::Counter(v)) if v == 2.0
         ));
+        let Some(prometheus_parse::Value::Histogram(buckets)) = peer("rpcrdmad_peer_rtt_seconds")
+        else {
+            panic!("no peer histogram")
+        };
+        let inf = buckets
+            .iter()
+            .find(|b| b.less_than.is_infinite())
+            .map(|b| b.count);
+        assert_eq!(inf, Some(9.0));
     }
 
     #[test]
@@ -537,7 +593,12 @@ mod tests {
     #[test]
     fn exposition_parses_and_carries_counters_and_histogram() {
         let s = snap();
-        let text = render(&[&s], |_, _| "srv1".into(), &PeerTotals::new());
+        let text = render(
+            &[&s],
+            |_, _| "srv1".into(),
+            &PeerTotals::new(),
+            &BTreeMap::new(),
+        );
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
         let total = parsed

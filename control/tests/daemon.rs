@@ -367,9 +367,28 @@ fn counter(port: u16, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
         })
 }
 
-/// `rpcrdmad_peer_*_total` goes on across a reconnect, while the connection's own series
-/// ends with it (the next connection has a new `conn`): on the connecting side under the
-/// peer's configured name, on the accepting side under the remote host's address.
+/// How many calls the `rpcrdmad_peer_rtt_seconds` histogram of `peer` holds, in one scrape.
+fn peer_rtt_count(port: u16, peer: &str) -> Option<f64> {
+    let body = scrape(port);
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("Prometheus text format");
+    let s = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "rpcrdmad_peer_rtt_seconds" && s.labels.get("peer") == Some(peer))?;
+    match &s.value {
+        prometheus_parse::Value::Histogram(b) => b
+            .iter()
+            .find(|b| b.less_than.is_infinite())
+            .map(|b| b.count),
+        _ => None,
+    }
+}
+
+/// `rpcrdmad_peer_*_total` and `rpcrdmad_peer_rtt_seconds` go on across a reconnect, while
+/// the connection's own series ends with it (the next connection has a new `conn`): on the
+/// connecting side under the peer's configured name, on the accepting side under the remote
+/// host's address.
 #[test]
 fn peer_counters_in_metrics_go_on_across_a_reconnect() {
     let (b, bm) = with_metrics("peerm-b", None);
@@ -431,6 +450,11 @@ fn peer_counters_in_metrics_go_on_across_a_reconnect() {
             &[("conn", &next.to_string())]
         ),
         Some(2.0)
+    );
+    assert_eq!(
+        peer_rtt_count(am, "server"),
+        Some(5.0),
+        "the peer's round trips, both connections'"
     );
     // `rpcrdmactl stats` says the same per peer.
     let stats = a.ctl_json(&["stats"]);

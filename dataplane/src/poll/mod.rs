@@ -328,6 +328,9 @@ pub enum Event {
         reason: Reason,
         /// Its counters at the end (`conns_*` zero), for totals that outlive it.
         last: Totals,
+        /// Its calls' round-trip histogram, handed over (the slot takes a new one when it
+        /// is next used).
+        latency: Histo,
     },
     /// An app attached.
     AppAttached {

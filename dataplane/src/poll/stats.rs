@@ -68,6 +68,19 @@ impl Histo {
         }
     }
 
+    /// Adds `other`'s samples to these (an empty histogram takes a copy of `other`'s;
+    /// control path).
+    pub fn add(&mut self, other: &Histo) {
+        match (self.0.as_mut(), other.get()) {
+            // Same constant bounds on both sides: `add` cannot fail on range.
+            (Some(d), Some(s)) => {
+                let _ = d.add(s);
+            }
+            (None, Some(s)) => self.0 = Some(Box::new(s.clone())),
+            (_, None) => {}
+        }
+    }
+
     /// Replaces the contents with `other`'s: no allocation when this one is allocated
     /// already (same bounds); otherwise allocates once (snapshot buffers, control path).
     pub fn copy_from(&mut self, other: &Histo) {

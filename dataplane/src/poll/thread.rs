@@ -1745,14 +1745,16 @@ impl<P: Provider> PollThread<P> {
                 } else {
                     self.stats.totals.conns_closed += 1;
                     // Its counters as they end (the calls it failed on closing included).
-                    let info = &self.slots[i].stats.info;
-                    let (remote, last) = (info.remote, info.totals());
+                    let stats = &mut self.slots[i].stats;
+                    let (remote, last) = (stats.info.remote, stats.info.totals());
+                    let latency = std::mem::take(&mut stats.latency);
                     self.emit(Event::Down {
                         conn,
                         peer,
                         remote,
                         reason,
                         last,
+                        latency,
                     });
                 }
             }
