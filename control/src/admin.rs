@@ -38,6 +38,8 @@ pub enum Request {
     Stats,
     /// Latency percentiles per connection.
     Latency,
+    /// Latency percentiles per peer, over all its connections (ended ones included).
+    PeerLatency,
     /// Re-read the config file: apply what can change live, refuse the rest.
     Reload,
     /// Ask the peer to change characteristics (ROPT_REQXCH).
@@ -428,14 +430,10 @@ pub struct Stats {
     pub peers: Vec<PeerCounters>,
 }
 
-/// Latency percentiles of one connection, in microseconds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Round-trip latency percentiles, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub struct LatencyRow {
-    /// Connection id.
-    pub id: u32,
-    /// Peer name or remote address.
-    pub peer: String,
+pub struct Percentiles {
     /// Samples.
     pub count: u64,
     /// Mean.
@@ -450,6 +448,30 @@ pub struct LatencyRow {
     pub p999_us: f64,
     /// Largest.
     pub max_us: f64,
+}
+
+/// Latency percentiles of one connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct LatencyRow {
+    /// Connection id.
+    pub id: u32,
+    /// Peer name or remote address.
+    pub peer: String,
+    /// Its calls' round trips.
+    #[serde(flatten)]
+    pub latency: Percentiles,
+}
+
+/// Latency percentiles of one peer over all its connections (`peer latency`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct PeerLatencyRow {
+    /// Configured peer name, or the remote host's address for accepted connections.
+    pub peer: String,
+    /// Its calls' round trips, ended connections' included.
+    #[serde(flatten)]
+    pub latency: Percentiles,
 }
 
 /// `reload`.

@@ -1286,13 +1286,20 @@ impl Daemon {
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
         let snaps: Vec<&Snapshot> = self.latest.iter().collect();
-        let rtt = self.ledger.rtt(&snaps, |c| self.peer_key(c.peer, c.remote));
         crate::metrics::render(
             &snaps,
             |t, c| self.name_of(t, c),
             &self.peer_totals(&snaps),
-            &rtt,
+            &self.peer_rtt(&snaps),
         )
+    }
+
+    /// Each peer's round-trip histogram over all its connections.
+    fn peer_rtt(
+        &self,
+        snaps: &[&Snapshot],
+    ) -> std::collections::BTreeMap<String, rpcrdma_dataplane::poll::Histo> {
+        self.ledger.rtt(snaps, |c| self.peer_key(c.peer, c.remote))
     }
 
     /// Each peer's counters over all its connections ([`crate::metrics::PeerLedger`]).
@@ -1523,6 +1530,18 @@ impl Daemon {
                     .collect();
                 Response::ok(rows)
             }
+            Request::PeerLatency => {
+                let snaps: Vec<&Snapshot> = self.latest.iter().collect();
+                let rows: Vec<admin::PeerLatencyRow> = self
+                    .peer_rtt(&snaps)
+                    .into_iter()
+                    .map(|(peer, h)| admin::PeerLatencyRow {
+                        peer,
+                        latency: percentiles(&h),
+                    })
+                    .collect();
+                Response::ok(rows)
+            }
             _ => Response::err("unhandled request"),
         }
     }
@@ -1560,20 +1579,27 @@ impl Daemon {
     }
 
     fn latency_row(&self, t: usize, c: &rpcrdma_dataplane::poll::ConnStats) -> LatencyRow {
-        let h = c.latency.get().filter(|h| !h.is_empty());
-        let us = |ns: u64| ns as f64 / 1000.0;
-        let q = |p: f64| h.map_or(0.0, |h| us(h.value_at_quantile(p)));
         LatencyRow {
             id: c.info.id,
             peer: self.name_of(t, c.info.id),
-            count: c.latency.len(),
-            mean_us: h.map_or(0.0, |h| h.mean() / 1000.0),
-            p50_us: q(0.5),
-            p90_us: q(0.9),
-            p99_us: q(0.99),
-            p999_us: q(0.999),
-            max_us: h.map_or(0.0, |h| us(h.max())),
+            latency: percentiles(&c.latency),
         }
+    }
+}
+
+/// The percentiles of a histogram of nanoseconds, in microseconds (zeros when empty).
+fn percentiles(histo: &rpcrdma_dataplane::poll::Histo) -> admin::Percentiles {
+    let h = histo.get().filter(|h| !h.is_empty());
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let q = |p: f64| h.map_or(0.0, |h| us(h.value_at_quantile(p)));
+    admin::Percentiles {
+        count: histo.len(),
+        mean_us: h.map_or(0.0, |h| h.mean() / 1000.0),
+        p50_us: q(0.5),
+        p90_us: q(0.9),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us: h.map_or(0.0, |h| us(h.max())),
     }
 }
 
@@ -1587,6 +1613,7 @@ fn needs_snapshots(req: &Request) -> bool {
             | Request::ConnClose { .. }
             | Request::Stats
             | Request::Latency
+            | Request::PeerLatency
     )
 }
 

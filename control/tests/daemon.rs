@@ -456,6 +456,13 @@ fn peer_counters_in_metrics_go_on_across_a_reconnect() {
         Some(5.0),
         "the peer's round trips, both connections'"
     );
+    let lat = a.ctl_json(&["peer", "latency"]);
+    assert_eq!(
+        (&lat[0]["peer"], &lat[0]["count"]),
+        (&"server".into(), &5.into()),
+        "{lat}"
+    );
+    assert!(lat[0]["p50-us"].as_f64().is_some_and(|v| v > 0.0), "{lat}");
     // `rpcrdmactl stats` says the same per peer.
     let stats = a.ctl_json(&["stats"]);
     let p = &stats["peers"][0];
@@ -686,7 +693,9 @@ fn sigint_stops_like_sigterm_and_human_tables_print() {
         (&["stats"][..], "CALLS-OUT"),
         (&["stats"][..], "RECV-BUFS(FREE/ALL)"),
         (&["stats"][..], "SENT-CHUNK"),
+        (&["stats"][..], "OPENED"),
         (&["latency"][..], "P99-US"),
+        (&["peer", "latency"][..], "P99.9-US"),
         (&["conn", "show", id.as_str()][..], "counters:"),
     ] {
         let out = a.ctl(args);

@@ -82,6 +82,9 @@ enum PeerCmd {
         /// Peer name (as `status` lists it).
         peer: String,
     },
+    /// Round-trip latency percentiles per peer, over all its connections (ended ones
+    /// included; an accepting daemon's peers are its clients' hosts).
+    Latency,
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +139,17 @@ const TRAFFIC: [(&str, &str); 8] = [
     ("PROTO-ERR", "protocol-errors"),
     ("BYTES-OUT", "bytes-out"),
     ("BYTES-IN", "bytes-in"),
+];
+
+/// The latency columns of `latency` and `peer latency`: column, JSON key.
+const PERCENTILES: [(&str, &str); 7] = [
+    ("COUNT", "count"),
+    ("MEAN-US", "mean-us"),
+    ("P50-US", "p50-us"),
+    ("P90-US", "p90-us"),
+    ("P99-US", "p99-us"),
+    ("P99.9-US", "p999-us"),
+    ("MAX-US", "max-us"),
 ];
 
 /// A table of the objects in array `v`, one column per (header, key) of `groups`, in order.
@@ -366,19 +380,8 @@ fn human(req: &Request, r: &Value) -> String {
             );
             out
         }
-        Request::Latency => table::render(
-            &[
-                "CONN", "PEER", "COUNT", "MEAN-US", "P50-US", "P90-US", "P99-US", "P99.9-US",
-                "MAX-US",
-            ],
-            &rows(
-                r,
-                &[
-                    "id", "peer", "count", "mean-us", "p50-us", "p90-us", "p99-us", "p999-us",
-                    "max-us",
-                ],
-            ),
-        ),
+        Request::Latency => columns(r, &[&[("CONN", "id"), ("PEER", "peer")], &PERCENTILES]),
+        Request::PeerLatency => columns(r, &[&[("PEER", "peer")], &PERCENTILES]),
         Request::PeerRetryV2 { peer } => match (r["was-v1-only"].as_bool(), r["closing"].as_u64()) {
             (Some(true), Some(conn)) => format!(
                 "{peer}: version-1-only mark cleared; closing connection {conn}, the next one offers version 2\n"
@@ -435,6 +438,9 @@ fn main() -> ExitCode {
         Cmd::Peer {
             cmd: PeerCmd::RetryV2 { peer },
         } => Request::PeerRetryV2 { peer },
+        Cmd::Peer {
+            cmd: PeerCmd::Latency,
+        } => Request::PeerLatency,
         Cmd::Stats => Request::Stats,
         Cmd::Latency => Request::Latency,
         Cmd::Reload => Request::Reload,
