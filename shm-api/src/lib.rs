@@ -11,6 +11,8 @@
 //! - `client`: the app libraries — `Client` (calls, tickets, wait/poll/iterate, arena allocator) and
 //!   `Server` (`serve(prog, vers, handler)`), both also usable from the app's own event loop
 //!   (`AsFd`, `arm`, `Server::serve_ready`); `include/rpcrdma.h` is the C binding.
+//! - `async_client` (feature `tokio`): `AsyncClient`, whose waits park a tokio task on the client's
+//!   descriptor.
 //! - `rdmatest`: the RDMATEST program (spec/TESTPROG.md) for examples, tests and benchmarks.
 //! - `loopback`: the `shm-loopback` test harness, which stands in for the dataplane's routing by handing
 //!   each call to the local app serving its program.
@@ -36,6 +38,9 @@ pub mod region;
 #[cfg(all(not(loom), any(test, feature = "sim")))]
 #[doc(hidden)]
 pub mod script;
+
+#[cfg(all(not(loom), feature = "tokio"))]
+pub mod async_client;
 
 #[cfg(not(loom))]
 pub use client::{Client, Server, WaitPolicy};
