@@ -944,6 +944,47 @@ pub struct Call<'a> {
     pub args: &'a [u8],
 }
 
+/// A call taken to be answered later ([`Server::next_call`], [`Server::try_next_call`]): its
+/// arguments are copied out and its receive buffer is posted again, so the app may answer it
+/// whenever and in whatever order it likes, from another thread or task as well.
+///
+/// Every call taken must be answered with [`Server::answer`]: the daemon keeps the call open
+/// until then (the calling peer's request waits, and the connection's slot for it stays
+/// taken), or until the app detaches (then it answers SYSTEM_ERR itself). To refuse a call,
+/// answer it with an `accept_stat` such as SYSTEM_ERR (5). A call held takes one of the app's
+/// operation slots (`ABI.md` §5) until it is answered.
+#[derive(Debug)]
+#[must_use = "a call taken must be answered (Server::answer): its caller waits until then"]
+pub struct PendingCall {
+    /// Program.
+    pub prog: u32,
+    /// Program version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// XID.
+    pub xid: u32,
+    /// Calling peer index.
+    pub peer: u32,
+    /// The argument XDR (reassembled: DDP pieces already in place).
+    pub args: Vec<u8>,
+    /// The daemon's handle for the reply.
+    handle: u32,
+}
+
+impl PendingCall {
+    /// The call as a handler sees it.
+    pub fn call(&self) -> Call<'_> {
+        Call {
+            vers: self.vers,
+            proc_: self.proc_,
+            xid: self.xid,
+            peer: self.peer,
+            args: &self.args,
+        }
+    }
+}
+
 /// The reply a handler builds: result XDR, DDP-eligible results marked with `put_ddp_opaque`.
 #[derive(Debug, Default)]
 pub struct ReplyBuilder {
@@ -1165,33 +1206,78 @@ impl Server {
         Ok(served)
     }
 
-    /// One completion of a serving app: a call (answered through `handler`, its buffer
-    /// posted again if `repost`; true) or a reply's end (its buffers freed).
+    /// Waits for the next call and takes it, to be answered later with
+    /// [`answer`](Self::answer) (see [`PendingCall`]). Call [`start`](Self::start) once first.
+    pub fn next_call(&mut self) -> Result<PendingCall, Error> {
+        loop {
+            let c = self.next()?;
+            if let Some(call) = self.take_and_repost(&c)? {
+                return Ok(call);
+            }
+        }
+    }
+
+    /// [`next_call`](Self::next_call) without waiting (for an app's own event loop, with
+    /// [`arm`](Self::arm)): `None` if no call has arrived.
+    pub fn try_next_call(&mut self) -> Result<Option<PendingCall>, Error> {
+        while let Some(c) = self.try_next()? {
+            if let Some(call) = self.take_and_repost(&c)? {
+                return Ok(Some(call));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Answers a call taken with [`next_call`](Self::next_call) or
+    /// [`try_next_call`](Self::try_next_call).
+    pub fn answer(&mut self, call: PendingCall, reply: &ReplyBuilder) -> Result<(), Error> {
+        self.reply(call.handle, call.prog, call.vers, reply)
+    }
+
+    /// A call taken to be answered later: its buffer is posted again at once.
+    fn take_and_repost(&mut self, c: &Cqe) -> Result<Option<PendingCall>, Error> {
+        let Some((call, (off, len))) = self.take_call(c) else {
+            return Ok(None);
+        };
+        self.post_recv(off, len)?;
+        Ok(Some(call))
+    }
+
+    /// One completion of a serving app: a call (answered through `handler`, then its buffer
+    /// posted again if `repost`; true) or a reply's end.
     fn on_cqe<F>(&mut self, c: &Cqe, repost: bool, handler: &mut F) -> Result<bool, Error>
     where
         F: FnMut(&Call<'_>, &mut ReplyBuilder),
     {
+        let Some((call, (off, len))) = self.take_call(c) else {
+            return Ok(false);
+        };
+        let mut rb = ReplyBuilder::default();
+        handler(&call.call(), &mut rb);
+        self.answer(call, &rb)?;
+        if repost {
+            self.post_recv(off, len)?;
+        }
+        Ok(true)
+    }
+
+    /// One completion of a serving app: a call, copied out of its receive buffer, with that
+    /// buffer (offset, length) to post again; a reply's end frees the reply's buffers (`None`).
+    fn take_call(&mut self, c: &Cqe) -> Option<(PendingCall, (u32, u32))> {
         match c.kind {
             op::POST_RECV if c.status == status::OK => {
                 let buf_off = (c.user_data >> 32) as u32;
                 let buf_len = c.user_data as u32;
-                let args = self.ep.read(c.msg_off, c.msg_len.min(buf_len));
-                let mut rb = ReplyBuilder::default();
-                handler(
-                    &Call {
-                        vers: c.vers,
-                        proc_: c.proc_,
-                        xid: c.xid,
-                        peer: c.peer,
-                        args: &args,
-                    },
-                    &mut rb,
-                );
-                self.reply(c.handle, c.prog, c.vers, &rb)?;
-                if repost {
-                    self.post_recv(buf_off, buf_len)?;
-                }
-                Ok(true)
+                let call = PendingCall {
+                    prog: c.prog,
+                    vers: c.vers,
+                    proc_: c.proc_,
+                    xid: c.xid,
+                    peer: c.peer,
+                    args: self.ep.read(c.msg_off, c.msg_len.min(buf_len)),
+                    handle: c.handle,
+                };
+                Some((call, (buf_off, buf_len)))
             }
             op::REPLY => {
                 if let Some(bufs) = self
@@ -1201,9 +1287,9 @@ impl Server {
                 {
                     bufs.into_iter().for_each(|b| self.ep.arena.free(b));
                 }
-                Ok(false)
+                None
             }
-            _ => Ok(false),
+            _ => None,
         }
     }
 

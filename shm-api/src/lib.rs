@@ -11,8 +11,9 @@
 //! - `client`: the app libraries — `Client` (calls, tickets, wait/poll/iterate, arena allocator) and
 //!   `Server` (`serve(prog, vers, handler)`), both also usable from the app's own event loop
 //!   (`AsFd`, `arm`, `Server::serve_ready`); `include/rpcrdma.h` is the C binding.
-//! - `async_client` (feature `tokio`): `AsyncClient`, whose waits park a tokio task on the client's
-//!   descriptor.
+//! - `async_client` and `async_server` (feature `tokio`): `AsyncClient` and `AsyncServer`, whose
+//!   waits park a tokio task on the app's descriptor; `AsyncServer` also answers calls later, from
+//!   handlers that await.
 //! - `rdmatest`: the RDMATEST program (spec/TESTPROG.md) for examples, tests and benchmarks.
 //! - `loopback`: the `shm-loopback` test harness, which stands in for the dataplane's routing by handing
 //!   each call to the local app serving its program.
@@ -41,6 +42,10 @@ pub mod script;
 
 #[cfg(all(not(loom), feature = "tokio"))]
 pub mod async_client;
+#[cfg(all(not(loom), feature = "tokio"))]
+pub mod async_server;
+#[cfg(all(not(loom), feature = "tokio"))]
+mod parked;
 
 #[cfg(not(loom))]
-pub use client::{Client, Server, WaitPolicy};
+pub use client::{Client, PendingCall, Server, WaitPolicy};

@@ -5,37 +5,13 @@
 
 mod common;
 
-use common::{app, harness, sock, xdr_opaque};
+use common::{app, harness, runtime, sock, within_30s, xdr_opaque};
 use rpcrdma_shm::async_client::AsyncClient;
 use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::Client;
 use std::collections::HashMap;
 use std::time::Duration;
-
-/// A single-threaded runtime: a wait that blocked the thread would stall everything on it.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-/// Runs `f` on a thread of its own and fails if it has not finished in 30 s: a wait that
-/// never hands the thread back would otherwise hang the test instead of failing it.
-fn within_30s(f: impl FnOnce() + Send + 'static) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        f();
-        let _ = tx.send(());
-    });
-    match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(()) => t.join().expect("test thread"),
-        // The thread panicked (its panic is the failure) or never finished.
-        Err(_) if t.is_finished() => t.join().expect("test thread"),
-        Err(_) => panic!("not finished in 30 s: a wait kept the thread"),
-    }
-}
 
 fn client(path: &std::path::Path) -> (AsyncClient, u32) {
     let c = Client::connect(path).expect("attach");

@@ -128,3 +128,27 @@ pub fn settled(path: &Path, ops: u64) -> HashMap<String, u64> {
     );
     stats(path)
 }
+
+/// A single-threaded runtime: a wait that blocked the thread would stall everything on it.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Runs `f` on a thread of its own and fails if it has not finished in 30 s: a wait that
+/// never hands the thread back would otherwise hang the test instead of failing it.
+pub fn within_30s(f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(()) => t.join().expect("test thread"),
+        // The thread panicked (its panic is the failure) or never finished.
+        Err(_) if t.is_finished() => t.join().expect("test thread"),
+        Err(_) => panic!("not finished in 30 s: a wait kept the thread"),
+    }
+}
