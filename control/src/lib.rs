@@ -9,4 +9,5 @@ pub mod metrics;
 pub mod reload;
 pub mod startup;
 pub mod table;
+pub mod top;
 pub mod xchar;

@@ -764,3 +764,97 @@ fn receive_queues_of_their_own_survive_reconnects_into_the_same_block() {
         b.log()
     );
 }
+
+/// `rpcrdmactl top` while an app calls without pause: each interval's difference per peer
+/// and per connection is what was called in it (above zero in every interval, the
+/// connection's equal to its peer's, all of them together no more than `stats` counted over
+/// the whole run), each rate is that difference over the interval's seconds, and the human
+/// view lists the peer with its rate columns.
+#[test]
+fn rpcrdmactl_top_reports_what_was_called_in_each_interval() {
+    let b = Daemon::start("top-b", None);
+    let a = Daemon::start("top-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let calls_out = |stats: &serde_json::Value| stats["peers"][0]["calls-out"].as_u64();
+    let start = calls_out(&a.ctl_json(&["stats"])).unwrap_or(0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = std::thread::spawn({
+        let (app, stop) = (a.app.clone(), stop.clone());
+        move || {
+            let mut c = Client::connect(&app).expect("attach");
+            let peer = c.peer("server").expect("peer");
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                echo(&mut c, peer, 100);
+                n += 1;
+            }
+            n
+        }
+    });
+    // Calls are under way before the first snapshot.
+    assert!(
+        eventually(20, || (calls_out(&a.ctl_json(&["stats"]))? > start)
+            .then_some(()))
+        .is_some()
+    );
+    let out = a.ctl(&["--json", "top", "--interval", "0.5", "--count", "3"]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let made = caller.join().expect("caller");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let end = calls_out(&a.ctl_json(&["stats"])).expect("calls-out");
+    assert_eq!(end - start, made);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let mut sum = 0;
+    for r in &lines {
+        let secs = r["seconds"].as_f64().expect("seconds");
+        assert!(secs >= 0.5, "{r}");
+        let p = &r["peers"][0];
+        assert_eq!(p["peer"], "server", "{r}");
+        let d = p["calls-out"].as_u64().expect("calls-out");
+        assert!(
+            d > 0,
+            "no calls counted in an interval of a busy connection: {r}"
+        );
+        let rate = p["calls-out-per-s"].as_f64().expect("rate");
+        assert!((rate - d as f64 / secs).abs() < 1e-6, "{r}");
+        // One call in flight at a time: a snapshot may fall between a call and its reply.
+        let replies = p["replies-in"].as_u64().expect("replies-in");
+        assert!(replies.abs_diff(d) <= 1, "{r}");
+        let c = &r["conns"][0];
+        assert_eq!(
+            (&c["peer"], &c["calls-out"]),
+            (&p["peer"], &p["calls-out"]),
+            "{r}"
+        );
+        assert!(c["id"].is_u64(), "{r}");
+        sum += d;
+    }
+    assert!(
+        sum <= made,
+        "{sum} counted in the intervals, {made} made in all"
+    );
+
+    let human = a.ctl(&["top", "--interval", "0.1", "--count", "1"]);
+    assert!(human.status.success());
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("CALLS-OUT/S") && text.contains("MB-IN/S"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("server ")), "{text}");
+    // A daemon that is not there: exit 2, as every command.
+    let gone = Command::new(env!("CARGO_BIN_EXE_rpcrdmactl"))
+        .args(["--socket", "/nonexistent/admin.sock", "top", "--count", "1"])
+        .output()
+        .expect("run rpcrdmactl");
+    assert_eq!(gone.status.code(), Some(2));
+}

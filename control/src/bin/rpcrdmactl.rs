@@ -5,9 +5,10 @@ use clap::{Parser, Subcommand};
 use rpcrdma_control::admin::{self, Request, Response};
 use rpcrdma_control::table;
 use serde_json::Value;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Administer a running rpcrdmad (JSON over its admin Unix socket).
 #[derive(Debug, Parser)]
@@ -46,6 +47,17 @@ enum Cmd {
     Stats,
     /// Round-trip latency percentiles per connection.
     Latency,
+    /// Live traffic rates per peer and per connection, from `stats` every INTERVAL seconds
+    /// (until interrupted, or COUNT intervals); with --json, one JSON object per interval and
+    /// line: each counter's difference and its rate (`NAME-per-s`).
+    Top {
+        /// Seconds between snapshots.
+        #[arg(long, default_value_t = 1.0, value_parser = interval_secs)]
+        interval: f64,
+        /// Stop after this many intervals.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// A configured peer.
     Peer {
         #[command(subcommand)]
@@ -105,6 +117,14 @@ enum XcharCmd {
         #[arg(required = true)]
         set: Vec<String>,
     },
+}
+
+/// An interval of 0.05 to 3600 seconds.
+fn interval_secs(a: &str) -> Result<f64, String> {
+    match a.parse::<f64>() {
+        Ok(f) if (0.05..=3600.0).contains(&f) => Ok(f),
+        _ => Err("seconds from 0.05 to 3600".into()),
+    }
 }
 
 fn s(v: &Value) -> String {
@@ -425,8 +445,19 @@ fn human(req: &Request, r: &Value) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let req = match cli.cmd {
+    let Cli {
+        socket,
+        json,
+        timeout_ms,
+        cmd,
+    } = Cli::parse();
+    let cli = Admin {
+        socket,
+        json,
+        timeout: Duration::from_millis(timeout_ms),
+    };
+    let req = match cmd {
+        Cmd::Top { interval, count } => return top(&cli, interval, count),
         Cmd::Status => Request::Status,
         Cmd::Conns => Request::Conns,
         Cmd::Conn {
@@ -451,15 +482,39 @@ fn main() -> ExitCode {
             cmd: XcharCmd::Set { conn, set },
         } => Request::XcharSet { conn, set },
     };
-    let resp: Response = match admin::call(&cli.socket, &req, Duration::from_millis(cli.timeout_ms))
-    {
+    let result = match ask(&cli, &req) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
+    } else {
+        print!("{}", human(&req, &result));
+    }
+    ExitCode::SUCCESS
+}
+
+/// Where and how to ask the daemon.
+struct Admin {
+    socket: PathBuf,
+    json: bool,
+    timeout: Duration,
+}
+
+/// The daemon's answer to `req`, or the exit code after saying why there is none (2: not
+/// reached; 1: refused).
+fn ask(cli: &Admin, req: &Request) -> Result<Value, ExitCode> {
+    let resp: Response = match admin::call(&cli.socket, req, cli.timeout) {
         Ok(r) => r,
         Err(e) => {
             eprintln!(
                 "rpcrdmactl: cannot reach rpcrdmad at {}: {e}\n  hint: is the daemon running? pass --socket (daemon.admin-socket) or set RPCRDMAD_ADMIN",
                 cli.socket.display()
             );
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
     if !resp.ok {
@@ -470,16 +525,90 @@ fn main() -> ExitCode {
             );
         }
         eprintln!("rpcrdmactl: {}", resp.error.unwrap_or_default());
-        return ExitCode::FAILURE;
+        return Err(ExitCode::FAILURE);
     }
-    let result = resp.result.unwrap_or(Value::Null);
-    if cli.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&result).unwrap_or_default()
-        );
-    } else {
-        print!("{}", human(&req, &result));
+    Ok(resp.result.unwrap_or(Value::Null))
+}
+
+/// `top`: a `stats` snapshot every `interval` seconds, each printed against the one before.
+fn top(cli: &Admin, interval: f64, count: Option<u64>) -> ExitCode {
+    let snapshot = || ask(cli, &Request::Stats).map(|v| (v, Instant::now()));
+    let (mut before, mut then) = match snapshot() {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let clear = !cli.json && std::io::stdout().is_terminal();
+    let mut n = 0u64;
+    while count.is_none_or(|c| n < c) {
+        std::thread::sleep(Duration::from_secs_f64(interval));
+        let (after, now) = match snapshot() {
+            Ok(s) => s,
+            Err(code) => return code,
+        };
+        n += 1;
+        let r = rpcrdma_control::top::interval(&before, &after, (now - then).as_secs_f64());
+        let mut out = std::io::stdout().lock();
+        let written = if cli.json {
+            writeln!(out, "{r}")
+        } else {
+            let head = if clear {
+                "\x1b[H\x1b[2J"
+            } else if n > 1 {
+                "\n"
+            } else {
+                ""
+            };
+            write!(out, "{head}{}", top_tables(&r, interval, n))
+        };
+        // A closed pipe (`rpcrdmactl top | head`) ends it quietly.
+        if written.and_then(|()| out.flush()).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        (before, then) = (after, now);
     }
     ExitCode::SUCCESS
+}
+
+/// The rate columns of `top`: column, counter, divisor (bytes are shown in MB/s).
+const RATES: [(&str, &str, f64); 8] = [
+    ("CALLS-OUT/S", "calls-out", 1.0),
+    ("REPLIES-IN/S", "replies-in", 1.0),
+    ("CALLS-IN/S", "calls-in", 1.0),
+    ("REPLIES-OUT/S", "replies-out", 1.0),
+    ("ERRORS/S", "call-errors", 1.0),
+    ("PROTO-ERR/S", "protocol-errors", 1.0),
+    ("MB-OUT/S", "bytes-out", 1e6),
+    ("MB-IN/S", "bytes-in", 1e6),
+];
+
+fn top_tables(r: &Value, interval: f64, n: u64) -> String {
+    let table = |v: &Value, keys: &[(&str, &str)]| {
+        let mut heads: Vec<&str> = keys.iter().map(|k| k.0).collect();
+        heads.extend(RATES.iter().map(|r| r.0));
+        let rows: Vec<Vec<String>> = v
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|row| {
+                let mut cells: Vec<String> = keys.iter().map(|k| s(&row[k.1])).collect();
+                cells.extend(RATES.iter().map(|(_, c, div)| {
+                    let rate = row[format!("{c}-per-s")].as_f64().unwrap_or(0.0) / div;
+                    if *div > 1.0 {
+                        format!("{rate:.2}")
+                    } else {
+                        format!("{rate:.1}")
+                    }
+                }));
+                cells
+            })
+            .collect();
+        table::render(&heads, &rows)
+    };
+    format!(
+        "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}",
+        r["seconds"].as_f64().unwrap_or(0.0),
+        table(&r["peers"], &[("PEER", "peer")]),
+        table(&r["conns"], &[("ID", "id"), ("PEER", "peer")]),
+    )
 }

@@ -1,0 +1,158 @@
+//! `rpcrdmactl top`: traffic rates between two `stats` snapshots, per peer and per connection.
+//!
+//! The daemon keeps counters since it started (per connection while it lives, per peer for
+//! the daemon's life); rates are the differences between two snapshots over the time between
+//! them, worked out here, on the operator's side, so the daemon keeps no history.
+
+use serde_json::{Map, Value};
+
+/// The counters `top` follows, as `stats` names them in its JSON (per connection and per peer).
+pub const COUNTERS: [&str; 8] = [
+    "calls-out",
+    "replies-in",
+    "calls-in",
+    "replies-out",
+    "call-errors",
+    "protocol-errors",
+    "bytes-out",
+    "bytes-in",
+];
+
+/// One interval between snapshots `before` and `after` (`stats` results) taken `seconds`
+/// apart: `{"seconds", "peers": [...], "conns": [...]}`, each row with its key (`peer`; `id`
+/// and `peer` for a connection), each counter's difference under its own name and its rate
+/// under `NAME-per-s`. A connection that is new since `before` counts from zero; one that has
+/// ended is left out (its counts stay in its peer's row, which covers ended connections).
+/// Rows come busiest first (calls each way, per second), then by key.
+pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
+    let mut out = Map::new();
+    out.insert("seconds".into(), seconds.into());
+    out.insert(
+        "peers".into(),
+        rows(&before["peers"], &after["peers"], &["peer"], seconds),
+    );
+    out.insert(
+        "conns".into(),
+        rows(&before["conns"], &after["conns"], &["id", "peer"], seconds),
+    );
+    Value::Object(out)
+}
+
+/// The rows of array `after` against array `before`, matched on the first of `keys`.
+fn rows(before: &Value, after: &Value, keys: &[&str], seconds: f64) -> Value {
+    let empty = Vec::new();
+    let old = before.as_array().unwrap_or(&empty);
+    let mut rows: Vec<Map<String, Value>> = after
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .map(|now| {
+            let was = old.iter().find(|o| o[keys[0]] == now[keys[0]]);
+            let mut row = Map::new();
+            for k in keys {
+                row.insert((*k).into(), now[*k].clone());
+            }
+            for c in COUNTERS {
+                let count = |v: Option<&Value>| v.and_then(|v| v[c].as_u64()).unwrap_or(0);
+                // Counters only grow; a smaller one would be another object under a reused
+                // key, and then counts from zero.
+                let (n, b) = (count(Some(now)), count(was));
+                let d = if n >= b { n - b } else { n };
+                row.insert(c.into(), d.into());
+                row.insert(format!("{c}-per-s"), per_second(d, seconds).into());
+            }
+            row
+        })
+        .collect();
+    let busy = |r: &Map<String, Value>| {
+        r["calls-out-per-s"].as_f64().unwrap_or(0.0) + r["calls-in-per-s"].as_f64().unwrap_or(0.0)
+    };
+    rows.sort_by(|a, b| {
+        busy(b)
+            .total_cmp(&busy(a))
+            .then_with(|| key_order(&a[keys[0]], &b[keys[0]]))
+    });
+    Value::Array(rows.into_iter().map(Value::Object).collect())
+}
+
+fn key_order(a: &Value, b: &Value) -> std::cmp::Ordering {
+    match (a.as_u64(), b.as_u64()) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        _ => a.to_string().cmp(&b.to_string()),
+    }
+}
+
+fn per_second(d: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        d as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn conn(id: u32, peer: &str, calls: u64, bytes: u64) -> Value {
+        json!({"id": id, "peer": peer, "calls-out": calls, "replies-in": calls,
+               "calls-in": 0, "replies-out": 0, "call-errors": 0, "protocol-errors": 0,
+               "bytes-out": bytes, "bytes-in": bytes, "rdma-read-bytes": 7})
+    }
+
+    fn peer(name: &str, calls: u64, opened: u64) -> Value {
+        json!({"peer": name, "calls-out": calls, "replies-in": calls, "calls-in": 0,
+               "replies-out": 0, "call-errors": 0, "protocol-errors": 0,
+               "bytes-out": 0, "bytes-in": 0, "conns-opened": opened})
+    }
+
+    /// Differences and rates per peer and connection: a connection that ended is left out
+    /// and its peer's row still counts it; a new one counts from zero; a peer seen for the
+    /// first time counts from zero; busiest first.
+    #[test]
+    fn rates_are_differences_over_the_interval_and_survive_a_reconnect() {
+        let before = json!({
+            "conns": [conn(1, "server", 100, 1000), conn(2, "other", 10, 10)],
+            "peers": [peer("server", 100, 1), peer("other", 10, 1)],
+        });
+        // Connection 1 ended after 20 more calls; its successor 3 made 30; "other" made 5;
+        // a client "10.0.0.9" showed up with 4.
+        let after = json!({
+            "conns": [conn(2, "other", 15, 10), conn(3, "server", 30, 600),
+                      conn(4, "10.0.0.9", 4, 0)],
+            "peers": [peer("server", 150, 2), peer("other", 15, 1), peer("10.0.0.9", 4, 1)],
+        });
+        let r = interval(&before, &after, 2.0);
+        assert_eq!(r["seconds"], 2.0);
+        let peers = r["peers"].as_array().unwrap();
+        let names: Vec<&str> = peers.iter().map(|p| p["peer"].as_str().unwrap()).collect();
+        assert_eq!(names, ["server", "other", "10.0.0.9"]);
+        assert_eq!(peers[0]["calls-out"], 50);
+        assert_eq!(peers[0]["calls-out-per-s"], 25.0);
+        assert_eq!(peers[1]["calls-out"], 5);
+        assert_eq!(peers[2]["replies-in"], 4);
+        assert!(peers[0].get("conns-opened").is_none(), "only COUNTERS");
+        let conns = r["conns"].as_array().unwrap();
+        let ids: Vec<u64> = conns.iter().map(|c| c["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids, [3, 2, 4]);
+        assert_eq!(conns[0]["peer"], "server");
+        assert_eq!(conns[0]["calls-out"], 30);
+        assert_eq!(conns[0]["bytes-out-per-s"], 300.0);
+        assert_eq!(conns[1]["calls-out"], 5);
+        assert_eq!(conns[1]["bytes-in"], 0);
+        assert!(conns[0].get("rdma-read-bytes").is_none());
+    }
+
+    /// A counter smaller than before (another object under a reused key) counts from zero;
+    /// a zero interval gives rates of zero, never infinities; missing arrays give no rows.
+    #[test]
+    fn odd_snapshots_give_sane_rows() {
+        let before = json!({"conns": [conn(1, "a", 500, 0)], "peers": []});
+        let after = json!({"conns": [conn(1, "a", 7, 0)]});
+        let r = interval(&before, &after, 0.0);
+        assert_eq!(r["conns"][0]["calls-out"], 7);
+        assert_eq!(r["conns"][0]["calls-out-per-s"], 0.0);
+        assert_eq!(r["peers"], json!([]));
+    }
+}
