@@ -1,6 +1,6 @@
 //! Apps as real separate processes against real `rpcrdmad` processes (soft provider on
 //! loopback): apps killed with `kill -9` mid-call, hostile apps scribbling on their rings, and
-//! the C example client. The daemon's resource counts (`rpcrdmactl stats`: apps, app
+//! the C example client and server. The daemon's resource counts (`rpcrdmactl stats`: apps, app
 //! operations, RPCs in flight, registered regions and bytes, free pool buffers) must return
 //! to their baseline, and other apps must keep working.
 
@@ -290,4 +290,62 @@ fn c_example_client_runs_against_real_daemons() {
     // Its reply buffers are what rr_reply_inline says: none of its calls offered a Reply chunk.
     assert_eq!(s["conns"][0]["reply-chunks"], 0, "{s}");
     back_to(&a, &base_a, 60);
+}
+
+/// `examples/c/server.c` behind daemon B, over the soft provider's real wire: the C client
+/// example through A gets its three answers; a Rust client's READ of 200 000 bytes comes back
+/// through its result buffer (the C server marked the data DDP-eligible, and B wrote it into
+/// the Write chunk), and its WRITE of 100 000 bytes reaches the C server whole (B pulled the
+/// Read chunk). Killed, the C server leaves B's counts where they were before it attached.
+#[test]
+fn c_example_server_serves_through_real_daemons() {
+    let (a, b) = pair("cserver");
+    let base_b = settled(&b);
+    let server_exe = compile_c_example("server");
+    let mut server = App::start(Command::new(&server_exe).arg(&b.app), "ready").0;
+    let client_exe = compile_c_example("client");
+    let out = Command::new(&client_exe)
+        .arg(&a.app)
+        .arg("server")
+        .output()
+        .expect("run");
+    let _ = std::fs::remove_file(&server_exe);
+    let _ = std::fs::remove_file(&client_exe);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "NULL ok\nECHO ok\nREAD ok\n",
+        "{}\nA:\n{}\nB:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log(),
+        b.log()
+    );
+
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
+    call.args().put_u32(200_000).put_u32(7);
+    call.result_buffer(200_000);
+    let t = call.submit().expect("submit");
+    let r = c.wait(t, T).expect("READ");
+    assert_eq!(r.body, xdr_opaque(&pattern(7, 200_000)));
+    assert_eq!(r.ddp_bytes, 200_000);
+    let mut write = |n: usize| {
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::WRITE);
+        call.args().put_u32(3).put_ddp_opaque(&pattern(3, n));
+        let t = call.submit().expect("submit");
+        c.wait(t, T).expect("WRITE")
+    };
+    assert_eq!(write(60_000).body, 60_000u32.to_be_bytes());
+    // Arguments larger than the C server's receive buffers (64 KiB): B never delivers the call
+    // to it and answers SYSTEM_ERR itself.
+    let big = write(100_000);
+    assert_eq!((big.accept_stat, big.body.len()), (5, 0));
+    let s = &b.ctl_json(&["stats"])["conns"][0];
+    assert!(s["rdma-write-bytes"].as_u64() >= Some(200_000), "{s}");
+    assert!(s["rdma-read-bytes"].as_u64() >= Some(60_000), "{s}");
+    assert_eq!(s["replies-out"], 6, "{s}");
+    drop(c);
+
+    server.kill9();
+    back_to(&b, &base_b, 60);
 }

@@ -8,6 +8,7 @@ use rpcrdma_shm::abi::status;
 use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::{Client, WaitPolicy};
+use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 const T: Option<Duration> = Some(Duration::from_secs(30));
@@ -458,23 +459,30 @@ fn hostile_apps_cannot_crash_the_daemon_and_others_keep_working() {
     assert_eq!(c.wait(t, T).unwrap().accept_stat, 0);
 }
 
+/// Compiles `examples/c/NAME.c` as the C binding's users would (strict C11, every warning an
+/// error) into a temporary executable.
+fn compile_c_example(name: &str) -> std::path::PathBuf {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let exe = std::env::temp_dir().join(format!("rpcrdma-c-{name}-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(format!("{dir}/include"))
+        .arg(format!("{dir}/examples/c/{name}.c"))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "C example {name} did not compile");
+    exe
+}
+
 #[test]
 fn c_example_client_runs_against_the_harness() {
     let path = sock("cexample");
     let _h = harness(&path);
     let _s = app("server", &path, &[]);
-    let dir = env!("CARGO_MANIFEST_DIR");
-    let exe = std::env::temp_dir().join(format!("rpcrdma-c-client-{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = std::process::Command::new(cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
-        .arg(format!("{dir}/include"))
-        .arg(format!("{dir}/examples/c/client.c"))
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "C example did not compile");
+    let exe = compile_c_example("client");
     let out = std::process::Command::new(&exe)
         .arg(&path)
         .arg("loopback")
@@ -491,6 +499,141 @@ fn c_example_client_runs_against_the_harness() {
         text.contains("NULL ok") && text.contains("ECHO ok") && text.contains("READ ok"),
         "{text}"
     );
+}
+
+/// `examples/c/server.c` serves RDMATEST to a Rust client: every procedure, results marked
+/// DDP-eligible reaching result buffers, hostile arguments answered GARBAGE_ARGS, an unknown
+/// procedure PROC_UNAVAIL, 300 calls with more in flight than it has slots (its receive
+/// buffers are lent again as their replies complete); when the daemon goes away it says how
+/// many replies it sent and exits 0.
+#[test]
+fn c_example_server_serves_rdmatest() {
+    let path = sock("cserver");
+    let mut h = harness(&path);
+    let exe = compile_c_example("server");
+    // Its output is read to the end: it prints again when it stops.
+    let mut child = std::process::Command::new(&exe)
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the C server");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut srv = common::Proc(child);
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"));
+    let _ = std::fs::remove_file(&exe);
+    let (mut c, peer) = client(&path);
+    let mut call = |proc_: u32, build: &dyn Fn(&mut rpcrdma_shm::client::CallBuilder<'_>)| {
+        let mut b = c.call(peer, rdmatest::PROG, 1, proc_);
+        build(&mut b);
+        let t = b.submit().unwrap();
+        c.wait(t, T).unwrap()
+    };
+    let mut replies = 0u32;
+    let r = call(rdmatest::NULL, &|_| {});
+    assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+    replies += 1;
+    for n in [0usize, 1, 3000, 60_000] {
+        let data = pattern(n as u32, n);
+        let r = call(rdmatest::ECHO, &|b| {
+            b.args().put_ddp_opaque(&data);
+            b.result_buffer(n as u32);
+        });
+        assert_eq!(r.accept_stat, 0, "ECHO {n}");
+        assert_eq!(r.body, xdr_opaque(&data), "ECHO {n}");
+        assert_eq!(
+            r.ddp_bytes, n as u32,
+            "ECHO {n}: the marked result in the result buffer"
+        );
+        let r = call(rdmatest::ECHO, &|b| {
+            b.args().put_opaque(&data);
+            b.max_reply(n as u32 + 8);
+        });
+        assert_eq!(
+            r.body,
+            xdr_opaque(&data),
+            "ECHO {n} with no result buffer: inline"
+        );
+        replies += 2;
+    }
+    let r = call(rdmatest::READ, &|b| {
+        b.args().put_u32(200_000).put_u32(7);
+        b.result_buffer(200_000);
+    });
+    assert_eq!(r.body, xdr_opaque(&pattern(7, 200_000)));
+    assert_eq!(r.ddp_bytes, 200_000);
+    let mut data = pattern(5, 5000);
+    let r = call(rdmatest::WRITE, &|b| {
+        b.args().put_u32(5).put_ddp_opaque(&data);
+    });
+    assert_eq!(r.body, 5000u32.to_be_bytes());
+    data[10] ^= 1;
+    data[4000] ^= 1;
+    let r = call(rdmatest::WRITE, &|b| {
+        b.args().put_u32(5).put_ddp_opaque(&data);
+    });
+    assert_eq!(r.body, 4998u32.to_be_bytes());
+    let r = call(rdmatest::SLEEP, &|b| {
+        b.args().put_u32(2000);
+    });
+    assert_eq!((r.accept_stat, r.body.len()), (0, 0));
+    replies += 4;
+    // Hostile arguments: lengths beyond what arrived, a READ beyond the server's limit, words
+    // missing; then a procedure it does not have.
+    let garbage: [(u32, &[u32]); 6] = [
+        (rdmatest::ECHO, &[100, 0]),
+        (rdmatest::ECHO, &[]),
+        (rdmatest::READ, &[1 << 20, 1]),
+        (rdmatest::READ, &[5]),
+        (rdmatest::WRITE, &[1, 0xffff_fffc]),
+        (rdmatest::SLEEP, &[]),
+    ];
+    for (proc_, words) in garbage {
+        let r = call(proc_, &|b| {
+            for w in words {
+                b.args().put_u32(*w);
+            }
+        });
+        assert_eq!(
+            r.accept_stat,
+            rdmatest::GARBAGE_ARGS,
+            "proc {proc_} {words:?}"
+        );
+        assert!(r.body.is_empty());
+    }
+    let r = call(9, &|_| {});
+    assert_eq!(r.accept_stat, rdmatest::PROC_UNAVAIL);
+    replies += 7;
+    // More calls in flight than the server has slots (8).
+    let mut out = std::collections::HashMap::new();
+    let (mut sent, mut done) = (0u32, 0u32);
+    while done < 300 {
+        while sent < 300 && out.len() < 24 {
+            let d = pattern(sent, 1 + sent as usize * 41 % 5000);
+            let mut b = c.call(peer, rdmatest::PROG, 1, rdmatest::ECHO);
+            b.args().put_opaque(&d);
+            b.max_reply(d.len() as u32 + 8);
+            out.insert(b.submit().unwrap(), d);
+            sent += 1;
+        }
+        let (t, r) = c.wait_any(T).unwrap();
+        assert_eq!(r.unwrap().body, xdr_opaque(&out.remove(&t).unwrap()));
+        done += 1;
+    }
+    replies += 300;
+    // The daemon goes away: the server ends on its own, having counted its replies' completions
+    // (the last few may not have reached it before the daemon died: at most one per slot).
+    h.kill9();
+    let last = lines.next().and_then(Result::ok).unwrap_or_default();
+    let n: u32 = last
+        .strip_prefix("detached after ")
+        .and_then(|l| l.strip_suffix(" replies"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("last line {last:?}"));
+    assert!(
+        (replies - 8..=replies).contains(&n),
+        "{n} of {replies} replies"
+    );
+    assert!(srv.0.wait().expect("wait").success());
 }
 
 /// Sleeps until one of `fds` is readable; false if 10 s pass first.
