@@ -158,6 +158,12 @@ pub struct ThreadStatus {
     pub core: Option<usize>,
     /// Share of time spent on iterations that found work (0..=1).
     pub busy_ratio: f64,
+    /// Time spent on iterations that found work, since the thread started (ns).
+    #[serde(default)]
+    pub busy_ns: u64,
+    /// Time spent on iterations that found none, parked included (ns).
+    #[serde(default)]
+    pub idle_ns: u64,
     /// Loop iterations with work.
     pub busy_polls: u64,
     /// Loop iterations without.

@@ -1369,6 +1369,8 @@ impl Daemon {
                     } else {
                         t.busy_ns as f64 / total as f64
                     },
+                    busy_ns: t.busy_ns,
+                    idle_ns: t.idle_ns,
                     busy_polls: t.busy_polls,
                     idle_polls: t.idle_polls,
                     parks: t.parks,

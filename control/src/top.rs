@@ -1,4 +1,5 @@
-//! `rpcrdmactl top`: traffic rates between two `stats` snapshots, per peer and per connection.
+//! `rpcrdmactl top`: traffic rates between two `stats` snapshots, per peer and per connection,
+//! and how busy each poll thread was.
 //!
 //! The daemon keeps counters since it started (per connection while it lives, per peer for
 //! the daemon's life); rates are the differences between two snapshots over the time between
@@ -6,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-/// The counters `top` follows, as `stats` names them in its JSON (per connection and per peer).
+/// The counters `top` follows per connection and per peer, as `stats` names them in its JSON.
 pub const COUNTERS: [&str; 8] = [
     "calls-out",
     "replies-in",
@@ -18,31 +19,81 @@ pub const COUNTERS: [&str; 8] = [
     "bytes-in",
 ];
 
+/// The counters `top` follows per poll thread.
+pub const THREAD_COUNTERS: [&str; 6] = [
+    "busy-ns",
+    "idle-ns",
+    "completions",
+    "parks",
+    "hops-out",
+    "hops-in",
+];
+
 /// One interval between snapshots `before` and `after` (`stats` results) taken `seconds`
-/// apart: `{"seconds", "peers": [...], "conns": [...]}`, each row with its key (`peer`; `id`
-/// and `peer` for a connection), each counter's difference under its own name and its rate
-/// under `NAME-per-s`. A connection that is new since `before` counts from zero; one that has
-/// ended is left out (its counts stay in its peer's row, which covers ended connections).
-/// Rows come busiest first (calls each way, per second), then by key.
+/// apart: `{"seconds", "peers": [...], "conns": [...], "threads": [...]}`, each row with its
+/// key (`peer`; `id` and `peer` for a connection; `index` for a thread), each counter's
+/// difference under its own name and its rate under `NAME-per-s`. A connection that is new
+/// since `before` counts from zero; one that has ended is left out (its counts stay in its
+/// peer's row, which covers ended connections). Peers and connections come busiest first
+/// (calls each way, per second), then by key; threads by index, each with `busy`, the share
+/// of the interval it spent on loop turns that found work (0 to 1).
 pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
+    let traffic = |key: &str, keys: &[&str]| {
+        let mut r = rows(&before[key], &after[key], keys, &COUNTERS, seconds);
+        let busy = |r: &Map<String, Value>| rate(r, "calls-out") + rate(r, "calls-in");
+        r.sort_by(|a, b| {
+            busy(b)
+                .total_cmp(&busy(a))
+                .then_with(|| key_order(&a[keys[0]], &b[keys[0]]))
+        });
+        r
+    };
+    let mut threads = rows(
+        &before["threads"],
+        &after["threads"],
+        &["index"],
+        &THREAD_COUNTERS,
+        seconds,
+    );
+    threads.sort_by(|a, b| key_order(&a["index"], &b["index"]));
+    for t in &mut threads {
+        let count = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (busy, idle) = (count("busy-ns"), count("idle-ns"));
+        let share = if busy + idle == 0 {
+            0.0
+        } else {
+            busy as f64 / (busy + idle) as f64
+        };
+        t.insert("busy".into(), share.into());
+    }
+    let array =
+        |r: Vec<Map<String, Value>>| Value::Array(r.into_iter().map(Value::Object).collect());
     let mut out = Map::new();
     out.insert("seconds".into(), seconds.into());
-    out.insert(
-        "peers".into(),
-        rows(&before["peers"], &after["peers"], &["peer"], seconds),
-    );
-    out.insert(
-        "conns".into(),
-        rows(&before["conns"], &after["conns"], &["id", "peer"], seconds),
-    );
+    out.insert("peers".into(), array(traffic("peers", &["peer"])));
+    out.insert("conns".into(), array(traffic("conns", &["id", "peer"])));
+    out.insert("threads".into(), array(threads));
     Value::Object(out)
 }
 
-/// The rows of array `after` against array `before`, matched on the first of `keys`.
-fn rows(before: &Value, after: &Value, keys: &[&str], seconds: f64) -> Value {
+fn rate(r: &Map<String, Value>, counter: &str) -> f64 {
+    r.get(&format!("{counter}-per-s"))
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0)
+}
+
+/// The rows of array `after` against array `before`, matched on the first of `keys`: the
+/// keys, and each of `counters`' difference and rate.
+fn rows(
+    before: &Value,
+    after: &Value,
+    keys: &[&str],
+    counters: &[&str],
+    seconds: f64,
+) -> Vec<Map<String, Value>> {
     let empty = Vec::new();
     let old = before.as_array().unwrap_or(&empty);
-    let mut rows: Vec<Map<String, Value>> = after
+    after
         .as_array()
         .unwrap_or(&empty)
         .iter()
@@ -52,27 +103,18 @@ fn rows(before: &Value, after: &Value, keys: &[&str], seconds: f64) -> Value {
             for k in keys {
                 row.insert((*k).into(), now[*k].clone());
             }
-            for c in COUNTERS {
+            for c in counters {
                 let count = |v: Option<&Value>| v.and_then(|v| v[c].as_u64()).unwrap_or(0);
                 // Counters only grow; a smaller one would be another object under a reused
                 // key, and then counts from zero.
                 let (n, b) = (count(Some(now)), count(was));
                 let d = if n >= b { n - b } else { n };
-                row.insert(c.into(), d.into());
+                row.insert((*c).into(), d.into());
                 row.insert(format!("{c}-per-s"), per_second(d, seconds).into());
             }
             row
         })
-        .collect();
-    let busy = |r: &Map<String, Value>| {
-        r["calls-out-per-s"].as_f64().unwrap_or(0.0) + r["calls-in-per-s"].as_f64().unwrap_or(0.0)
-    };
-    rows.sort_by(|a, b| {
-        busy(b)
-            .total_cmp(&busy(a))
-            .then_with(|| key_order(&a[keys[0]], &b[keys[0]]))
-    });
-    Value::Array(rows.into_iter().map(Value::Object).collect())
+        .collect()
 }
 
 fn key_order(a: &Value, b: &Value) -> std::cmp::Ordering {
@@ -144,6 +186,27 @@ mod tests {
         assert!(conns[0].get("rdma-read-bytes").is_none());
     }
 
+    /// A thread's busy share is its busy time over all its time in the interval, not since it
+    /// started; its other counters are differences and rates like the rest.
+    #[test]
+    fn a_thread_is_as_busy_as_it_was_in_the_interval() {
+        let t = |busy: u64, idle: u64, completions: u64| {
+            json!({"index": 0, "busy-ns": busy, "idle-ns": idle, "completions": completions,
+                   "parks": 3, "hops-out": 0, "hops-in": 0, "busy-ratio": 0.01})
+        };
+        // Idle for its first 99 s, then busy for 3 s of the next 4.
+        let before = json!({"threads": [t(1_000_000_000, 99_000_000_000, 10)]});
+        let after = json!({"threads": [t(4_000_000_000, 100_000_000_000, 410)]});
+        let r = interval(&before, &after, 4.0);
+        let th = &r["threads"][0];
+        assert_eq!(th["index"], 0);
+        assert_eq!(th["busy"], 0.75);
+        assert_eq!(th["completions"], 400);
+        assert_eq!(th["completions-per-s"], 100.0);
+        assert_eq!(th["parks"], 0);
+        assert!(th.get("busy-ratio").is_none());
+    }
+
     /// A counter smaller than before (another object under a reused key) counts from zero;
     /// a zero interval gives rates of zero, never infinities; missing arrays give no rows.
     #[test]
@@ -154,5 +217,6 @@ mod tests {
         assert_eq!(r["conns"][0]["calls-out"], 7);
         assert_eq!(r["conns"][0]["calls-out-per-s"], 0.0);
         assert_eq!(r["peers"], json!([]));
+        assert_eq!(r["threads"], json!([]));
     }
 }

@@ -768,8 +768,9 @@ fn receive_queues_of_their_own_survive_reconnects_into_the_same_block() {
 /// `rpcrdmactl top` while an app calls without pause: each interval's difference per peer
 /// and per connection is what was called in it (above zero in every interval, the
 /// connection's equal to its peer's, all of them together no more than `stats` counted over
-/// the whole run), each rate is that difference over the interval's seconds, and the human
-/// view lists the peer with its rate columns.
+/// the whole run), each rate is that difference over the interval's seconds, each poll thread
+/// has a busy share of the interval, and the human view lists the peer with its rate columns
+/// and the threads.
 #[test]
 fn rpcrdmactl_top_reports_what_was_called_in_each_interval() {
     let b = Daemon::start("top-b", None);
@@ -836,6 +837,28 @@ fn rpcrdmactl_top_reports_what_was_called_in_each_interval() {
             "{r}"
         );
         assert!(c["id"].is_u64(), "{r}");
+        // Two poll threads (the tests' config), each with its share of the interval's time
+        // spent busy, and the work completions of the calls on one of them.
+        let threads = r["threads"].as_array().expect("threads");
+        assert_eq!(threads.len(), 2, "{r}");
+        for t in threads {
+            assert!(
+                (0.0..=1.0).contains(&t["busy"].as_f64().expect("busy")),
+                "{r}"
+            );
+            let (busy, idle) = (t["busy-ns"].as_u64(), t["idle-ns"].as_u64());
+            let spent = busy
+                .zip(idle)
+                .map(|(b, i)| b + i)
+                .expect("busy-ns, idle-ns");
+            // Each thread's loop accounted for most of the interval (its turns are short).
+            assert!(spent as f64 >= 0.5 * secs * 1e9, "{r}");
+        }
+        let completions: u64 = threads
+            .iter()
+            .filter_map(|t| t["completions"].as_u64())
+            .sum();
+        assert!(completions >= d, "{r}");
         sum += d;
     }
     assert!(

@@ -47,9 +47,10 @@ enum Cmd {
     Stats,
     /// Round-trip latency percentiles per connection.
     Latency,
-    /// Live traffic rates per peer and per connection, from `stats` every INTERVAL seconds
-    /// (until interrupted, or COUNT intervals); with --json, one JSON object per interval and
-    /// line: each counter's difference and its rate (`NAME-per-s`).
+    /// Live traffic rates per peer and per connection, and each poll thread's busy share,
+    /// from `stats` every INTERVAL seconds (until interrupted, or COUNT intervals); with
+    /// --json, one JSON object per interval and line: each counter's difference and its rate
+    /// (`NAME-per-s`).
     Top {
         /// Seconds between snapshots.
         #[arg(long, default_value_t = 1.0, value_parser = interval_secs)]
@@ -605,10 +606,38 @@ fn top_tables(r: &Value, interval: f64, n: u64) -> String {
             .collect();
         table::render(&heads, &rows)
     };
+    let threads: Vec<Vec<String>> = r["threads"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|t| {
+            let per_s = |c: &str| format!("{:.1}", t[format!("{c}-per-s")].as_f64().unwrap_or(0.0));
+            vec![
+                s(&t["index"]),
+                format!("{:.1}%", t["busy"].as_f64().unwrap_or(0.0) * 100.0),
+                per_s("completions"),
+                per_s("parks"),
+                per_s("hops-out"),
+                per_s("hops-in"),
+            ]
+        })
+        .collect();
     format!(
-        "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}",
+        "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}\n{}",
         r["seconds"].as_f64().unwrap_or(0.0),
         table(&r["peers"], &[("PEER", "peer")]),
         table(&r["conns"], &[("ID", "id"), ("PEER", "peer")]),
+        table::render(
+            &[
+                "THREAD",
+                "BUSY",
+                "COMPLETIONS/S",
+                "PARKS/S",
+                "HOPS-OUT/S",
+                "HOPS-IN/S"
+            ],
+            &threads
+        ),
     )
 }
