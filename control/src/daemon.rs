@@ -1286,11 +1286,17 @@ impl Daemon {
     /// The Prometheus exposition of the latest snapshots.
     fn render_metrics(&self) -> String {
         let snaps: Vec<&Snapshot> = self.latest.iter().collect();
+        let configured: Vec<(&str, bool)> = self
+            .peers
+            .iter()
+            .map(|p| (p.name.as_str(), matches!(p.phase, PeerPhase::Up(_))))
+            .collect();
         crate::metrics::render(
             &snaps,
             |t, c| self.name_of(t, c),
             &self.peer_totals(&snaps),
             &self.peer_rtt(&snaps),
+            &configured,
         )
     }
 

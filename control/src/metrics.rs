@@ -114,12 +114,14 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histo) {
 }
 
 /// Renders every thread's snapshot; `peer_of(thread, conn)` names a connection's peer;
-/// `peers` are the per-peer totals ([`PeerLedger::totals`]).
+/// `peers` are the per-peer totals ([`PeerLedger::totals`]); `configured` lists the
+/// configured peers by name with whether each has a connection up.
 pub fn render(
     snaps: &[&Snapshot],
     peer_of: impl Fn(usize, u32) -> String,
     peers: &PeerTotals,
     peer_rtt: &BTreeMap<String, Histo>,
+    configured: &[(&str, bool)],
 ) -> String {
     let mut out = String::with_capacity(4096);
     type Pick = fn(&Totals) -> u64;
@@ -163,6 +165,20 @@ pub fn render(
         for (peer, t) in peers {
             let _ = writeln!(out, "{metric}{{peer=\"{}\"}} {}", esc(peer), pick(t));
         }
+    }
+    header(
+        &mut out,
+        "rpcrdmad_peer_up",
+        "gauge",
+        "1 while this configured peer has a connection up, else 0 (connecting, backing off, stopped)",
+    );
+    for (peer, up) in configured {
+        let _ = writeln!(
+            out,
+            "rpcrdmad_peer_up{{peer=\"{}\"}} {}",
+            esc(peer),
+            u8::from(*up)
+        );
     }
     header(
         &mut out,
@@ -556,6 +572,7 @@ mod tests {
             |_, _| "srv1".into(),
             &peers,
             &ledger.rtt(&[&next], key),
+            &[("srv1", true), ("down", false)],
         );
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");
@@ -583,6 +600,15 @@ mod tests {
             .find(|b| b.less_than.is_infinite())
             .map(|b| b.count);
         assert_eq!(inf, Some(9.0));
+        let up = |name: &str| {
+            parsed
+                .samples
+                .iter()
+                .find(|m| m.metric == "rpcrdmad_peer_up" && m.labels.get("peer") == Some(name))
+                .map(|m| m.value.clone())
+        };
+        assert_eq!(up("srv1"), Some(prometheus_parse::Value::Gauge(1.0)));
+        assert_eq!(up("down"), Some(prometheus_parse::Value::Gauge(0.0)));
     }
 
     #[test]
@@ -598,6 +624,7 @@ mod tests {
             |_, _| "srv1".into(),
             &PeerTotals::new(),
             &BTreeMap::new(),
+            &[],
         );
         let lines = text.lines().map(|l| Ok(l.to_string()));
         let parsed = prometheus_parse::Scrape::parse(lines).expect("valid exposition");

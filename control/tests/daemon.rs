@@ -881,3 +881,130 @@ fn rpcrdmactl_top_reports_what_was_called_in_each_interval() {
         .expect("run rpcrdmactl");
     assert_eq!(gone.status.code(), Some(2));
 }
+
+/// The names `text` gives metrics of ours (`rpcrdmad_...`), each once.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("rpcrdmad_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// `deploy/prometheus/rpcrdmad-rules.yaml` and `deploy/grafana/rpcrdmad-dashboard.json`:
+/// promtool accepts the rules and every query of the dashboard (checked as recording rules,
+/// Grafana's variables filled in); every metric either names is one that two daemons with
+/// traffic between them export; `rpcrdmad_peer_up`, which the peer-down alert reads, goes
+/// from 1 to 0 when the peer dies.
+#[test]
+fn alert_rules_and_dashboard_parse_and_name_only_exported_metrics() {
+    let deploy = |p: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy")
+            .join(p);
+        (std::fs::read_to_string(&path).expect("deploy file"), path)
+    };
+    let (rules, rules_path) = deploy("prometheus/rpcrdmad-rules.yaml");
+    let (dash_text, _) = deploy("grafana/rpcrdmad-dashboard.json");
+    let dash: serde_json::Value = serde_json::from_str(&dash_text).expect("dashboard JSON");
+
+    // Every panel placed, with its own id, and queries.
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10);
+    let mut ids = std::collections::BTreeSet::new();
+    let mut queries = Vec::new();
+    for p in panels {
+        assert!(ids.insert(p["id"].as_u64().expect("panel id")), "{p}");
+        assert!(p["gridPos"]["w"].as_u64().is_some_and(|w| w > 0), "{p}");
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{p}");
+        for t in targets {
+            queries.push(t["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    // promtool judges the PromQL: the rules as they are, the queries as recording rules.
+    let dir = tmpdir("dash-promtool");
+    let as_rules = dir.join("dashboard-queries.yaml");
+    let mut text = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, q) in queries.iter().enumerate() {
+        let q = q
+            .replace("$__rate_interval", "5m")
+            .replace("$instance", ".*");
+        text += &format!(
+            "      - record: dashboard_query_{i}\n        expr: '{}'\n",
+            q.replace('\'', "''")
+        );
+    }
+    std::fs::write(&as_rules, text).expect("write");
+    let out = Command::new("promtool")
+        .arg("check")
+        .arg("rules")
+        .arg(&rules_path)
+        .arg(&as_rules)
+        .output()
+        .expect("run promtool (scripts/setup installs it: Debian package prometheus)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The metrics both name, against what a client daemon and a server daemon export.
+    let (b, bm) = with_metrics("dash-b", None);
+    let (a, am) = with_metrics("dash-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    rdmatest_server(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    for n in [100, 3000] {
+        echo(&mut c, peer, n);
+    }
+    let exported: std::collections::BTreeSet<String> = [am, bm]
+        .iter()
+        .flat_map(|p| {
+            scrape(*p)
+                .lines()
+                .filter_map(|l| l.strip_prefix("# TYPE "))
+                .filter_map(|l| l.split(' ').next())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let named = metric_names(&rules)
+        .into_iter()
+        .chain(metric_names(&queries.join("\n")));
+    for name in named {
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| exported.contains(*b)))
+            .unwrap_or(&name);
+        assert!(
+            exported.contains(base),
+            "{name} is not exported: {exported:?}"
+        );
+    }
+
+    let up = |port: u16| {
+        let body = scrape(port);
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("rpcrdmad_peer_up{peer=\"server\"}"))
+            .map(String::from);
+        line.and_then(|l| l.rsplit(' ').next().map(String::from))
+    };
+    assert_eq!(up(am).as_deref(), Some("1"));
+    drop(b);
+    assert!(
+        eventually(20, || (up(am).as_deref() == Some("0")).then_some(())).is_some(),
+        "{}",
+        scrape(am)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
