@@ -1008,3 +1008,58 @@ fn alert_rules_and_dashboard_parse_and_name_only_exported_metrics() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rpcrdmactl completions SHELL` needs no daemon; bash, given its script, completes
+/// subcommands and their subcommands; an unknown shell is refused with clap's usage error.
+#[test]
+fn rpcrdmactl_completions_complete_subcommands_in_bash() {
+    let ctl = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rpcrdmactl"))
+            .args(["--socket", "/nonexistent/admin.sock"])
+            .args(args)
+            .output()
+            .expect("run rpcrdmactl")
+    };
+    let script = ctl(&["completions", "bash"]);
+    assert!(script.status.success());
+    let dir = tmpdir("completions");
+    let file = dir.join("rpcrdmactl.bash");
+    std::fs::write(&file, &script.stdout).expect("write");
+    // The completion function's answer for the words typed so far (the last one unfinished).
+    let complete = |words: &[&str]| {
+        let cword = words.len() - 1;
+        let prev = if cword > 0 { words[cword - 1] } else { "" };
+        let line = format!(
+            "source {}; COMP_WORDS=({}); COMP_CWORD={cword}; _rpcrdmactl rpcrdmactl '{}' '{prev}'; echo \"${{COMPREPLY[@]}}\"",
+            file.display(),
+            words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" "),
+            words[cword],
+        );
+        let out = Command::new("bash")
+            .arg("-c")
+            .arg(line)
+            .output()
+            .expect("bash");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete(&["rpcrdmactl", "xc"]), "xchar");
+    assert_eq!(complete(&["rpcrdmactl", "to"]), "top");
+    let peer = complete(&["rpcrdmactl", "peer", ""]);
+    assert!(
+        peer.contains("retry-v2") && peer.contains("latency"),
+        "{peer}"
+    );
+    for shell in ["zsh", "fish"] {
+        let out = ctl(&["completions", shell]);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("rpcrdmactl")
+        );
+    }
+    assert_eq!(ctl(&["completions", "tcsh"]).status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -71,6 +71,12 @@ enum Cmd {
     },
     /// Re-read the config file: apply live settings, list the refused ones.
     Reload,
+    /// Print a shell completion script for rpcrdmactl (asks no daemon), e.g.
+    /// `rpcrdmactl completions bash > /etc/bash_completion.d/rpcrdmactl`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -459,6 +465,11 @@ fn main() -> ExitCode {
     };
     let req = match cmd {
         Cmd::Top { interval, count } => return top(&cli, interval, count),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "rpcrdmactl", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
         Cmd::Status => Request::Status,
         Cmd::Conns => Request::Conns,
         Cmd::Conn {
