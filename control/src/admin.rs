@@ -40,6 +40,8 @@ pub enum Request {
     Latency,
     /// Latency percentiles per peer, over all its connections (ended ones included).
     PeerLatency,
+    /// The attached apps: pid, programs served, operations and counters.
+    Apps,
     /// Re-read the config file: apply what can change live, refuse the rest.
     Reload,
     /// Ask the peer to change characteristics (ROPT_REQXCH).
@@ -421,6 +423,33 @@ pub struct PeerCounters {
     pub conns_opened: u64,
     /// Connections ended.
     pub conns_closed: u64,
+}
+
+/// One attached app (`apps`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct AppStatus {
+    /// The poll thread that owns its rings.
+    pub thread: usize,
+    /// Its slot on that thread (`slot.generation`: a slot's next app has another generation).
+    pub app: String,
+    /// Its pid (from the attach socket's credentials), if known.
+    pub pid: Option<i32>,
+    /// Programs it serves, `PROG/VERS` in hex and decimal, `(callback)` for a backward-direction
+    /// program.
+    pub programs: Vec<String>,
+    /// Operations in flight: calls, posted receive buffers, calls being served, replies.
+    pub ops: usize,
+    /// Calls it submitted.
+    pub calls: u64,
+    /// Of those, calls that ended.
+    pub calls_done: u64,
+    /// Calls delivered to it to serve.
+    pub served: u64,
+    /// Replies it submitted.
+    pub replies: u64,
+    /// Submissions refused.
+    pub bad_submissions: u64,
 }
 
 /// `stats`.

@@ -884,7 +884,9 @@ impl Daemon {
         self.snap_rounds += 1;
         self.pending_snaps = 0;
         for t in 0..self.threads.len() {
-            let buf = Box::new(Snapshot::with_capacity(self.max_conns));
+            let buf = Box::new(
+                Snapshot::with_capacity(self.max_conns).with_apps(self.cfg.apps.max_apps as usize),
+            );
             // Behind the commands waiting for room, if any: the round waits for it (at most
             // SNAPSHOT_WAIT) rather than answering without this thread.
             self.send_to(t, Command::Snapshot(buf));
@@ -1550,6 +1552,15 @@ impl Daemon {
                     .collect();
                 Response::ok(rows)
             }
+            Request::Apps => {
+                let rows: Vec<admin::AppStatus> = self
+                    .latest
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(t, s)| s.apps().iter().map(move |a| app_status(t, a)))
+                    .collect();
+                Response::ok(rows)
+            }
             _ => Response::err("unhandled request"),
         }
     }
@@ -1611,6 +1622,31 @@ fn percentiles(histo: &rpcrdma_dataplane::poll::Histo) -> admin::Percentiles {
     }
 }
 
+/// An app as `rpcrdmactl apps` shows it.
+fn app_status(thread: usize, a: &rpcrdma_shm::daemon::AppInfo) -> admin::AppStatus {
+    let listed = a.programs.get(..usize::from(a.n_programs)).unwrap_or(&[]);
+    admin::AppStatus {
+        thread,
+        app: format!("{}.{}", a.slot, a.gen),
+        pid: a.pid,
+        programs: listed
+            .iter()
+            .map(|&(prog, vers, callback)| {
+                format!(
+                    "{prog:#x}/{vers}{}",
+                    if callback { " (callback)" } else { "" }
+                )
+            })
+            .collect(),
+        ops: a.ops,
+        calls: a.counters.calls,
+        calls_done: a.counters.calls_done,
+        served: a.counters.served,
+        replies: a.counters.replies,
+        bad_submissions: a.counters.bad,
+    }
+}
+
 /// Whether `req` is answered from fresh snapshots of every poll thread.
 fn needs_snapshots(req: &Request) -> bool {
     matches!(
@@ -1622,6 +1658,7 @@ fn needs_snapshots(req: &Request) -> bool {
             | Request::Stats
             | Request::Latency
             | Request::PeerLatency
+            | Request::Apps
     )
 }
 

@@ -349,3 +349,77 @@ fn c_example_server_serves_through_real_daemons() {
     server.kill9();
     back_to(&b, &base_b, 60);
 }
+
+/// `rpcrdmactl apps`: each daemon lists the apps attached to it with their pid, the programs
+/// they serve and what they did: A's calling app (this test process) made 3 calls and got 3
+/// replies; B's RDMATEST server app (its own process) serves RDMATEST v1 and served and
+/// answered 3 calls. Once the server app is killed, B lists no app.
+#[test]
+fn rpcrdmactl_apps_lists_pids_programs_and_counts() {
+    let (a, b) = pair("appslist");
+    let mut server = rdmatest_serve(&b.app);
+    let mut c = Client::connect(&a.app).expect("attach");
+    let peer = c.peer("server").expect("peer");
+    for i in 0..3 {
+        echo(&mut c, peer, i, &a, &b);
+    }
+    let apps_a = a.ctl_json(&["apps"]);
+    let [me] = apps_a.as_array().expect("array").as_slice() else {
+        panic!("A lists {apps_a}");
+    };
+    assert_eq!(me["pid"], std::process::id(), "{me}");
+    assert_eq!(
+        (&me["calls"], &me["calls-done"]),
+        (&3.into(), &3.into()),
+        "{me}"
+    );
+    assert_eq!(
+        (&me["served"], &me["programs"]),
+        (&0.into(), &serde_json::json!([])),
+        "{me}"
+    );
+    assert_eq!(me["ops"], 0, "{me}");
+
+    let apps_b = b.ctl_json(&["apps"]);
+    let [srv] = apps_b.as_array().expect("array").as_slice() else {
+        panic!("B lists {apps_b}");
+    };
+    assert_eq!(srv["pid"], server.0.id(), "{srv}");
+    assert_eq!(
+        srv["programs"],
+        serde_json::json!([format!("{:#x}/1", rdmatest::PROG)])
+    );
+    assert_eq!(
+        (&srv["served"], &srv["replies"]),
+        (&3.into(), &3.into()),
+        "{srv}"
+    );
+    assert_eq!(
+        (&srv["calls"], &srv["bad-submissions"]),
+        (&0.into(), &0.into()),
+        "{srv}"
+    );
+    assert!(
+        srv["ops"].as_u64() > Some(0),
+        "its posted receive buffers: {srv}"
+    );
+    let human = b.ctl(&["apps"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.starts_with("THREAD  APP"), "{text}");
+    assert!(
+        text.contains(&server.0.id().to_string()) && text.contains("0x20524454/1"),
+        "{text}"
+    );
+
+    server.kill9();
+    assert!(
+        eventually(20, || b
+            .ctl_json(&["apps"])
+            .as_array()?
+            .is_empty()
+            .then_some(()))
+        .is_some(),
+        "{}",
+        b.ctl_json(&["apps"])
+    );
+}

@@ -299,6 +299,44 @@ pub struct Detached {
     pub serving_tags: Vec<u64>,
 }
 
+/// What one attached app has done, for operators (`rpcrdmactl apps`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppCounters {
+    /// Calls it submitted that passed validation.
+    pub calls: u64,
+    /// Of those, calls that ended (a reply, or an error completion).
+    pub calls_done: u64,
+    /// Calls delivered to it to serve.
+    pub served: u64,
+    /// Replies it submitted that passed validation.
+    pub replies: u64,
+    /// Its submissions refused by validation.
+    pub bad: u64,
+}
+
+/// How many of an app's registrations [`AppInfo`] lists.
+pub const INFO_PROGRAMS: usize = 8;
+
+/// One attached app, as [`AppTable::app_info`] describes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppInfo {
+    /// The app's slot in its table (with the generation: ids of apps that left are not reused
+    /// for a while).
+    pub slot: u16,
+    /// See `slot`.
+    pub gen: u16,
+    /// Its pid (SO_PEERCRED), if the kernel reported one.
+    pub pid: Option<i32>,
+    /// Its operations in flight (calls, posted receive buffers, calls being served, replies).
+    pub ops: usize,
+    /// Its counters.
+    pub counters: AppCounters,
+    /// Its registrations (program, version, callback program), the first `n_programs`.
+    pub programs: [(u32, u32, bool); INFO_PROGRAMS],
+    /// Valid entries of `programs` (it may have more registrations than are listed).
+    pub n_programs: u8,
+}
+
 /// Counters for tests and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
@@ -373,6 +411,7 @@ struct App {
     /// When its socket was first found closed with submissions still on its ring (see
     /// [`AppTable::reap`]).
     closed_at: Option<Instant>,
+    counters: AppCounters,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -616,6 +655,7 @@ impl AppTable {
             fault: None,
             stalled_since: None,
             closed_at: None,
+            counters: AppCounters::default(),
         });
         self.stats.apps += 1;
         Ok(id)
@@ -641,6 +681,28 @@ impl AppTable {
     }
 
     /// Ids of all attached apps.
+    /// What operators see of app `id` (`None` once it has gone).
+    pub fn app_info(&self, id: AppId) -> Option<AppInfo> {
+        let app = self.app(id)?;
+        let mut info = AppInfo {
+            slot: id.slot,
+            gen: id.gen,
+            pid: app.att.pid,
+            ops: app.ops_in_use(),
+            counters: app.counters,
+            ..AppInfo::default()
+        };
+        for (dst, r) in info
+            .programs
+            .iter_mut()
+            .zip(self.registry.iter().filter(|r| r.app == id))
+        {
+            *dst = (r.prog, r.vers, r.backchannel);
+            info.n_programs += 1;
+        }
+        Some(info)
+    }
+
     pub fn app_ids(&self) -> impl Iterator<Item = AppId> + '_ {
         self.apps.iter().flatten().map(|a| a.id)
     }
@@ -723,10 +785,18 @@ impl AppTable {
                         out.push((app.id, Submission::Detach));
                         break;
                     }
-                    Ok(Some(sub)) => out.push((app.id, sub)),
+                    Ok(Some(sub)) => {
+                        match sub {
+                            Submission::Call(_) => app.counters.calls += 1,
+                            Submission::Reply(_) => app.counters.replies += 1,
+                            _ => {}
+                        }
+                        out.push((app.id, sub));
+                    }
                     Ok(None) => {}
                     Err(code) => {
                         self.stats.bad_submissions += 1;
+                        app.counters.bad += 1;
                         app.push(err_cqe(&sqe, code));
                     }
                 }
@@ -940,6 +1010,7 @@ impl AppTable {
         }
         let ok = out.status == status::OK;
         app.free_op(id);
+        app.counters.calls_done += 1;
         app.push(Cqe {
             kind: op::CALL,
             n_results,
@@ -1022,6 +1093,8 @@ impl AppTable {
         if call.args_len > buf.len() {
             return Err(status::NO_RECV_BUFFER);
         }
+        a.counters.served += 1;
+        let op = a.op_mut(rb.id).ok_or(status::CANCELLED)?;
         op.state = OpState::Serving {
             tag: call.tag,
             prog: call.prog,
@@ -1650,6 +1723,17 @@ mod tests {
         assert!(t.call_request(id).is_none(), "a reply is no call");
         assert!(t.complete_reply(id, status::OK));
         assert!(t.reply_request(id).is_none(), "gone once completed");
+        // What operators see: one call served, one reply; nothing called, nothing refused.
+        let info = t.app_info(aid).expect("attached");
+        assert_eq!(
+            info.counters,
+            AppCounters {
+                served: 1,
+                replies: 1,
+                ..AppCounters::default()
+            }
+        );
+        assert_eq!((info.ops, info.n_programs), (0, 0));
         let cqe = app.drain()[0];
         assert_eq!(
             (cqe.kind, cqe.user_data, cqe.status),
@@ -1703,6 +1787,22 @@ mod tests {
         assert_eq!(t.stats().ops, 0);
         // A second completion for the same call (or any after detach) is dropped and counted.
         assert!(!t.complete_call(c.id, CallOutcome::default()));
+        // One call submitted and ended; a refused one counts as bad, not as a call.
+        app.submit(Sqe {
+            reserved: [1, 0, 0],
+            ..call(9)
+        });
+        assert!(poll(&mut t).is_empty());
+        let info = t.app_info(id).expect("attached");
+        assert_eq!(
+            info.counters,
+            AppCounters {
+                calls: 1,
+                calls_done: 1,
+                bad: 1,
+                ..AppCounters::default()
+            }
+        );
         app.submit(call(6));
         let Submission::Call(c2) = poll(&mut t)[0].1 else {
             panic!("not a call")
@@ -1877,7 +1977,13 @@ mod tests {
         assert_eq!((done[0].kind, done[0].status), (op::REGISTER, status::OK));
         assert_eq!(t.lookup(9, 1), Some(a));
         assert_eq!(t.lookup_backchannel(9, 1), None);
+        let info = t.app_info(a).expect("attached");
+        assert_eq!(
+            info.programs[..usize::from(info.n_programs)],
+            [(9, 1, false)]
+        );
         t.detach(a, "detached");
+        assert_eq!(t.app_info(a), None);
         assert_eq!(t.lookup(9, 1), None);
     }
 }

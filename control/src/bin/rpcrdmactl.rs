@@ -47,6 +47,8 @@ enum Cmd {
     Stats,
     /// Round-trip latency percentiles per connection.
     Latency,
+    /// Attached apps: pid, programs served, operations in flight, calls and replies.
+    Apps,
     /// Live traffic rates per peer and per connection, and each poll thread's busy share,
     /// from `stats` every INTERVAL seconds (until interrupted, or COUNT intervals); with
     /// --json, one JSON object per interval and line: each counter's difference and its rate
@@ -408,6 +410,39 @@ fn human(req: &Request, r: &Value) -> String {
             out
         }
         Request::Latency => columns(r, &[&[("CONN", "id"), ("PEER", "peer")], &PERCENTILES]),
+        Request::Apps => {
+            let rows: Vec<Vec<String>> = r
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|a| {
+                    let programs = a["programs"]
+                        .as_array()
+                        .map(|p| p.iter().map(s).collect::<Vec<_>>().join(", "))
+                        .filter(|p| !p.is_empty())
+                        .unwrap_or_else(|| "-".into());
+                    let mut row: Vec<String> = ["thread", "app", "pid"]
+                        .iter()
+                        .map(|k| s(&a[*k]))
+                        .collect();
+                    row.push(programs);
+                    row.extend(
+                        ["ops", "calls", "calls-done", "served", "replies", "bad-submissions"]
+                            .iter()
+                            .map(|k| s(&a[*k])),
+                    );
+                    row
+                })
+                .collect();
+            table::render(
+                &[
+                    "THREAD", "APP", "PID", "PROGRAMS", "OPS", "CALLS", "DONE", "SERVED",
+                    "REPLIES", "BAD",
+                ],
+                &rows,
+            )
+        }
         Request::PeerLatency => columns(r, &[&[("PEER", "peer")], &PERCENTILES]),
         Request::PeerRetryV2 { peer } => match (r["was-v1-only"].as_bool(), r["closing"].as_u64()) {
             (Some(true), Some(conn)) => format!(
@@ -486,6 +521,7 @@ fn main() -> ExitCode {
         } => Request::PeerLatency,
         Cmd::Stats => Request::Stats,
         Cmd::Latency => Request::Latency,
+        Cmd::Apps => Request::Apps,
         Cmd::Reload => Request::Reload,
         Cmd::Xchar {
             cmd: XcharCmd::Request { conn, set },

@@ -324,6 +324,10 @@ pub struct Snapshot {
     pub conns: Vec<ConnStats>,
     /// Valid entries of `conns`.
     pub n: usize,
+    /// App slots (`apps[..n_apps]` are valid); none unless [`Snapshot::with_apps`] made room.
+    pub apps: Vec<rpcrdma_shm::daemon::AppInfo>,
+    /// Valid entries of `apps`.
+    pub n_apps: usize,
 }
 
 impl Snapshot {
@@ -333,12 +337,25 @@ impl Snapshot {
             thread: ThreadStats::default(),
             conns: (0..max_conns).map(|_| ConnStats::default()).collect(),
             n: 0,
+            apps: Vec::new(),
+            n_apps: 0,
         }
+    }
+
+    /// Makes room for `max_apps` attached apps (the poll thread fills what there is room for).
+    pub fn with_apps(mut self, max_apps: usize) -> Snapshot {
+        self.apps = vec![rpcrdma_shm::daemon::AppInfo::default(); max_apps];
+        self
     }
 
     /// The valid connection entries.
     pub fn conns(&self) -> &[ConnStats] {
         self.conns.get(..self.n).unwrap_or(&[])
+    }
+
+    /// The valid app entries.
+    pub fn apps(&self) -> &[rpcrdma_shm::daemon::AppInfo] {
+        self.apps.get(..self.n_apps).unwrap_or(&[])
     }
 }
 

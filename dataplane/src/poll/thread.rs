@@ -2186,6 +2186,16 @@ impl<P: Provider> PollThread<P> {
             dst.latency.copy_from(&s.latency);
             snap.n += 1;
         }
+        snap.n_apps = 0;
+        for id in self.table.app_ids() {
+            let Some(dst) = snap.apps.get_mut(snap.n_apps) else {
+                break;
+            };
+            if let Some(info) = self.table.app_info(id) {
+                *dst = info;
+                snap.n_apps += 1;
+            }
+        }
     }
 
     fn wait_idle(&mut self, now: Instant) {
