@@ -19,6 +19,15 @@ pub const COUNTERS: [&str; 8] = [
     "bytes-in",
 ];
 
+/// The counters `top` follows per app (`apps`, merged into the snapshot under `apps`).
+pub const APP_COUNTERS: [&str; 5] = [
+    "calls",
+    "calls-done",
+    "served",
+    "replies",
+    "bad-submissions",
+];
+
 /// The counters `top` follows per poll thread.
 pub const THREAD_COUNTERS: [&str; 6] = [
     "busy-ns",
@@ -30,8 +39,10 @@ pub const THREAD_COUNTERS: [&str; 6] = [
 ];
 
 /// One interval between snapshots `before` and `after` (`stats` results) taken `seconds`
-/// apart: `{"seconds", "peers": [...], "conns": [...], "threads": [...]}`, each row with its
-/// key (`peer`; `id` and `peer` for a connection; `index` for a thread), each counter's
+/// apart: `{"seconds", "peers": [...], "conns": [...], "threads": [...], "apps": [...]}` (apps
+/// when the snapshots carry the `apps` answer under `apps`), each row with its key (`peer`;
+/// `id` and `peer` for a connection; `index` for a thread; `thread`, `app` and `pid` for an
+/// app, with its `ops` now), each counter's
 /// difference under its own name and its rate under `NAME-per-s`. A connection that is new
 /// since `before` counts from zero; one that has ended is left out (its counts stay in its
 /// peer's row, which covers ended connections). Peers and connections come busiest first
@@ -66,6 +77,28 @@ pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
         };
         t.insert("busy".into(), share.into());
     }
+    // Apps: matched on thread, slot and pid (a slot's next app has another generation and
+    // pid); busiest first; their operations in flight as they are now.
+    let mut apps = rows(
+        &before["apps"],
+        &after["apps"],
+        &["thread", "app", "pid"],
+        &APP_COUNTERS,
+        seconds,
+    );
+    for (row, now) in apps
+        .iter_mut()
+        .zip(after["apps"].as_array().into_iter().flatten())
+    {
+        row.insert("ops".into(), now["ops"].clone());
+    }
+    let load = |r: &Map<String, Value>| rate(r, "calls") + rate(r, "served");
+    apps.sort_by(|a, b| {
+        load(b)
+            .total_cmp(&load(a))
+            .then_with(|| key_order(&a["thread"], &b["thread"]))
+            .then_with(|| key_order(&a["app"], &b["app"]))
+    });
     let array =
         |r: Vec<Map<String, Value>>| Value::Array(r.into_iter().map(Value::Object).collect());
     let mut out = Map::new();
@@ -73,6 +106,7 @@ pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
     out.insert("peers".into(), array(traffic("peers", &["peer"])));
     out.insert("conns".into(), array(traffic("conns", &["id", "peer"])));
     out.insert("threads".into(), array(threads));
+    out.insert("apps".into(), array(apps));
     Value::Object(out)
 }
 
@@ -82,8 +116,8 @@ fn rate(r: &Map<String, Value>, counter: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The rows of array `after` against array `before`, matched on the first of `keys`: the
-/// keys, and each of `counters`' difference and rate.
+/// The rows of array `after` against array `before`, matched on all of `keys`: the keys, and
+/// each of `counters`' difference and rate.
 fn rows(
     before: &Value,
     after: &Value,
@@ -98,7 +132,7 @@ fn rows(
         .unwrap_or(&empty)
         .iter()
         .map(|now| {
-            let was = old.iter().find(|o| o[keys[0]] == now[keys[0]]);
+            let was = old.iter().find(|o| keys.iter().all(|k| o[*k] == now[*k]));
             let mut row = Map::new();
             for k in keys {
                 row.insert((*k).into(), now[*k].clone());
@@ -207,6 +241,32 @@ mod tests {
         assert!(th.get("busy-ratio").is_none());
     }
 
+    /// Apps are matched on thread, slot and pid: an app that left and the next one in its slot
+    /// (another generation and pid) do not mix; the busiest first.
+    #[test]
+    fn apps_are_rated_by_what_they_called_and_served() {
+        let app = |thread: u32, app: &str, pid: u32, calls: u64, served: u64| {
+            json!({"thread": thread, "app": app, "pid": pid, "ops": 16, "calls": calls,
+                   "calls-done": calls, "served": served, "replies": served,
+                   "bad-submissions": 0})
+        };
+        let before = json!({"apps": [app(0, "0.1", 100, 50, 0), app(1, "0.1", 200, 0, 10)]});
+        let after = json!({"apps": [app(0, "0.2", 101, 5, 0), app(1, "0.1", 200, 0, 90)]});
+        let r = interval(&before, &after, 2.0);
+        let apps = r["apps"].as_array().unwrap();
+        assert_eq!(apps.len(), 2);
+        assert_eq!(
+            (&apps[0]["pid"], &apps[0]["served"]),
+            (&json!(200), &json!(80))
+        );
+        assert_eq!(apps[0]["served-per-s"], 40.0);
+        assert_eq!(
+            (&apps[1]["pid"], &apps[1]["calls"]),
+            (&json!(101), &json!(5))
+        );
+        assert_eq!(apps[1]["ops"], 16);
+    }
+
     /// A counter smaller than before (another object under a reused key) counts from zero;
     /// a zero interval gives rates of zero, never infinities; missing arrays give no rows.
     #[test]
@@ -218,5 +278,6 @@ mod tests {
         assert_eq!(r["conns"][0]["calls-out-per-s"], 0.0);
         assert_eq!(r["peers"], json!([]));
         assert_eq!(r["threads"], json!([]));
+        assert_eq!(r["apps"], json!([]));
     }
 }

@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use rpcrdma_control::admin::{self, Request, Response};
-use rpcrdma_control::table;
+use rpcrdma_control::{table, top};
 use serde_json::Value;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -580,7 +580,15 @@ fn ask(cli: &Admin, req: &Request) -> Result<Value, ExitCode> {
 
 /// `top`: a `stats` snapshot every `interval` seconds, each printed against the one before.
 fn top(cli: &Admin, interval: f64, count: Option<u64>) -> ExitCode {
-    let snapshot = || ask(cli, &Request::Stats).map(|v| (v, Instant::now()));
+    // `stats` with the `apps` answer under "apps".
+    let snapshot = || {
+        let mut stats = ask(cli, &Request::Stats)?;
+        let apps = ask(cli, &Request::Apps)?;
+        if let Some(o) = stats.as_object_mut() {
+            o.insert("apps".into(), apps);
+        }
+        Ok((stats, Instant::now()))
+    };
     let (mut before, mut then) = match snapshot() {
         Ok(s) => s,
         Err(code) => return code,
@@ -594,7 +602,7 @@ fn top(cli: &Admin, interval: f64, count: Option<u64>) -> ExitCode {
             Err(code) => return code,
         };
         n += 1;
-        let r = rpcrdma_control::top::interval(&before, &after, (now - then).as_secs_f64());
+        let r = top::interval(&before, &after, (now - then).as_secs_f64());
         let mut out = std::io::stdout().lock();
         let written = if cli.json {
             writeln!(out, "{r}")
@@ -653,25 +661,35 @@ fn top_tables(r: &Value, interval: f64, n: u64) -> String {
             .collect();
         table::render(&heads, &rows)
     };
-    let threads: Vec<Vec<String>> = r["threads"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|t| {
-            let per_s = |c: &str| format!("{:.1}", t[format!("{c}-per-s")].as_f64().unwrap_or(0.0));
-            vec![
-                s(&t["index"]),
-                format!("{:.1}%", t["busy"].as_f64().unwrap_or(0.0) * 100.0),
-                per_s("completions"),
-                per_s("parks"),
-                per_s("hops-out"),
-                per_s("hops-in"),
-            ]
-        })
-        .collect();
+    let per_s =
+        |row: &Value, c: &str| format!("{:.1}", row[format!("{c}-per-s")].as_f64().unwrap_or(0.0));
+    let each = |key: &str, f: &dyn Fn(&Value) -> Vec<String>| -> Vec<Vec<String>> {
+        r[key]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(f)
+            .collect()
+    };
+    let threads = each("threads", &|t| {
+        vec![
+            s(&t["index"]),
+            format!("{:.1}%", t["busy"].as_f64().unwrap_or(0.0) * 100.0),
+            per_s(t, "completions"),
+            per_s(t, "parks"),
+            per_s(t, "hops-out"),
+            per_s(t, "hops-in"),
+        ]
+    });
+    let apps = each("apps", &|a| {
+        let mut row = vec![s(&a["thread"]), s(&a["app"]), s(&a["pid"])];
+        row.extend(top::APP_COUNTERS.iter().map(|c| per_s(a, c)));
+        row.push(s(&a["ops"]));
+        row
+    });
     format!(
-        "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}\n{}",
+        "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}\n{}\n{}",
         r["seconds"].as_f64().unwrap_or(0.0),
         table(&r["peers"], &[("PEER", "peer")]),
         table(&r["conns"], &[("ID", "id"), ("PEER", "peer")]),
@@ -685,6 +703,20 @@ fn top_tables(r: &Value, interval: f64, n: u64) -> String {
                 "HOPS-IN/S"
             ],
             &threads
+        ),
+        table::render(
+            &[
+                "THREAD",
+                "APP",
+                "PID",
+                "CALLS/S",
+                "DONE/S",
+                "SERVED/S",
+                "REPLIES/S",
+                "BAD/S",
+                "OPS"
+            ],
+            &apps
         ),
     )
 }
