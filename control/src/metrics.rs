@@ -303,6 +303,40 @@ pub fn render(
             );
         }
     }
+    type AppPick = fn(&rpcrdma_shm::daemon::AppCounters) -> u64;
+    let per_app: [(&str, &str, AppPick); 5] = [
+        ("calls", "calls the app submitted", |c| c.calls),
+        ("calls_done", "of those, calls that ended", |c| c.calls_done),
+        ("served", "calls delivered to the app to serve", |c| {
+            c.served
+        }),
+        ("replies", "replies the app submitted", |c| c.replies),
+        ("bad_submissions", "the app's submissions refused", |c| {
+            c.bad
+        }),
+    ];
+    for (name, help, pick) in per_app {
+        let metric = format!("rpcrdmad_app_{name}_total");
+        header(
+            &mut out,
+            &metric,
+            "counter",
+            &format!("{help} (per attached app: thread, slot.generation, pid; the series ends with the app)"),
+        );
+        for s in snaps {
+            for a in s.apps() {
+                let pid = a.pid.map_or_else(|| "-".to_string(), |p| p.to_string());
+                let _ = writeln!(
+                    out,
+                    "{metric}{{thread=\"{}\",app=\"{}.{}\",pid=\"{pid}\"}} {}",
+                    s.thread.index,
+                    a.slot,
+                    a.gen,
+                    pick(&a.counters)
+                );
+            }
+        }
+    }
     header(
         &mut out,
         "rpcrdmad_thread_device_events_total",
@@ -527,6 +561,19 @@ mod tests {
         for ns in [4_000, 15_000, 15_000, 3_000_000] {
             s.conns[0].latency.record(ns);
         }
+        s = s.with_apps(2);
+        s.apps[0] = rpcrdma_shm::daemon::AppInfo {
+            slot: 1,
+            gen: 4,
+            pid: Some(4242),
+            counters: rpcrdma_shm::daemon::AppCounters {
+                calls: 9,
+                served: 5,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        s.n_apps = 1;
         s
     }
 
@@ -680,6 +727,21 @@ mod tests {
             gauge("rpcrdmad_conn_errors_sent_total", Some(("code", "err_vers"))),
             Some(prometheus_parse::Value::Counter(v)) if v == 0.0
         ));
+        assert!(matches!(
+            gauge("rpcrdmad_app_calls_total", Some(("pid", "4242"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 9.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_app_served_total", Some(("app", "1.4"))),
+            Some(prometheus_parse::Value::Counter(v)) if v == 5.0
+        ));
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("rpcrdmad_app_calls_total{"))
+                .count(),
+            1,
+            "only the valid app entries"
+        );
         assert!(matches!(
             gauge("rpcrdmad_thread_device_events_total", Some(("kind", "cq_error"))),
             Some(prometheus_parse::Value::Counter(v)) if v == 1.0
