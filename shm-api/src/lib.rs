@@ -7,13 +7,15 @@
 //!   flags and status codes; [`ring`]: the SPSC ring protocol (loom-checked under `--cfg loom`).
 //! - `region`: the sealed memfd mapping; `attach`: the Unix-socket handshake (`SCM_RIGHTS`) and wake-ups.
 //! - `daemon`: what a poll thread uses — an `AppTable` of attached apps, validated `Submission`s,
-//!   completions, receive buffers of serving apps, detach/reap/evict, and parking.
+//!   completions, receive buffers of serving apps, detach/reap/evict, parking, and what operators
+//!   see of each app (`app_info`).
 //! - `client`: the app libraries — `Client` (calls, tickets, wait/poll/iterate, arena allocator) and
-//!   `Server` (`serve(prog, vers, handler)`), both also usable from the app's own event loop
-//!   (`AsFd`, `arm`, `Server::serve_ready`); `include/rpcrdma.h` is the C binding.
+//!   `Server` (`serve(prog, vers, handler)`, or `next_call` and `answer` to answer a call later),
+//!   both also usable from the app's own event loop (`AsFd`, `arm`, `Server::serve_ready`);
+//!   `include/rpcrdma.h` is the C binding (examples in `examples/c/`).
 //! - `async_client` and `async_server` (feature `tokio`): `AsyncClient` and `AsyncServer`, whose
-//!   waits park a tokio task on the app's descriptor; `AsyncServer` also answers calls later, from
-//!   handlers that await.
+//!   waits park a tokio task on the app's descriptor; `AsyncServer::next_call` hands calls to
+//!   handlers that await, to be answered in any order.
 //! - `rdmatest`: the RDMATEST program (spec/TESTPROG.md) for examples, tests and benchmarks.
 //! - `loopback`: the `shm-loopback` test harness, which stands in for the dataplane's routing by handing
 //!   each call to the local app serving its program.
