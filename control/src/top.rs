@@ -49,24 +49,14 @@ pub const THREAD_COUNTERS: [&str; 6] = [
 /// (calls each way, per second), then by key; threads by index, each with `busy`, the share
 /// of the interval it spent on loop turns that found work (0 to 1).
 pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
-    let traffic = |key: &str, keys: &[&str]| {
-        let mut r = rows(&before[key], &after[key], keys, &COUNTERS, seconds);
-        let busy = |r: &Map<String, Value>| rate(r, "calls-out") + rate(r, "calls-in");
-        r.sort_by(|a, b| {
-            busy(b)
-                .total_cmp(&busy(a))
-                .then_with(|| key_order(&a[keys[0]], &b[keys[0]]))
-        });
+    let table = |name: &str, keys: &[&str], now: &[&str], counters: &[&str], load: &[&str]| {
+        let mut r = rows(&before[name], &after[name], keys, now, counters, seconds);
+        busiest_first(&mut r, load, keys);
         r
     };
-    let mut threads = rows(
-        &before["threads"],
-        &after["threads"],
-        &["index"],
-        &THREAD_COUNTERS,
-        seconds,
-    );
-    threads.sort_by(|a, b| key_order(&a["index"], &b["index"]));
+    let traffic =
+        |name: &str, keys: &[&str]| table(name, keys, &[], &COUNTERS, &["calls-out", "calls-in"]);
+    let mut threads = table("threads", &["index"], &[], &THREAD_COUNTERS, &[]);
     for t in &mut threads {
         let count = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
         let (busy, idle) = (count("busy-ns"), count("idle-ns"));
@@ -78,27 +68,14 @@ pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
         t.insert("busy".into(), share.into());
     }
     // Apps: matched on thread, slot and pid (a slot's next app has another generation and
-    // pid); busiest first; their operations in flight as they are now.
-    let mut apps = rows(
-        &before["apps"],
-        &after["apps"],
+    // pid); their operations in flight as they are now.
+    let apps = table(
+        "apps",
         &["thread", "app", "pid"],
+        &["ops"],
         &APP_COUNTERS,
-        seconds,
+        &["calls", "served"],
     );
-    for (row, now) in apps
-        .iter_mut()
-        .zip(after["apps"].as_array().into_iter().flatten())
-    {
-        row.insert("ops".into(), now["ops"].clone());
-    }
-    let load = |r: &Map<String, Value>| rate(r, "calls") + rate(r, "served");
-    apps.sort_by(|a, b| {
-        load(b)
-            .total_cmp(&load(a))
-            .then_with(|| key_order(&a["thread"], &b["thread"]))
-            .then_with(|| key_order(&a["app"], &b["app"]))
-    });
     let array =
         |r: Vec<Map<String, Value>>| Value::Array(r.into_iter().map(Value::Object).collect());
     let mut out = Map::new();
@@ -110,18 +87,31 @@ pub fn interval(before: &Value, after: &Value, seconds: f64) -> Value {
     Value::Object(out)
 }
 
-fn rate(r: &Map<String, Value>, counter: &str) -> f64 {
-    r.get(&format!("{counter}-per-s"))
-        .and_then(Value::as_f64)
-        .unwrap_or(0.0)
+/// Sorts `rows` by the sum of the `load` counters' rates, highest first, then by `keys`.
+fn busiest_first(rows: &mut [Map<String, Value>], load: &[&str], keys: &[&str]) {
+    let load_of = |r: &Map<String, Value>| -> f64 {
+        load.iter()
+            .map(|c| {
+                r.get(&format!("{c}-per-s"))
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    rows.sort_by(|a, b| {
+        keys.iter().fold(load_of(b).total_cmp(&load_of(a)), |o, k| {
+            o.then_with(|| key_order(&a[*k], &b[*k]))
+        })
+    });
 }
 
-/// The rows of array `after` against array `before`, matched on all of `keys`: the keys, and
-/// each of `counters`' difference and rate.
+/// The rows of array `after` against array `before`, matched on all of `keys`: the keys and
+/// the `now` fields as `after` has them, and each of `counters`' difference and rate.
 fn rows(
     before: &Value,
     after: &Value,
     keys: &[&str],
+    now_fields: &[&str],
     counters: &[&str],
     seconds: f64,
 ) -> Vec<Map<String, Value>> {
@@ -134,7 +124,7 @@ fn rows(
         .map(|now| {
             let was = old.iter().find(|o| keys.iter().all(|k| o[*k] == now[*k]));
             let mut row = Map::new();
-            for k in keys {
+            for k in keys.iter().chain(now_fields) {
                 row.insert((*k).into(), now[*k].clone());
             }
             for c in counters {

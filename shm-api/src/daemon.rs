@@ -1093,8 +1093,6 @@ impl AppTable {
         if call.args_len > buf.len() {
             return Err(status::NO_RECV_BUFFER);
         }
-        a.counters.served += 1;
-        let op = a.op_mut(rb.id).ok_or(status::CANCELLED)?;
         op.state = OpState::Serving {
             tag: call.tag,
             prog: call.prog,
@@ -1102,6 +1100,7 @@ impl AppTable {
             proc_: call.proc_,
             xid: call.xid,
         };
+        a.counters.served += 1;
         a.push(Cqe {
             kind: op::POST_RECV,
             status: status::OK,

@@ -140,6 +140,15 @@ fn s(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
+        // A list of names (an app's programs): comma-separated, "-" when empty.
+        Value::Array(a) if a.iter().all(Value::is_string) => {
+            let names: Vec<String> = a.iter().map(s).collect();
+            if names.is_empty() {
+                "-".into()
+            } else {
+                names.join(", ")
+            }
+        }
         Value::Number(n) => match n.as_f64() {
             Some(f) if n.is_f64() => format!("{f:.1}"),
             _ => n.to_string(),
@@ -179,6 +188,20 @@ const PERCENTILES: [(&str, &str); 7] = [
     ("P99-US", "p99-us"),
     ("P99.9-US", "p999-us"),
     ("MAX-US", "max-us"),
+];
+
+/// The columns of `apps`: column, JSON key.
+const APP_COLUMNS: [(&str, &str); 10] = [
+    ("THREAD", "thread"),
+    ("APP", "app"),
+    ("PID", "pid"),
+    ("PROGRAMS", "programs"),
+    ("OPS", "ops"),
+    ("CALLS", "calls"),
+    ("DONE", "calls-done"),
+    ("SERVED", "served"),
+    ("REPLIES", "replies"),
+    ("BAD", "bad-submissions"),
 ];
 
 /// A table of the objects in array `v`, one column per (header, key) of `groups`, in order.
@@ -410,39 +433,7 @@ fn human(req: &Request, r: &Value) -> String {
             out
         }
         Request::Latency => columns(r, &[&[("CONN", "id"), ("PEER", "peer")], &PERCENTILES]),
-        Request::Apps => {
-            let rows: Vec<Vec<String>> = r
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-                .iter()
-                .map(|a| {
-                    let programs = a["programs"]
-                        .as_array()
-                        .map(|p| p.iter().map(s).collect::<Vec<_>>().join(", "))
-                        .filter(|p| !p.is_empty())
-                        .unwrap_or_else(|| "-".into());
-                    let mut row: Vec<String> = ["thread", "app", "pid"]
-                        .iter()
-                        .map(|k| s(&a[*k]))
-                        .collect();
-                    row.push(programs);
-                    row.extend(
-                        ["ops", "calls", "calls-done", "served", "replies", "bad-submissions"]
-                            .iter()
-                            .map(|k| s(&a[*k])),
-                    );
-                    row
-                })
-                .collect();
-            table::render(
-                &[
-                    "THREAD", "APP", "PID", "PROGRAMS", "OPS", "CALLS", "DONE", "SERVED",
-                    "REPLIES", "BAD",
-                ],
-                &rows,
-            )
-        }
+        Request::Apps => columns(r, &[&APP_COLUMNS]),
         Request::PeerLatency => columns(r, &[&[("PEER", "peer")], &PERCENTILES]),
         Request::PeerRetryV2 { peer } => match (r["was-v1-only"].as_bool(), r["closing"].as_u64()) {
             (Some(true), Some(conn)) => format!(
@@ -638,31 +629,6 @@ const RATES: [(&str, &str, f64); 8] = [
 ];
 
 fn top_tables(r: &Value, interval: f64, n: u64) -> String {
-    let table = |v: &Value, keys: &[(&str, &str)]| {
-        let mut heads: Vec<&str> = keys.iter().map(|k| k.0).collect();
-        heads.extend(RATES.iter().map(|r| r.0));
-        let rows: Vec<Vec<String>> = v
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .map(|row| {
-                let mut cells: Vec<String> = keys.iter().map(|k| s(&row[k.1])).collect();
-                cells.extend(RATES.iter().map(|(_, c, div)| {
-                    let rate = row[format!("{c}-per-s")].as_f64().unwrap_or(0.0) / div;
-                    if *div > 1.0 {
-                        format!("{rate:.2}")
-                    } else {
-                        format!("{rate:.1}")
-                    }
-                }));
-                cells
-            })
-            .collect();
-        table::render(&heads, &rows)
-    };
-    let per_s =
-        |row: &Value, c: &str| format!("{:.1}", row[format!("{c}-per-s")].as_f64().unwrap_or(0.0));
     let each = |key: &str, f: &dyn Fn(&Value) -> Vec<String>| -> Vec<Vec<String>> {
         r[key]
             .as_array()
@@ -672,27 +638,45 @@ fn top_tables(r: &Value, interval: f64, n: u64) -> String {
             .map(f)
             .collect()
     };
+    let per_s = |row: &Value, c: &str, div: f64| {
+        let rate = row[format!("{c}-per-s")].as_f64().unwrap_or(0.0) / div;
+        if div > 1.0 {
+            format!("{rate:.2}")
+        } else {
+            format!("{rate:.1}")
+        }
+    };
+    let traffic = |key: &str, keys: &[(&str, &str)]| {
+        let mut heads: Vec<&str> = keys.iter().map(|k| k.0).collect();
+        heads.extend(RATES.iter().map(|r| r.0));
+        let rows = each(key, &|row| {
+            let mut cells: Vec<String> = keys.iter().map(|k| s(&row[k.1])).collect();
+            cells.extend(RATES.iter().map(|(_, c, div)| per_s(row, c, *div)));
+            cells
+        });
+        table::render(&heads, &rows)
+    };
     let threads = each("threads", &|t| {
         vec![
             s(&t["index"]),
             format!("{:.1}%", t["busy"].as_f64().unwrap_or(0.0) * 100.0),
-            per_s(t, "completions"),
-            per_s(t, "parks"),
-            per_s(t, "hops-out"),
-            per_s(t, "hops-in"),
+            per_s(t, "completions", 1.0),
+            per_s(t, "parks", 1.0),
+            per_s(t, "hops-out", 1.0),
+            per_s(t, "hops-in", 1.0),
         ]
     });
     let apps = each("apps", &|a| {
         let mut row = vec![s(&a["thread"]), s(&a["app"]), s(&a["pid"])];
-        row.extend(top::APP_COUNTERS.iter().map(|c| per_s(a, c)));
+        row.extend(top::APP_COUNTERS.iter().map(|c| per_s(a, c, 1.0)));
         row.push(s(&a["ops"]));
         row
     });
     format!(
         "rpcrdmad traffic, every {interval} s: interval {n} ({:.3} s)\n\n{}\n{}\n{}\n{}",
         r["seconds"].as_f64().unwrap_or(0.0),
-        table(&r["peers"], &[("PEER", "peer")]),
-        table(&r["conns"], &[("ID", "id"), ("PEER", "peer")]),
+        traffic("peers", &[("PEER", "peer")]),
+        traffic("conns", &[("ID", "id"), ("PEER", "peer")]),
         table::render(
             &[
                 "THREAD",
