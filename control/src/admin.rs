@@ -450,6 +450,10 @@ pub struct AppStatus {
     pub replies: u64,
     /// Submissions refused.
     pub bad_submissions: u64,
+    /// Its calls it cancelled while they were in flight (CANCEL).
+    pub cancels: u64,
+    /// Its calls that reached their time limit (and ended `TIMEOUT`).
+    pub timeouts: u64,
 }
 
 /// `stats`.

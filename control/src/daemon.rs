@@ -1644,6 +1644,8 @@ fn app_status(thread: usize, a: &rpcrdma_shm::daemon::AppInfo) -> admin::AppStat
         served: a.counters.served,
         replies: a.counters.replies,
         bad_submissions: a.counters.bad,
+        cancels: a.counters.cancels,
+        timeouts: a.counters.timeouts,
     }
 }
 

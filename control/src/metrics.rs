@@ -304,7 +304,7 @@ pub fn render(
         }
     }
     type AppPick = fn(&rpcrdma_shm::daemon::AppCounters) -> u64;
-    let per_app: [(&str, &str, AppPick); 5] = [
+    let per_app: [(&str, &str, AppPick); 7] = [
         ("calls", "calls the app submitted", |c| c.calls),
         ("calls_done", "of those, calls that ended", |c| c.calls_done),
         ("served", "calls delivered to the app to serve", |c| {
@@ -314,6 +314,14 @@ pub fn render(
         ("bad_submissions", "the app's submissions refused", |c| {
             c.bad
         }),
+        ("cancels", "calls the app cancelled in flight", |c| {
+            c.cancels
+        }),
+        (
+            "timeouts",
+            "the app's calls that reached their time limit",
+            |c| c.timeouts,
+        ),
     ];
     for (name, help, pick) in per_app {
         let metric = format!("rpcrdmad_app_{name}_total");

@@ -7,6 +7,8 @@
 mod common;
 
 use common::{back_to, counts, eventually, rdmatest_serve, settled, xdr_opaque, App, Daemon};
+use rpcrdma_shm::abi::status;
+use rpcrdma_shm::client::Error;
 use rpcrdma_shm::rdmatest::{self, pattern};
 use rpcrdma_shm::Client;
 use std::process::{Command, Stdio};
@@ -197,7 +199,10 @@ fn hostile_apps_cannot_crash_the_real_daemon_counts_return_and_others_keep_worki
 /// Builds `shm-api/examples/c/NAME.c` with the strictest flags the README gives; its path.
 fn compile_c_example(name: &str) -> std::path::PathBuf {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../shm-api");
-    let exe = std::env::temp_dir().join(format!("rpcrdma-c-{name}-e2e-{}", std::process::id()));
+    // One file per compilation: tests that run at once each remove their own.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let exe = std::env::temp_dir().join(format!("rpcrdma-c-{name}-e2e-{}-{n}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(cc)
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-I"])
@@ -273,7 +278,7 @@ fn c_example_client_runs_against_real_daemons() {
         a.log(),
         b.log()
     );
-    assert_eq!(text, "NULL ok\nECHO ok\nREAD ok\n");
+    assert_eq!(text, "NULL ok\nECHO ok\nREAD ok\nTIMEOUT ok\nCANCEL ok\n");
     assert_eq!(
         String::from_utf8_lossy(&yielding.stdout),
         text,
@@ -283,10 +288,17 @@ fn c_example_client_runs_against_real_daemons() {
     assert_eq!(wrong.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("no peer named \"nobody\""));
     assert_eq!(usage.status.code(), Some(2));
-    // Twice three calls went through A and B; the C app's attachments are gone again.
-    let s = a.ctl_json(&["stats"]);
+    // Twice three calls went through A and B, and twice two SLEEPs that ended without their
+    // reply (one timed out, one cancelled): B answers them late, and A drops those answers;
+    // the C app's attachments are gone again.
+    let late = eventually(30, || {
+        let s = a.ctl_json(&["stats"]);
+        (s["conns"][0]["dropped"] == 4).then_some(s)
+    });
+    let s = late.unwrap_or_else(|| panic!("{}\n{}", a.ctl_json(&["stats"]), a.log()));
     assert_eq!(s["conns"][0]["replies-in"], 6);
-    assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 6);
+    assert_eq!(s["conns"][0]["call-errors"], 4, "{s}");
+    assert_eq!(b.ctl_json(&["stats"])["conns"][0]["replies-out"], 10);
     // Its reply buffers are what rr_reply_inline says: none of its calls offered a Reply chunk.
     assert_eq!(s["conns"][0]["reply-chunks"], 0, "{s}");
     back_to(&a, &base_a, 60);
@@ -313,7 +325,7 @@ fn c_example_server_serves_through_real_daemons() {
     let _ = std::fs::remove_file(&client_exe);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "NULL ok\nECHO ok\nREAD ok\n",
+        "NULL ok\nECHO ok\nREAD ok\nTIMEOUT ok\nCANCEL ok\n",
         "{}\nA:\n{}\nB:\n{}",
         String::from_utf8_lossy(&out.stderr),
         a.log(),
@@ -343,7 +355,9 @@ fn c_example_server_serves_through_real_daemons() {
     let s = &b.ctl_json(&["stats"])["conns"][0];
     assert!(s["rdma-write-bytes"].as_u64() >= Some(200_000), "{s}");
     assert!(s["rdma-read-bytes"].as_u64() >= Some(60_000), "{s}");
-    assert_eq!(s["replies-out"], 6, "{s}");
+    // Three for the C client's calls and two for its SLEEPs (answered after it gave up on
+    // them, before the READ: the C server answers one call at a time), then READ and WRITEs.
+    assert_eq!(s["replies-out"], 8, "{s}");
     drop(c);
 
     server.kill9();
@@ -408,6 +422,43 @@ fn rpcrdmactl_apps_lists_pids_programs_and_counts() {
     assert!(text.starts_with("THREAD  APP"), "{text}");
     assert!(
         text.contains(&server.0.id().to_string()) && text.contains("0x20524454/1"),
+        "{text}"
+    );
+
+    // A SLEEP that reaches its time limit and one cancelled: A counts them for the app.
+    let sleep = |c: &mut Client, limit: Option<Duration>| {
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::SLEEP);
+        call.args().put_u32(300_000);
+        if let Some(l) = limit {
+            call.timeout(l);
+        }
+        call.submit().expect("submit")
+    };
+    let t = sleep(&mut c, Some(Duration::from_millis(20)));
+    assert!(matches!(c.wait(t, T), Err(Error::Status(status::TIMEOUT))));
+    let t = sleep(&mut c, None);
+    c.cancel(t).expect("cancel");
+    assert!(matches!(
+        c.wait(t, T),
+        Err(Error::Status(status::CANCELLED))
+    ));
+    let apps_a = a.ctl_json(&["apps"]);
+    let me = &apps_a[0];
+    assert_eq!(
+        (
+            &me["calls"],
+            &me["calls-done"],
+            &me["timeouts"],
+            &me["cancels"]
+        ),
+        (&5.into(), &5.into(), &1.into(), &1.into()),
+        "{me}"
+    );
+    let text = String::from_utf8_lossy(&a.ctl(&["apps"]).stdout).into_owned();
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|h| h.ends_with("CANCELS  TIMEOUTS")),
         "{text}"
     );
 

@@ -865,6 +865,11 @@ impl<P: Provider> Driver<P> {
             .unwrap_or(Err(SubmitError::Closed))
     }
 
+    /// The `user` value of a call in flight (see [`Connection::call_user`]).
+    pub fn call_user(&self, id: ConnId, xid: u32) -> Option<u64> {
+        self.connection(id)?.call_user(xid)
+    }
+
     /// Sends a reply (see [`Connection::submit_reply`]).
     pub fn submit_reply(
         &mut self,

@@ -546,3 +546,217 @@ fn a_poll_thread_whose_connections_disagree_with_its_mesh_does_not_start() {
         "{why}"
     );
 }
+
+/// The full snapshot of thread `h` (its connections too).
+fn snapshot(h: &PollHandle) -> Snapshot {
+    h.send(Command::Snapshot(Box::new(Snapshot::with_capacity(2))))
+        .expect("snapshot");
+    expect(h, "Snapshot", |e| match e {
+        Event::Snapshot(s) => Some(*s),
+        _ => None,
+    })
+}
+
+/// A server app on `to` that answers every RDMATEST ECHO with its argument, except those
+/// whose argument starts with 0xEE: it holds them, says so on `held`, and answers them all
+/// when `release` says so.
+fn holding_server(
+    apps: &mut Listener,
+    to: &PollHandle,
+    path: &Path,
+    held: std::sync::mpsc::Sender<u32>,
+    release: std::sync::mpsc::Receiver<()>,
+) {
+    let p = path.to_path_buf();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let _server = attach(apps, to, move || {
+        let mut s = server(&p);
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = ready_tx.send(());
+        let mut holding = Vec::new();
+        while let Ok(call) = s.next_call() {
+            let mut reply = rpcrdma_shm::client::ReplyBuilder::default();
+            rdmatest::handle(&call.call(), &mut reply);
+            if call.args.get(4) == Some(&0xEE) {
+                let _ = held.send(call.xid);
+                holding.push((call, reply));
+                continue;
+            }
+            if s.answer(call, &reply).is_err() {
+                return;
+            }
+            if release.try_recv().is_ok() {
+                for (c, r) in holding.drain(..) {
+                    let _ = s.answer(c, &r);
+                }
+            }
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("server registered");
+}
+
+/// An app cancels one of its calls and lets another reach its time limit, both held by the
+/// server, with the app on thread 0 and the connection on thread 1 (the requests cross as
+/// hops). Each ends once, with its own status, after the engine fenced it (R8166-4.4-c); the
+/// server's late replies are taken only for their credits and dropped; the connection stays
+/// up and serves calls after them; nothing stays in flight.
+#[test]
+fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_return_credit() {
+    let (dir, path, _mesh, mut handles) = threads("cancel", 2, 64);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+    let conn = self_connection(&t1);
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
+    let (mut c, peer) = client(&mut apps, &t0, &path);
+
+    let hold = |c: &mut Client, limit: Option<Duration>| {
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+        call.args().put_opaque(&[0xEE; 8]);
+        call.max_reply(64);
+        if let Some(l) = limit {
+            call.timeout(l);
+        }
+        call.submit().expect("submit")
+    };
+    // A requester starts with one credit: a first reply brings the grant.
+    let t = echo(&mut c, peer, rdmatest::VERS, 0);
+    c.wait(t, T).expect("first call");
+    let a = hold(&mut c, None);
+    let b = hold(&mut c, Some(Duration::from_millis(150)));
+    let t_b = Instant::now();
+    // A call with a limit that its reply beats ends with the reply.
+    let mut quick = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    quick.args().put_opaque(&[7; 8]);
+    quick.max_reply(64).timeout(Duration::from_secs(30));
+    let quick = quick.submit().expect("submit");
+    for i in 0..2 {
+        held_rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("the server holds call {i}: {e:?}"));
+    }
+    assert_eq!(c.wait(quick, T).expect("quick").accept_stat, 0);
+
+    c.cancel(a).expect("cancel");
+    match c.wait(a, T) {
+        Err(Error::Status(s)) => assert_eq!(s, status::CANCELLED),
+        other => panic!("a cancelled call ended {other:?}"),
+    }
+    match c.wait(b, T) {
+        Err(Error::Status(s)) => assert_eq!(s, status::TIMEOUT),
+        other => panic!("a call past its limit ended {other:?}"),
+    }
+    assert!(t_b.elapsed() >= Duration::from_millis(150), "ended early");
+    // Each ended once: nothing more for them, and neither can be cancelled again.
+    assert!(matches!(c.cancel(a), Err(Error::UnknownTicket)));
+    assert!(matches!(c.try_take(b), Err(Error::UnknownTicket)));
+    assert_eq!(c.in_flight(), 0);
+
+    // The server answers them now: the engine takes the replies for their credits only.
+    release_tx.send(()).expect("release");
+    let t = echo(&mut c, peer, rdmatest::VERS, 1);
+    c.wait(t, T).expect("the call that releases the held ones");
+    let end = Instant::now() + Duration::from_secs(20);
+    let info = loop {
+        let s = snapshot(&t1);
+        let info = s.conns[..s.n]
+            .iter()
+            .find(|x| x.info.id == conn)
+            .map(|x| x.info)
+            .expect("the connection is up");
+        if info.engine.dropped == 2 || Instant::now() > end {
+            break info;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(
+        info.engine.dropped, 2,
+        "both late replies dropped: {info:?}"
+    );
+    assert_eq!(info.state, ConnState::Up);
+    // Every credit came back: more calls than the grant go through, in flight at once.
+    let tickets: Vec<_> = (0..64u8)
+        .map(|i| echo(&mut c, peer, rdmatest::VERS, i))
+        .collect();
+    for (i, t) in tickets.into_iter().enumerate() {
+        let r = c.wait(t, T).unwrap_or_else(|e| panic!("call {i}: {e:?}"));
+        assert_eq!(r.accept_stat, 0);
+    }
+    let (s0, s1) = (stats(&t0), stats(&t1));
+    assert_eq!(
+        (s0.rpcs_in_flight, s1.rpcs_in_flight),
+        (0, 0),
+        "{s0:?} {s1:?}"
+    );
+    // The two that did not get their reply count as failed calls of the connection.
+    assert_eq!(info.call_errors, 2, "{info:?}");
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A cancelled call whose result the peer would place with RDMA Write: its Write chunk is
+/// invalidated before the app hears the call ended (R8166-4.4-c, R8166-8.1.4-c), so the
+/// server's late reply cannot reach the app's memory: its Write is refused by the provider
+/// and the connection ends, which is what cancelling a chunked call can cost (ABI.md §5).
+#[test]
+fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears() {
+    let (dir, path, _mesh, mut handles) = threads("cancel-chunk", 2, 64);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+    let conn = self_connection(&t1);
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
+    let (mut c, peer) = client(&mut apps, &t0, &path);
+    let t = echo(&mut c, peer, rdmatest::VERS, 0);
+    c.wait(t, T).expect("first call");
+    let client_end = |h: &PollHandle| {
+        let s = snapshot(h);
+        s.conns[..s.n]
+            .iter()
+            .find(|x| x.info.id == conn)
+            .map(|x| x.info)
+    };
+    let before = client_end(&t1).expect("up").engine.invalidations;
+
+    // READ of 8 KiB whose seed's first byte (the argument's fifth) makes the server hold it.
+    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
+    call.args().put_u32(8192).put_u32(0xEE00_0001);
+    call.result_buffer(8192).max_reply(64);
+    let r = call.submit().expect("submit");
+    held_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the server holds the READ");
+    c.cancel(r).expect("cancel");
+    match c.wait(r, T) {
+        Err(Error::Status(s)) => assert_eq!(s, status::CANCELLED),
+        other => panic!("the cancelled READ ended {other:?}"),
+    }
+    let info = client_end(&t1).expect("still up");
+    assert_eq!(
+        info.engine.invalidations,
+        before + 1,
+        "its Write chunk was invalidated before it ended: {info:?}"
+    );
+    assert_eq!(info.state, ConnState::Up);
+
+    // The server answers now, and its Write into the fenced chunk costs the connection.
+    release_tx.send(()).expect("release");
+    let t = echo(&mut c, peer, rdmatest::VERS, 1);
+    let _ = c.wait(t, T);
+    expect(&t1, "Down", |e| match e {
+        Event::Down { conn: id, .. } if id == conn => Some(()),
+        _ => None,
+    });
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

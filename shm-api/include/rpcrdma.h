@@ -39,6 +39,7 @@
 #define RR_OP_UNREGISTER 4u
 #define RR_OP_POST_RECV 5u
 #define RR_OP_DETACH 6u /* closing: the daemon frees the app's slot at once (no completion) */
+#define RR_OP_CANCEL 7u /* cancel the call whose CALL had this user_data (no completion of its own) */
 
 /* Submission flags. */
 #define RR_FLAG_XID_APP 1u
@@ -94,7 +95,8 @@ struct rr_sqe {
     uint32_t msg_off, msg_len;
     uint32_t pieces_off;
     uint32_t reply_off, reply_len;
-    uint32_t reserved[3];
+    uint32_t timeout_ms; /* CALL: end it with RR_TIMEOUT after this many ms without a reply; 0 = never */
+    uint32_t reserved[2];
 };
 
 struct rr_cqe {
@@ -316,6 +318,18 @@ static inline int rr_submit(struct rr_app *app, const struct rr_sqe *s)
 }
 
 /* Takes one completion if there is one: 1 (copied to *out) or 0. */
+/* Asks the daemon to cancel the call submitted with user_data (no completion of its own). The call
+   still completes once: RR_CANCELLED once the daemon has fenced its memory, or its reply if that
+   came first. 0, or rr_submit's -EAGAIN (ring full) / -EPIPE. */
+static inline int rr_cancel(struct rr_app *app, uint64_t user_data)
+{
+    struct rr_sqe c;
+    memset(&c, 0, sizeof c);
+    c.opcode = RR_OP_CANCEL;
+    c.user_data = user_data;
+    return rr_submit(app, &c);
+}
+
 static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
 {
     /* Acquire pairs with the daemon's Release store of the CQ tail after writing the slot. */

@@ -115,6 +115,10 @@ pub mod op {
     /// waiting for its periodic look at the sockets. No completion. Optional: a closed socket
     /// still detaches an app that never sends it (a crash, `kill -9`).
     pub const DETACH: u8 = 6;
+    /// Cancel this app's call whose CALL carried `user_data`. No completion of its own: the
+    /// call completes once, with `CANCELLED` (its memory fenced first), or with its reply if
+    /// that came first. Naming no call in flight is not an error (it may have just ended).
+    pub const CANCEL: u8 = 7;
 }
 
 /// Submission flags (`Sqe::flags`).
@@ -236,8 +240,11 @@ pub struct Sqe {
     pub reply_off: u32,
     /// CALL: the maximum reply size (length of the reply buffer).
     pub reply_len: u32,
+    /// CALL: milliseconds the daemon waits for the reply before it ends the call with
+    /// `TIMEOUT` (cancelled as by [`op::CANCEL`]); 0 = no limit.
+    pub timeout_ms: u32,
     /// Reserved, zero.
-    pub reserved: [u32; 3],
+    pub reserved: [u32; 2],
 }
 
 /// A 64-byte completion descriptor (daemon → app).

@@ -36,8 +36,11 @@ impl AsyncClient {
         self.0.sleeps()
     }
 
-    /// Waits for call `t` to finish. Bound it with `tokio::time::timeout` if it may never
-    /// come: the call then stays in flight, and a later wait can still take it.
+    /// Waits for call `t` to finish. If its reply may never come, give the call a time limit
+    /// when building it ([`CallBuilder::timeout`](crate::client::CallBuilder::timeout)) or
+    /// cancel it ([`Client::cancel`]): it then ends with `TIMEOUT` or `CANCELLED`. A
+    /// `tokio::time::timeout` around this wait only ends the wait: the call stays in flight,
+    /// and a later wait can still take it.
     pub async fn wait(&mut self, t: Ticket) -> Result<Reply, Error> {
         loop {
             if let Some(r) = self.client().try_take(t)? {

@@ -540,6 +540,7 @@ pub struct CallBuilder<'c> {
     args: XdrBuilder,
     results: Vec<u32>,
     max_reply: Option<u32>,
+    timeout_ms: u32,
 }
 
 impl CallBuilder<'_> {
@@ -572,6 +573,16 @@ impl CallBuilder<'_> {
         self
     }
 
+    /// Ends the call with [`status::TIMEOUT`] if no reply has come `limit` after the daemon
+    /// took it (rounded up to whole milliseconds, at most `u32::MAX` of them; zero means no
+    /// limit, the default). The daemon cancels it as [`Client::cancel`] does, so its memory is
+    /// free again when the completion comes.
+    pub fn timeout(&mut self, limit: Duration) -> &mut Self {
+        let ms = limit.as_nanos().div_ceil(1_000_000);
+        self.timeout_ms = u32::try_from(ms).unwrap_or(u32::MAX);
+        self
+    }
+
     /// Copies the call into the arena and submits it.
     pub fn submit(self) -> Result<Ticket, Error> {
         let max_reply = self.max_reply.unwrap_or_else(|| {
@@ -589,6 +600,7 @@ impl CallBuilder<'_> {
             &self.args,
             &self.results,
             max_reply,
+            self.timeout_ms,
         )
     }
 }
@@ -675,6 +687,7 @@ impl Client {
             args: XdrBuilder::default(),
             results: Vec::new(),
             max_reply: None,
+            timeout_ms: 0,
         }
     }
 
@@ -689,6 +702,7 @@ impl Client {
         args: &XdrBuilder,
         results: &[u32],
         max_reply: u32,
+        timeout_ms: u32,
     ) -> Result<Ticket, Error> {
         let mut bufs: Vec<ArenaBuf> = Vec::new();
         let r = self.place_call(&mut bufs, args, results, max_reply);
@@ -724,7 +738,8 @@ impl Client {
             pieces_off: table.unwrap_or(0),
             reply_off: reply.0,
             reply_len: reply.1,
-            reserved: [0; 3],
+            timeout_ms,
+            reserved: [0; 2],
         };
         if let Err(e) = self.ep.submit(sqe) {
             bufs.into_iter().for_each(|b| self.ep.arena.free(b));
@@ -918,6 +933,28 @@ impl Client {
     /// Iterates over calls that have already finished (drains them).
     pub fn completions(&mut self) -> impl Iterator<Item = (Ticket, Result<Reply, Error>)> + '_ {
         std::iter::from_fn(move || self.poll().ok().flatten())
+    }
+
+    /// Asks the daemon to cancel call `t`. The call still finishes once, as every call does:
+    /// with `Error::Status(CANCELLED)` once the daemon has fenced the memory the peer could
+    /// reach (invalidated its chunks), or with its reply if that came first. Its buffers are
+    /// the client's again only then. Cancelling a call that the peer may still reach through a
+    /// chunk (a large argument, a result buffer, a long reply) costs its connection when the
+    /// peer tries (RFC 8166 §4.4 and ABI.md §5); an inline call costs nothing.
+    ///
+    /// `UnknownTicket` if `t` is not in flight (never issued, taken already, or finished and
+    /// waiting to be taken); `RingFull` if the request finds no room (retry after a poll).
+    pub fn cancel(&mut self, t: Ticket) -> Result<(), Error> {
+        let slot = (t.0 >> 32) as usize;
+        match self.slots.get(slot) {
+            Some((g, Slot::InFlight(_))) if u64::from(*g) == t.0 & 0xffff_ffff => {}
+            _ => return Err(Error::UnknownTicket),
+        }
+        self.ep.submit(Sqe {
+            opcode: op::CANCEL,
+            user_data: t.0,
+            ..Sqe::default()
+        })
     }
 
     /// Calls in flight.

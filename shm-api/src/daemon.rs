@@ -39,7 +39,17 @@
 //!                     let _ = gone.calls; // as below
 //!                 }
 //!             }
+//!             // The app gave up on call `id`: fence what the peer may reach, then complete it.
+//!             Submission::Cancel(id) => {
+//!                 table.complete_call(id, CallOutcome { status: status::CANCELLED, ..Default::default() });
+//!             }
 //!         }
+//!     }
+//!     // Calls past their time limit (`timeout_ms`): the same, with TIMEOUT.
+//!     let mut late = Vec::new();
+//!     table.expired(std::time::Instant::now(), &mut late);
+//!     for id in late {
+//!         table.complete_call(id, CallOutcome { status: status::TIMEOUT, ..Default::default() });
 //!     }
 //!     for gone in table.reap() {
 //!         let _ = gone.calls; // cancel these RPCs; answer `gone.serving_tags` with errors
@@ -173,6 +183,9 @@ pub struct CallRequest {
     pub results: PieceList,
     /// Buffer for the reduced reply (its length is the maximum reply size).
     pub reply: ArenaRange,
+    /// When the call ends with `TIMEOUT` if no reply came (the CALL's `timeout_ms`); `None`
+    /// once [`AppTable::expired`] has reported it.
+    pub deadline: Option<Instant>,
     pieces_off: u32,
     user_data: u64,
 }
@@ -227,6 +240,10 @@ pub enum Submission {
     /// The app is closing ([`op::DETACH`]): detach it now ([`AppTable::detach`]). Nothing of
     /// this app's is taken after it.
     Detach,
+    /// The app cancelled its call `id` ([`op::CANCEL`]), still in flight when the table took
+    /// the request: end it with `CANCELLED` once its memory is fenced (or let its reply, if
+    /// that wins the race, complete it).
+    Cancel(OpId),
 }
 
 /// A registration's completion, held back until [`AppTable::acknowledge`].
@@ -312,6 +329,10 @@ pub struct AppCounters {
     pub replies: u64,
     /// Its submissions refused by validation.
     pub bad: u64,
+    /// Its CANCEL requests that named a call in flight.
+    pub cancels: u64,
+    /// Its calls that reached their time limit (reported by [`AppTable::expired`]).
+    pub timeouts: u64,
 }
 
 /// How many of an app's registrations [`AppInfo`] lists.
@@ -441,6 +462,8 @@ pub struct AppTable {
     /// One look at the apps' sockets ([`AppTable::poll_sockets`]), kept between looks so that
     /// neither `reap` nor `park` allocates.
     polled: Polled,
+    /// The earliest deadline of a call in flight, or later (see [`AppTable::expired`]).
+    next_deadline: Option<Instant>,
 }
 
 /// The descriptors of one `poll(2)` of the apps' sockets, and what it found.
@@ -555,6 +578,16 @@ impl App {
         }
     }
 
+    fn deadline(&self, id: OpId) -> Option<Instant> {
+        match self.ops.get(usize::from(id.slot)) {
+            Some(Op {
+                gen,
+                state: OpState::Call(c),
+            }) if *gen == id.gen => c.deadline,
+            _ => None,
+        }
+    }
+
     fn ops_in_use(&self) -> usize {
         self.ops.len() - self.free.len()
     }
@@ -613,6 +646,7 @@ impl AppTable {
             next_xid: cfg.xid_first.wrapping_sub(cfg.xid_step.max(1)),
             stats: TableStats::default(),
             recv_epoch: 0,
+            next_deadline: None,
             polled: Polled {
                 fds: Vec::with_capacity(usize::from(cfg.max_apps) + 4),
                 seen: Vec::with_capacity(usize::from(cfg.max_apps)),
@@ -748,6 +782,8 @@ impl AppTable {
     /// Pops up to `budget` submissions per app, validates each and appends the good ones to `out`
     /// (reuse `out` across calls: it then never allocates). Bad ones complete with an error code here.
     pub fn poll_submissions(&mut self, out: &mut Vec<(AppId, Submission)>, budget: usize) {
+        // Read only for a call with a time limit (a system call's worth, not every turn's).
+        let mut now = None;
         for slot in 0..self.apps.len() {
             let Some(app) = self.apps[slot].as_mut() else {
                 continue;
@@ -774,12 +810,17 @@ impl AppTable {
                     // A call held for want of a buffer (or of a server) may go now.
                     self.recv_epoch = self.recv_epoch.wrapping_add(1);
                 }
+                if sqe.opcode == op::CANCEL {
+                    // It has no completion of its own.
+                    app.pending -= 1;
+                }
                 match Self::validate(
                     app,
                     &mut self.registry,
                     (&mut self.next_xid, self.cfg.xid_step.max(1)),
                     self.cfg.peers,
                     &sqe,
+                    &mut now,
                 ) {
                     Ok(Some(Submission::Detach)) => {
                         out.push((app.id, Submission::Detach));
@@ -787,7 +828,14 @@ impl AppTable {
                     }
                     Ok(Some(sub)) => {
                         match sub {
-                            Submission::Call(_) => app.counters.calls += 1,
+                            Submission::Call(id) => {
+                                app.counters.calls += 1;
+                                if let Some(d) = app.deadline(id) {
+                                    self.next_deadline =
+                                        Some(self.next_deadline.map_or(d, |n| n.min(d)));
+                                }
+                            }
+                            Submission::Cancel(_) => app.counters.cancels += 1,
                             Submission::Reply(_) => app.counters.replies += 1,
                             _ => {}
                         }
@@ -811,8 +859,12 @@ impl AppTable {
         (next_xid, xid_step): (&mut u32, u32),
         peers: u32,
         s: &Sqe,
+        now: &mut Option<Instant>,
     ) -> Result<Option<Submission>, u32> {
-        if s.reserved != [0; 3] || s.flags & !flag::ALL != 0 {
+        if s.reserved != [0; 2] || s.flags & !flag::ALL != 0 {
+            return Err(status::BAD_FLAGS);
+        }
+        if s.timeout_ms != 0 && s.opcode != op::CALL {
             return Err(status::BAD_FLAGS);
         }
         match s.opcode {
@@ -852,6 +904,10 @@ impl AppTable {
                     args,
                     results,
                     reply,
+                    deadline: (s.timeout_ms != 0).then(|| {
+                        let t0 = *now.get_or_insert_with(Instant::now);
+                        t0 + Duration::from_millis(u64::from(s.timeout_ms))
+                    }),
                     pieces_off: s.pieces_off,
                     user_data: s.user_data,
                 };
@@ -866,6 +922,27 @@ impl AppTable {
                 Ok(Some(Submission::Call(id)))
             }
             op::DETACH => Ok(Some(Submission::Detach)),
+            op::CANCEL => {
+                // The app's own calls only, by the user_data it gave them; at most its slab
+                // to look through (the table's bound on ops per app).
+                let found =
+                    app.ops
+                        .iter_mut()
+                        .enumerate()
+                        .find_map(|(slot, op)| match &mut op.state {
+                            OpState::Call(c) if c.user_data == s.user_data => {
+                                // A call cancelled is not timed out as well.
+                                c.deadline = None;
+                                Some(OpId {
+                                    app: app.id,
+                                    slot: slot as u16,
+                                    gen: op.gen,
+                                })
+                            }
+                            _ => None,
+                        });
+                Ok(found.map(Submission::Cancel))
+            }
             op::POST_RECV => {
                 let buf = app
                     .region()
@@ -960,6 +1037,45 @@ impl AppTable {
             }
             _ => Err(status::BAD_OPCODE),
         }
+    }
+
+    /// The earliest time limit of a call in flight, if any (it may be one that has ended: then
+    /// [`AppTable::expired`] finds nothing and moves it on).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.next_deadline
+    }
+
+    /// Appends to `out` the calls whose time limit has passed at `now`, each once (their
+    /// deadline is cleared): the caller cancels them and ends them with `TIMEOUT`. Cheap while
+    /// the earliest deadline is ahead; otherwise one look through the apps' slabs, which also
+    /// finds the next earliest.
+    pub fn expired(&mut self, now: Instant, out: &mut Vec<OpId>) {
+        if self.next_deadline.is_none_or(|d| now < d) {
+            return;
+        }
+        let mut next: Option<Instant> = None;
+        for app in self.apps.iter_mut().flatten() {
+            let id = app.id;
+            for (slot, op) in app.ops.iter_mut().enumerate() {
+                let OpState::Call(c) = &mut op.state else {
+                    continue;
+                };
+                match c.deadline {
+                    Some(d) if d <= now => {
+                        c.deadline = None;
+                        app.counters.timeouts += 1;
+                        out.push(OpId {
+                            app: id,
+                            slot: slot as u16,
+                            gen: op.gen,
+                        });
+                    }
+                    Some(d) => next = Some(next.map_or(d, |n| n.min(d))),
+                    None => {}
+                }
+            }
+        }
+        self.next_deadline = next;
     }
 
     /// Tells `app` its registration succeeded (see [`Submission::Registered`]); nothing if the
@@ -1517,7 +1633,7 @@ mod tests {
             ),
             (
                 Sqe {
-                    reserved: [0, 1, 0],
+                    reserved: [1, 0],
                     ..call(2)
                 },
                 status::BAD_FLAGS,
@@ -1788,7 +1904,7 @@ mod tests {
         assert!(!t.complete_call(c.id, CallOutcome::default()));
         // One call submitted and ended; a refused one counts as bad, not as a call.
         app.submit(Sqe {
-            reserved: [1, 0, 0],
+            reserved: [0, 1],
             ..call(9)
         });
         assert!(poll(&mut t).is_empty());
@@ -1878,6 +1994,102 @@ mod tests {
             "{subs:?}"
         );
         assert_eq!(t.reap().len(), 1);
+    }
+
+    /// CANCEL names the app's own call in flight by its user_data; one that names nothing
+    /// (an ended call, another app's) is dropped without a completion, and a CANCEL never
+    /// counts against the app's outstanding limit.
+    #[test]
+    fn cancel_names_only_the_apps_own_call_in_flight_and_has_no_completion() {
+        let mut t = AppTable::new(TableConfig {
+            max_ops_per_app: 4,
+            ..TableConfig::default()
+        })
+        .unwrap();
+        let (a, mut app) = attach(&mut t, geometry());
+        let (_, mut other) = attach(&mut t, geometry());
+        app.submit(call(7));
+        app.submit(call(8));
+        let subs = poll(&mut t);
+        let Submission::Call(id8) = subs[1].1 else {
+            panic!("{subs:?}")
+        };
+        let cancel = |user_data| Sqe {
+            opcode: op::CANCEL,
+            user_data,
+            ..Sqe::default()
+        };
+        // Far more CANCELs than the ring of completions holds: none is owed a completion.
+        for _ in 0..300 {
+            other.submit(cancel(8));
+            while poll(&mut t).pop().is_some() {}
+        }
+        app.submit(cancel(99));
+        app.submit(cancel(8));
+        let subs = poll(&mut t);
+        assert_eq!(subs.len(), 1, "{subs:?}");
+        assert!(matches!(subs[0], (who, Submission::Cancel(id)) if who == a && id == id8));
+        assert!(app.drain().is_empty() && other.drain().is_empty());
+        assert_eq!(t.app_info(a).map(|i| i.counters.cancels), Some(1));
+        // Once the call has ended, a CANCEL naming it finds nothing.
+        t.complete_call(id8, CallOutcome::default());
+        app.submit(cancel(8));
+        assert!(poll(&mut t).is_empty());
+        assert_eq!(app.drain().len(), 1, "only the call's own completion");
+        // A time limit belongs to CALL only.
+        app.submit(Sqe {
+            timeout_ms: 5,
+            ..cancel(7)
+        });
+        assert!(poll(&mut t).is_empty());
+        let c = app.drain();
+        assert_eq!((c.len(), c[0].status), (1, status::BAD_FLAGS));
+    }
+
+    /// A call's time limit is reported once, when it has passed; a call that ended or was
+    /// cancelled is never reported; the earliest limit left is what `next_deadline` says.
+    #[test]
+    fn expired_reports_each_call_past_its_limit_once() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (a, mut app) = attach(&mut t, geometry());
+        let t0 = Instant::now();
+        for (user_data, ms) in [(1, 100), (2, 200), (3, 50), (4, 0), (5, 60)] {
+            app.submit(Sqe {
+                timeout_ms: ms,
+                ..call(user_data)
+            });
+        }
+        let ids: Vec<OpId> = poll(&mut t)
+            .into_iter()
+            .map(|(_, s)| match s {
+                Submission::Call(id) => id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let first = t.next_deadline().expect("a limit");
+        assert!(first >= t0 + Duration::from_millis(50) && first < t0 + Duration::from_millis(60));
+        // Call 3 ends before its limit, call 5 is cancelled.
+        t.complete_call(ids[2], CallOutcome::default());
+        app.submit(Sqe {
+            opcode: op::CANCEL,
+            user_data: 5,
+            ..Sqe::default()
+        });
+        assert_eq!(poll(&mut t).len(), 1);
+        let mut out = Vec::new();
+        t.expired(first - Duration::from_millis(1), &mut out);
+        assert!(out.is_empty());
+        let now = Instant::now().max(t0 + Duration::from_millis(150));
+        t.expired(now, &mut out);
+        assert_eq!(out, vec![ids[0]], "call 1 only");
+        t.expired(now, &mut out);
+        assert_eq!(out, vec![ids[0]], "once");
+        let next = t.next_deadline().expect("call 2's");
+        assert!(next >= t0 + Duration::from_millis(200));
+        t.expired(next, &mut out);
+        assert_eq!(out, vec![ids[0], ids[1]]);
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(t.app_info(a).map(|i| i.counters.timeouts), Some(2));
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub struct Loopback {
     out: Vec<u8>,
     results: Vec<(u32, u32)>,
     waiting: VecDeque<CallRequest>,
+    expired: Vec<OpId>,
     dropped_replies: u64,
     stall_limit: Duration,
 }
@@ -71,6 +72,7 @@ impl Loopback {
             out: Vec::new(),
             results: Vec::new(),
             waiting: VecDeque::with_capacity(MAX_WAITING),
+            expired: Vec::new(),
             dropped_replies: 0,
             stall_limit: Duration::from_secs(10),
         })
@@ -187,9 +189,21 @@ impl Loopback {
                         self.on_detached(d);
                     }
                 }
+                // Nothing of the caller's memory is in use here between a call's delivery
+                // and its reply (both are copies), so it ends at once; a late reply is dropped.
+                Submission::Cancel(id) => self.fail(id, status::CANCELLED),
             }
         }
         self.subs = subs;
+        if self.table.next_deadline().is_some() {
+            let mut late = std::mem::take(&mut self.expired);
+            self.table.expired(Instant::now(), &mut late);
+            work |= !late.is_empty();
+            for id in late.drain(..) {
+                self.fail(id, status::TIMEOUT);
+            }
+            self.expired = late;
+        }
         Ok(work)
     }
 

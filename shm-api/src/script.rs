@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::abi::{flag, op, status, Cqe, Geometry, Layout, Piece, Sqe};
 use crate::attach::Attachment;
@@ -406,13 +407,14 @@ impl Run {
             4 | 5 => 1,
             _ => b.u32(),
         };
-        let opcode = match b.u8() % 10 {
+        let opcode = match b.u8() % 11 {
             0..=2 => op::CALL,
             3 => op::REPLY,
             4 => op::REGISTER,
             5 => op::UNREGISTER,
             6 => op::POST_RECV,
             7 => op::DETACH,
+            8 => op::CANCEL,
             _ => b.u8(),
         };
         let s = Sqe {
@@ -435,10 +437,11 @@ impl Run {
             pieces_off: b.field(ARENA),
             reply_off: b.field(ARENA),
             reply_len: b.field(ARENA),
+            timeout_ms: if b.u8() % 4 == 0 { b.u32() } else { 0 },
             reserved: if b.u8() % 16 == 0 {
-                [b.u32(), 0, 0]
+                [b.u32(), 0]
             } else {
-                [0; 3]
+                [0; 2]
             },
         };
         if let Some(app) = self.b.as_mut() {
@@ -517,9 +520,27 @@ impl Run {
                     assert!(!good, "G never detaches");
                     self.b_detach("detached");
                 }
+                Submission::Cancel(id) => {
+                    assert!(!good, "G never cancels");
+                    assert!(
+                        self.b_calls.contains(&id),
+                        "only a call in flight is cancelled"
+                    );
+                }
             }
         }
         self.out = out;
+        // Time runs out for every call with a limit: only B sets one, on a call in flight.
+        if b.u8() % 8 == 0 {
+            let mut late = Vec::new();
+            self.t
+                .expired(Instant::now() + Duration::from_secs(1 << 33), &mut late);
+            for id in late {
+                assert_ne!(id.app(), self.g.id, "G sets no time limit");
+                assert!(self.b_calls.contains(&id), "only a call in flight expires");
+            }
+            assert!(self.t.next_deadline().is_none(), "every limit was reported");
+        }
     }
 
     /// G's call reached the daemon exactly as G wrote it.

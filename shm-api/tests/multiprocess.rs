@@ -406,6 +406,44 @@ fn kill9_server_mid_call_cancels_the_callers_call() {
     ));
 }
 
+/// Calls the server never answers end when their app cancels them, or at their time limit,
+/// each once, with its own status; the harness then holds nothing of the caller's.
+#[test]
+fn cancelled_and_timed_out_calls_end_once_with_their_status() {
+    let path = sock("cancel");
+    let _h = harness(&path);
+    let _hole = app("blackhole", &path, &[]);
+    let base = settled(&path, SERVER_RECVS);
+    let (mut c, peer) = client(&path);
+    let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+    b.args().put_opaque(b"held");
+    let held = b.submit().unwrap();
+    let mut b = c.call(peer, rdmatest::CB_PROG, 1, 1);
+    b.timeout(Duration::from_millis(100));
+    let timed = b.submit().unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(eventually(|| stats(&path)["ops"] == base["ops"] + 2));
+    // A wait's own deadline leaves the call in flight.
+    assert!(matches!(
+        c.wait(held, Some(Duration::from_millis(20))),
+        Err(Error::Timeout)
+    ));
+    c.cancel(held).unwrap();
+    assert!(matches!(
+        c.wait(held, T),
+        Err(Error::Status(status::CANCELLED))
+    ));
+    assert!(matches!(
+        c.wait(timed, T),
+        Err(Error::Status(status::TIMEOUT))
+    ));
+    assert!(t0.elapsed() >= Duration::from_millis(100));
+    assert!(matches!(c.cancel(held), Err(Error::UnknownTicket)));
+    assert_eq!(c.in_flight(), 0);
+    assert!(eventually(|| stats(&path)["ops"] == base["ops"]));
+    assert_eq!(stats(&path)["bad"], base["bad"]);
+}
+
 #[test]
 fn hostile_apps_cannot_crash_the_daemon_and_others_keep_working() {
     let path = sock("hostile");
@@ -496,7 +534,7 @@ fn c_example_client_runs_against_the_harness() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("NULL ok") && text.contains("ECHO ok") && text.contains("READ ok"),
+        text == "NULL ok\nECHO ok\nREAD ok\nTIMEOUT ok\nCANCEL ok\n",
         "{text}"
     );
 }

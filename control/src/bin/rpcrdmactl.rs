@@ -191,7 +191,7 @@ const PERCENTILES: [(&str, &str); 7] = [
 ];
 
 /// The columns of `apps`: column, JSON key.
-const APP_COLUMNS: [(&str, &str); 10] = [
+const APP_COLUMNS: [(&str, &str); 12] = [
     ("THREAD", "thread"),
     ("APP", "app"),
     ("PID", "pid"),
@@ -202,6 +202,8 @@ const APP_COLUMNS: [(&str, &str); 10] = [
     ("SERVED", "served"),
     ("REPLIES", "replies"),
     ("BAD", "bad-submissions"),
+    ("CANCELS", "cancels"),
+    ("TIMEOUTS", "timeouts"),
 ];
 
 /// A table of the objects in array `v`, one column per (header, key) of `groups`, in order.

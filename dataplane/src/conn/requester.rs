@@ -290,6 +290,21 @@ impl Connection {
         Ok(())
     }
 
+    /// The `user` value of the call with `xid` that is queued or sent and not yet ended (a
+    /// cancelled call still owed a reply is not). Lets an owner check that the call it means
+    /// to cancel is its own before [`cancel_call`](Self::cancel_call): a later call may have
+    /// taken the XID of one that ended.
+    pub fn call_user(&self, xid: u32) -> Option<u64> {
+        let sent = self.find_call(xid).and_then(|i| self.calls.get(i as usize));
+        sent.or_else(|| {
+            self.queued
+                .iter()
+                .filter_map(|&i| self.calls.get(i as usize))
+                .find(|c| c.xid == xid)
+        })
+        .map(|c| c.user)
+    }
+
     /// Sends queued call `i`; false (and the call stays first in the queue) if no send
     /// buffer is free.
     pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) -> bool {

@@ -85,6 +85,17 @@ impl<V> IdMap<V> {
         }
     }
 
+    /// The value under `k`, to change.
+    #[inline]
+    pub(super) fn get_mut(&mut self, k: &u64) -> Option<&mut V> {
+        let i = self.slot(*k);
+        match self.slots.get_mut(i) {
+            Some(Some((key, v))) if key == k => Some(v),
+            _ if self.spill.is_empty() => None,
+            _ => self.spill.get_mut(k),
+        }
+    }
+
     /// Takes the value under `k` out.
     #[inline]
     pub(super) fn remove(&mut self, k: &u64) -> Option<V> {

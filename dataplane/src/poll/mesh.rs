@@ -172,6 +172,19 @@ pub(crate) enum Hop {
         /// Call tag.
         tag: u64,
     },
+    /// App side → connection side: end call `op` with `code` (`CANCELLED`: its app asked;
+    /// `TIMEOUT`: its time limit passed), if it has not ended yet: at once if it waits for a
+    /// call slot, else once the engine has fenced its memory.
+    Cancel {
+        /// The call.
+        op: OpId,
+        /// Global connection id it was sent to.
+        conn: u32,
+        /// Its XID.
+        xid: u32,
+        /// ABI status to end it with.
+        code: u32,
+    },
     /// App side → connection side: the app serving `tag` went away; answer SYSTEM_ERR.
     FailServed {
         /// Call tag.

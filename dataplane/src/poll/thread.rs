@@ -95,6 +95,8 @@ struct Pending {
     op: OpId,
     t0: Instant,
     slot: u32,
+    /// The status a cancelled call ends with (`CANCELLED` or `TIMEOUT`); 0 until cancelled.
+    cancel: u32,
 }
 
 /// Connection side: a call this thread received and handed to the thread of its serving app.
@@ -158,8 +160,10 @@ pub struct PollThread<P: Provider> {
     retired: Vec<(AppId, MrId)>,
     subs: Vec<(AppId, Submission)>,
     // App side.
-    /// Calls of our apps in flight, by op, with the thread of their connection.
-    pending: IdMap<usize>,
+    /// Calls of our apps in flight, by op, with the thread and global id of their connection.
+    pending: IdMap<(usize, u32)>,
+    /// Calls whose time limit passed, from [`AppTable::expired`] (kept: no allocation a turn).
+    expired: Vec<OpId>,
     serving: IdMap<Serving>,
     /// Incoming calls waiting for a receive buffer, one line per serving app (with the
     /// thread they came from).
@@ -362,6 +366,7 @@ impl<P: Provider> PollThread<P> {
             retired: Vec::new(),
             subs: Vec::with_capacity(SUB_BATCH),
             pending: id_map(),
+            expired: Vec::with_capacity(64),
             serving: id_map(),
             held_in: HeldLines::new(MAX_WAITING),
             held_epoch: 0,
@@ -469,6 +474,9 @@ impl<P: Provider> PollThread<P> {
             self.on_submission(app, s);
         }
         self.subs = subs;
+        if self.table.next_deadline().is_some_and(|d| now >= d) {
+            work |= self.expire_calls(now);
+        }
         // The turn's Sends go out together: only the last of each connection's asks for a
         // completion.
         self.drv.post_pending();
@@ -558,6 +566,12 @@ impl<P: Provider> PollThread<P> {
     fn on_hop(&mut self, from: usize, hop: Hop, now: Instant) {
         match hop {
             Hop::Call { conn, req } => self.conn_call(from, conn, req, now),
+            Hop::Cancel {
+                op,
+                conn,
+                xid,
+                code,
+            } => self.conn_cancel(from, op, conn, xid, code),
             Hop::CallDone {
                 op,
                 status: code,
@@ -737,7 +751,7 @@ impl<P: Provider> PollThread<P> {
                     Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
                         // Boxed straight from the table's copy, once.
                         let req = self.call_boxes.boxed(c);
-                        self.pending.insert(id.to_u64(), to);
+                        self.pending.insert(id.to_u64(), (to, conn));
                         self.hop(to, Hop::Call { conn, req });
                     }
                     _ => {
@@ -799,6 +813,70 @@ impl<P: Provider> PollThread<P> {
                     self.on_detached(d);
                 }
             }
+            Submission::Cancel(id) => self.cancel_call(id, status::CANCELLED),
+        }
+    }
+
+    /// App side: asks the connection side to end call `id` with `code`. A call that has not
+    /// reached a connection is not in `pending` (it failed at once); one whose `CallDone` is
+    /// on its way ends with that, and the request finds nothing.
+    fn cancel_call(&mut self, id: OpId, code: u32) {
+        let (Some(&(to, conn)), Some(xid)) = (
+            self.pending.get(&id.to_u64()),
+            self.table.call_request(id).map(|c| c.xid),
+        ) else {
+            return;
+        };
+        self.hop(
+            to,
+            Hop::Cancel {
+                op: id,
+                conn,
+                xid,
+                code,
+            },
+        );
+    }
+
+    /// App side: the calls whose time limit passed end with `TIMEOUT`; true if there were any.
+    fn expire_calls(&mut self, now: Instant) -> bool {
+        let mut late = std::mem::take(&mut self.expired);
+        self.table.expired(now, &mut late);
+        let any = !late.is_empty();
+        for id in late.drain(..) {
+            tracing::debug!(op = id.to_u64(), "call timed out");
+            self.cancel_call(id, status::TIMEOUT);
+        }
+        self.expired = late;
+        any
+    }
+
+    /// Connection side: ends call `op` of thread `origin` with `code` (see [`Hop::Cancel`]).
+    fn conn_cancel(&mut self, origin: usize, op: OpId, conn: u32, xid: u32, code: u32) {
+        if let Some(k) = self
+            .waiting
+            .iter()
+            .position(|(_, o, c)| *o == origin && c.id == op)
+        {
+            if let Some((slot, _, c)) = self.waiting.remove(k) {
+                self.call_failed(origin, op, code, Some(slot));
+                self.call_boxes.keep(c);
+            }
+            return;
+        }
+        let Some(id) = self.local_slot(conn).and_then(|i| self.slots[i].conn) else {
+            return;
+        };
+        // The engine's call under that XID must be this very call, not yet cancelled.
+        let Some(token) = self.drv.call_user(id, xid) else {
+            return;
+        };
+        match self.calls.get_mut(&token) {
+            Some(p) if p.origin == origin && p.op == op && p.cancel == 0 => p.cancel = code,
+            _ => return,
+        }
+        if let Err(e) = self.drv.cancel_call(id, xid, &mut self.mem) {
+            tracing::debug!(conn, xid, error = ?e, "cancel refused by the engine");
         }
     }
 
@@ -1092,6 +1170,7 @@ impl<P: Provider> PollThread<P> {
                         op: c.id,
                         t0: now,
                         slot: i,
+                        cancel: 0,
                     },
                 );
                 self.slots[i as usize].in_flight += 1;
@@ -1353,6 +1432,7 @@ impl<P: Provider> PollThread<P> {
                     CallStatus::ReplyTooLarge => status::REPLY_TOO_LARGE,
                     CallStatus::ErrChunk => status::CHUNK_REFUSED,
                     CallStatus::BadReply => status::BAD_REPLY,
+                    CallStatus::Cancelled if p.cancel != 0 => p.cancel,
                     CallStatus::Closed if self.draining.is_some() => status::CANCELLED,
                     other => {
                         tracing::debug!(user = d.user, status = ?other, "call failed");

@@ -1,7 +1,8 @@
 /*
  * A C ONC RPC client of RDMATEST through rpcrdmad's shared-memory rings (header-only binding).
  * Build: cc -std=c11 -I shm-api/include shm-api/examples/c/client.c -o rdmatest-client
- * Run:   ./rdmatest-client /path/to/app.sock PEER [YIELD-US]   (prints "NULL ok", "ECHO ok", "READ ok")
+ * Run:   ./rdmatest-client /path/to/app.sock PEER [YIELD-US]   (prints "NULL ok", "ECHO ok", "READ ok",
+ *        "TIMEOUT ok", "CANCEL ok")
  * PEER is the name of a configured peer of the daemon ([[peers]] name) with an RDMATEST server
  * app behind it. With YIELD-US, waits look for YIELD-US microseconds, yielding the CPU between
  * polls, before they sleep (rr_set_wait).
@@ -144,6 +145,43 @@ int main(int argc, char **argv)
             return 1;
         }
     printf("READ ok\n");
+
+    /* SLEEP 200 ms with a time limit of 20 ms: the daemon ends the call with RR_TIMEOUT. */
+    int64_t sargs = rr_arena_alloc(&app, 4);
+    if (sargs < 0)
+        return 1;
+    *(uint32_t *)rr_arena_ptr(&app, (uint32_t)sargs) = htonl(200000);
+    memset(&s, 0, sizeof s);
+    s.opcode = RR_OP_CALL;
+    s.target = (uint32_t)peer;
+    s.user_data = 4;
+    s.prog = RDMATEST;
+    s.vers = 1;
+    s.proc_ = 4;
+    s.msg_off = (uint32_t)sargs;
+    s.msg_len = 4;
+    s.reply_off = (uint32_t)reply;
+    s.reply_len = room;
+    s.timeout_ms = 20;
+    if (call(&app, &s, &c) != RR_TIMEOUT || c.user_data != 4) {
+        fprintf(stderr, "TIMEOUT failed: status %u\n", c.status);
+        return 1;
+    }
+    printf("TIMEOUT ok\n");
+
+    /* The same without a limit, cancelled: it ends once, RR_CANCELLED (the CANCEL itself has
+       no completion). Its reply buffer is ours again only then. */
+    s.user_data = 5;
+    s.timeout_ms = 0;
+    while ((r = rr_submit(&app, &s)) == -EAGAIN)
+        ;
+    while (r == 0 && (r = rr_cancel(&app, 5)) == -EAGAIN)
+        ;
+    if (r < 0 || rr_wait(&app, &c, 10000) != 1 || c.status != RR_CANCELLED || c.user_data != 5) {
+        fprintf(stderr, "CANCEL failed: %d status %u\n", r, c.status);
+        return 1;
+    }
+    printf("CANCEL ok\n");
     rr_close(&app);
     return 0;
 }

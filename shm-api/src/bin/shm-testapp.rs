@@ -128,10 +128,12 @@ impl Rng {
 fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
     let mut rng = Rng(seed | 1);
     // Every opcode, and an unknown one; DETACH seldom, as it ends the attachment.
-    let hostile_opcode = |rng: &mut Rng| match rng.below(8) as u8 {
-        op::DETACH if rng.below(1024) != 0 => op::DETACH + 1,
+    let hostile_opcode = |rng: &mut Rng| match rng.below(9) as u8 {
+        op::DETACH if rng.below(1024) != 0 => op::CANCEL + 1,
         o => o,
     };
+    // The user_data of a recent call, for CANCELs that name a call in flight.
+    let mut last_call = 0u64;
     for _ in 0..rounds {
         let conn = connect(path)?;
         let g = conn.region.layout().geometry;
@@ -180,14 +182,22 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                 pieces_off: rng.below(arena + 64) as u32,
                 reply_off: rng.below(arena) as u32,
                 reply_len: rng.below(arena) as u32,
-                reserved: if rng.below(8) == 0 {
-                    [rng.next() as u32, 0, 0]
+                timeout_ms: if rng.below(4) == 0 {
+                    rng.next() as u32
                 } else {
-                    [0; 3]
+                    0
+                },
+                reserved: if rng.below(8) == 0 {
+                    [rng.next() as u32, 0]
+                } else {
+                    [0; 2]
                 },
             };
             if d.opcode == op::REPLY {
                 d.target = rng.below(1 << 20) as u32;
+            }
+            if d.opcode == op::CANCEL && rng.below(2) == 0 {
+                d.user_data = last_call;
             }
             if rng.below(4) == 0 {
                 // A well-formed call to peer 0 of an unserved program whose message is
@@ -203,9 +213,18 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                     msg_len: rng.below(2048) as u32,
                     reply_off: rng.below(arena - 8192) as u32,
                     reply_len: 4096,
-                    reserved: [0; 3],
+                    // Some of them time out, in the daemon, while the peer may still answer.
+                    timeout_ms: if rng.below(4) == 0 {
+                        1 + rng.below(20) as u32
+                    } else {
+                        0
+                    },
+                    reserved: [0; 2],
                     ..d
                 };
+            }
+            if d.opcode == op::CALL {
+                last_call = d.user_data;
             }
             let slot = l.sq_offset as usize + 128 + (tail & (g.sq_entries - 1)) as usize * 64;
             // SAFETY: the slot lies in our mapping's submission ring.
