@@ -939,8 +939,9 @@ impl Client {
     /// with `Error::Status(CANCELLED)` once the daemon has fenced the memory the peer could
     /// reach (invalidated its chunks), or with its reply if that came first. Its buffers are
     /// the client's again only then. Cancelling a call that the peer may still reach through a
-    /// chunk (a large argument, a result buffer, a long reply) costs its connection when the
-    /// peer tries (RFC 8166 §4.4 and ABI.md §5); an inline call costs nothing.
+    /// chunk (a large argument, a result buffer, a long reply) costs its connection, and every
+    /// call on it (other apps' too), when the peer tries (RFC 8166 §8.1.4, ABI.md §5); an
+    /// inline call costs nothing.
     ///
     /// `UnknownTicket` if `t` is not in flight (never issued, taken already, or finished and
     /// waiting to be taken); `RingFull` if the request finds no room (retry after a poll).
