@@ -31,7 +31,7 @@
 //! |--------------------------------------------|-----------------------------------------------------|
 //! | `Submission::Call(id)`, `c = call_request(id)` | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
 //! | `Submission::Cancel(id)`; ids from `expired(now, ..)` (the CALL's time limit) | `call_user(conn, c.xid)` is the call's `user` (not a later call under its XID) → `cancel_call(conn, c.xid)`: its chunks are invalidated, then `Event::CallDone` with `CallStatus::Cancelled` (→ `CANCELLED` or `TIMEOUT`) |
-//! | app gone (`Detached::calls`)               | nothing: its calls run on, their `CallDone` is dropped, its arena stays registered until none is in flight (`cancel_call(conn, xid)` would fence the memory at once, at the cost of the connection if the peer still has to reach a chunk) |
+//! | app gone (`Detached::calls`)               | a call that offered the peer no memory (`call_user` says so) is cancelled at once; the others run on (fencing them could cost a connection other apps share); every `CallDone` is dropped; its arena stays registered until none is in flight |
 //! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
 //! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |
 //! | `deliver_call(rb, IncomingCall { tag: serve_tag(conn, id), .. })` | when `accept_call` answers `Accepted::Ready { args_len }` (inline calls), or on `Event::ArgsReady { id, args_len }` after `Accepted::Pulling` (Read chunks) |

@@ -760,3 +760,76 @@ fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears()
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An app that leaves with a call in flight which offered the peer no memory: the call ends
+/// at once (nothing to fence), so the app's arena is deregistered on both threads while the
+/// server still holds the call; the server's late reply only returns its credit. Without this
+/// a peer that never answers kept a gone app's arena registered for good.
+#[test]
+fn a_gone_app_s_inline_calls_end_at_once_and_its_arena_is_released() {
+    let (dir, path, _mesh, mut handles) = threads("gone-app", 2, 64);
+    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+    let conn = self_connection(&t1);
+    let geometry = spec(0).geometry;
+    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
+    let (mut stay, peer) = client(&mut apps, &t0, &path);
+    let t = echo(&mut stay, peer, rdmatest::VERS, 0);
+    stay.wait(t, T).expect("first call");
+    // The pool and two arenas on each thread.
+    assert_eq!((stats(&t0).regions, stats(&t1).regions), (3, 3));
+
+    let (mut gone, _) = client(&mut apps, &t0, &path);
+    assert_eq!((stats(&t0).regions, stats(&t1).regions), (4, 4));
+    let mut call = gone.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    call.args().put_opaque(&[0xEE; 8]);
+    call.max_reply(64);
+    let _ = call.submit().expect("submit");
+    held_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the server holds the call");
+    drop(gone);
+    let end = Instant::now() + Duration::from_secs(20);
+    while (stats(&t0).regions, stats(&t1).regions) != (3, 3) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (s0, s1) = (stats(&t0), stats(&t1));
+    assert_eq!(
+        (s0.regions, s1.regions),
+        (3, 3),
+        "the gone app's arena is released while its call is held: {s0:?} {s1:?}"
+    );
+    assert_eq!(
+        (s0.rpcs_in_flight, s1.rpcs_in_flight),
+        (1, 0),
+        "only the call its server app holds"
+    );
+
+    // The server answers: the reply is dropped, and the connection serves on.
+    release_tx.send(()).expect("release");
+    let t = echo(&mut stay, peer, rdmatest::VERS, 1);
+    stay.wait(t, T)
+        .expect("the call that releases the held one");
+    let end = Instant::now() + Duration::from_secs(20);
+    let dropped = loop {
+        let s = snapshot(&t1);
+        let info = s.conns[..s.n]
+            .iter()
+            .find(|x| x.info.id == conn)
+            .map(|x| x.info)
+            .expect("up");
+        if info.engine.dropped == 1 || Instant::now() > end {
+            break info.engine.dropped;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(dropped, 1);
+    let t = echo(&mut stay, peer, rdmatest::VERS, 2);
+    assert_eq!(stay.wait(t, T).expect("after").accept_stat, 0);
+    for h in [t0, t1] {
+        let _ = h.send(Command::Stop);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

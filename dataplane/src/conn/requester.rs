@@ -291,10 +291,12 @@ impl Connection {
     }
 
     /// The `user` value of the call with `xid` that is queued or sent and not yet ended (a
-    /// cancelled call still owed a reply is not). Lets an owner check that the call it means
-    /// to cancel is its own before [`cancel_call`](Self::cancel_call): a later call may have
-    /// taken the XID of one that ended.
-    pub fn call_user(&self, xid: u32) -> Option<u64> {
+    /// cancelled call still owed a reply is not), and whether it offered the peer memory (its
+    /// cancellation then invalidates that memory, and the peer's late access costs the
+    /// connection). Lets an owner check that the call it means to cancel is its own before
+    /// [`cancel_call`](Self::cancel_call): a later call may have taken the XID of one that
+    /// ended.
+    pub fn call_user(&self, xid: u32) -> Option<(u64, bool)> {
         let sent = self.find_call(xid).and_then(|i| self.calls.get(i as usize));
         sent.or_else(|| {
             self.queued
@@ -302,7 +304,7 @@ impl Connection {
                 .filter_map(|&i| self.calls.get(i as usize))
                 .find(|c| c.xid == xid)
         })
-        .map(|c| c.user)
+        .map(|c| (c.user, c.n_rkeys > 0))
     }
 
     /// Sends queued call `i`; false (and the call stays first in the queue) if no send

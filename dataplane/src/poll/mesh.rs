@@ -184,6 +184,9 @@ pub(crate) enum Hop {
         xid: u32,
         /// ABI status to end it with.
         code: u32,
+        /// Only if it offered the peer no memory (its app has gone: fencing its chunks could
+        /// cost the connection other apps share, so such a call runs on).
+        inline_only: bool,
     },
     /// App side → connection side: the app serving `tag` went away; answer SYSTEM_ERR.
     FailServed {

@@ -160,8 +160,9 @@ pub struct PollThread<P: Provider> {
     retired: Vec<(AppId, MrId)>,
     subs: Vec<(AppId, Submission)>,
     // App side.
-    /// Calls of our apps in flight, by op, with the thread and global id of their connection.
-    pending: IdMap<(usize, u32)>,
+    /// Calls of our apps in flight, by op: the thread and global id of their connection, and
+    /// their XID.
+    pending: IdMap<(usize, u32, u32)>,
     /// Calls whose time limit passed, from [`AppTable::expired`] (kept: no allocation a turn).
     expired: Vec<OpId>,
     serving: IdMap<Serving>,
@@ -571,7 +572,8 @@ impl<P: Provider> PollThread<P> {
                 conn,
                 xid,
                 code,
-            } => self.conn_cancel(from, op, conn, xid, code),
+                inline_only,
+            } => self.conn_cancel(from, op, conn, (xid, code, inline_only)),
             Hop::CallDone {
                 op,
                 status: code,
@@ -751,7 +753,7 @@ impl<P: Provider> PollThread<P> {
                     Some((conn, to)) if self.draining.is_none() && to < self.port.threads() => {
                         // Boxed straight from the table's copy, once.
                         let req = self.call_boxes.boxed(c);
-                        self.pending.insert(id.to_u64(), (to, conn));
+                        self.pending.insert(id.to_u64(), (to, conn, c.xid));
                         self.hop(to, Hop::Call { conn, req });
                     }
                     _ => {
@@ -813,18 +815,15 @@ impl<P: Provider> PollThread<P> {
                     self.on_detached(d);
                 }
             }
-            Submission::Cancel(id) => self.cancel_call(id, status::CANCELLED),
+            Submission::Cancel(id) => self.cancel_call(id, status::CANCELLED, false),
         }
     }
 
     /// App side: asks the connection side to end call `id` with `code`. A call that has not
     /// reached a connection is not in `pending` (it failed at once); one whose `CallDone` is
     /// on its way ends with that, and the request finds nothing.
-    fn cancel_call(&mut self, id: OpId, code: u32) {
-        let (Some(&(to, conn)), Some(xid)) = (
-            self.pending.get(&id.to_u64()),
-            self.table.call_request(id).map(|c| c.xid),
-        ) else {
+    fn cancel_call(&mut self, id: OpId, code: u32, inline_only: bool) {
+        let Some(&(to, conn, xid)) = self.pending.get(&id.to_u64()) else {
             return;
         };
         self.hop(
@@ -834,6 +833,7 @@ impl<P: Provider> PollThread<P> {
                 conn,
                 xid,
                 code,
+                inline_only,
             },
         );
     }
@@ -845,14 +845,20 @@ impl<P: Provider> PollThread<P> {
         let any = !late.is_empty();
         for id in late.drain(..) {
             tracing::debug!(op = id.to_u64(), "call timed out");
-            self.cancel_call(id, status::TIMEOUT);
+            self.cancel_call(id, status::TIMEOUT, false);
         }
         self.expired = late;
         any
     }
 
     /// Connection side: ends call `op` of thread `origin` with `code` (see [`Hop::Cancel`]).
-    fn conn_cancel(&mut self, origin: usize, op: OpId, conn: u32, xid: u32, code: u32) {
+    fn conn_cancel(
+        &mut self,
+        origin: usize,
+        op: OpId,
+        conn: u32,
+        (xid, code, inline_only): (u32, u32, bool),
+    ) {
         if let Some(k) = self
             .waiting
             .iter()
@@ -868,9 +874,12 @@ impl<P: Provider> PollThread<P> {
             return;
         };
         // The engine's call under that XID must be this very call, not yet cancelled.
-        let Some(token) = self.drv.call_user(id, xid) else {
+        let Some((token, exposed)) = self.drv.call_user(id, xid) else {
             return;
         };
+        if exposed && inline_only {
+            return;
+        }
         match self.calls.get_mut(&token) {
             Some(p) if p.origin == origin && p.op == op && p.cancel == 0 => p.cancel = code,
             _ => return,
@@ -2058,6 +2067,12 @@ impl<P: Provider> PollThread<P> {
 
     fn on_detached(&mut self, d: Detached) {
         self.stats.apps_detached += 1;
+        // Its calls in flight that offered the peer no memory end now (nothing to fence), so
+        // a peer that never answers does not keep its arena registered; the others run on
+        // until their reply (fencing them could cost a connection other apps share).
+        for &id in &d.calls {
+            self.cancel_call(id, status::CANCELLED, true);
+        }
         // Calls it was serving: their requesters get SYSTEM_ERR. A reply already submitted
         // stays in `serving` until it ends (`ReplyDone`): its RDMA Writes may still be reading
         // the app's arena, which `app_busy` keeps registered meanwhile.
