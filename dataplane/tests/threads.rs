@@ -65,20 +65,33 @@ fn server(path: &Path) -> Server {
     s
 }
 
-/// An RDMATEST server attached to `to`, serving in a thread of its own; returns once it has
-/// registered.
-fn rdmatest_server(apps: &mut Listener, to: &PollHandle, path: &Path) {
+/// A server app of RDMATEST attached to `to`, running `serve` in a thread of its own once it
+/// has registered; returns then.
+fn serve_on(
+    apps: &mut Listener,
+    to: &PollHandle,
+    path: &Path,
+    serve: impl FnOnce(Server) + Send + 'static,
+) {
     let p = path.to_path_buf();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let _server = attach(apps, to, move || {
         let mut s = server(&p);
         s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
         let _ = ready_tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+        serve(s);
     });
     ready_rx
         .recv_timeout(Duration::from_secs(20))
         .expect("server registered");
+}
+
+/// An RDMATEST server attached to `to`, serving in a thread of its own; returns once it has
+/// registered.
+fn rdmatest_server(apps: &mut Listener, to: &PollHandle, path: &Path) {
+    serve_on(apps, to, path, |mut s| {
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+    });
 }
 
 /// A client app attached to `to`, and its peer "self".
@@ -567,12 +580,7 @@ fn holding_server(
     held: std::sync::mpsc::Sender<u32>,
     release: std::sync::mpsc::Receiver<()>,
 ) {
-    let p = path.to_path_buf();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let _server = attach(apps, to, move || {
-        let mut s = server(&p);
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
-        let _ = ready_tx.send(());
+    serve_on(apps, to, path, move |mut s| {
         let mut holding = Vec::new();
         while let Ok(call) = s.next_call() {
             let mut reply = rpcrdma_shm::client::ReplyBuilder::default();
@@ -592,9 +600,94 @@ fn holding_server(
             }
         }
     });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("server registered");
+}
+
+/// Two poll threads, the connection (both ends) on thread 1, and on thread 0 a
+/// [`holding_server`] and a client app that has made its first call (a requester starts
+/// with one credit: the first reply brings the grant).
+struct Held {
+    dir: PathBuf,
+    path: PathBuf,
+    apps: Listener,
+    t0: PollHandle,
+    t1: PollHandle,
+    conn: u32,
+    c: Client,
+    peer: u32,
+    held: std::sync::mpsc::Receiver<u32>,
+    release: std::sync::mpsc::Sender<()>,
+    _mesh: Mesh,
+}
+
+impl Held {
+    fn new(name: &str) -> Held {
+        let (dir, path, mesh, mut handles) = threads(name, 2, 64);
+        let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
+        let conn = self_connection(&t1);
+        let geometry = spec(0).geometry;
+        let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
+        let (held_tx, held) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        holding_server(&mut apps, &t0, &path, held_tx, release_rx);
+        let (mut c, peer) = client(&mut apps, &t0, &path);
+        let t = echo(&mut c, peer, rdmatest::VERS, 0);
+        c.wait(t, T).expect("first call");
+        Held {
+            dir,
+            path,
+            apps,
+            t0,
+            t1,
+            conn,
+            c,
+            peer,
+            held,
+            release,
+            _mesh: mesh,
+        }
+    }
+
+    /// Waits until the server holds one more call.
+    fn wait_held(&self) {
+        self.held
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the server holds the call");
+    }
+
+    /// The counters of the connection's client end, if it is up.
+    fn client_end(&self) -> Option<rpcrdma_dataplane::poll::ConnInfo> {
+        let s = snapshot(&self.t1);
+        s.conns[..s.n]
+            .iter()
+            .find(|x| x.info.id == self.conn)
+            .map(|x| x.info)
+    }
+
+    /// Lets the server answer the calls it holds (once it has answered another call, which
+    /// this makes), then waits until the client end has dropped `n` late replies in all.
+    fn release_and_wait_dropped(&mut self, n: u64) -> rpcrdma_dataplane::poll::ConnInfo {
+        self.release.send(()).expect("release");
+        let t = echo(&mut self.c, self.peer, rdmatest::VERS, 1);
+        self.c
+            .wait(t, T)
+            .expect("the call that releases the held ones");
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info = self.client_end().expect("the connection is up");
+            if info.engine.dropped == n || Instant::now() > end {
+                assert_eq!(info.engine.dropped, n, "late replies dropped: {info:?}");
+                return info;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stop(self) {
+        for h in [self.t0, self.t1] {
+            let _ = h.send(Command::Stop);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// An app cancels one of its calls and lets another reach its time limit, both held by the
@@ -604,16 +697,8 @@ fn holding_server(
 /// up and serves calls after them; nothing stays in flight.
 #[test]
 fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_return_credit() {
-    let (dir, path, _mesh, mut handles) = threads("cancel", 2, 64);
-    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
-    let conn = self_connection(&t1);
-    let geometry = spec(0).geometry;
-    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel();
-    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
-    let (mut c, peer) = client(&mut apps, &t0, &path);
-
+    let mut h = Held::new("cancel");
+    let peer = h.peer;
     let hold = |c: &mut Client, limit: Option<Duration>| {
         let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
         call.args().put_opaque(&[0xEE; 8]);
@@ -623,81 +708,54 @@ fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_retur
         }
         call.submit().expect("submit")
     };
-    // A requester starts with one credit: a first reply brings the grant.
-    let t = echo(&mut c, peer, rdmatest::VERS, 0);
-    c.wait(t, T).expect("first call");
-    let a = hold(&mut c, None);
-    let b = hold(&mut c, Some(Duration::from_millis(150)));
+    let a = hold(&mut h.c, None);
+    let b = hold(&mut h.c, Some(Duration::from_millis(150)));
     let t_b = Instant::now();
     // A call with a limit that its reply beats ends with the reply.
-    let mut quick = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    let mut quick =
+        h.c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
     quick.args().put_opaque(&[7; 8]);
     quick.max_reply(64).timeout(Duration::from_secs(30));
     let quick = quick.submit().expect("submit");
-    for i in 0..2 {
-        held_rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|e| panic!("the server holds call {i}: {e:?}"));
-    }
-    assert_eq!(c.wait(quick, T).expect("quick").accept_stat, 0);
+    h.wait_held();
+    h.wait_held();
+    assert_eq!(h.c.wait(quick, T).expect("quick").accept_stat, 0);
 
-    c.cancel(a).expect("cancel");
-    match c.wait(a, T) {
+    h.c.cancel(a).expect("cancel");
+    match h.c.wait(a, T) {
         Err(Error::Status(s)) => assert_eq!(s, status::CANCELLED),
         other => panic!("a cancelled call ended {other:?}"),
     }
-    match c.wait(b, T) {
+    match h.c.wait(b, T) {
         Err(Error::Status(s)) => assert_eq!(s, status::TIMEOUT),
         other => panic!("a call past its limit ended {other:?}"),
     }
     assert!(t_b.elapsed() >= Duration::from_millis(150), "ended early");
     // Each ended once: nothing more for them, and neither can be cancelled again.
-    assert!(matches!(c.cancel(a), Err(Error::UnknownTicket)));
-    assert!(matches!(c.try_take(b), Err(Error::UnknownTicket)));
-    assert_eq!(c.in_flight(), 0);
+    assert!(matches!(h.c.cancel(a), Err(Error::UnknownTicket)));
+    assert!(matches!(h.c.try_take(b), Err(Error::UnknownTicket)));
+    assert_eq!(h.c.in_flight(), 0);
 
     // The server answers them now: the engine takes the replies for their credits only.
-    release_tx.send(()).expect("release");
-    let t = echo(&mut c, peer, rdmatest::VERS, 1);
-    c.wait(t, T).expect("the call that releases the held ones");
-    let end = Instant::now() + Duration::from_secs(20);
-    let info = loop {
-        let s = snapshot(&t1);
-        let info = s.conns[..s.n]
-            .iter()
-            .find(|x| x.info.id == conn)
-            .map(|x| x.info)
-            .expect("the connection is up");
-        if info.engine.dropped == 2 || Instant::now() > end {
-            break info;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert_eq!(
-        info.engine.dropped, 2,
-        "both late replies dropped: {info:?}"
-    );
+    let info = h.release_and_wait_dropped(2);
     assert_eq!(info.state, ConnState::Up);
+    // The two that did not get their reply count as failed calls of the connection.
+    assert_eq!(info.call_errors, 2, "{info:?}");
     // Every credit came back: more calls than the grant go through, in flight at once.
     let tickets: Vec<_> = (0..64u8)
-        .map(|i| echo(&mut c, peer, rdmatest::VERS, i))
+        .map(|i| echo(&mut h.c, peer, rdmatest::VERS, i))
         .collect();
     for (i, t) in tickets.into_iter().enumerate() {
-        let r = c.wait(t, T).unwrap_or_else(|e| panic!("call {i}: {e:?}"));
+        let r = h.c.wait(t, T).unwrap_or_else(|e| panic!("call {i}: {e:?}"));
         assert_eq!(r.accept_stat, 0);
     }
-    let (s0, s1) = (stats(&t0), stats(&t1));
+    let (s0, s1) = (stats(&h.t0), stats(&h.t1));
     assert_eq!(
         (s0.rpcs_in_flight, s1.rpcs_in_flight),
         (0, 0),
         "{s0:?} {s1:?}"
     );
-    // The two that did not get their reply count as failed calls of the connection.
-    assert_eq!(info.call_errors, 2, "{info:?}");
-    for h in [t0, t1] {
-        let _ = h.send(Command::Stop);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    h.stop();
 }
 
 /// A cancelled call whose result the peer would place with RDMA Write: its Write chunk is
@@ -706,40 +764,21 @@ fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_retur
 /// and the connection ends, which is what cancelling a chunked call can cost (ABI.md §5).
 #[test]
 fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears() {
-    let (dir, path, _mesh, mut handles) = threads("cancel-chunk", 2, 64);
-    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
-    let conn = self_connection(&t1);
-    let geometry = spec(0).geometry;
-    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel();
-    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
-    let (mut c, peer) = client(&mut apps, &t0, &path);
-    let t = echo(&mut c, peer, rdmatest::VERS, 0);
-    c.wait(t, T).expect("first call");
-    let client_end = |h: &PollHandle| {
-        let s = snapshot(h);
-        s.conns[..s.n]
-            .iter()
-            .find(|x| x.info.id == conn)
-            .map(|x| x.info)
-    };
-    let before = client_end(&t1).expect("up").engine.invalidations;
-
+    let mut h = Held::new("cancel-chunk");
+    let before = h.client_end().expect("up").engine.invalidations;
     // READ of 8 KiB whose seed's first byte (the argument's fifth) makes the server hold it.
-    let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
+    let mut call =
+        h.c.call(h.peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
     call.args().put_u32(8192).put_u32(0xEE00_0001);
     call.result_buffer(8192).max_reply(64);
     let r = call.submit().expect("submit");
-    held_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the server holds the READ");
-    c.cancel(r).expect("cancel");
-    match c.wait(r, T) {
+    h.wait_held();
+    h.c.cancel(r).expect("cancel");
+    match h.c.wait(r, T) {
         Err(Error::Status(s)) => assert_eq!(s, status::CANCELLED),
         other => panic!("the cancelled READ ended {other:?}"),
     }
-    let info = client_end(&t1).expect("still up");
+    let info = h.client_end().expect("still up");
     assert_eq!(
         info.engine.invalidations,
         before + 1,
@@ -748,17 +787,15 @@ fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears()
     assert_eq!(info.state, ConnState::Up);
 
     // The server answers now, and its Write into the fenced chunk costs the connection.
-    release_tx.send(()).expect("release");
-    let t = echo(&mut c, peer, rdmatest::VERS, 1);
-    let _ = c.wait(t, T);
-    expect(&t1, "Down", |e| match e {
+    h.release.send(()).expect("release");
+    let t = echo(&mut h.c, h.peer, rdmatest::VERS, 1);
+    let _ = h.c.wait(t, T);
+    let conn = h.conn;
+    expect(&h.t1, "Down", |e| match e {
         Event::Down { conn: id, .. } if id == conn => Some(()),
         _ => None,
     });
-    for h in [t0, t1] {
-        let _ = h.send(Command::Stop);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    h.stop();
 }
 
 /// An app that leaves with a call in flight which offered the peer no memory: the call ends
@@ -767,35 +804,22 @@ fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears()
 /// a peer that never answers kept a gone app's arena registered for good.
 #[test]
 fn a_gone_app_s_inline_calls_end_at_once_and_its_arena_is_released() {
-    let (dir, path, _mesh, mut handles) = threads("gone-app", 2, 64);
-    let (t1, t0) = (handles.pop().expect("t1"), handles.pop().expect("t0"));
-    let conn = self_connection(&t1);
-    let geometry = spec(0).geometry;
-    let mut apps = Listener::bind(&path, geometry, vec!["self".into()]).expect("app socket");
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel();
-    holding_server(&mut apps, &t0, &path, held_tx, release_rx);
-    let (mut stay, peer) = client(&mut apps, &t0, &path);
-    let t = echo(&mut stay, peer, rdmatest::VERS, 0);
-    stay.wait(t, T).expect("first call");
+    let mut h = Held::new("gone-app");
     // The pool and two arenas on each thread.
-    assert_eq!((stats(&t0).regions, stats(&t1).regions), (3, 3));
-
-    let (mut gone, _) = client(&mut apps, &t0, &path);
-    assert_eq!((stats(&t0).regions, stats(&t1).regions), (4, 4));
-    let mut call = gone.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    assert_eq!((stats(&h.t0).regions, stats(&h.t1).regions), (3, 3));
+    let (mut gone, _) = client(&mut h.apps, &h.t0, &h.path);
+    assert_eq!((stats(&h.t0).regions, stats(&h.t1).regions), (4, 4));
+    let mut call = gone.call(h.peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
     call.args().put_opaque(&[0xEE; 8]);
     call.max_reply(64);
     let _ = call.submit().expect("submit");
-    held_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the server holds the call");
+    h.wait_held();
     drop(gone);
     let end = Instant::now() + Duration::from_secs(20);
-    while (stats(&t0).regions, stats(&t1).regions) != (3, 3) && Instant::now() < end {
+    while (stats(&h.t0).regions, stats(&h.t1).regions) != (3, 3) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (s0, s1) = (stats(&t0), stats(&t1));
+    let (s0, s1) = (stats(&h.t0), stats(&h.t1));
     assert_eq!(
         (s0.regions, s1.regions),
         (3, 3),
@@ -808,28 +832,8 @@ fn a_gone_app_s_inline_calls_end_at_once_and_its_arena_is_released() {
     );
 
     // The server answers: the reply is dropped, and the connection serves on.
-    release_tx.send(()).expect("release");
-    let t = echo(&mut stay, peer, rdmatest::VERS, 1);
-    stay.wait(t, T)
-        .expect("the call that releases the held one");
-    let end = Instant::now() + Duration::from_secs(20);
-    let dropped = loop {
-        let s = snapshot(&t1);
-        let info = s.conns[..s.n]
-            .iter()
-            .find(|x| x.info.id == conn)
-            .map(|x| x.info)
-            .expect("up");
-        if info.engine.dropped == 1 || Instant::now() > end {
-            break info.engine.dropped;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert_eq!(dropped, 1);
-    let t = echo(&mut stay, peer, rdmatest::VERS, 2);
-    assert_eq!(stay.wait(t, T).expect("after").accept_stat, 0);
-    for h in [t0, t1] {
-        let _ = h.send(Command::Stop);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    h.release_and_wait_dropped(1);
+    let t = echo(&mut h.c, h.peer, rdmatest::VERS, 2);
+    assert_eq!(h.c.wait(t, T).expect("after").accept_stat, 0);
+    h.stop();
 }
