@@ -20,12 +20,14 @@ pub const COUNTERS: [&str; 8] = [
 ];
 
 /// The counters `top` follows per app (`apps`, merged into the snapshot under `apps`).
-pub const APP_COUNTERS: [&str; 5] = [
+pub const APP_COUNTERS: [&str; 7] = [
     "calls",
     "calls-done",
     "served",
     "replies",
     "bad-submissions",
+    "cancels",
+    "timeouts",
 ];
 
 /// The counters `top` follows per poll thread.

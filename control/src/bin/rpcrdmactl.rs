@@ -700,6 +700,8 @@ fn top_tables(r: &Value, interval: f64, n: u64) -> String {
                 "SERVED/S",
                 "REPLIES/S",
                 "BAD/S",
+                "CANCELS/S",
+                "TIMEOUTS/S",
                 "OPS"
             ],
             &apps
