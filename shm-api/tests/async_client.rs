@@ -107,3 +107,43 @@ fn an_unanswered_wait_parks_the_task_and_a_dead_daemon_ends_it() {
         })
     });
 }
+
+/// A call nobody answers, given a time limit, ends `TIMEOUT` in an awaiting task (the daemon
+/// ends it, the parked task is woken); another, cancelled from the task, ends `CANCELLED`.
+/// Neither is left in flight, unlike a wait that `tokio::time::timeout` gave up on.
+#[test]
+fn a_time_limit_or_a_cancel_ends_an_awaited_call() {
+    let path = sock("async-limit");
+    let _h = harness(&path);
+    let s = app("blackhole", &path, &[]);
+    within_30s(move || {
+        runtime().block_on(async move {
+            let _s = s;
+            let (mut c, peer) = client(&path);
+            let mut call = c.client().call(peer, rdmatest::CB_PROG, 1, 0);
+            call.timeout(Duration::from_millis(100));
+            let limited = call.submit().expect("submit");
+            let t0 = std::time::Instant::now();
+            let r = c.wait(limited).await;
+            assert!(
+                matches!(r, Err(Error::Status(rpcrdma_shm::abi::status::TIMEOUT))),
+                "{r:?}"
+            );
+            assert!(t0.elapsed() >= Duration::from_millis(100));
+            assert!(c.sleeps() >= 1, "the task parked while it waited");
+
+            let held = c
+                .client()
+                .call(peer, rdmatest::CB_PROG, 1, 0)
+                .submit()
+                .expect("submit");
+            c.client().cancel(held).expect("cancel");
+            let r = c.wait(held).await;
+            assert!(
+                matches!(r, Err(Error::Status(rpcrdma_shm::abi::status::CANCELLED))),
+                "{r:?}"
+            );
+            assert_eq!(c.client().in_flight(), 0);
+        })
+    });
+}
