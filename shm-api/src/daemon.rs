@@ -418,10 +418,9 @@ struct App {
     sq: Consumer<Sqe>,
     cq: Producer<Cqe>,
     ops: Vec<Op>,
-    /// By op slot: when that op's call ends with `TIMEOUT` (its CALL's `timeout_ms`), until
-    /// it ends, is cancelled or is reported by [`AppTable::expired`]. Beside the slab, not
-    /// in it: every op would carry it, and a larger op costs each call a copy.
-    deadlines: Vec<Option<Instant>>,
+    /// By op slot: a call's time limit, or that it was cancelled. Beside the slab, not in
+    /// it: every op would carry it, and a larger op costs each call a copy.
+    timing: Vec<Timing>,
     free: Vec<u16>,
     recvs: VecDeque<u16>,
     backlog: VecDeque<Cqe>,
@@ -466,6 +465,22 @@ pub struct AppTable {
     /// The earliest deadline of a call in flight, or later (see [`AppTable::expired`]).
     next_deadline: Option<Instant>,
 }
+
+/// What an op's call has of time limits and cancellation ([`App::timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timing {
+    /// No limit, not cancelled (and every op that is not a call).
+    Open,
+    /// Ends with `TIMEOUT` at this instant if still in flight.
+    Until(Instant),
+    /// Cancelled (by the app, or by its time limit): not again.
+    Cancelled,
+}
+
+/// CANCELs taken from one app per poll of the submissions: each looks through the app's
+/// slab, and a CANCEL has no completion to hold it back, so an app that floods its ring with
+/// them only slows its own submissions.
+pub const CANCELS_PER_POLL: usize = 4;
 
 /// The time as one poll of the submissions sees it, read at most once, and the table's
 /// earliest deadline, which a call's time limit may bring forward.
@@ -592,24 +607,24 @@ impl App {
         if let Some(op) = self.op_mut(id) {
             op.state = OpState::Free;
             self.free.push(id.slot);
-            if let Some(d) = self.deadlines.get_mut(usize::from(id.slot)) {
-                *d = None;
+            if let Some(t) = self.timing.get_mut(usize::from(id.slot)) {
+                *t = Timing::Open;
             }
         }
     }
 
-    /// The call in flight that the app submitted with `user_data`, now cancelled (its time
-    /// limit cleared: it is not timed out as well). The app's own calls only; at most its slab
-    /// to look through (the table's bound on ops per app). Kept out of `validate`, which
-    /// every submission runs.
+    /// The call in flight that the app submitted with `user_data`, not cancelled yet, now
+    /// cancelled (and so not timed out as well). The app's own calls only; at most its slab
+    /// to look through (the table's bound on ops per app; [`CANCELS_PER_POLL`] bounds the
+    /// looks per poll). Kept out of `validate`, which every submission runs.
     #[inline(never)]
     fn cancel(&mut self, user_data: u64) -> Option<OpId> {
-        let slot = self
-            .ops
-            .iter()
-            .position(|op| matches!(&op.state, OpState::Call(c) if c.user_data == user_data))?;
-        if let Some(d) = self.deadlines.get_mut(slot) {
-            *d = None;
+        let slot = self.ops.iter().zip(&self.timing).position(|(op, t)| {
+            *t != Timing::Cancelled
+                && matches!(&op.state, OpState::Call(c) if c.user_data == user_data)
+        })?;
+        if let Some(t) = self.timing.get_mut(slot) {
+            *t = Timing::Cancelled;
         }
         Some(OpId {
             app: self.id,
@@ -712,7 +727,7 @@ impl AppTable {
                     state: OpState::Free,
                 })
                 .collect(),
-            deadlines: vec![None; usize::from(n)],
+            timing: vec![Timing::Open; usize::from(n)],
             free: (0..n).rev().collect(),
             recvs: VecDeque::with_capacity(usize::from(n)),
             backlog: VecDeque::with_capacity(max_owed as usize),
@@ -827,6 +842,7 @@ impl AppTable {
                 continue;
             }
             app.flush_backlog();
+            let mut cancels = 0;
             for _ in 0..budget {
                 // Backpressure: accept a submission only if its completion is sure to find room.
                 if app.pending as usize + app.backlog.len() >= app.max_owed as usize {
@@ -841,6 +857,9 @@ impl AppTable {
                     }
                 };
                 app.pending += 1;
+                if sqe.opcode == op::CANCEL {
+                    cancels += 1;
+                }
                 if matches!(sqe.opcode, op::POST_RECV | op::UNREGISTER) {
                     // A call held for want of a buffer (or of a server) may go now.
                     self.recv_epoch = self.recv_epoch.wrapping_add(1);
@@ -872,6 +891,9 @@ impl AppTable {
                         app.counters.bad += 1;
                         app.push(err_cqe(&sqe, code));
                     }
+                }
+                if cancels == CANCELS_PER_POLL {
+                    break;
                 }
             }
         }
@@ -942,8 +964,8 @@ impl AppTable {
                 }
                 if s.timeout_ms != 0 {
                     let d = clock.now() + Duration::from_millis(u64::from(s.timeout_ms));
-                    if let Some(slot) = app.deadlines.get_mut(usize::from(id.slot)) {
-                        *slot = Some(d);
+                    if let Some(t) = app.timing.get_mut(usize::from(id.slot)) {
+                        *t = Timing::Until(d);
                     }
                     *clock.next = Some(clock.next.map_or(d, |n| n.min(d)));
                 }
@@ -1067,11 +1089,11 @@ impl AppTable {
         }
         let mut next: Option<Instant> = None;
         for app in self.apps.iter_mut().flatten() {
-            for (slot, (op, deadline)) in app.ops.iter().zip(&mut app.deadlines).enumerate() {
-                match *deadline {
+            for (slot, (op, t)) in app.ops.iter().zip(&mut app.timing).enumerate() {
+                match *t {
                     // Only a call in flight has one (`free_op` clears it).
-                    Some(d) if d <= now && matches!(op.state, OpState::Call(_)) => {
-                        *deadline = None;
+                    Timing::Until(d) if d <= now && matches!(op.state, OpState::Call(_)) => {
+                        *t = Timing::Cancelled;
                         app.counters.timeouts += 1;
                         out.push(OpId {
                             app: app.id,
@@ -1079,9 +1101,9 @@ impl AppTable {
                             gen: op.gen,
                         });
                     }
-                    Some(d) if d > now => next = Some(next.map_or(d, |n| n.min(d))),
-                    Some(_) => *deadline = None,
-                    None => {}
+                    Timing::Until(d) if d > now => next = Some(next.map_or(d, |n| n.min(d))),
+                    Timing::Until(_) => *t = Timing::Open,
+                    Timing::Open | Timing::Cancelled => {}
                 }
             }
         }
@@ -2041,6 +2063,17 @@ mod tests {
         assert!(matches!(subs[0], (who, Submission::Cancel(id)) if who == a && id == id8));
         assert!(app.drain().is_empty() && other.drain().is_empty());
         assert_eq!(t.app_info(a).map(|i| i.counters.cancels), Some(1));
+        // A call is cancelled once: a second CANCEL naming it finds nothing.
+        app.submit(cancel(8));
+        assert!(poll(&mut t).is_empty());
+        // At most CANCELS_PER_POLL CANCELs of an app per poll: what follows them waits.
+        for _ in 0..CANCELS_PER_POLL {
+            app.submit(cancel(99));
+        }
+        app.submit(call(9));
+        assert!(poll(&mut t).is_empty(), "the call waits behind the CANCELs");
+        assert!(matches!(poll(&mut t)[..], [(_, Submission::Call(_))]));
+        assert_eq!(t.app_info(a).map(|i| i.counters.calls), Some(3));
         // Once the call has ended, a CANCEL naming it finds nothing.
         t.complete_call(id8, CallOutcome::default());
         app.submit(cancel(8));
