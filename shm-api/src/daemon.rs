@@ -973,6 +973,9 @@ impl AppTable {
             }
             op::DETACH => Ok(Some(Submission::Detach)),
             op::CANCEL => {
+                if s.flags != 0 {
+                    return Err(status::BAD_FLAGS);
+                }
                 // It has no completion of its own.
                 app.pending = app.pending.saturating_sub(1);
                 Ok(app.cancel(s.user_data).map(Submission::Cancel))
@@ -2079,14 +2082,25 @@ mod tests {
         app.submit(cancel(8));
         assert!(poll(&mut t).is_empty());
         assert_eq!(app.drain().len(), 1, "only the call's own completion");
-        // A time limit belongs to CALL only.
-        app.submit(Sqe {
-            timeout_ms: 5,
-            ..cancel(7)
-        });
-        assert!(poll(&mut t).is_empty());
-        let c = app.drain();
-        assert_eq!((c.len(), c[0].status), (1, status::BAD_FLAGS));
+        // A time limit belongs to CALL only, and a CANCEL has no flags.
+        for bad in [
+            Sqe {
+                timeout_ms: 5,
+                ..cancel(7)
+            },
+            Sqe {
+                flags: flag::XID_APP,
+                ..cancel(7)
+            },
+        ] {
+            app.submit(bad);
+            assert!(poll(&mut t).is_empty());
+            let c = app.drain();
+            assert_eq!(
+                (c.len(), c[0].kind, c[0].status),
+                (1, op::CANCEL, status::BAD_FLAGS)
+            );
+        }
     }
 
     /// A call's time limit is reported once, when it has passed; a call that ended or was
