@@ -489,6 +489,23 @@ pub type Finished = (Ticket, Result<Reply, Error>);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket(u64);
 
+impl Ticket {
+    /// The ticket of the call in client slot `slot`, generation `gen` (the CALL's `user_data`).
+    fn new(slot: u32, gen: u32) -> Ticket {
+        Ticket((u64::from(slot) << 32) | u64::from(gen))
+    }
+
+    /// Its client slot.
+    fn slot(self) -> usize {
+        (self.0 >> 32) as usize
+    }
+
+    /// Its slot's generation.
+    fn gen(self) -> u32 {
+        self.0 as u32
+    }
+}
+
 /// A finished call.
 #[derive(Debug)]
 pub struct Reply {
@@ -721,7 +738,7 @@ impl Client {
             }
         };
         let gen = self.slots[slot as usize].0.wrapping_add(1);
-        let ticket = Ticket((u64::from(slot) << 32) | u64::from(gen));
+        let ticket = Ticket::new(slot, gen);
         let sqe = Sqe {
             opcode: op::CALL,
             flags: if xid.is_some() { flag::XID_APP } else { 0 },
@@ -818,18 +835,16 @@ impl Client {
         if c.kind != op::CALL {
             return;
         }
-        let slot = (c.user_data >> 32) as usize;
-        let gen = c.user_data as u32;
-        let Some((g, s)) = self.slots.get_mut(slot) else {
+        let ticket = Ticket(c.user_data);
+        let Some((g, s)) = self.slots.get_mut(ticket.slot()) else {
             return;
         };
-        if *g != gen {
+        if *g != ticket.gen() {
             return;
         }
         let Slot::InFlight(f) = std::mem::replace(s, Slot::Free) else {
             return;
         };
-        let ticket = Ticket(c.user_data);
         let res = if c.status != status::OK {
             Err(Error::Status(c.status))
         } else {
@@ -855,7 +870,7 @@ impl Client {
         for b in f.bufs {
             self.ep.arena.free(b);
         }
-        self.slots[slot].1 = Slot::Done(res);
+        self.slots[ticket.slot()].1 = Slot::Done(res);
         self.done.push_back(ticket);
     }
 
@@ -872,9 +887,9 @@ impl Client {
     /// Takes the result of `t` if it has finished.
     pub fn try_take(&mut self, t: Ticket) -> Result<Option<Result<Reply, Error>>, Error> {
         self.progress()?;
-        let slot = (t.0 >> 32) as usize;
+        let slot = t.slot();
         match self.slots.get_mut(slot) {
-            Some((g, s)) if u64::from(*g) == t.0 & 0xffff_ffff => match s {
+            Some((g, s)) if *g == t.gen() => match s {
                 Slot::Done(_) => {
                     let Slot::Done(r) = std::mem::replace(s, Slot::Free) else {
                         return Err(Error::UnknownTicket);
@@ -946,9 +961,8 @@ impl Client {
     /// `UnknownTicket` if `t` is not in flight (never issued, taken already, or finished and
     /// waiting to be taken); `RingFull` if the request finds no room (retry after a poll).
     pub fn cancel(&mut self, t: Ticket) -> Result<(), Error> {
-        let slot = (t.0 >> 32) as usize;
-        match self.slots.get(slot) {
-            Some((g, Slot::InFlight(_))) if u64::from(*g) == t.0 & 0xffff_ffff => {}
+        match self.slots.get(t.slot()) {
+            Some((g, Slot::InFlight(_))) if *g == t.gen() => {}
             _ => return Err(Error::UnknownTicket),
         }
         self.ep.submit(Sqe {

@@ -1094,8 +1094,8 @@ impl AppTable {
         for app in self.apps.iter_mut().flatten() {
             for (slot, (op, t)) in app.ops.iter().zip(&mut app.timing).enumerate() {
                 match *t {
-                    // Only a call in flight has one (`free_op` clears it).
-                    Timing::Until(d) if d <= now && matches!(op.state, OpState::Call(_)) => {
+                    // Only a call in flight has one: `free_op` clears it.
+                    Timing::Until(d) if d <= now => {
                         *t = Timing::Cancelled;
                         app.counters.timeouts += 1;
                         out.push(OpId {
@@ -1104,8 +1104,7 @@ impl AppTable {
                             gen: op.gen,
                         });
                     }
-                    Timing::Until(d) if d > now => next = Some(next.map_or(d, |n| n.min(d))),
-                    Timing::Until(_) => *t = Timing::Open,
+                    Timing::Until(d) => next = Some(next.map_or(d, |n| n.min(d))),
                     Timing::Open | Timing::Cancelled => {}
                 }
             }
