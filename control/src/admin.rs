@@ -440,6 +440,10 @@ pub struct AppStatus {
     pub programs: Vec<String>,
     /// Operations in flight: calls, posted receive buffers, calls being served, replies.
     pub ops: usize,
+    /// Of those, its calls that ended (cancelled, timed out) while the peer could still reach
+    /// their memory, not yet released (ABI.md §3, LENT).
+    #[serde(default)]
+    pub lent: usize,
     /// Calls it submitted.
     pub calls: u64,
     /// Of those, calls that ended.

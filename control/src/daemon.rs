@@ -1639,6 +1639,7 @@ fn app_status(thread: usize, a: &rpcrdma_shm::daemon::AppInfo) -> admin::AppStat
             })
             .collect(),
         ops: a.ops,
+        lent: a.lent,
         calls: a.counters.calls,
         calls_done: a.counters.calls_done,
         served: a.counters.served,

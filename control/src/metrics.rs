@@ -88,6 +88,15 @@ fn esc(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The labels of an attached app's series: its thread, slot.generation and pid.
+fn app_labels(s: &Snapshot, a: &rpcrdma_shm::daemon::AppInfo) -> String {
+    let pid = a.pid.map_or_else(|| "-".to_string(), |p| p.to_string());
+    format!(
+        "{{thread=\"{}\",app=\"{}.{}\",pid=\"{pid}\"}}",
+        s.thread.index, a.slot, a.gen
+    )
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -333,16 +342,24 @@ pub fn render(
         );
         for s in snaps {
             for a in s.apps() {
-                let pid = a.pid.map_or_else(|| "-".to_string(), |p| p.to_string());
-                let _ = writeln!(
-                    out,
-                    "{metric}{{thread=\"{}\",app=\"{}.{}\",pid=\"{pid}\"}} {}",
-                    s.thread.index,
-                    a.slot,
-                    a.gen,
-                    pick(&a.counters)
-                );
+                let _ = writeln!(out, "{metric}{} {}", app_labels(s, a), pick(&a.counters));
             }
+        }
+    }
+    header(
+        &mut out,
+        "rpcrdmad_app_lent_calls",
+        "gauge",
+        "the app's calls that ended while the peer could still reach their memory, not yet released (per attached app)",
+    );
+    for s in snaps {
+        for a in s.apps() {
+            let _ = writeln!(
+                out,
+                "rpcrdmad_app_lent_calls{} {}",
+                app_labels(s, a),
+                a.lent
+            );
         }
     }
     header(
@@ -574,6 +591,7 @@ mod tests {
             slot: 1,
             gen: 4,
             pid: Some(4242),
+            lent: 2,
             counters: rpcrdma_shm::daemon::AppCounters {
                 calls: 9,
                 served: 5,
@@ -742,6 +760,10 @@ mod tests {
         assert!(matches!(
             gauge("rpcrdmad_app_served_total", Some(("app", "1.4"))),
             Some(prometheus_parse::Value::Counter(v)) if v == 5.0
+        ));
+        assert!(matches!(
+            gauge("rpcrdmad_app_lent_calls", Some(("pid", "4242"))),
+            Some(prometheus_parse::Value::Gauge(v)) if v == 2.0
         ));
         assert_eq!(
             text.lines()

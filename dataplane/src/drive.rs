@@ -19,11 +19,14 @@
 //! and poll turns. Time is a counter, so a run replays exactly. [`run`] panics only if a
 //! `Driver` breaks its contract:
 //! - nothing panics, and every loop is bounded;
-//! - every call C submits ends exactly once, and nothing ends that was not submitted;
+//! - every call C submits ends exactly once, and nothing ends that was not submitted; one
+//!   that ends lent (cancelled while its chunks are exposed) is released exactly once, and
+//!   its memory is not written after;
 //! - every call S's server is handed ends exactly once ([`Event::ReplyDone`] or
 //!   [`Event::ServeAborted`]), and arguments come only for a call being pulled;
-//! - the honest connection is never ended by what H does, and each of its calls that was not
-//!   cancelled brings back exactly the bytes it sent; the one exception is the one
+//! - the honest connection is never ended by what H does nor by C's cancels, and each of its
+//!   calls that was not cancelled brings back exactly the bytes it sent; the one exception is
+//!   the one
 //!   `dataplane/README.md` documents: H bursting past its grant into a node's *shared*
 //!   receive queue, which iWARP cannot survive (the check is then off for that run);
 //! - after every connection is closed and removed, every send and receive buffer of both nodes
@@ -337,6 +340,17 @@ struct Call {
     result: bool,
     cancelled: bool,
     ended: bool,
+    /// Ended cancelled with its memory lent to the peer: its slot is C's again only once
+    /// `released`.
+    lent: bool,
+    released: bool,
+}
+
+impl Call {
+    /// Ended, and its memory C's again.
+    fn settled(&self) -> bool {
+        self.ended && (!self.lent || self.released)
+    }
 }
 
 /// A call S's server holds: its slot, and whether its arguments are in place.
@@ -767,17 +781,32 @@ impl Run {
         self.s_events();
     }
 
-    /// C's events: calls ending.
+    /// C's events: calls ending, and the memory of those that ended lent coming back.
     fn c_events(&mut self) {
         for (conn, ev) in std::mem::take(&mut self.c.events) {
-            let Event::CallDone(d) = ev else {
-                continue;
+            let d = match ev {
+                Event::CallDone(d) => d,
+                Event::CallReleased { user, .. } => {
+                    let call = self.calls.get_mut(&user);
+                    let call = call.unwrap_or_else(|| panic!("released, never submitted: {user}"));
+                    assert!(
+                        call.ended && call.lent && !call.released,
+                        "released, not lent or twice: {call:?}"
+                    );
+                    call.released = true;
+                    let slot = call.slot;
+                    self.fenced.insert(slot, self.slot_bytes(slot));
+                    self.c_free.push(slot);
+                    continue;
+                }
+                _ => continue,
             };
             let Some(call) = self.calls.get_mut(&d.user) else {
                 panic!("a call ended that was never submitted: {d:?}");
             };
             assert!(!call.ended, "a call ended twice: {d:?}");
             call.ended = true;
+            call.lent = d.lent;
             let call = *call;
             if call.honest {
                 assert_eq!(
@@ -786,6 +815,10 @@ impl Run {
                     "an honest call ended on another connection"
                 );
                 self.check_honest(&call, &d);
+            }
+            if d.lent {
+                // The peer may still write it: not C's until released.
+                continue;
             }
             self.fenced.insert(call.slot, self.slot_bytes(call.slot));
             self.c_free.push(call.slot);
@@ -908,6 +941,8 @@ impl Run {
                         result,
                         cancelled: false,
                         ended: false,
+                        lent: false,
+                        released: false,
                     },
                 );
             }
@@ -955,17 +990,11 @@ impl Run {
                 .cancel_call(conn, call.xid, &mut self.c.mem)
                 .is_ok()
             {
+                // Its chunks stay valid until its late reply (R8166-8.1.4-c): the
+                // responder's RDMA Read or Write still finds them, and the honest connection
+                // survives C's own cancels.
                 if let Some(c) = self.calls.get_mut(&user) {
                     c.cancelled = true;
-                }
-                // A cancelled call's chunks are invalidated at once (R8166-4.4-c): the
-                // responder's RDMA Read or Write that then meets them fails, and with it the
-                // connection. The honest connection may end by C's own hand, unless the call
-                // surely had no chunk: an echo of at most 100 bytes (its reply fits the
-                // smallest inline threshold, 1024, which version two uses until the peer
-                // confirms it speaks version two, AMB-20).
-                if call.honest && call.n > 100 {
-                    self.guard = false;
                 }
             }
         }
@@ -1440,7 +1469,7 @@ impl Run {
         }
         for _ in 0..SETTLE_TURNS {
             let live = |n: &Node| n.drv.connection_ids().next().is_some();
-            if !live(&self.c) && !live(&self.s) && self.calls.values().all(|c| c.ended) {
+            if !live(&self.c) && !live(&self.s) && self.calls.values().all(Call::settled) {
                 break;
             }
             self.turn();
@@ -1468,8 +1497,11 @@ impl Run {
         for &slot in &self.c_free {
             self.check_fenced(slot);
         }
-        let unended: Vec<&Call> = self.calls.values().filter(|c| !c.ended).collect();
-        assert!(unended.is_empty(), "calls never ended: {unended:?}");
+        let unended: Vec<&Call> = self.calls.values().filter(|c| !c.settled()).collect();
+        assert!(
+            unended.is_empty(),
+            "calls never ended, or never released: {unended:?}"
+        );
         assert!(
             self.serves.is_empty(),
             "served calls never ended: {}",

@@ -866,7 +866,7 @@ impl<P: Provider> Driver<P> {
     }
 
     /// The `user` value of a call in flight (see [`Connection::call_user`]).
-    pub fn call_user(&self, id: ConnId, xid: u32) -> Option<(u64, bool)> {
+    pub fn call_user(&self, id: ConnId, xid: u32) -> Option<u64> {
         self.connection(id)?.call_user(xid)
     }
 

@@ -30,9 +30,10 @@
 //! | app side (`AppTable`)                      | engine side                                         |
 //! |--------------------------------------------|-----------------------------------------------------|
 //! | `Submission::Call(id)`, `c = call_request(id)` | `submit_call(conn, &CallSpec { user: c.id.to_u64(), xid: c.xid, msg, args: c.args as ArgPiece{mem, xdr_pos}, results, reply })` |
-//! | `Submission::Cancel(id)`; ids from `expired(now, ..)` (the CALL's time limit) | `call_user(conn, c.xid)` is the call's `user` (not a later call under its XID) → `cancel_call(conn, c.xid)`: its chunks are invalidated, then `Event::CallDone` with `CallStatus::Cancelled` (→ `CANCELLED` or `TIMEOUT`) |
-//! | app gone (`Detached::calls`)               | a call that offered the peer no memory (`call_user` says so) is cancelled at once; the others run on (fencing them could cost a connection other apps share); every `CallDone` is dropped; its arena stays registered until none is in flight |
-//! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()` |
+//! | `Submission::Cancel(id)`; ids from `expired(now, ..)` (the CALL's time limit) | `call_user(conn, c.xid)` is the call's `user` (not a later call under its XID) → `cancel_call(conn, c.xid)`: `Event::CallDone` at once with `CallStatus::Cancelled` (→ `CANCELLED` or `TIMEOUT`), `lent` if its chunks stay exposed |
+//! | app gone (`Detached::calls`)               | each is cancelled as above; every `CallDone` is dropped; its arena stays registered until none is in flight or lent |
+//! | `complete_call(id, CallOutcome { .. })`    | on `Event::CallDone(d)`: `status` from `d.status`, `rpc_stat`, `reply_len`, `results: d.results()`, `lent: d.lent` |
+//! | `release_call(id)`                         | on `Event::CallReleased { user, .. }` (a lent call's late reply came, or its connection ended; its keys are invalidated) |
 //! | `take_recv(app, args_len)`                 | on `Event::IncomingCall(ic)` (route by `ic.prog/vers`), then `accept_call(conn, ic.id, recvbuf_memref)`; no app: `reject_call(conn, ic.id, PROG_UNAVAIL)` |
 //! | `deliver_call(rb, IncomingCall { tag: serve_tag(conn, id), .. })` | when `accept_call` answers `Accepted::Ready { args_len }` (inline calls), or on `Event::ArgsReady { id, args_len }` after `Accepted::Pulling` (Read chunks) |
 //! | `Submission::Reply(id)`, `r = reply_request(id)` | `let (conn, id) = from_serve_tag(r.tag); submit_reply(conn, id, &ReplySpec { accept_stat: r.accept_stat, msg, results })` |

@@ -692,7 +692,7 @@ impl Held {
 
 /// An app cancels one of its calls and lets another reach its time limit, both held by the
 /// server, with the app on thread 0 and the connection on thread 1 (the requests cross as
-/// hops). Each ends once, with its own status, after the engine fenced it (R8166-4.4-c); the
+/// hops). Each ends once, with its own status, at once (inline: nothing to fence); the
 /// server's late replies are taken only for their credits and dropped; the connection stays
 /// up and serves calls after them; nothing stays in flight.
 #[test]
@@ -734,7 +734,8 @@ fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_retur
     // Each ended once: nothing more for them, and neither can be cancelled again.
     assert!(matches!(h.c.cancel(a), Err(Error::UnknownTicket)));
     assert!(matches!(h.c.try_take(b), Err(Error::UnknownTicket)));
-    assert_eq!(h.c.in_flight(), 0);
+    // Inline calls: nothing lent, nothing to wait for.
+    assert_eq!((h.c.in_flight(), h.c.lent()), (0, 0));
 
     // The server answers them now: the engine takes the replies for their credits only.
     let info = h.release_and_wait_dropped(2);
@@ -758,43 +759,103 @@ fn r8166_4_4_c_an_app_cancels_or_times_out_its_calls_and_late_replies_only_retur
     h.stop();
 }
 
-/// A cancelled call whose result the peer would place with RDMA Write: its Write chunk is
-/// invalidated before the app hears the call ended (R8166-4.4-c, R8166-8.1.4-c), so the
-/// server's late reply cannot reach the app's memory: its Write is refused by the provider
-/// and the connection ends, which is what cancelling a chunked call can cost (ABI.md §5).
+impl Held {
+    /// Submits a READ of 8 KiB into a result buffer (a Write chunk) that the server holds, from
+    /// `c`, and waits until the server holds it.
+    fn held_read(&self, c: &mut Client) -> rpcrdma_shm::client::Ticket {
+        // The seed's first byte (the argument's fifth) makes the server hold it.
+        let mut call = c.call(self.peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
+        call.args().put_u32(8192).put_u32(0xEE00_0001);
+        call.result_buffer(8192).max_reply(64);
+        let r = call.submit().expect("submit");
+        self.wait_held();
+        r
+    }
+
+    /// Waits (up to 20 s) until the two threads' memory regions number `n`; what they are.
+    fn regions(&self, n: [usize; 2]) -> [usize; 2] {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let now = [stats(&self.t0).regions, stats(&self.t1).regions];
+            if now == n || Instant::now() > end {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// A cancelled call whose result the peer would place with RDMA Write ends for its app at once,
+/// *lent* (R8166-8.1.4-c): nothing is invalidated under the server's feet, so its late Write
+/// lands in the buffer the client holds aside, and the connection lives. Once the late reply
+/// is in, the chunk is fenced (R8166-4.4-c) and only then is the buffer the client's again.
 #[test]
-fn r8166_8_1_4_c_a_cancelled_call_s_write_chunk_is_fenced_before_the_app_hears() {
+fn r8166_8_1_4_c_a_cancelled_chunked_call_ends_lent_and_is_released_after_its_late_reply() {
     let mut h = Held::new("cancel-chunk");
     let before = h.client_end().expect("up").engine.invalidations;
-    // READ of 8 KiB whose seed's first byte (the argument's fifth) makes the server hold it.
-    let mut call =
-        h.c.call(h.peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
-    call.args().put_u32(8192).put_u32(0xEE00_0001);
-    call.result_buffer(8192).max_reply(64);
-    let r = call.submit().expect("submit");
-    h.wait_held();
-    h.c.cancel(r).expect("cancel");
-    match h.c.wait(r, T) {
+    // A second app (the first makes the call that lets the server answer).
+    let (mut c, _) = client(&mut h.apps, &h.t0, &h.path);
+    let r = h.held_read(&mut c);
+    c.cancel(r).expect("cancel");
+    match c.wait(r, T) {
         Err(Error::Status(s)) => assert_eq!(s, status::CANCELLED),
         other => panic!("the cancelled READ ended {other:?}"),
     }
-    let info = h.client_end().expect("still up");
+    assert_eq!((c.in_flight(), c.lent()), (0, 1));
+    let info = h.client_end().expect("up");
     assert_eq!(
-        info.engine.invalidations,
-        before + 1,
-        "its Write chunk was invalidated before it ended: {info:?}"
+        info.engine.invalidations, before,
+        "not fenced under the server's feet: {info:?}"
     );
-    assert_eq!(info.state, ConnState::Up);
+    // Its op stays the app's until released: its thread still counts it in flight, beside
+    // the call the server holds.
+    assert_eq!(stats(&h.t0).rpcs_in_flight, 2);
 
-    // The server answers now, and its Write into the fenced chunk costs the connection.
-    h.release.send(()).expect("release");
-    let t = echo(&mut h.c, h.peer, rdmatest::VERS, 1);
-    let _ = h.c.wait(t, T);
-    let conn = h.conn;
-    expect(&h.t1, "Down", |e| match e {
-        Event::Down { conn: id, .. } if id == conn => Some(()),
-        _ => None,
-    });
+    // The server answers now: its Write lands, the reply is dropped, the chunk fenced.
+    let info = h.release_and_wait_dropped(1);
+    assert_eq!(info.state, ConnState::Up, "the late Write cost nothing");
+    assert_eq!(info.engine.invalidations, before + 1, "{info:?}");
+    let end = Instant::now() + Duration::from_secs(20);
+    while c.lent() > 0 && Instant::now() < end {
+        c.progress().expect("progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(c.lent(), 0, "released");
+    let (s0, s1) = (stats(&h.t0), stats(&h.t1));
+    assert_eq!(
+        (s0.rpcs_in_flight, s1.rpcs_in_flight),
+        (0, 0),
+        "{s0:?} {s1:?}"
+    );
+    let t = echo(&mut c, h.peer, rdmatest::VERS, 2);
+    assert_eq!(c.wait(t, T).expect("after").accept_stat, 0);
+    h.stop();
+}
+
+/// An app that leaves with a chunked call in flight: the call is cancelled, lent, and the app's
+/// arena stays registered on both threads while the server may still write it; its late reply
+/// releases the call, and only then is the arena deregistered.
+#[test]
+fn a_gone_app_s_lent_call_keeps_its_arena_registered_until_released() {
+    let mut h = Held::new("gone-lent");
+    let (mut gone, _) = client(&mut h.apps, &h.t0, &h.path);
+    assert_eq!(h.regions([4, 4]), [4, 4]);
+    h.held_read(&mut gone);
+    drop(gone);
+    // Its call ended lent at once (one call of the poll threads in flight still) ...
+    let end = Instant::now() + Duration::from_secs(20);
+    while stats(&h.t0).apps_detached == 0 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        [stats(&h.t0).regions, stats(&h.t1).regions],
+        [4, 4],
+        "the gone app's arena stays while its memory is lent"
+    );
+    // ... and its late reply releases it, with the arena.
+    h.release_and_wait_dropped(1);
+    assert_eq!(h.regions([3, 3]), [3, 3]);
     h.stop();
 }
 

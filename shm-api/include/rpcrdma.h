@@ -40,6 +40,11 @@
 #define RR_OP_POST_RECV 5u
 #define RR_OP_DETACH 6u /* closing: the daemon frees the app's slot at once (no completion) */
 #define RR_OP_CANCEL 7u /* cancel the call whose CALL had this user_data (no completion of its own) */
+#define RR_OP_RELEASED 8u /* completion only: the memory of a call completed RR_CQE_LENT is the app's again */
+
+/* Completion flags (rr_cqe.flags). */
+#define RR_CQE_LENT 1u /* CALL ended RR_CANCELLED/RR_TIMEOUT while the peer may still reach its
+                          buffers (chunks): reuse none of them before its RR_OP_RELEASED */
 
 /* Submission flags. */
 #define RR_FLAG_XID_APP 1u
@@ -317,10 +322,11 @@ static inline int rr_submit(struct rr_app *app, const struct rr_sqe *s)
     return 0;
 }
 
-/* Takes one completion if there is one: 1 (copied to *out) or 0. */
 /* Asks the daemon to cancel the call submitted with user_data (no completion of its own). The call
-   still completes once: RR_CANCELLED once the daemon has fenced its memory, or its reply if that
-   came first. 0, or rr_submit's -EAGAIN (ring full) / -EPIPE. */
+   still completes once: RR_CANCELLED, or its reply if that came first. If that completion has
+   RR_CQE_LENT in its flags, the peer may still write the call's buffers: keep them until a
+   completion of kind RR_OP_RELEASED with the same user_data. 0, or rr_submit's -EAGAIN (ring
+   full) / -EPIPE. */
 static inline int rr_cancel(struct rr_app *app, uint64_t user_data)
 {
     struct rr_sqe c;
@@ -330,6 +336,7 @@ static inline int rr_cancel(struct rr_app *app, uint64_t user_data)
     return rr_submit(app, &c);
 }
 
+/* Takes one completion if there is one: 1 (copied to *out) or 0. */
 static inline int rr_poll(struct rr_app *app, struct rr_cqe *out)
 {
     /* Acquire pairs with the daemon's Release store of the CQ tail after writing the slot. */

@@ -116,9 +116,26 @@ pub mod op {
     /// still detaches an app that never sends it (a crash, `kill -9`).
     pub const DETACH: u8 = 6;
     /// Cancel this app's call whose CALL carried `user_data`. No completion of its own: the
-    /// call completes once, with `CANCELLED` (its memory fenced first), or with its reply if
-    /// that came first. Naming no call in flight is not an error (it may have just ended).
+    /// call completes once, with `CANCELLED`, or with its reply if that came first. Naming no
+    /// call in flight is not an error (it may have just ended). If the completion carries
+    /// [`cqe_flag::LENT`], the call's memory is not the app's yet: see [`RELEASED`].
     pub const CANCEL: u8 = 7;
+    /// A completion only (never submitted): the memory of a call that completed with
+    /// [`cqe_flag::LENT`] (same `user_data`) is the app's again. The peer can no longer
+    /// reach it: its late reply came, or its connection ended, and the daemon fenced it.
+    pub const RELEASED: u8 = 8;
+}
+
+/// Completion flags (`Cqe::flags`).
+pub mod cqe_flag {
+    /// CALL that ended `CANCELLED` or `TIMEOUT` while the peer may still read or write its
+    /// memory (its argument pieces, result buffers or reply buffer travelled as RDMA chunks):
+    /// none of that memory may be reused, or freed, before the call's [`op::RELEASED`]
+    /// completion. The daemon does not fence it under the peer's feet: a late access by the
+    /// peer would cost the connection every app's calls share (RFC 8166 §8.1.4).
+    ///
+    /// [`op::RELEASED`]: super::op::RELEASED
+    pub const LENT: u8 = 1;
 }
 
 /// Submission flags (`Sqe::flags`).
@@ -251,9 +268,10 @@ pub struct Sqe {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cqe {
-    /// The opcode of the submission this completes (POST_RECV completes with an incoming call).
+    /// The opcode of the submission this completes (POST_RECV completes with an incoming call),
+    /// or [`op::RELEASED`].
     pub kind: u8,
-    /// Reserved, zero.
+    /// [`cqe_flag`]s.
     pub flags: u8,
     /// CALL: number of result buffers whose record the daemon updated.
     pub n_results: u8,

@@ -1,6 +1,8 @@
 //! App side: [`Client`] for calls, [`Server`] for serving a program, [`Arena`] for the arena's space.
 
-use crate::abi::{flag, inline_room, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED};
+use crate::abi::{
+    cqe_flag, flag, inline_room, op, status, ArenaRange, Cqe, Piece, Sqe, STATE_DETACHED,
+};
 use crate::attach::{connect, drain, wait_readable, wake, AppConn};
 use crate::ring::{Consumer, Producer, RingError};
 use crate::sync::{fence, Ordering};
@@ -543,6 +545,9 @@ pub struct Client {
     slots: Vec<(u32, Slot)>,
     free: Vec<u32>,
     done: VecDeque<Ticket>,
+    /// The arena buffers of calls that ended lent ([`cqe_flag::LENT`]), by `user_data`, held
+    /// aside until their [`op::RELEASED`].
+    lent: Vec<(u64, Vec<ArenaBuf>)>,
 }
 
 /// A call being built; [`CallBuilder::submit`] puts it on the ring.
@@ -630,6 +635,7 @@ impl Client {
             slots: Vec::new(),
             free: Vec::new(),
             done: VecDeque::new(),
+            lent: Vec::new(),
         })
     }
 
@@ -832,6 +838,13 @@ impl Client {
     }
 
     fn on_cqe(&mut self, c: Cqe) {
+        if c.kind == op::RELEASED {
+            if let Some(k) = self.lent.iter().position(|(u, _)| *u == c.user_data) {
+                let (_, bufs) = self.lent.swap_remove(k);
+                bufs.into_iter().for_each(|b| self.ep.arena.free(b));
+            }
+            return;
+        }
         if c.kind != op::CALL {
             return;
         }
@@ -867,8 +880,11 @@ impl Client {
                 body: reassemble(&reply, pieces.iter().map(|(p, d)| (*p, d.as_slice()))),
             })
         };
-        for b in f.bufs {
-            self.ep.arena.free(b);
+        if c.flags & cqe_flag::LENT != 0 {
+            // The peer may still write them: not reused before the call's RELEASED.
+            self.lent.push((c.user_data, f.bufs));
+        } else {
+            f.bufs.into_iter().for_each(|b| self.ep.arena.free(b));
         }
         self.slots[ticket.slot()].1 = Slot::Done(res);
         self.done.push_back(ticket);
@@ -951,12 +967,12 @@ impl Client {
     }
 
     /// Asks the daemon to cancel call `t`. The call still finishes once, as every call does:
-    /// with `Error::Status(CANCELLED)` once the daemon has fenced the memory the peer could
-    /// reach (invalidated its chunks), or with its reply if that came first. Its buffers are
-    /// the client's again only then. Cancelling a call that the peer may still reach through a
-    /// chunk (a large argument, a result buffer, a long reply) costs its connection, and every
-    /// call on it (other apps' too), when the peer tries (RFC 8166 §8.1.4, ABI.md §5); an
-    /// inline call costs nothing.
+    /// with `Error::Status(CANCELLED)` at once, or with its reply if that came first. If the
+    /// peer may still reach the call's memory through a chunk (a large argument, a result
+    /// buffer, a long reply), the client keeps those arena buffers aside until the daemon
+    /// says the peer no longer can (after the late reply, or when the connection ends;
+    /// [`lent`](Self::lent) counts them meanwhile); nothing else waits, and the connection
+    /// is not put at risk (ABI.md §5).
     ///
     /// `UnknownTicket` if `t` is not in flight (never issued, taken already, or finished and
     /// waiting to be taken); `RingFull` if the request finds no room (retry after a poll).
@@ -970,6 +986,13 @@ impl Client {
             user_data: t.0,
             ..Sqe::default()
         })
+    }
+
+    /// Calls that ended (cancelled, or past their time limit) while the peer could still
+    /// reach their memory: their arena buffers come back, and their slots under the daemon's
+    /// limit on calls in flight, once the daemon releases them.
+    pub fn lent(&self) -> usize {
+        self.lent.len()
     }
 
     /// Calls in flight.

@@ -60,7 +60,9 @@
 //! # }
 //! ```
 
-use crate::abi::{flag, op, status, ArenaRange, Cqe, Piece, Sqe, MAX_PIECES, STATE_DETACHED};
+use crate::abi::{
+    cqe_flag, flag, op, status, ArenaRange, Cqe, Piece, Sqe, MAX_PIECES, STATE_DETACHED,
+};
 use crate::attach::{drain, wake, Attachment};
 use crate::region::Region;
 use crate::ring::{Consumer, Producer, RingError};
@@ -238,8 +240,8 @@ pub enum Submission {
     /// this app's is taken after it.
     Detach,
     /// The app cancelled its call `id` ([`op::CANCEL`]), still in flight when the table took
-    /// the request: end it with `CANCELLED` once its memory is fenced (or let its reply, if
-    /// that wins the race, complete it).
+    /// the request: end it with `CANCELLED`, lent if the peer may still reach its memory (or
+    /// let its reply, if that wins the race, complete it).
     Cancel(OpId),
 }
 
@@ -262,6 +264,10 @@ pub struct CallOutcome<'a> {
     pub reply_len: u32,
     /// (xdr_pos, used) for each result buffer the reply filled, in order.
     pub results: &'a [(u32, u32)],
+    /// Cancelled (or timed out) while the peer may still reach the call's memory: the
+    /// completion carries [`cqe_flag::LENT`], and the call stays the app's in flight until
+    /// [`AppTable::release_call`].
+    pub lent: bool,
 }
 
 /// An incoming call for a serving app, for [`AppTable::deliver_call`].
@@ -347,6 +353,9 @@ pub struct AppInfo {
     pub pid: Option<i32>,
     /// Its operations in flight (calls, posted receive buffers, calls being served, replies).
     pub ops: usize,
+    /// Of those, calls that ended cancelled or timed out whose memory the peer may still
+    /// reach ([`cqe_flag::LENT`]; the app is owed their [`op::RELEASED`]).
+    pub lent: usize,
     /// Its counters.
     pub counters: AppCounters,
     /// Its registrations (program, version, callback program), the first `n_programs`.
@@ -380,6 +389,11 @@ pub struct TableStats {
 enum OpState {
     Free,
     Call(CallRequest),
+    /// A call that completed [`cqe_flag::LENT`]: its [`op::RELEASED`] is owed.
+    Lent {
+        user_data: u64,
+        xid: u32,
+    },
     Recv {
         user_data: u64,
         buf: ArenaRange,
@@ -535,8 +549,8 @@ impl App {
                 Err(RingError::Full) => {}
             }
         }
-        // Bounded: pending + backlog never exceeds max_owed (see `poll_submissions`), so this never
-        // reallocates.
+        // Bounded: pending + backlog never exceeds max_owed (see `poll_submissions`) plus the
+        // calls that completed lent (each owes a second completion), so this never reallocates.
         if self.backlog.is_empty() {
             self.stalled_since = Some(Instant::now());
         }
@@ -730,7 +744,9 @@ impl AppTable {
             timing: vec![Timing::Open; usize::from(n)],
             free: (0..n).rev().collect(),
             recvs: VecDeque::with_capacity(usize::from(n)),
-            backlog: VecDeque::with_capacity(max_owed as usize),
+            // Each accepted submission owes one completion; a call that completes lent owes
+            // one more (its RELEASED), at most one per op.
+            backlog: VecDeque::with_capacity(max_owed as usize + usize::from(n)),
             pending: 0,
             max_owed,
             fault: None,
@@ -770,6 +786,11 @@ impl AppTable {
             gen: id.gen,
             pid: app.att.pid,
             ops: app.ops_in_use(),
+            lent: app
+                .ops
+                .iter()
+                .filter(|o| matches!(o.state, OpState::Lent { .. }))
+                .count(),
             counters: app.counters,
             ..AppInfo::default()
         };
@@ -1159,10 +1180,21 @@ impl AppTable {
             }
         }
         let ok = out.status == status::OK;
-        app.free_op(id);
+        let lent = out.lent && !ok;
+        if lent {
+            if let Some(op) = app.op_mut(id) {
+                op.state = OpState::Lent {
+                    user_data: req.user_data,
+                    xid: req.xid,
+                };
+            }
+        } else {
+            app.free_op(id);
+        }
         app.counters.calls_done += 1;
         app.push(Cqe {
             kind: op::CALL,
+            flags: if lent { cqe_flag::LENT } else { 0 },
             n_results,
             status: out.status,
             user_data: req.user_data,
@@ -1177,6 +1209,37 @@ impl AppTable {
                 0
             },
             rpc_stat: out.rpc_stat,
+            ..Cqe::default()
+        });
+        if lent {
+            // Its RELEASED is owed still (`push` took the call's completion off).
+            app.pending += 1;
+        }
+        true
+    }
+
+    /// The peer can no longer reach the memory of call `id`, which completed lent
+    /// ([`CallOutcome::lent`]): its app is told ([`op::RELEASED`]) and the call leaves its
+    /// slab. False (and counted) if the app or the call is gone.
+    pub fn release_call(&mut self, id: OpId) -> bool {
+        let Some(app) = self.app_mut(id.app) else {
+            self.stats.stale_completions += 1;
+            return false;
+        };
+        let Some(&mut Op {
+            state: OpState::Lent { user_data, xid },
+            ..
+        }) = app.op_mut(id)
+        else {
+            self.stats.stale_completions += 1;
+            return false;
+        };
+        app.free_op(id);
+        app.push(Cqe {
+            kind: op::RELEASED,
+            status: status::OK,
+            user_data,
+            xid,
             ..Cqe::default()
         });
         true
@@ -1890,6 +1953,84 @@ mod tests {
         );
     }
 
+    /// R8166-8.1.4-c: a call that ends while the peer may still reach its memory completes at
+    /// once, flagged LENT, keeps its op (it counts against the app's limit, and its app's
+    /// operators see it) until the daemon releases it, then completes a second time, as
+    /// RELEASED, exactly once; a lent call is neither cancelled nor timed out again.
+    #[test]
+    fn a_lent_call_completes_then_is_released_once() {
+        let mut t = AppTable::new(TableConfig {
+            max_ops_per_app: 2,
+            ..TableConfig::default()
+        })
+        .unwrap();
+        let (id, mut app) = attach(&mut t, geometry());
+        app.submit(Sqe {
+            timeout_ms: 1,
+            ..call(5)
+        });
+        let Submission::Call(op) = poll(&mut t)[0].1 else {
+            panic!("not a call")
+        };
+        // Its time limit passes; the engine ends it lent.
+        let mut late = Vec::new();
+        t.expired(Instant::now() + Duration::from_secs(1), &mut late);
+        assert_eq!(late, [op]);
+        let lent = CallOutcome {
+            status: status::TIMEOUT,
+            lent: true,
+            ..CallOutcome::default()
+        };
+        assert!(t.complete_call(op, lent));
+        let c = app.drain();
+        assert_eq!(
+            c.iter()
+                .map(|c| (c.kind, c.flags, c.status, c.user_data))
+                .collect::<Vec<_>>(),
+            [(op::CALL, cqe_flag::LENT, status::TIMEOUT, 5)]
+        );
+        let xid = c[0].xid;
+        // Still the app's: one op of two, counted as lent; its completion does not come again.
+        let info = t.app_info(id).expect("attached");
+        assert_eq!((info.ops, info.lent), (1, 1));
+        assert!(!t.complete_call(op, CallOutcome::default()));
+        app.submit(Sqe {
+            opcode: op::CANCEL,
+            user_data: 5,
+            ..Sqe::default()
+        });
+        assert!(poll(&mut t).is_empty(), "a lent call is not cancelled");
+        t.expired(Instant::now() + Duration::from_secs(2), &mut late);
+        assert_eq!(late, [op], "nor timed out again");
+        // Its op counts against the app's limit.
+        app.submit(call(6));
+        app.submit(call(7));
+        let subs = poll(&mut t);
+        let [(_, Submission::Call(other))] = subs[..] else {
+            panic!("{subs:?}")
+        };
+        let refused = app.drain();
+        assert_eq!(
+            (refused[0].user_data, refused[0].status),
+            (7, status::TOO_MANY)
+        );
+        // Released: the second completion, once.
+        assert!(t.release_call(op));
+        assert!(!t.release_call(op));
+        let c = app.drain();
+        assert_eq!(
+            c.iter()
+                .map(|c| (c.kind, c.flags, c.status, c.user_data, c.xid))
+                .collect::<Vec<_>>(),
+            [(op::RELEASED, 0, status::OK, 5, xid)]
+        );
+        let info = t.app_info(id).expect("attached");
+        assert_eq!((info.ops, info.lent), (1, 0));
+        // A call that did not end lent is not released.
+        assert!(!t.release_call(other));
+        assert!(app.drain().is_empty());
+    }
+
     #[test]
     fn call_completes_with_results_and_a_stale_completion_is_dropped() {
         let mut t = AppTable::new(TableConfig::default()).unwrap();
@@ -1924,7 +2065,8 @@ mod tests {
                 status: 0,
                 rpc_stat: 0,
                 reply_len: 4,
-                results: &[(4, 60)]
+                results: &[(4, 60)],
+                lent: false,
             }
         ));
         let cqe = app.drain()[0];

@@ -367,6 +367,7 @@ impl Loopback {
                 rpc_stat: r.accept_stat,
                 reply_len: self.out.len() as u32,
                 results: &self.results,
+                lent: false,
             }
         };
         self.table.complete_call(caller, outcome);

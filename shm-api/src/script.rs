@@ -11,25 +11,29 @@
 //! draining its completions, and detaches (on its ring, by closing its socket, or by a ring
 //! the table finds corrupt). The daemon's part is played as a poll thread plays it: polls the
 //! submissions, holds the calls and completes them with outcomes the bytes choose (reply
-//! lengths past the buffer, result records of any value), hands incoming calls to the
-//! registered server, completes replies, drops served calls, reaps.
+//! lengths past the buffer, result records of any value; failed ones often *lent*, released
+//! later), hands incoming calls to the registered server, completes replies, drops served
+//! calls, reaps.
 //!
 //! [`run`] panics only if the table breaks its contract:
 //! - nothing panics;
 //! - every G submission is accepted, exactly as G wrote it, and completes exactly once with
 //!   exactly the outcome the daemon gave it (a reply length clipped to G's buffer); G never
-//!   sees a completion it did not cause, and is never detached;
+//!   sees a completion it did not cause, and is never detached; a call that completed
+//!   `LENT` is followed by exactly one `RELEASED`, once the daemon released it, and holds
+//!   its op until then;
 //! - whatever B does costs only B: B's calls are reported in flight when it detaches, and
 //!   completing them afterwards is refused;
-//! - the table never owes an app more completions than its ring holds (so its backlog never
-//!   grows), and once both apps are gone it holds no operation, no backlog and no app.
+//! - the table never owes an app more completions than its ring holds, plus one per lent call
+//!   (so its backlog never grows past what it reserved), and once both apps are gone it holds
+//!   no operation, no backlog and no app.
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::abi::{flag, op, status, Cqe, Geometry, Layout, Piece, Sqe};
+use crate::abi::{cqe_flag, flag, op, status, Cqe, Geometry, Layout, Piece, Sqe};
 use crate::attach::Attachment;
 use crate::daemon::{AppId, AppTable, CallOutcome, IncomingCall, OpId, Submission, TableConfig};
 use crate::region::{PeerInfo, Region};
@@ -42,6 +46,8 @@ const G_PROG: u32 = 0x2000_0100;
 /// Ring and arena sizes: small, so that rings fill and ranges meet the arena's edge.
 const SQ: u32 = 16;
 const CQ: u32 = 8;
+/// Operations per app.
+const OPS: u16 = 12;
 const ARENA: u32 = 1 << 14;
 /// G's arena: piece tables at 0, messages at 4 KiB, reply buffers at 8 KiB, receives at 12 KiB.
 const G_PIECES: u32 = 0;
@@ -151,6 +157,7 @@ struct Expect {
     kind: u8,
     status: u32,
     msg_len: u32,
+    flags: u8,
 }
 
 /// A call or reply the daemon holds.
@@ -182,8 +189,14 @@ struct Run {
     /// Handles of G's served calls the daemon dropped: a REPLY to one fails with BAD_HANDLE.
     g_dropped: HashSet<u32>,
     g_registered: bool,
+    /// G's calls that completed lent, by submission, their slots still lent (until their
+    /// RELEASED), and those of them the daemon released (RELEASED owed, in order).
+    g_lent: HashSet<u64>,
+    g_releasing: HashSet<u64>,
     /// Calls, replies and served calls the daemon holds.
     calls: Vec<Held>,
+    /// Calls that ended lent, not yet released.
+    lent: Vec<Held>,
     replies: Vec<Held>,
     serving: Vec<(OpId, u64)>,
     /// Handles B was given for served calls (it may reply to them, or to stale ones).
@@ -200,7 +213,7 @@ impl Run {
     fn new() -> Run {
         let mut t = AppTable::new(TableConfig {
             max_apps: 2,
-            max_ops_per_app: 12,
+            max_ops_per_app: OPS,
             peers: 2,
             ..TableConfig::default()
         })
@@ -220,7 +233,10 @@ impl Run {
             g_replying: BTreeMap::new(),
             g_dropped: HashSet::new(),
             g_registered: false,
+            g_lent: HashSet::new(),
+            g_releasing: HashSet::new(),
             calls: Vec::new(),
+            lent: Vec::new(),
             replies: Vec::new(),
             serving: Vec::new(),
             b_handles: Vec::new(),
@@ -240,6 +256,7 @@ impl Run {
                 kind: op::REGISTER,
                 status: status::OK,
                 msg_len: 0,
+                flags: 0,
             }),
         );
         r
@@ -259,7 +276,7 @@ impl Run {
 
     /// G's calls, receive buffers and answers in flight: bounded by its operation slots.
     fn g_ops(&self) -> usize {
-        self.g_wait.len() + self.g_serving.len()
+        self.g_wait.len() + self.g_serving.len() + self.g_lent.len()
     }
 
     /// G calls a peer: arguments in pieces, result buffers, a reply buffer.
@@ -344,6 +361,18 @@ impl Run {
             .pop()
             .expect("G's completion ring is never corrupt")
         {
+            if c.kind == op::RELEASED {
+                // Only after the call's own (LENT) completion, and once: its slot is G's again.
+                assert!(
+                    self.g_releasing.remove(&c.user_data) && self.g_lent.remove(&c.user_data),
+                    "G got a RELEASED it was not owed: {c:?}"
+                );
+                assert_eq!((c.status, c.flags), (status::OK, 0), "{c:?}");
+                if let Some(slot) = self.g_slots.remove(&c.user_data) {
+                    self.g_free.push(slot);
+                }
+                continue;
+            }
             let e = self
                 .g_wait
                 .remove(&c.user_data)
@@ -355,7 +384,10 @@ impl Run {
                 self.g_serving.push(c.handle);
                 continue;
             }
-            if let Some(slot) = self.g_slots.remove(&c.user_data) {
+            if c.flags & cqe_flag::LENT != 0 {
+                // Its slot stays lent to the peer until its RELEASED.
+                self.g_lent.insert(c.user_data);
+            } else if let Some(slot) = self.g_slots.remove(&c.user_data) {
                 self.g_free.push(slot);
             }
             let answered = self.g_replying.remove(&c.user_data);
@@ -374,6 +406,7 @@ impl Run {
                     kind: c.kind,
                     status: c.status,
                     msg_len: c.msg_len,
+                    flags: c.flags,
                 },
                 e,
                 "G's completion differs from the daemon's outcome"
@@ -573,13 +606,19 @@ impl Run {
         let results: Vec<(u32, u32)> = (0..b.u8() % 4)
             .map(|_| (b.field(64), b.field(256)))
             .collect();
+        // A call that failed may have ended with its memory still lent to the peer.
+        let lent = st != status::OK && b.bit();
         let outcome = CallOutcome {
             status: st,
             rpc_stat: u32::from(b.u8() % 3),
             reply_len,
             results: &results,
+            lent,
         };
         let done = self.t.complete_call(h.op, outcome);
+        if lent && done {
+            self.lent.push(h);
+        }
         if h.good {
             assert!(done, "G's call is known until completed");
             // The completion G will see: the reply length clipped to its 256-byte buffer.
@@ -591,11 +630,30 @@ impl Run {
                 } else {
                     0
                 },
+                flags: if lent { cqe_flag::LENT } else { 0 },
             };
             self.g_wait.insert(h.user, Some(e));
         } else {
             self.b_calls.remove(&h.op);
         }
+    }
+
+    /// The daemon releases a call that ended lent (its late reply came, or its connection
+    /// ended).
+    fn release_call(&mut self, b: &mut Bytes<'_>) {
+        if self.lent.is_empty() {
+            return;
+        }
+        let h = self.lent.remove(usize::from(b.u8()) % self.lent.len());
+        let done = self.t.release_call(h.op);
+        if h.good {
+            assert!(done, "G's lent call is known until released");
+            self.g_releasing.insert(h.user);
+        }
+        assert!(
+            !self.t.release_call(h.op),
+            "a call is released once, and only while lent"
+        );
     }
 
     /// The daemon hands an incoming call to whoever serves `G_PROG` (G, or B if it took it).
@@ -651,6 +709,7 @@ impl Run {
                 kind: op::REPLY,
                 status: code,
                 msg_len: 0,
+                flags: 0,
             };
             self.g_wait.insert(h.user, Some(e));
         }
@@ -704,7 +763,7 @@ impl Run {
     fn check_owed(&self) {
         let s = self.t.stats();
         assert!(
-            s.backlog <= 2 * CQ as usize,
+            s.backlog <= 2 * (CQ as usize + usize::from(OPS)),
             "completions owed beyond the rings: {s:?}"
         );
     }
@@ -722,6 +781,7 @@ impl Run {
             8 | 9 => self.poll(b),
             10 | 11 => self.complete_call(b),
             12 => self.deliver(b),
+            13 if b.bit() => self.release_call(b),
             13 => self.complete_reply(b),
             14 => self.cancel_serving(b),
             _ => match b.u8() % 4 {
@@ -769,10 +829,14 @@ impl Run {
             while !self.replies.is_empty() {
                 self.complete_reply(&mut quiet);
             }
+            while !self.lent.is_empty() {
+                self.release_call(&mut quiet);
+            }
             self.g_drain(&mut quiet);
             // Receive buffers never handed a call stay lent until G goes.
             let lent = self.g_wait.values().filter(|e| e.is_none()).count();
-            if lent == self.g_recvs as usize && self.g_serving.is_empty() {
+            if lent == self.g_recvs as usize && self.g_serving.is_empty() && self.g_lent.is_empty()
+            {
                 break;
             }
         }
@@ -781,6 +845,11 @@ impl Run {
             lent, self.g_recvs as usize,
             "G's submissions never completed: {:?}",
             self.g_wait
+        );
+        assert!(
+            self.g_lent.is_empty(),
+            "G's lent calls never released: {:?}",
+            self.g_lent
         );
         let d = self.t.detach(self.g.id, "closed").expect("G attached");
         assert!(d.calls.is_empty(), "{d:?}");

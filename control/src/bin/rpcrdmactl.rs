@@ -191,12 +191,13 @@ const PERCENTILES: [(&str, &str); 7] = [
 ];
 
 /// The columns of `apps`: column, JSON key.
-const APP_COLUMNS: [(&str, &str); 12] = [
+const APP_COLUMNS: [(&str, &str); 13] = [
     ("THREAD", "thread"),
     ("APP", "app"),
     ("PID", "pid"),
     ("PROGRAMS", "programs"),
     ("OPS", "ops"),
+    ("LENT", "lent"),
     ("CALLS", "calls"),
     ("DONE", "calls-done"),
     ("SERVED", "served"),

@@ -362,7 +362,8 @@ pub enum CallStatus {
     Local,
     /// The connection ended before a reply.
     Closed,
-    /// The owner cancelled the call (its memory was fenced first).
+    /// The owner cancelled the call ([`CallDone::lent`] if the peer may still reach its
+    /// memory).
     Cancelled,
 }
 
@@ -379,6 +380,9 @@ pub struct CallDone {
     pub rpc_stat: u32,
     /// Bytes of reduced reply XDR placed at the start of the reply buffer.
     pub reply_len: u32,
+    /// A cancelled call ([`CallStatus::Cancelled`]) whose memory the peer may still read or
+    /// write: keep it until [`Event::CallReleased`] (see [`Connection::cancel_call`]).
+    pub lent: bool,
     results: [(u32, u32); MAX_PIECES],
     n_results: u8,
 }
@@ -398,6 +402,7 @@ impl CallDone {
             status,
             rpc_stat: 0,
             reply_len: 0,
+            lent: false,
             results: [(0, 0); MAX_PIECES],
             n_results: 0,
         }
@@ -467,6 +472,14 @@ pub enum CloseReason {
 pub enum Event {
     /// A call of this side finished.
     CallDone(CallDone),
+    /// The memory of a call that ended [`CallDone::lent`] is fenced: the peer can no longer
+    /// reach it, and its owner may reuse it.
+    CallReleased {
+        /// The submitter's token.
+        user: u64,
+        /// XID.
+        xid: u32,
+    },
     /// A call arrived for a local app.
     IncomingCall(IncomingCall),
     /// The arguments of a call accepted with [`Accepted::Pulling`] are in place
@@ -679,10 +692,9 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
-    /// The calls sent and unanswered, by XID (what `find_call` looks up).
+    /// The calls sent and unanswered, by XID (what `find_call` looks up), cancelled ones
+    /// included: each holds its XID and credit until its late reply.
     sent: xids::XidIndex,
-    /// Cancelled calls still owed a reply.
-    ghosts: u32,
     call_free: Vec<u32>,
     queued: VecDeque<u32>,
     granted: u32,
@@ -758,7 +770,6 @@ impl Connection {
                 .map(|_| requester::Call::default())
                 .collect(),
             sent: xids::XidIndex::new(cfg.max_calls),
-            ghosts: 0,
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),
             granted: 1,
@@ -975,8 +986,8 @@ impl Connection {
         self.release_shared_sends(false);
         self.sent.clear();
         for i in 0..self.calls.len() {
-            if let Some(done) = self.calls.get_mut(i).and_then(requester::Call::abort) {
-                self.events.push_back(Event::CallDone(done));
+            if let Some(ev) = self.calls.get_mut(i).and_then(requester::Call::abort) {
+                self.events.push_back(ev);
             }
         }
         self.queued.clear();

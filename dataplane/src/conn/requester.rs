@@ -57,8 +57,6 @@ enum State {
     Queued,
     Sent,
     Invalidating,
-    /// Cancelled, fenced and reported; kept only to match its late reply (credits).
-    Ghost,
 }
 
 /// One call slot of the requester.
@@ -78,8 +76,13 @@ pub(super) struct Call {
     /// Resend as version 1 once invalidation ends (ERR_VERS to a version-two call).
     requeue: bool,
     retried: bool,
-    /// Cancelled while sent: after invalidation the slot waits for the reply as a ghost.
-    ghost: bool,
+    /// Cancelled while sent, its owner told: it stays sent, under its XID, until its late
+    /// reply (or the connection's end) returns its credit; then it ends silently, or, if
+    /// `lent`, its memory is fenced and it ends with [`Event::CallReleased`].
+    cancelled: bool,
+    /// Cancelled with memory exposed to the peer: the owner must not reuse it before
+    /// [`Event::CallReleased`].
+    lent: bool,
     xid: u32,
     prog: u32,
     vers: u32,
@@ -97,17 +100,25 @@ pub(super) struct Call {
 }
 
 impl Call {
-    /// Ends the call because the connection ended; `None` if the slot is free.
-    pub(super) fn abort(&mut self) -> Option<CallDone> {
-        if self.state == State::Ghost {
-            self.state = State::Free;
-            return None;
-        }
+    /// Ends the call because the connection ended: what its owner is told, if anything
+    /// (nothing for a free slot or for a cancelled call that lent no memory). The queue pair
+    /// is gone, so the peer can no longer reach what the call exposed.
+    pub(super) fn abort(&mut self) -> Option<Event> {
         if self.state == State::Free {
             return None;
         }
         self.state = State::Free;
-        Some(CallDone::failed(self.user, self.xid, CallStatus::Closed))
+        if self.cancelled {
+            return self.lent.then_some(Event::CallReleased {
+                user: self.user,
+                xid: self.xid,
+            });
+        }
+        Some(Event::CallDone(CallDone::failed(
+            self.user,
+            self.xid,
+            CallStatus::Closed,
+        )))
     }
 
     /// Fills the free slot with a new queued call, in place (the slot is large: building a
@@ -140,7 +151,8 @@ impl Call {
         self.done = None;
         self.requeue = false;
         self.retried = false;
-        self.ghost = false;
+        self.cancelled = false;
+        self.lent = false;
     }
 
     fn args(&self) -> &[ArgPiece] {
@@ -191,13 +203,10 @@ impl Connection {
             }
             last = a.xdr_pos;
         }
-        // A cancelled call's XID stays taken until its late reply comes: replies are matched
-        // by XID alone, so a new call under it would take the old call's reply, and the old
-        // call's credit would take the new one's.
-        if self.find_call(spec.xid).is_some()
-            || self.queued_xid(spec.xid)
-            || self.ghost_slot(spec.xid).is_some()
-        {
+        // A cancelled call stays sent, its XID taken, until its late reply comes: replies
+        // are matched by XID alone, so a new call under it would take the old call's reply,
+        // and the old call's credit would take the new one's.
+        if self.find_call(spec.xid).is_some() || self.queued_xid(spec.xid) {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
         let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
@@ -229,41 +238,26 @@ impl Connection {
         self.sent.get(xid)
     }
 
-    /// The slot of the cancelled call with `xid` that is still owed a reply.
-    #[inline]
-    fn ghost_slot(&self, xid: u32) -> Option<usize> {
-        if self.ghosts == 0 {
-            return None;
-        }
-        self.calls.iter().position(|c| {
-            c.xid == xid && (c.state == State::Ghost || (c.state == State::Invalidating && c.ghost))
-        })
-    }
-
-    /// A cancelled call still owed a reply: the reply is taken for credits and dropped.
-    fn take_ghost(&mut self, xid: u32, credit: Option<u32>) -> bool {
-        let Some(i) = self.ghost_slot(xid) else {
-            return false;
-        };
+    /// A late reply (or error) to cancelled call `i`: it returns the call's credit (a reply
+    /// also its grant) and is dropped; what the call lent the peer is fenced, then released.
+    fn take_cancelled(&mut self, i: u32, credit: Option<u32>, remote_inv: Option<u32>) {
         self.in_flight = self.in_flight.saturating_sub(1);
         if let Some(cr) = credit {
             self.granted = cr.max(1);
         }
-        self.ghosts = self.ghosts.saturating_sub(1);
-        if let Some(c) = self.calls.get_mut(i) {
-            c.ghost = false;
-            if c.state == State::Ghost {
-                c.state = State::Free;
-                self.call_free.push(i as u32);
-            }
-        }
         self.stats.dropped += 1;
-        true
+        self.end_call(i, None, remote_inv);
     }
 
-    /// Cancels the call with `xid` (its app went away): a queued call ends at once; a sent
-    /// one has its memory invalidated first (R8166-4.4-c, R8166-8.1.4-c), then ends with
-    /// [`CallStatus::Cancelled`]; its late reply still returns its credit.
+    /// Cancels the call with `xid`. A queued call ends at once with
+    /// [`CallStatus::Cancelled`]. A sent one ends at once too, but stays sent until its late
+    /// reply returns its credit; if it exposed memory to the peer (chunks), its
+    /// [`CallDone::lent`] is set: the peer may still read or write that memory, so the owner
+    /// keeps it until [`Event::CallReleased`], which follows once the reply (or the
+    /// connection's end) has come and the memory is fenced (R8166-4.4-c). Nothing is
+    /// invalidated under the peer's feet, so its late access costs no connection
+    /// (R8166-8.1.4-c). A call whose reply already came, ending now, is not cancelled
+    /// (`BadId`): it ends with that reply.
     pub fn cancel_call(&mut self, xid: u32) -> Result<(), SubmitError> {
         if self.closed.is_some() {
             return Err(SubmitError::Closed);
@@ -281,30 +275,43 @@ impl Connection {
             self.events.push_back(Event::CallDone(done));
             return Ok(());
         }
+        if let Some(c) = self
+            .calls
+            .iter_mut()
+            .find(|c| c.xid == xid && c.state == State::Invalidating && c.requeue && !c.cancelled)
+        {
+            // Answered ERR_VERS, to go again as version 1 once fenced: it ends then instead.
+            c.requeue = false;
+            c.done = Some(CallDone::failed(c.user, c.xid, CallStatus::Cancelled));
+            return Ok(());
+        }
         let i = self.find_call(xid).ok_or(SubmitError::BadId)?;
         let c = self.calls.get_mut(i as usize).ok_or(SubmitError::BadId)?;
-        c.ghost = true;
-        self.ghosts += 1;
-        let done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
-        self.end_call(i, done, None);
+        if c.cancelled {
+            return Err(SubmitError::BadId);
+        }
+        c.cancelled = true;
+        c.lent = c.n_rkeys > 0;
+        let mut done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
+        done.lent = c.lent;
+        self.events.push_back(Event::CallDone(done));
         Ok(())
     }
 
-    /// The `user` value of the call with `xid` that is queued or sent and not yet ended (a
-    /// cancelled call still owed a reply is not), and whether it offered the peer memory (its
-    /// cancellation then invalidates that memory, and the peer's late access costs the
-    /// connection). Lets an owner check that the call it means to cancel is its own before
+    /// The `user` value of the call with `xid` that is queued or sent and not yet ended or
+    /// cancelled. Lets an owner check that the call it means to cancel is its own before
     /// [`cancel_call`](Self::cancel_call): a later call may have taken the XID of one that
     /// ended.
-    pub fn call_user(&self, xid: u32) -> Option<(u64, bool)> {
+    pub fn call_user(&self, xid: u32) -> Option<u64> {
         let sent = self.find_call(xid).and_then(|i| self.calls.get(i as usize));
-        sent.or_else(|| {
-            self.queued
-                .iter()
-                .filter_map(|&i| self.calls.get(i as usize))
-                .find(|c| c.xid == xid)
-        })
-        .map(|c| (c.user, c.n_rkeys > 0))
+        sent.filter(|c| !c.cancelled)
+            .or_else(|| {
+                self.queued
+                    .iter()
+                    .filter_map(|&i| self.calls.get(i as usize))
+                    .find(|c| c.xid == xid)
+            })
+            .map(|c| c.user)
     }
 
     /// Sends queued call `i`; false (and the call stays first in the queue) if no send
@@ -337,7 +344,11 @@ impl Connection {
                 self.first_pending = true;
             }
         } else {
-            self.end_call(i, CallDone::failed(user, xid, CallStatus::Local), None);
+            self.end_call(
+                i,
+                Some(CallDone::failed(user, xid, CallStatus::Local)),
+                None,
+            );
         }
         true
     }
@@ -538,10 +549,11 @@ impl Connection {
     }
 
     /// Starts the end of call `i`: invalidate what it exposed (except the key the peer
-    /// already invalidated), then report `done` (R8166-4.4-b).
-    fn end_call(&mut self, i: u32, done: CallDone, remote_inv: Option<u32>) {
+    /// already invalidated), then report `done` (R8166-4.4-b); `None` for a cancelled call,
+    /// whose owner was told already.
+    fn end_call(&mut self, i: u32, done: Option<CallDone>, remote_inv: Option<u32>) {
         // Only `place_reply` ends a call so.
-        self.stats.bad_replies += u64::from(done.status == CallStatus::BadReply);
+        self.stats.bad_replies += u64::from(done.is_some_and(|d| d.status == CallStatus::BadReply));
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
@@ -564,10 +576,10 @@ impl Connection {
         self.stats.remote_invalidations += skipped;
         self.stats.invalidations += u64::from(pending);
         if pending == 0 {
-            self.finish_call(i, Some(done));
+            self.finish_call(i, done);
         } else if let Some(c) = self.calls.get_mut(i as usize) {
             // Reported once the invalidations complete.
-            c.done = Some(done);
+            c.done = done;
         }
     }
 
@@ -585,8 +597,9 @@ impl Connection {
         }
     }
 
-    /// Ends call `i`, its memory fenced: reports `done` (unless the call goes again) and
-    /// frees its slot and send buffer.
+    /// Ends call `i`, its memory fenced: reports `done` (unless the call goes again), or, if
+    /// it was cancelled with memory lent, that the memory is released; frees its slot and
+    /// send buffer.
     fn finish_call(&mut self, i: u32, done: Option<CallDone>) {
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
@@ -597,16 +610,15 @@ impl Connection {
             c.requeue = false;
             c.state = State::Queued;
             self.queued.push_front(i);
-        } else if c.ghost {
-            c.state = State::Ghost;
-            if let Some(d) = done {
-                self.events.push_back(Event::CallDone(d));
-            }
         } else {
             c.state = State::Free;
+            let released = (c.cancelled && c.lent).then_some(Event::CallReleased {
+                user: c.user,
+                xid: c.xid,
+            });
             self.call_free.push(i);
-            if let Some(d) = done {
-                self.events.push_back(Event::CallDone(d));
+            if let Some(ev) = done.map(Event::CallDone).or(released) {
+                self.events.push_back(ev);
             }
         }
         if let Some(s) = slot {
@@ -619,18 +631,18 @@ impl Connection {
     /// version-two call answered ERR_VERS is resent as version 1 (V2-5.2-a).
     /// The caller has counted the error (by code) in the statistics.
     pub(super) fn on_error_reply(&mut self, xid: u32, status: CallStatus, _env: &mut impl Env) {
-        if self.take_ghost(xid, None) {
-            return;
-        }
         let Some(i) = self.find_call(xid) else {
             // R8166-4.2.4-c: nothing of ours; a responder discards errors.
             self.stats.dropped += 1;
             return;
         };
-        self.in_flight = self.in_flight.saturating_sub(1);
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
+        if c.cancelled {
+            return self.take_cancelled(i, None, None);
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
         let (user, cxid) = (c.user, c.xid);
         if status == CallStatus::ErrVers && self.vers == v2::VERSION && !c.retried {
             c.retried = true;
@@ -639,7 +651,7 @@ impl Connection {
             self.limits.max_version = v1::VERSION;
         }
         // AMB-5: an error never raises the credit limit.
-        self.end_call(i, CallDone::failed(user, cxid, status), None);
+        self.end_call(i, Some(CallDone::failed(user, cxid, status)), None);
     }
 
     /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk).
@@ -655,13 +667,13 @@ impl Connection {
         inv: Option<u32>,
         env: &mut impl Env,
     ) {
-        if self.take_ghost(xid, Some(credit)) {
-            return;
-        }
         let Some(i) = self.find_call(xid) else {
             self.stats.dropped += 1;
             return;
         };
+        if self.calls.get(i as usize).is_some_and(|c| c.cancelled) {
+            return self.take_cancelled(i, Some(credit), inv);
+        }
         // R8166-4.3.1-b, AMB-9: header errors in a reply are dropped silently.
         let bad_chunks = !lists.reads.is_empty()
             || (payload.is_some() && lists.reply.is_some_and(|r| r.length() != 0));
@@ -677,7 +689,7 @@ impl Connection {
             return;
         };
         let done = self.place_reply(c, lists, payload, env);
-        self.end_call(i, done, inv);
+        self.end_call(i, Some(done), inv);
     }
 
     /// Puts the reply's results where the app wants them and checks the echoed chunks.
@@ -736,6 +748,7 @@ impl Connection {
             status: CallStatus::Ok,
             rpc_stat,
             reply_len,
+            lent: false,
             results: [(reply_len, 0); MAX_PIECES],
             n_results: c.n_results,
         };

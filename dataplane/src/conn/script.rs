@@ -20,7 +20,10 @@
 //! Whatever the bytes, [`run`] panics only if the engine breaks its contract:
 //! - nothing panics, and the simulation always settles (no livelock);
 //! - every call submitted ends exactly once ([`Event::CallDone`]), and no call ends that was
-//!   not submitted;
+//!   not submitted; one that ends lent (cancelled, its memory still exposed) is released
+//!   exactly once ([`Event::CallReleased`]), by the close at the latest, and no other is;
+//! - when a call's memory is its app's again (it ended, not lent, or it was released), no
+//!   valid key lets the peer reach its reply or result buffer;
 //! - every call delivered to the app ([`Event::IncomingCall`]) ends exactly once
 //!   ([`Event::ReplyDone`] or [`Event::ServeAborted`]), [`Event::ArgsReady`] comes only for a
 //!   call whose arguments are being pulled, and nothing ends that was not delivered;
@@ -539,6 +542,8 @@ impl Expect {
 struct App {
     /// Submitted calls not yet ended, by user token, with what their replies must hold.
     calls: BTreeMap<u64, Expect>,
+    /// Calls that ended cancelled with their memory lent to the peer, not yet released.
+    lent: BTreeMap<u64, Expect>,
     /// XIDs of calls submitted (for plausible replies and cancellations).
     xids: Vec<u32>,
     next_xid: u32,
@@ -552,9 +557,18 @@ impl App {
     fn event(&mut self, who: &str, ev: Event) {
         match ev {
             Event::CallDone(d) => {
+                let e = self.calls.remove(&d.user);
+                let e =
+                    e.unwrap_or_else(|| panic!("{who}: CallDone for a call not in flight: {d:?}"));
+                if d.lent {
+                    assert_eq!(d.status, super::CallStatus::Cancelled, "{who}: lent {d:?}");
+                    self.lent.insert(d.user, e);
+                }
+            }
+            Event::CallReleased { user, .. } => {
                 assert!(
-                    self.calls.remove(&d.user).is_some(),
-                    "{who}: CallDone for a call not in flight: {d:?}"
+                    self.lent.remove(&user).is_some(),
+                    "{who}: CallReleased for a call that did not end lent: {ev:?}"
                 );
             }
             Event::IncomingCall(call) => {
@@ -633,6 +647,24 @@ impl Session {
                     if let (Some(e), true) = (self.apps[k].calls.get(&d.user), ok) {
                         e.check(who, s, d);
                         *self.checked.entry(e.kind).or_default() += 1;
+                    }
+                }
+                // R8166-4.4-b/c: when a call's memory is the app's again (it ended, not
+                // lent; or it is released), the peer can no longer reach it: its keys are
+                // invalidated, unless the connection ended (its queue pair reaches nothing).
+                let open = s.conn.closed().is_none();
+                let back = match &ev {
+                    _ if !open => None,
+                    Event::CallDone(d) if !d.lent => self.apps[k].calls.get(&d.user),
+                    Event::CallReleased { user, .. } => self.apps[k].lent.get(user),
+                    _ => None,
+                };
+                if let Some(e) = back {
+                    for m in std::iter::once(e.reply).chain(e.result) {
+                        assert!(
+                            !s.env.reachable(m),
+                            "{who}: {ev:?} while the peer can still reach {m:?}"
+                        );
                     }
                 }
                 self.apps[k].event(who, ev);
@@ -971,6 +1003,11 @@ impl Session {
                 app.calls.is_empty(),
                 "{who}: calls never ended: {:?}",
                 app.calls.keys()
+            );
+            assert!(
+                app.lent.is_empty(),
+                "{who}: lent calls never released: {:?}",
+                app.lent.keys()
             );
             assert!(
                 app.served.is_empty(),

@@ -136,6 +136,19 @@ impl SimMem {
         self.windows.len()
     }
 
+    /// Whether a valid key still lets the peer reach any byte of `at`.
+    pub fn reachable(&self, at: MemRef) -> bool {
+        let end = |m: MemRef| m.offset + u64::from(m.len);
+        self.windows.iter().any(|w| {
+            w.valid
+                && w.at.mr == at.mr
+                && w.at.len > 0
+                && at.len > 0
+                && w.at.offset < end(at)
+                && at.offset < end(w.at)
+        })
+    }
+
     /// Keys still valid (exposed and not invalidated).
     pub fn live_windows(&self) -> usize {
         self.windows.iter().filter(|w| w.valid).count()
@@ -668,6 +681,19 @@ fn answer(p: &mut Pair, id: ServeId, prog: u32, proc_: u32, args: &[u8], buf: Me
 pub fn call(p: &mut Pair, spec: &CallSpec<'_>) {
     p.a.conn.submit_call(spec, &mut p.a.env).expect("submit");
     p.run();
+}
+
+/// Takes `a`'s calls released after ending lent: (user, xid).
+pub fn released(p: &mut Pair) -> Vec<(u64, u32)> {
+    let mut out = Vec::new();
+    p.a.events.retain(|e| match e {
+        Event::CallReleased { user, xid } => {
+            out.push((*user, *xid));
+            false
+        }
+        _ => true,
+    });
+    out
 }
 
 /// Takes `a`'s finished calls.

@@ -5,7 +5,9 @@ use rpcrdma_proto::cm::PrivateData;
 use rpcrdma_proto::ulb::{rdmatest, RDMATEST_PROG};
 use rpcrdma_proto::{self as proto, v1, Message};
 
-use super::sim::{self, call, done, pattern, serve, Pair, BULK_PROG};
+use super::sim::{
+    self, answer_ready, call, done, intake, pattern, released, serve, Pair, BULK_PROG,
+};
 use super::*;
 use crate::mem::Memory;
 use crate::rpcmsg;
@@ -2377,33 +2379,50 @@ fn v2_5_b_first_message_within_1024_then_v2_2_3_b_4096() {
         .all(|d| d.status == CallStatus::Ok && d.reply_len == 2000));
 }
 
+/// A queued call is cancelled at once; a sent inline call ends at once but keeps its XID and
+/// credit until its late reply, which is dropped.
 #[test]
-fn r8166_4_4_c_cancelled_call_fenced_then_reported_and_late_reply_returns_credit() {
+fn r8166_4_4_c_cancelled_inline_call_ends_at_once_and_late_reply_returns_credit() {
     let mut p = Pair::default_pair();
-    // A queued call is cancelled at once.
     bulk(&mut p, 1, &[0; 4], 64);
     bulk(&mut p, 2, &[0; 4], 64);
     p.run();
     p.a.conn.cancel_call(2).unwrap();
     p.run();
-    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
-    // A sent call: its exposures are invalidated, then it is reported.
-    p.a.conn.cancel_call(1).unwrap();
-    p.run();
     let d = done(&mut p);
-    assert_eq!((d[0].xid, d[0].status), (1, CallStatus::Cancelled));
+    assert_eq!(
+        (d[0].xid, d[0].status, d[0].lent),
+        (2, CallStatus::Cancelled, false)
+    );
+    // A sent call with no chunk: nothing to fence, reported at once.
+    p.a.conn.cancel_call(1).unwrap();
+    p.a.drain_events();
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].xid, d[0].status, d[0].lent),
+        (1, CallStatus::Cancelled, false)
+    );
     assert_eq!(p.a.conn.calls_in_flight(), 1, "still owed a reply");
+    assert_eq!(p.a.conn.call_user(1), None, "not cancelled twice");
+    assert_eq!(p.a.conn.cancel_call(1), Err(SubmitError::BadId));
     serve(&mut p);
     // The late reply returned the credit and is not reported again.
     assert!(done(&mut p).is_empty());
+    assert!(released(&mut p).is_empty());
     assert_eq!(p.a.conn.calls_in_flight(), 0);
     assert_eq!(p.a.conn.credit_limit(), 8);
+    assert_eq!(p.a.conn.stats().dropped, 1);
+}
+
+/// A READ whose result the server places with RDMA Write, cancelled while the server holds
+/// it.
+fn cancelled_read(p: &mut Pair, xid: u32) -> MemRef {
     let msg = p.a.put(&be(&[8192, 1]));
     let result = p.a.alloc(8192);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
-        user: 1,
-        xid: 3,
+        user: u64::from(xid),
+        xid,
         prog: RDMATEST_PROG,
         vers: 1,
         proc_: rdmatest::READ,
@@ -2412,14 +2431,72 @@ fn r8166_4_4_c_cancelled_call_fenced_then_reported_and_late_reply_returns_credit
         results: &[result],
         reply,
     };
-    call(&mut p, &spec);
+    call(p, &spec);
     assert_eq!(p.a.env.live_windows(), 1);
-    p.a.conn.cancel_call(3).unwrap();
-    // Run only the requester: the server still holds the call.
-    p.step();
-    // R8166-8.1.4-c: the Write chunk is fenced before the call is reported.
+    intake(p);
+    p.a.conn.cancel_call(xid).unwrap();
+    p.a.drain_events();
+    result
+}
+
+/// R8166-8.1.4-c, R8166-4.4-c: a cancelled call whose Write chunk is exposed ends at once,
+/// *lent*: nothing is invalidated under the server's feet, so its late RDMA Write lands and
+/// the connection lives. Once the late reply has come, the chunk is fenced and only then is
+/// the memory released, once. Meanwhile the XID stays taken.
+#[test]
+fn r8166_8_1_4_c_a_cancelled_call_with_chunks_ends_lent_then_is_fenced_and_released() {
+    let mut p = Pair::default_pair();
+    let result = cancelled_read(&mut p, 3);
+    let d = done(&mut p);
+    assert_eq!(
+        (d[0].xid, d[0].status, d[0].lent),
+        (3, CallStatus::Cancelled, true)
+    );
+    assert_eq!(
+        p.a.env.live_windows(),
+        1,
+        "not fenced under the server's feet"
+    );
+    assert_eq!(p.a.conn.call_user(3), None);
+    assert_eq!(p.a.conn.cancel_call(3), Err(SubmitError::BadId));
+    let again = CallSpec {
+        user: 9,
+        ..bulk_spec(&mut p.a, 3, &[0; 4], 64)
+    };
+    assert_eq!(
+        p.a.conn.submit_call(&again, &mut p.a.env),
+        Err(SubmitError::Invalid("xid already outstanding"))
+    );
+    assert!(released(&mut p).is_empty());
+    // The server answers: its Write reaches the (still lent) buffer, the reply is dropped,
+    // the chunk is fenced, then released.
+    while answer_ready(&mut p, 0) {}
+    serve(&mut p);
+    let placed = p.a.get(result.prefix(8192).unwrap());
+    assert!(placed.iter().any(|&b| b != 0), "the late Write landed");
+    assert!(done(&mut p).is_empty(), "ended once");
+    assert_eq!(released(&mut p), [(3, 3)]);
     assert_eq!(p.a.env.live_windows(), 0);
-    assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
+    assert_eq!(p.a.conn.closed(), None, "the late Write cost nothing");
+    assert_eq!(p.a.conn.calls_in_flight(), 0);
+    assert_eq!(p.a.conn.stats().invalidations, 1);
+    p.a.conn.submit_call(&again, &mut p.a.env).unwrap();
+    p.run();
+    serve(&mut p);
+    assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
+}
+
+/// A lent call whose late reply never comes is released when its connection ends (its queue
+/// pair then reaches nothing), once, and not reported as ended again.
+#[test]
+fn r8166_8_1_4_c_a_lent_call_is_released_when_its_connection_ends() {
+    let mut p = Pair::default_pair();
+    cancelled_read(&mut p, 4);
+    assert!(done(&mut p)[0].lent);
+    p.a.conn.close(CloseReason::Requested);
+    p.run();
+    assert_eq!(released(&mut p), [(4, 4)]);
+    assert!(done(&mut p).is_empty());
 }
 
 /// A WRITE call whose data (len `n`) is pulled from segments `segs` of the peer.

@@ -109,6 +109,8 @@ pub(crate) enum Hop {
         op: OpId,
         /// ABI status.
         status: u32,
+        /// Cancelled while the peer may still reach its memory: [`Hop::Released`] follows.
+        lent: bool,
         /// RPC `accept_stat` of the reply.
         rpc_stat: u32,
         /// Reply length.
@@ -172,9 +174,9 @@ pub(crate) enum Hop {
         /// Call tag.
         tag: u64,
     },
-    /// App side → connection side: end call `op` with `code` (`CANCELLED`: its app asked;
-    /// `TIMEOUT`: its time limit passed), if it has not ended yet: at once if it waits for a
-    /// call slot, else once the engine has fenced its memory.
+    /// App side → connection side: end call `op` with `code` (`CANCELLED`: its app asked or
+    /// went away; `TIMEOUT`: its time limit passed), if it has not ended yet: at once, lent
+    /// (see [`Hop::CallDone`]) if the peer may still reach its memory.
     Cancel {
         /// The call.
         op: OpId,
@@ -184,9 +186,12 @@ pub(crate) enum Hop {
         xid: u32,
         /// ABI status to end it with.
         code: u32,
-        /// Only if it offered the peer no memory (its app has gone: fencing its chunks could
-        /// cost the connection other apps share, so such a call runs on).
-        inline_only: bool,
+    },
+    /// Connection side → app side: call `op`, which ended lent ([`Hop::CallDone`]), is
+    /// released: the peer can no longer reach its memory.
+    Released {
+        /// The call.
+        op: OpId,
     },
     /// App side → connection side: the app serving `tag` went away; answer SYSTEM_ERR.
     FailServed {

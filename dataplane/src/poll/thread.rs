@@ -572,11 +572,11 @@ impl<P: Provider> PollThread<P> {
                 conn,
                 xid,
                 code,
-                inline_only,
-            } => self.conn_cancel(from, op, conn, (xid, code, inline_only)),
+            } => self.conn_cancel(from, op, conn, xid, code),
             Hop::CallDone {
                 op,
                 status: code,
+                lent,
                 rpc_stat,
                 reply_len,
                 n,
@@ -586,7 +586,11 @@ impl<P: Provider> PollThread<P> {
                 if let Some(b) = spare {
                     self.call_boxes.keep(b);
                 }
-                self.pending.remove(&op.to_u64());
+                // A call that lent its memory stays ours (and keeps its app's arena
+                // registered, `app_busy`) until `Hop::Released`.
+                if !lent {
+                    self.pending.remove(&op.to_u64());
+                }
                 if code != status::OK {
                     self.stats.totals.call_errors += 1;
                 }
@@ -594,11 +598,16 @@ impl<P: Provider> PollThread<P> {
                     op,
                     CallOutcome {
                         status: code,
+                        lent,
                         rpc_stat,
                         reply_len,
                         results: results.get(..usize::from(n)).unwrap_or(&[]),
                     },
                 );
+            }
+            Hop::Released { op } => {
+                self.pending.remove(&op.to_u64());
+                self.table.release_call(op);
             }
             Hop::Incoming(call) => self.app_incoming(from, call),
             Hop::Accept { tag, app, buf } => self.conn_accept(from, tag, app, buf),
@@ -815,14 +824,14 @@ impl<P: Provider> PollThread<P> {
                     self.on_detached(d);
                 }
             }
-            Submission::Cancel(id) => self.cancel_call(id, status::CANCELLED, false),
+            Submission::Cancel(id) => self.cancel_call(id, status::CANCELLED),
         }
     }
 
     /// App side: asks the connection side to end call `id` with `code`. A call that has not
     /// reached a connection is not in `pending` (it failed at once); one whose `CallDone` is
     /// on its way ends with that, and the request finds nothing.
-    fn cancel_call(&mut self, id: OpId, code: u32, inline_only: bool) {
+    fn cancel_call(&mut self, id: OpId, code: u32) {
         let Some(&(to, conn, xid)) = self.pending.get(&id.to_u64()) else {
             return;
         };
@@ -833,7 +842,6 @@ impl<P: Provider> PollThread<P> {
                 conn,
                 xid,
                 code,
-                inline_only,
             },
         );
     }
@@ -845,20 +853,14 @@ impl<P: Provider> PollThread<P> {
         let any = !late.is_empty();
         for id in late.drain(..) {
             tracing::debug!(op = id.to_u64(), "call timed out");
-            self.cancel_call(id, status::TIMEOUT, false);
+            self.cancel_call(id, status::TIMEOUT);
         }
         self.expired = late;
         any
     }
 
     /// Connection side: ends call `op` of thread `origin` with `code` (see [`Hop::Cancel`]).
-    fn conn_cancel(
-        &mut self,
-        origin: usize,
-        op: OpId,
-        conn: u32,
-        (xid, code, inline_only): (u32, u32, bool),
-    ) {
+    fn conn_cancel(&mut self, origin: usize, op: OpId, conn: u32, xid: u32, code: u32) {
         if let Some(k) = self
             .waiting
             .iter()
@@ -874,12 +876,9 @@ impl<P: Provider> PollThread<P> {
             return;
         };
         // The engine's call under that XID must be this very call, not yet cancelled.
-        let Some((token, exposed)) = self.drv.call_user(id, xid) else {
+        let Some(token) = self.drv.call_user(id, xid) else {
             return;
         };
-        if exposed && inline_only {
-            return;
-        }
         match self.calls.get_mut(&token) {
             Some(p) if p.origin == origin && p.op == op && p.cancel == 0 => p.cancel = code,
             _ => return,
@@ -1213,6 +1212,7 @@ impl<P: Provider> PollThread<P> {
             Hop::CallDone {
                 op,
                 status: code,
+                lent: false,
                 rpc_stat: 0,
                 reply_len: 0,
                 n: 0,
@@ -1429,9 +1429,64 @@ impl<P: Provider> PollThread<P> {
         }
     }
 
+    /// Connection side: call `user` was cancelled while the peer may still reach its memory
+    /// (`CallDone::lent`): its app hears now, with the flag that says so; the call stays ours
+    /// (`calls`, its slot's count) until the engine releases it.
+    fn call_lent(&mut self, user: u64, slot: Option<usize>) {
+        let Some(&p) = self.calls.get(&user) else {
+            return;
+        };
+        if let Some(s) = slot.and_then(|i| self.slots.get_mut(i)) {
+            s.stats.info.call_errors += 1;
+        }
+        self.hop(
+            p.origin,
+            Hop::CallDone {
+                op: p.op,
+                status: if p.cancel != 0 {
+                    p.cancel
+                } else {
+                    status::CANCELLED
+                },
+                lent: true,
+                rpc_stat: 0,
+                reply_len: 0,
+                n: 0,
+                results: Results::default(),
+                spare: None,
+            },
+        );
+    }
+
+    /// Connection side: call `p` no longer holds its connection's slot `slot` (of this
+    /// event's connection; `None` if it has gone).
+    fn call_left(&mut self, p: &Pending, slot: Option<usize>) {
+        let i = p.slot as usize;
+        if !self.waiting.is_empty() && !self.freed.contains(&p.slot) {
+            self.freed.push(p.slot);
+        }
+        // The call's slot, unless a later connection took it while this one retired.
+        let own = slot == Some(i) || self.slots.get(i).is_some_and(|s| s.conn.is_none());
+        if let Some(sl) = self.slots.get_mut(i).filter(|_| own) {
+            sl.in_flight = sl.in_flight.saturating_sub(1);
+            if sl.in_flight == 0 && sl.notify_idle {
+                sl.notify_idle = false;
+                let id = sl.stats.info.id;
+                self.emit(Event::Idle { conn: id });
+            }
+        }
+    }
+
     fn on_engine(&mut self, conn: ConnId, ev: ConnEvent, now: Instant) {
         let slot = self.slot_of_conn(conn);
         match ev {
+            ConnEvent::CallDone(d) if d.lent => self.call_lent(d.user, slot),
+            ConnEvent::CallReleased { user, .. } => {
+                if let Some(p) = self.calls.remove(&user) {
+                    self.call_left(&p, slot);
+                    self.hop(p.origin, Hop::Released { op: p.op });
+                }
+            }
             ConnEvent::CallDone(d) => {
                 let Some(p) = self.calls.remove(&d.user) else {
                     return;
@@ -1448,20 +1503,8 @@ impl<P: Provider> PollThread<P> {
                         status::TRANSPORT
                     }
                 };
+                self.call_left(&p, slot);
                 let i = p.slot as usize;
-                if !self.waiting.is_empty() && !self.freed.contains(&p.slot) {
-                    self.freed.push(p.slot);
-                }
-                // The call's slot, unless a later connection took it while this one retired.
-                let own = slot == Some(i) || self.slots.get(i).is_some_and(|s| s.conn.is_none());
-                if let Some(sl) = self.slots.get_mut(i).filter(|_| own) {
-                    sl.in_flight = sl.in_flight.saturating_sub(1);
-                    if sl.in_flight == 0 && sl.notify_idle {
-                        sl.notify_idle = false;
-                        let id = sl.stats.info.id;
-                        self.emit(Event::Idle { conn: id });
-                    }
-                }
                 if slot == Some(i) {
                     let v2 = self.drv.connection(conn).is_some_and(|c| c.version() == 2);
                     let sl = &mut self.slots[i];
@@ -1507,6 +1550,7 @@ impl<P: Provider> PollThread<P> {
                     Hop::CallDone {
                         op: p.op,
                         status: code,
+                        lent: false,
                         rpc_stat: d.rpc_stat,
                         reply_len: if code == status::OK { d.reply_len } else { 0 },
                         n,
@@ -2067,11 +2111,11 @@ impl<P: Provider> PollThread<P> {
 
     fn on_detached(&mut self, d: Detached) {
         self.stats.apps_detached += 1;
-        // Its calls in flight that offered the peer no memory end now (nothing to fence), so
-        // a peer that never answers does not keep its arena registered; the others run on
-        // until their reply (fencing them could cost a connection other apps share).
+        // Its calls in flight end now. Those that lent the peer memory (chunks) keep its
+        // arena registered (`app_busy`) until the engine releases them: after their late
+        // reply, or when their connection ends.
         for &id in &d.calls {
-            self.cancel_call(id, status::CANCELLED, true);
+            self.cancel_call(id, status::CANCELLED);
         }
         // Calls it was serving: their requesters get SYSTEM_ERR. A reply already submitted
         // stays in `serving` until it ends (`ReplyDone`): its RDMA Writes may still be reading

@@ -2,7 +2,8 @@
  * A C ONC RPC client of RDMATEST through rpcrdmad's shared-memory rings (header-only binding).
  * Build: cc -std=c11 -I shm-api/include shm-api/examples/c/client.c -o rdmatest-client
  * Run:   ./rdmatest-client /path/to/app.sock PEER [YIELD-US]   (prints "NULL ok", "ECHO ok", "READ ok",
- *        "TIMEOUT ok", "CANCEL ok")
+ *        "TIMEOUT ok", "CANCEL ok", and "RELEASED ok" when the cancelled call's buffer was lent to
+ *        the peer, as it is through a daemon)
  * PEER is the name of a configured peer of the daemon ([[peers]] name) with an RDMATEST server
  * app behind it. With YIELD-US, waits look for YIELD-US microseconds, yielding the CPU between
  * polls, before they sleep (rr_set_wait).
@@ -169,10 +170,18 @@ int main(int argc, char **argv)
     }
     printf("TIMEOUT ok\n");
 
-    /* The same without a limit, cancelled: it ends once, RR_CANCELLED (the CANCEL itself has
-       no completion). Its reply buffer is ours again only then. */
+    /* The same without a limit, and with a reply buffer larger than the daemon receives inline
+       (so the server would send a long reply through a Reply chunk), cancelled: it ends once,
+       RR_CANCELLED (the CANCEL itself has no completion). Through a daemon the server may still
+       write that buffer: the completion says so (RR_CQE_LENT), and the buffer is ours again
+       only at the call's RR_OP_RELEASED, once the server has answered. */
+    int64_t big = rr_arena_alloc(&app, room + 4096);
+    if (big < 0)
+        return 1;
     s.user_data = 5;
     s.timeout_ms = 0;
+    s.reply_off = (uint32_t)big;
+    s.reply_len = room + 4096;
     while ((r = rr_submit(&app, &s)) == -EAGAIN)
         ;
     while (r == 0 && (r = rr_cancel(&app, 5)) == -EAGAIN)
@@ -182,6 +191,13 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("CANCEL ok\n");
+    if (c.flags & RR_CQE_LENT) {
+        if (rr_wait(&app, &c, 10000) != 1 || c.kind != RR_OP_RELEASED || c.user_data != 5) {
+            fprintf(stderr, "RELEASED failed: kind %u\n", c.kind);
+            return 1;
+        }
+        printf("RELEASED ok\n");
+    }
     rr_close(&app);
     return 0;
 }
