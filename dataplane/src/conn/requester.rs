@@ -275,11 +275,7 @@ impl Connection {
             self.events.push_back(Event::CallDone(done));
             return Ok(());
         }
-        if let Some(c) = self
-            .calls
-            .iter_mut()
-            .find(|c| c.xid == xid && c.state == State::Invalidating && c.requeue && !c.cancelled)
-        {
+        if let Some(c) = self.requeuing(xid).and_then(|i| self.calls.get_mut(i)) {
             // Answered ERR_VERS, to go again as version 1 once fenced: it ends then instead.
             c.requeue = false;
             c.done = Some(CallDone::failed(c.user, c.xid, CallStatus::Cancelled));
@@ -298,10 +294,18 @@ impl Connection {
         Ok(())
     }
 
-    /// The `user` value of the call with `xid` that is queued or sent and not yet ended or
-    /// cancelled. Lets an owner check that the call it means to cancel is its own before
-    /// [`cancel_call`](Self::cancel_call): a later call may have taken the XID of one that
-    /// ended.
+    /// The slot of the call with `xid` that was answered ERR_VERS and goes again as version 1
+    /// once its memory is fenced (rare: a scan is fine).
+    fn requeuing(&self, xid: u32) -> Option<usize> {
+        self.calls
+            .iter()
+            .position(|c| c.xid == xid && c.state == State::Invalidating && c.requeue)
+    }
+
+    /// The `user` value of the call with `xid` that is queued, sent or about to be sent again,
+    /// and not yet ended or cancelled. Lets an owner check that the call it means to cancel is
+    /// its own before [`cancel_call`](Self::cancel_call): a later call may have taken the XID
+    /// of one that ended.
     pub fn call_user(&self, xid: u32) -> Option<u64> {
         let sent = self.find_call(xid).and_then(|i| self.calls.get(i as usize));
         sent.filter(|c| !c.cancelled)
@@ -311,6 +315,7 @@ impl Connection {
                     .filter_map(|&i| self.calls.get(i as usize))
                     .find(|c| c.xid == xid)
             })
+            .or_else(|| self.requeuing(xid).and_then(|i| self.calls.get(i)))
             .map(|c| c.user)
     }
 

@@ -1704,6 +1704,48 @@ fn v2_5_2_a_err_vers_falls_back_to_version_1() {
     assert_eq!(p.a.conn.version(), 1);
 }
 
+/// A version-two call answered ERR_VERS, cancelled while its chunk is being fenced before it
+/// goes again as version 1: it ends then, cancelled (not lent: its memory is fenced), and is
+/// not sent again.
+#[test]
+fn v2_5_2_a_a_call_cancelled_before_its_version_1_resend_ends_fenced() {
+    let mut client = sim::config(Role::Client, 8);
+    client.version = 2;
+    let mut p = Pair::new(client, sim::config(Role::Server, 8));
+    let msg = p.a.put(&be(&[8192, 1]));
+    let result = p.a.alloc(8192);
+    let reply = p.a.alloc(64);
+    let spec = CallSpec {
+        user: 5,
+        xid: 5,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg,
+        args: &[],
+        results: &[result],
+        reply,
+    };
+    p.a.conn.submit_call(&spec, &mut p.a.env).unwrap();
+    let mut cancelled = false;
+    for _ in 0..100 {
+        p.step();
+        if p.a.conn.stats().invalidations == 1 && p.a.sent.len() == 1 {
+            assert_eq!(p.a.conn.call_user(5), Some(5), "still the owner's to cancel");
+            p.a.conn.cancel_call(5).unwrap();
+            cancelled = true;
+            break;
+        }
+    }
+    assert!(cancelled, "never caught between ERR_VERS and the resend");
+    p.run();
+    let d = done(&mut p);
+    assert_eq!((d.len(), d[0].status, d[0].lent), (1, CallStatus::Cancelled, false));
+    assert_eq!(p.a.sent.len(), 1, "not sent again");
+    assert_eq!(p.a.env.live_windows(), 0);
+    assert_eq!(p.a.conn.calls_in_flight(), 0);
+}
+
 #[test]
 fn v2_5_3_a_version_two_call_and_reply() {
     let mut client = sim::config(Role::Client, 8);
