@@ -1188,6 +1188,10 @@ impl AppTable {
                     xid: req.xid,
                 };
             }
+            // Ended: neither cancelled nor timed out again while it waits for its release.
+            if let Some(t) = app.timing.get_mut(usize::from(id.slot)) {
+                *t = Timing::Cancelled;
+            }
         } else {
             app.free_op(id);
         }
@@ -2029,6 +2033,33 @@ mod tests {
         // A call that did not end lent is not released.
         assert!(!t.release_call(other));
         assert!(app.drain().is_empty());
+    }
+
+    /// Found by the `table` fuzz target: a call with a time limit that completes lent (the
+    /// engine ended it) must not expire afterwards, while it waits for its release.
+    #[test]
+    fn a_lent_call_does_not_time_out_while_it_waits_for_its_release() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        app.submit(Sqe {
+            timeout_ms: 1000,
+            ..call(5)
+        });
+        let Submission::Call(op) = poll(&mut t)[0].1 else {
+            panic!("not a call")
+        };
+        let lent = CallOutcome {
+            status: status::CANCELLED,
+            lent: true,
+            ..CallOutcome::default()
+        };
+        assert!(t.complete_call(op, lent));
+        let mut late = Vec::new();
+        t.expired(Instant::now() + Duration::from_secs(2), &mut late);
+        assert!(late.is_empty(), "{late:?}");
+        assert!(t.release_call(op));
+        let kinds: Vec<u8> = app.drain().iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, [op::CALL, op::RELEASED]);
     }
 
     #[test]

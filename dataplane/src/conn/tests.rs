@@ -1731,7 +1731,11 @@ fn v2_5_2_a_a_call_cancelled_before_its_version_1_resend_ends_fenced() {
     for _ in 0..100 {
         p.step();
         if p.a.conn.stats().invalidations == 1 && p.a.sent.len() == 1 {
-            assert_eq!(p.a.conn.call_user(5), Some(5), "still the owner's to cancel");
+            assert_eq!(
+                p.a.conn.call_user(5),
+                Some(5),
+                "still the owner's to cancel"
+            );
             p.a.conn.cancel_call(5).unwrap();
             cancelled = true;
             break;
@@ -1740,7 +1744,10 @@ fn v2_5_2_a_a_call_cancelled_before_its_version_1_resend_ends_fenced() {
     assert!(cancelled, "never caught between ERR_VERS and the resend");
     p.run();
     let d = done(&mut p);
-    assert_eq!((d.len(), d[0].status, d[0].lent), (1, CallStatus::Cancelled, false));
+    assert_eq!(
+        (d.len(), d[0].status, d[0].lent),
+        (1, CallStatus::Cancelled, false)
+    );
     assert_eq!(p.a.sent.len(), 1, "not sent again");
     assert_eq!(p.a.env.live_windows(), 0);
     assert_eq!(p.a.conn.calls_in_flight(), 0);
