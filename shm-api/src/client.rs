@@ -597,8 +597,8 @@ impl CallBuilder<'_> {
 
     /// Ends the call with [`status::TIMEOUT`] if no reply has come `limit` after the daemon
     /// took it (rounded up to whole milliseconds, at most `u32::MAX` of them; zero means no
-    /// limit, the default). The daemon cancels it as [`Client::cancel`] does, so its memory is
-    /// free again when the completion comes.
+    /// limit, the default). The daemon cancels it as [`Client::cancel`] does: the call
+    /// finishes at once, and memory the peer may still reach comes back later, by itself.
     pub fn timeout(&mut self, limit: Duration) -> &mut Self {
         let ms = limit.as_nanos().div_ceil(1_000_000);
         self.timeout_ms = u32::try_from(ms).unwrap_or(u32::MAX);
