@@ -69,6 +69,25 @@ fn bulk(p: &mut Pair, xid: u32, data: &[u8], reply_max: u32) -> MemRef {
     spec.reply
 }
 
+/// An RDMATEST READ of 8 KiB (pattern seed 1) from side `s` into a result buffer (a Write
+/// chunk), not submitted: the spec and the result buffer.
+fn read_8k_spec(s: &mut sim::Side, xid: u32) -> (CallSpec<'static>, MemRef) {
+    let result = s.alloc(8192);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: RDMATEST_PROG,
+        vers: 1,
+        proc_: rdmatest::READ,
+        msg: s.put(&be(&[8192, 1])),
+        args: &[],
+        // A test's spec outlives its buffer list: leaked, a few bytes per test.
+        results: Box::leak(Box::new([result])),
+        reply: s.alloc(64),
+    };
+    (spec, result)
+}
+
 /// The call [`bulk`] submits, from side `s`, not submitted.
 fn bulk_spec(s: &mut sim::Side, xid: u32, data: &[u8], reply_max: u32) -> CallSpec<'static> {
     CallSpec {
@@ -1712,20 +1731,7 @@ fn v2_5_2_a_a_call_cancelled_before_its_version_1_resend_ends_fenced() {
     let mut client = sim::config(Role::Client, 8);
     client.version = 2;
     let mut p = Pair::new(client, sim::config(Role::Server, 8));
-    let msg = p.a.put(&be(&[8192, 1]));
-    let result = p.a.alloc(8192);
-    let reply = p.a.alloc(64);
-    let spec = CallSpec {
-        user: 5,
-        xid: 5,
-        prog: RDMATEST_PROG,
-        vers: 1,
-        proc_: rdmatest::READ,
-        msg,
-        args: &[],
-        results: &[result],
-        reply,
-    };
+    let (spec, _) = read_8k_spec(&mut p.a, 5);
     p.a.conn.submit_call(&spec, &mut p.a.env).unwrap();
     let mut cancelled = false;
     for _ in 0..100 {
@@ -2466,20 +2472,7 @@ fn r8166_4_4_c_cancelled_inline_call_ends_at_once_and_late_reply_returns_credit(
 /// A READ whose result the server places with RDMA Write, cancelled while the server holds
 /// it.
 fn cancelled_read(p: &mut Pair, xid: u32) -> MemRef {
-    let msg = p.a.put(&be(&[8192, 1]));
-    let result = p.a.alloc(8192);
-    let reply = p.a.alloc(64);
-    let spec = CallSpec {
-        user: u64::from(xid),
-        xid,
-        prog: RDMATEST_PROG,
-        vers: 1,
-        proc_: rdmatest::READ,
-        msg,
-        args: &[],
-        results: &[result],
-        reply,
-    };
+    let (spec, result) = read_8k_spec(&mut p.a, xid);
     call(p, &spec);
     assert_eq!(p.a.env.live_windows(), 1);
     intake(p);
