@@ -2,7 +2,8 @@
 # appended to the cached image (the kernel unpacks concatenated cpio archives in order).
 
 # Build the verbs test binaries with the ibv provider; cargo's JSON names their paths.
-# Parts (RPCRDMA_VM_PAYLOAD, default ibv,nfs): ibv = the verbs test binaries; nfs = rpcrdmad, nfs-probe.
+# Parts (RPCRDMA_VM_PAYLOAD, default ibv,nfs): ibv = the verbs test binaries; nfs = rpcrdmad,
+# rpcrdmactl, nfs-probe, the C example apps.
 has_part() { case ",${PARTS:-ibv,nfs}," in *",$1,"*) return 0 ;; esac; return 1; }
 build_tests() {
   cd "$ROOT"
@@ -25,12 +26,17 @@ pack_payload() {
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no test binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/bin/$t"
   done
-  has_part nfs && mkdir -p "$p/payload/nfs" && for t in rpcrdmad nfs-probe; do
+  has_part nfs && mkdir -p "$p/payload/nfs" && for t in rpcrdmad rpcrdmactl nfs-probe; do
     exe=$(grep -F "\"name\":\"$t\"" "$OUT/cargo-bins.json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/nfs/$t"
   done
-  has_part nfs && install -m644 "$HERE"/nfs-*.toml "$HERE"/daemon-*.toml "$p/payload/nfs/"
+  has_part nfs && install -m644 "$HERE"/nfs-*.toml "$HERE"/daemon-*.toml "$HERE"/pair-*.toml "$p/payload/nfs/"
+  # The C example apps (shm-api/examples/c) for the daemon pair.
+  has_part nfs && for t in client server; do
+    ${CC:-cc} -std=c11 -O2 -Wall -Werror -I "$ROOT/shm-api/include" "$ROOT/shm-api/examples/c/$t.c" \
+      -o "$p/payload/nfs/rdmatest-$t" || return 1
+  done
   install -m755 "$HERE/guest/payload-run" "$p/payload/run"
   ( cd "$p" && find . -print0 | cpio --null -o -H newc --quiet ) > "$OUT/payload.cpio"
   cat "$IMAGE/rootfs.cpio" "$OUT/payload.cpio" > "$OUT/initrd.cpio"
