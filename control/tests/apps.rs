@@ -482,3 +482,48 @@ fn rpcrdmactl_apps_lists_pids_programs_and_counts() {
         b.ctl_json(&["apps"])
     );
 }
+
+/// R8166-8.1.4-c through two real daemons: a READ into a result buffer (a Write chunk) whose
+/// time limit passes while B's server app sleeps on it ends for the client at once, its buffer
+/// lent; B's late RDMA Write lands in it without costing the connection; A then releases the
+/// buffer, and the next READ comes back whole on the same connection.
+#[test]
+fn a_late_write_into_a_lent_chunk_costs_no_connection() {
+    let (a, b) = pair("lent");
+    let exe = common::shm_testapp();
+    let _server = App::start(
+        Command::new(&exe)
+            .arg("server")
+            .arg(&b.app)
+            .env("SHM_TESTAPP_DELAY_MS", "500"),
+        "ready",
+    );
+    let out = Command::new(&exe)
+        .arg("lent-read")
+        .arg(&a.app)
+        .arg("server")
+        .output()
+        .expect("run lent-read");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "timeout ok\nlent 1\nreleased ok\nafter ok\n",
+        "{}\nA:\n{}\nB:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log(),
+        b.log()
+    );
+    let s = a.ctl_json(&["stats"]);
+    let (conn, peer) = (&s["conns"][0], &s["peers"][0]);
+    // B wrote 64 KiB into the lent chunk, then twice in all; A dropped the late reply.
+    assert_eq!(conn["dropped"], 1, "{s}");
+    assert_eq!(conn["write-chunks"], 2, "{s}");
+    assert_eq!(
+        (&peer["conns-opened"], &peer["conns-closed"]),
+        (&1.into(), &0.into()),
+        "{s}"
+    );
+    assert_eq!(
+        b.ctl_json(&["stats"])["conns"][0]["rdma-write-bytes"],
+        131072
+    );
+}

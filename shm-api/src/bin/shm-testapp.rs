@@ -1,7 +1,11 @@
 //! Test apps for the multi-process tests: `shm-testapp <role> <socket-path> [args]`.
 //!
 //! Roles: `server` (serves RDMATEST; env `SHM_TESTAPP_SPIN_US` sets its busy-poll time, with `SHM_TESTAPP_YIELD` set it
-//! yields the CPU between polls), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! yields the CPU between polls, `SHM_TESTAPP_DELAY_MS` makes it answer each call that much later),
+//! `lent-read PEER` (a READ into a result buffer whose time limit passes before a slow server
+//! answers: prints "timeout ok", "lent N" (calls whose memory the peer may still write),
+//! "released ok" once the daemon hands the buffer back, and "after ok" when a READ after it comes
+//! back whole), `callback` (serves RDMATEST_CB PING as a backchannel program),
 //! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
 //! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon;
@@ -20,7 +24,7 @@ fn main() {
     let (role, path) = match (a.get(1), a.get(2)) {
         (Some(r), Some(p)) => (r.as_str(), Path::new(p)),
         _ => {
-            eprintln!("usage: shm-testapp <server|blackhole|inflight N|hostile SEED ROUNDS> <socket-path>");
+            eprintln!("usage: shm-testapp <server|blackhole|inflight N|lent-read PEER|hostile SEED ROUNDS> <socket-path>");
             std::process::exit(2)
         }
     };
@@ -30,6 +34,7 @@ fn main() {
         "blackhole" => blackhole(path),
         "callback" => callback(path),
         "inflight" => inflight(path, num(3, 16) as usize),
+        "lent-read" => lent_read(path, a.get(3).map_or("loopback", String::as_str)),
         "hostile" => hostile(path, num(3, 1), num(4, 4) as u32),
         _ => Err("unknown role".into()),
     };
@@ -59,9 +64,62 @@ fn server(path: &Path) -> Res {
             WaitPolicy::spin(spin)
         });
     }
+    let delay = std::time::Duration::from_millis(
+        std::env::var("SHM_TESTAPP_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
     s.start(rdmatest::PROG, rdmatest::VERS)?;
     ready();
-    Ok(s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle)?)
+    Ok(s.serve(rdmatest::PROG, rdmatest::VERS, |c, r| {
+        std::thread::sleep(delay);
+        rdmatest::handle(c, r)
+    })?)
+}
+
+/// A READ of 64 KiB into a result buffer (the daemon offers a Write chunk) with a 50 ms time
+/// limit, to a server slower than that: it ends TIMEOUT at once, its buffer lent; the server's
+/// late RDMA Write lands in it; then the daemon releases it. A READ after it must come back
+/// whole on the same connection.
+fn lent_read(path: &Path, peer: &str) -> Res {
+    const LEN: u32 = 65536;
+    let mut c = Client::connect(path)?;
+    let peer = c.peer(peer).ok_or("no such peer")?;
+    let read = |c: &mut Client, seed: u32, limit: Option<std::time::Duration>| {
+        let mut b = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::READ);
+        b.args().put_u32(LEN).put_u32(seed);
+        b.result_buffer(LEN);
+        if let Some(l) = limit {
+            b.timeout(l);
+        }
+        b.submit()
+    };
+    let t = read(&mut c, 7, Some(std::time::Duration::from_millis(50)))?;
+    let wait = Some(std::time::Duration::from_secs(30));
+    match c.wait(t, wait) {
+        Err(rpcrdma_shm::client::Error::Status(rpcrdma_shm::abi::status::TIMEOUT)) => {
+            println!("timeout ok")
+        }
+        other => return Err(format!("the READ with a time limit ended {other:?}").into()),
+    }
+    println!("lent {}", c.lent());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while c.lent() > 0 {
+        if std::time::Instant::now() > end {
+            return Err("never released".into());
+        }
+        c.progress()?;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    println!("released ok");
+    let t = read(&mut c, 9, None)?;
+    let r = c.wait(t, wait)?;
+    if r.body.get(4..) != Some(&rdmatest::pattern(9, LEN as usize)[..]) {
+        return Err("the READ after it came back wrong".into());
+    }
+    println!("after ok");
+    Ok(())
 }
 
 /// Serves RDMATEST_CB PING (echo) as a callback program, the way a client app takes backward calls.
