@@ -1838,6 +1838,14 @@ mod tests {
                 },
                 status::BAD_RANGE,
             ),
+            // A completion kind only: never a submission.
+            (
+                Sqe {
+                    opcode: op::RELEASED,
+                    ..call(16)
+                },
+                status::BAD_OPCODE,
+            ),
         ];
         for (s, _) in &cases {
             app.submit(*s);
