@@ -77,12 +77,9 @@ pub(super) struct Call {
     requeue: bool,
     retried: bool,
     /// Cancelled while sent, its owner told: it stays sent, under its XID, until its late
-    /// reply (or the connection's end) returns its credit; then it ends silently, or, if
-    /// `lent`, its memory is fenced and it ends with [`Event::CallReleased`].
+    /// reply (or the connection's end) returns its credit; then it ends silently, or, if it
+    /// is [`lent`](Call::lent), its memory is fenced and it ends with [`Event::CallReleased`].
     cancelled: bool,
-    /// Cancelled with memory exposed to the peer: the owner must not reuse it before
-    /// [`Event::CallReleased`].
-    lent: bool,
     xid: u32,
     prog: u32,
     vers: u32,
@@ -100,6 +97,12 @@ pub(super) struct Call {
 }
 
 impl Call {
+    /// Cancelled with memory exposed to the peer: the owner must not reuse it before
+    /// [`Event::CallReleased`]. (A sent call's keys do not change until it ends.)
+    fn lent(&self) -> bool {
+        self.cancelled && self.n_rkeys > 0
+    }
+
     /// Ends the call because the connection ended: what its owner is told, if anything
     /// (nothing for a free slot or for a cancelled call that lent no memory). The queue pair
     /// is gone, so the peer can no longer reach what the call exposed.
@@ -109,7 +112,7 @@ impl Call {
         }
         self.state = State::Free;
         if self.cancelled {
-            return self.lent.then_some(Event::CallReleased {
+            return self.lent().then_some(Event::CallReleased {
                 user: self.user,
                 xid: self.xid,
             });
@@ -152,7 +155,6 @@ impl Call {
         self.requeue = false;
         self.retried = false;
         self.cancelled = false;
-        self.lent = false;
     }
 
     fn args(&self) -> &[ArgPiece] {
@@ -287,9 +289,8 @@ impl Connection {
             return Err(SubmitError::BadId);
         }
         c.cancelled = true;
-        c.lent = c.n_rkeys > 0;
         let mut done = CallDone::failed(c.user, c.xid, CallStatus::Cancelled);
-        done.lent = c.lent;
+        done.lent = c.lent();
         self.events.push_back(Event::CallDone(done));
         Ok(())
     }
@@ -610,6 +611,10 @@ impl Connection {
             return;
         };
         let slot = c.slot.take();
+        let released = c.lent().then_some(Event::CallReleased {
+            user: c.user,
+            xid: c.xid,
+        });
         c.n_rkeys = 0;
         if c.requeue {
             c.requeue = false;
@@ -617,10 +622,6 @@ impl Connection {
             self.queued.push_front(i);
         } else {
             c.state = State::Free;
-            let released = (c.cancelled && c.lent).then_some(Event::CallReleased {
-                user: c.user,
-                xid: c.xid,
-            });
             self.call_free.push(i);
             if let Some(ev) = done.map(Event::CallDone).or(released) {
                 self.events.push_back(ev);

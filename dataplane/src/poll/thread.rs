@@ -1204,7 +1204,13 @@ impl<P: Provider> PollThread<P> {
 
     /// Ends a call of thread `origin`'s app on the connection side with `code`.
     fn call_failed(&mut self, origin: usize, op: OpId, code: u32, slot: Option<u32>) {
-        if let Some(s) = slot.and_then(|i| self.slots.get_mut(i as usize)) {
+        self.hop_failed(origin, op, code, slot.map(|i| i as usize), false);
+    }
+
+    /// Tells thread `origin` that its app's call `op` ended without a reply, with `code`
+    /// (`lent`: its memory is not the app's yet), counting it against connection slot `slot`.
+    fn hop_failed(&mut self, origin: usize, op: OpId, code: u32, slot: Option<usize>, lent: bool) {
+        if let Some(s) = slot.and_then(|i| self.slots.get_mut(i)) {
             s.stats.info.call_errors += 1;
         }
         self.hop(
@@ -1212,7 +1218,7 @@ impl<P: Provider> PollThread<P> {
             Hop::CallDone {
                 op,
                 status: code,
-                lent: false,
+                lent,
                 rpc_stat: 0,
                 reply_len: 0,
                 n: 0,
@@ -1436,26 +1442,12 @@ impl<P: Provider> PollThread<P> {
         let Some(&p) = self.calls.get(&user) else {
             return;
         };
-        if let Some(s) = slot.and_then(|i| self.slots.get_mut(i)) {
-            s.stats.info.call_errors += 1;
-        }
-        self.hop(
-            p.origin,
-            Hop::CallDone {
-                op: p.op,
-                status: if p.cancel != 0 {
-                    p.cancel
-                } else {
-                    status::CANCELLED
-                },
-                lent: true,
-                rpc_stat: 0,
-                reply_len: 0,
-                n: 0,
-                results: Results::default(),
-                spare: None,
-            },
-        );
+        let code = if p.cancel != 0 {
+            p.cancel
+        } else {
+            status::CANCELLED
+        };
+        self.hop_failed(p.origin, p.op, code, slot, true);
     }
 
     /// Connection side: call `p` no longer holds its connection's slot `slot` (of this
