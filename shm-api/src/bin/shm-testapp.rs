@@ -6,6 +6,10 @@
 //! answers: prints "timeout ok", "lent N" (calls whose memory the peer may still write),
 //! "released ok" once the daemon hands the buffer back, and "after ok" when a READ after it comes
 //! back whole), `callback` (serves RDMATEST_CB PING as a backchannel program),
+//! `call-back CONN N` (a server-side app's N backward-direction PING calls of 8 to 1024 bytes over
+//! the accepted connection CONN, the peer index its daemon gives it: prints "backward N ok"),
+//! `echo PEER LEN` (one ECHO of LEN bytes carried in the call's body, not as a DDP piece, so
+//! the daemon sends it inline or as a Long call by the peer's receive size: prints "echo LEN ok"),
 //! `blackhole` (registers RDMATEST_CB v1 and never replies),
 //! `inflight N` (submits N calls to the blackhole, prints "submitted", then waits to be killed),
 //! `hostile SEED ROUNDS` (scribbles on its rings, indices, header and arena, and races the daemon;
@@ -24,7 +28,7 @@ fn main() {
     let (role, path) = match (a.get(1), a.get(2)) {
         (Some(r), Some(p)) => (r.as_str(), Path::new(p)),
         _ => {
-            eprintln!("usage: shm-testapp <server|blackhole|inflight N|lent-read PEER|hostile SEED ROUNDS> <socket-path>");
+            eprintln!("usage: shm-testapp <server|callback|call-back CONN N|echo PEER LEN|blackhole|inflight N|lent-read PEER|hostile SEED ROUNDS> <socket-path>");
             std::process::exit(2)
         }
     };
@@ -33,6 +37,12 @@ fn main() {
         "server" => server(path),
         "blackhole" => blackhole(path),
         "callback" => callback(path),
+        "call-back" => call_back(path, num(3, 0) as u32, num(4, 1) as u32),
+        "echo" => echo(
+            path,
+            a.get(3).map_or("loopback", String::as_str),
+            num(4, 64),
+        ),
         "inflight" => inflight(path, num(3, 16) as usize),
         "lent-read" => lent_read(path, a.get(3).map_or("loopback", String::as_str)),
         "hostile" => hostile(path, num(3, 1), num(4, 4) as u32),
@@ -138,6 +148,45 @@ fn callback(path: &Path) -> Res {
             _ => r.accept_stat = rdmatest::GARBAGE_ARGS,
         },
     )?;
+    Ok(())
+}
+
+/// `n` backward-direction PING calls (RDMATEST_CB proc 1) from a server-side app over the
+/// accepted connection at peer index `conn`, sizes cycling from 8 to 1024 bytes, each answered
+/// with its own bytes by the client side's `callback` app.
+fn call_back(path: &Path, conn: u32, n: u32) -> Res {
+    let mut c = Client::connect(path)?;
+    let wait = Some(std::time::Duration::from_secs(20));
+    for i in 0..n {
+        let len = 8usize << (i % 8);
+        let data = rdmatest::pattern(i, len);
+        let mut b = c.call(conn, rdmatest::CB_PROG, 1, 1);
+        b.args().put_opaque(&data);
+        let t = b.submit()?;
+        let r = c.wait(t, wait)?;
+        if r.accept_stat != 0 || rdmatest::XdrReader::new(&r.body).opaque() != Some(&data[..]) {
+            return Err(format!("backward call {i} ({len} bytes) came back wrong").into());
+        }
+    }
+    println!("backward {n} ok");
+    Ok(())
+}
+
+/// One ECHO of `len` bytes in the call's body (no DDP piece), checked byte for byte.
+fn echo(path: &Path, peer: &str, len: u64) -> Res {
+    let mut c = Client::connect(path)?;
+    let peer = c.peer(peer).ok_or("no such peer")?;
+    let len = usize::try_from(len)?;
+    let data = rdmatest::pattern(len as u32, len);
+    let mut b = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    b.args().put_opaque(&data);
+    b.max_reply(u32::try_from(len)? + 256);
+    let t = b.submit()?;
+    let r = c.wait(t, Some(std::time::Duration::from_secs(20)))?;
+    if r.accept_stat != 0 || rdmatest::XdrReader::new(&r.body).opaque() != Some(&data[..]) {
+        return Err("the ECHO came back wrong".into());
+    }
+    println!("echo {len} ok");
     Ok(())
 }
 
