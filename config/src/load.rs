@@ -265,6 +265,7 @@ fn enum_hint(path: &str) -> Option<String> {
         "policy" => "`spin`, `backoff` or `yield`",
         "kind" | "provider" => "`soft`, `ibv` or `mem`",
         "receive-queue" => "`shared` or `per-connection`",
+        "exposure" => "`auto`, `memory-window` or `region`",
         _ => return None,
     };
     Some(format!("expected {values}"))

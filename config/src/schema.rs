@@ -205,6 +205,8 @@ pub struct Ibv {
     pub ird: u32,
     /// Outbound RDMA Read depth asked of the peer (rdma_cm initiator depth).
     pub ord: u32,
+    /// How the peer is given access to the memory of one RPC's chunks.
+    pub exposure: IbvExposure,
 }
 
 impl Default for Ibv {
@@ -215,8 +217,24 @@ impl Default for Ibv {
             gid_index: 0,
             ird: 16,
             ord: 16,
+            exposure: IbvExposure::Auto,
         }
     }
+}
+
+/// How the `ibv` provider exposes an RPC's chunks to the peer (`provider.ibv.exposure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IbvExposure {
+    /// Type 2 memory windows where the device has them and they keep the peer within the
+    /// window; else a memory region per exposure.
+    Auto,
+    /// Type 2 memory windows, bound per RPC to its queue pair (the daemon does not start on a
+    /// device without them). The peer may then invalidate them with Send With Invalidate.
+    MemoryWindow,
+    /// A memory region registered per exposure (a system call each), without remote
+    /// invalidation.
+    Region,
 }
 
 /// User-space iWARP (MPA/DDP/RDMAP over TCP) settings.

@@ -40,7 +40,7 @@ fn reported_path(path: &str) -> String {
 #[test]
 fn wrong_type_for_every_key_is_located() {
     let all = leaves(&full_sample());
-    assert_eq!(all.len(), 53, "the sample sets every key of the schema");
+    assert_eq!(all.len(), 54, "the sample sets every key of the schema");
     for (path, good) in all {
         let bad = match good {
             toml::Value::String(_) => "1",
@@ -113,6 +113,11 @@ fn unknown_enum_value_lists_allowed_values() {
             "[provider]\nkind = \"rxe\"\n",
             "provider.kind",
             "`soft`, `ibv`, `mem`",
+        ),
+        (
+            "[provider.ibv]\nexposure = \"mw\"\n",
+            "provider.ibv.exposure",
+            "`auto`, `memory-window`, `region`",
         ),
     ] {
         let errs = errors(text);

@@ -232,6 +232,15 @@ fn spawn_poll(
                     device: i.device.clone(),
                     port: u8::try_from(i.port).unwrap_or(1),
                     gid_index: i.gid_index,
+                    exposure: match i.exposure {
+                        rpcrdma_config::IbvExposure::Auto => rpcrdma_verbs::ibv::Exposure::Auto,
+                        rpcrdma_config::IbvExposure::MemoryWindow => {
+                            rpcrdma_verbs::ibv::Exposure::MemoryWindow
+                        }
+                        rpcrdma_config::IbvExposure::Region => {
+                            rpcrdma_verbs::ibv::Exposure::RegionPerExposure
+                        }
+                    },
                     ..rpcrdma_verbs::ibv::IbvConfig::default()
                 },
                 notify,

@@ -31,6 +31,7 @@ pub fn full_sample() -> Config {
         gid_index: 3,
         ird: 12,
         ord: 6,
+        exposure: IbvExposure::MemoryWindow,
     };
     c.provider.soft = Soft {
         fpdu_size: 9000,

@@ -465,6 +465,12 @@ pub fn spawn_ibv(
             remote_invalidation = spec.transport.remote_invalidation,
             "ibv provider open"
         );
+        if p.windows_unbounded() {
+            tracing::warn!(
+                device = p.device_name(),
+                "provider.ibv.exposure = \"memory-window\" on rxe: its windows do not keep a peer within them (a peer may reach all of an app's arena); for tests only"
+            );
+        }
         Ok(p)
     })
 }

@@ -487,6 +487,13 @@ impl IbvProvider {
         self.has_mw2
     }
 
+    /// Whether windows are in use on a device known not to keep a peer within them (rxe on
+    /// Linux 6.1 lets a peer reach the whole underlying region): only when asked for with
+    /// [`Exposure::MemoryWindow`], never under [`Exposure::Auto`].
+    pub fn windows_unbounded(&self) -> bool {
+        self.has_mw2 && self.rxe
+    }
+
     /// Whether a peer may invalidate an exposure with Send with Invalidate: only windows
     /// (verbs refuse remote invalidation of an ordinary region), so an owner must not offer
     /// it (RFC 8797's flag) otherwise.
