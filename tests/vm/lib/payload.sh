@@ -3,7 +3,7 @@
 
 # Build the verbs test binaries with the ibv provider; cargo's JSON names their paths.
 # Parts (RPCRDMA_VM_PAYLOAD, default ibv,nfs): ibv = the verbs test binaries; nfs = rpcrdmad,
-# rpcrdmactl, nfs-probe, shm-testapp, the C example apps.
+# rpcrdmactl, nfs-probe, shm-testapp, rpcrdma-bench, the C example apps.
 has_part() { case ",${PARTS:-ibv,nfs}," in *",$1,"*) return 0 ;; esac; return 1; }
 build_tests() {
   cd "$ROOT"
@@ -12,7 +12,7 @@ build_tests() {
     cargo test -p rpcrdma-verbs --features ibv --no-run --message-format=json > "$OUT/cargo.json"
   fi
   has_part nfs || return 0
-  local b=(-p rpcrdma-control -p rpcrdma-nfsprobe -p rpcrdma-shm --features rpcrdma-control/ibv --bins)
+  local b=(-p rpcrdma-control -p rpcrdma-nfsprobe -p rpcrdma-shm -p rpcrdma-bench --features rpcrdma-control/ibv --bins)
   cargo build "${b[@]}"
   cargo build "${b[@]}" --message-format=json > "$OUT/cargo-bins.json"
 }
@@ -26,7 +26,7 @@ pack_payload() {
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no test binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/bin/$t"
   done
-  has_part nfs && mkdir -p "$p/payload/nfs" && for t in rpcrdmad rpcrdmactl nfs-probe shm-testapp; do
+  has_part nfs && mkdir -p "$p/payload/nfs" && for t in rpcrdmad rpcrdmactl nfs-probe shm-testapp rpcrdma-bench; do
     exe=$(grep -F "\"name\":\"$t\"" "$OUT/cargo-bins.json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     [ -n "$exe" ] && [ -x "$exe" ] || { echo "no binary $t"; return 1; }
     objcopy --strip-debug "$exe" "$p/payload/nfs/$t"
