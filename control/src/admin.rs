@@ -379,6 +379,9 @@ pub struct ConnCounters {
     pub invalidations: u64,
     /// Local invalidations skipped: the peer used Send With Invalidate.
     pub remote_invalidations: u64,
+    /// Replies sent with Send With Invalidate.
+    #[serde(default)]
+    pub replies_with_invalidate: u64,
     /// Messages dropped (too short, header errors in replies, unknown XIDs).
     pub dropped: u64,
     /// RDMA_ERROR messages sent.

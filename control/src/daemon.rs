@@ -1596,6 +1596,7 @@ impl Daemon {
             reply_chunks: c.engine.reply_chunks,
             invalidations: c.engine.invalidations,
             remote_invalidations: c.engine.remote_invalidations,
+            replies_with_invalidate: c.engine.replies_with_invalidate,
             dropped: c.engine.dropped,
             errors_sent: c.engine.errors_sent,
             errors_received: c.engine.errors_received,

@@ -417,7 +417,7 @@ pub fn render(
         }
     }
     type Conn = fn(&rpcrdma_dataplane::poll::ConnInfo) -> u64;
-    let per_conn: [(&str, &str, Conn); 21] = [
+    let per_conn: [(&str, &str, Conn); 22] = [
         ("calls_out", "RPC calls sent", |c| c.calls_out),
         ("replies_in", "RPC replies received", |c| c.replies_in),
         ("calls_in", "RPC calls received", |c| c.calls_in),
@@ -462,6 +462,11 @@ pub fn render(
             "remote_invalidations",
             "invalidations done by the peer's Send With Invalidate",
             |c| c.engine.remote_invalidations,
+        ),
+        (
+            "replies_with_invalidate",
+            "replies sent with Send With Invalidate (the caller allowed it and offered one key)",
+            |c| c.engine.replies_with_invalidate,
         ),
         (
             "dropped",

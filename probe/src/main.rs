@@ -14,7 +14,9 @@ const USAGE: &str = "usage:
                 [--mount-port N] [--read-file NAME] [--read-size N] [--read-seed N] [--write-file NAME]
                 [--dir NAME] [--dir-entries N] [--random-seed N] [--random-rounds N] [--long-size N]
                 [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--nfs4] [--json]
-  nfs-probe gen --seed N --size N        (writes the pattern file content to stdout)";
+  nfs-probe gen --seed N --size N        (writes the pattern file content to stdout)
+  nfs-probe serve --socket PATH --mount-listen ADDR [--dir-entries N] [--read-size N] [--read-seed N]
+                                         (serves the in-memory NFSv3 subset behind a daemon)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -22,6 +24,13 @@ fn main() -> ExitCode {
         Some("run") => match run(&args[1..]) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("nfs-probe: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Some("serve") => match serve(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("nfs-probe: {e}");
                 ExitCode::from(2)
@@ -100,6 +109,35 @@ fn gen(a: &[String]) -> Result<(), String> {
         off += n;
     }
     out.flush().map_err(|e| e.to_string())
+}
+
+/// `nfs-probe serve`: the in-memory NFSv3 subset (`miniserver`) as an app of the daemon at
+/// `--socket`, NFSv4.1 for the probe's `--nfs4` steps too, with MOUNT on TCP at `--mount-listen`;
+/// prints "ready" once registered, and serves until the daemon goes away.
+fn serve(a: &[String]) -> Result<(), String> {
+    use rpcrdma_nfsprobe::miniserver::{mountd, Fs, MAX_IO};
+    use rpcrdma_nfsprobe::nfs3;
+    let f = Flags::parse(a, &[])?;
+    let socket = f.need("socket")?;
+    let l = std::net::TcpListener::bind(f.need("mount-listen")?)
+        .map_err(|e| format!("--mount-listen: {e}"))?;
+    let mut fs = Fs::new(
+        f.num("read-seed", 7)?,
+        f.num("read-size", 2 << 20)?,
+        f.num("dir-entries", 2000)?,
+    );
+    let mut server = rpcrdma_shm::Server::connect(socket).map_err(|e| format!("{socket}: {e}"))?;
+    // Two calls of the largest READ or WRITE FSINFO offers, with their headers.
+    server.receive_buffers(2, MAX_IO + 8192);
+    server
+        .start(nfs3::PROG, 4)
+        .map_err(|e| format!("register NFSv4: {e}"))?;
+    std::thread::spawn(move || mountd(l));
+    println!("ready");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    server
+        .serve(nfs3::PROG, nfs3::VERS, |c, r| fs.serve(c, r))
+        .map_err(|e| e.to_string())
 }
 
 fn hex(s: &str) -> Result<Vec<u8>, String> {

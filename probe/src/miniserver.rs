@@ -1,7 +1,10 @@
-//! A tiny in-memory NFSv3-subset server (the procedures the probe uses), the NFSv4.1 operations of
-//! the probe's `nfs4_chunks` step, and a MOUNT v3 responder, for end-to-end runs of the probe
-//! without a kernel server: through `shm-loopback` in the tests, or behind a second rpcrdmad
-//! (`examples/miniserver.rs`). Not an NFS server: fixed names, no permissions, one session.
+//! A tiny in-memory NFSv3-subset server (the procedures the probe uses, and those the Linux
+//! client needs to mount it, read, list and write: ACCESS, READDIR, FSSTAT, FSINFO, PATHCONF,
+//! COMMIT), the
+//! NFSv4.1 operations of the probe's `nfs4_chunks` step, and a MOUNT v3 responder, for end-to-end
+//! runs without a kernel server: through `shm-loopback` in the tests, or behind rpcrdmad
+//! (`nfs-probe serve`), where the probe or the kernel's NFS client mounts it. Not an NFS server:
+//! fixed names, no permissions, one session.
 
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3LNK, NF3REG};
@@ -21,6 +24,12 @@ const FH_DIR: &[u8] = b"fh-dir";
 const FH_LINK: &[u8] = b"fh-link";
 /// Largest WRITE accepted.
 const MAX_WRITE: u32 = 4 << 20;
+/// The READ and WRITE size FSINFO offers (`rtmax`, `wtmax`): what `nfs-probe serve`'s receive
+/// buffers hold with the call's header.
+pub const MAX_IO: u32 = 1 << 20;
+/// The write verifier of every WRITE and COMMIT (this server never loses what it acknowledged,
+/// short of its own end).
+const WRITE_VERF: [u32; 2] = [1, 2];
 /// Largest file offset a WRITE may reach.
 const MAX_FILE: usize = 16 << 20;
 
@@ -67,7 +76,10 @@ impl Fs {
             FH_WRITE => Some((NF3REG, self.write.len() as u64, 3)),
             FH_DIR => Some((NF3DIR, 4096, 4)),
             FH_LINK => self.link.as_ref().map(|t| (NF3LNK, t.len() as u64, 5)),
-            _ => None,
+            // The handle of `dir/fNNNNN` is its name (READDIRPLUS hands it out).
+            _ => entry_index(fh)
+                .filter(|&i| i < self.entries)
+                .map(|i| (NF3REG, 0, 100 + i)),
         }
     }
 
@@ -189,8 +201,8 @@ impl Fs {
                 self.post_op(x, fh);
                 x.put_u32(data.len() as u32)
                     .put_u32(FILE_SYNC)
-                    .put_u32(1)
-                    .put_u32(2);
+                    .put_u32(WRITE_VERF[0])
+                    .put_u32(WRITE_VERF[1]);
             }
             nfs3::SYMLINK => {
                 let dir = r.opaque(nfs3::FHSIZE).ok()?;
@@ -234,6 +246,77 @@ impl Fs {
                     .put_u32(0)
                     .put_u32(0);
             }
+            nfs3::ACCESS => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                let want = r.u32().ok()?;
+                if self.attr(fh).is_none() {
+                    x.put_u32(70).put_u32(0); // NFS3ERR_STALE, no attributes
+                    return Some(true);
+                }
+                x.put_u32(0);
+                self.post_op(x, fh);
+                x.put_u32(want); // everything asked for
+            }
+            nfs3::FSSTAT => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                x.put_u32(0);
+                self.post_op(x, fh);
+                // Bytes total, free, available; files total, free, available; invarsec.
+                let (bytes, files) = (MAX_FILE as u64 * 4, 1u64 << 20);
+                for v in [bytes, bytes / 2, bytes / 2, files, files / 2, files / 2] {
+                    x.put_u32((v >> 32) as u32).put_u32(v as u32);
+                }
+                x.put_u32(0);
+            }
+            nfs3::FSINFO => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                x.put_u32(0);
+                self.post_op(x, fh);
+                // rtmax, rtpref, rtmult, wtmax, wtpref, wtmult, dtpref.
+                for v in [MAX_IO, MAX_IO, 4096, MAX_IO, MAX_IO, 4096, 32768] {
+                    x.put_u32(v);
+                }
+                x.put_u32(0).put_u32(MAX_FILE as u32); // maxfilesize
+                x.put_u32(0).put_u32(1); // time_delta: 1 ns
+                x.put_u32(0x1b); // FSF3_LINK | FSF3_SYMLINK | FSF3_HOMOGENEOUS | FSF3_CANSETTIME
+            }
+            nfs3::PATHCONF => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                x.put_u32(0);
+                self.post_op(x, fh);
+                // linkmax, name_max; no_trunc, chown_restricted, case_insensitive, case_preserving.
+                x.put_u32(1).put_u32(nfs3::NAME_MAX);
+                x.put_u32(1).put_u32(1).put_u32(0).put_u32(1);
+            }
+            nfs3::COMMIT => {
+                let fh = r.opaque(nfs3::FHSIZE).ok()?;
+                let _off = r.u64().ok()?;
+                let _count = r.u32().ok()?;
+                x.put_u32(0).put_u32(0);
+                self.post_op(x, fh);
+                x.put_u32(WRITE_VERF[0]).put_u32(WRITE_VERF[1]);
+            }
+            nfs3::READDIR => {
+                let _dir = r.opaque(nfs3::FHSIZE).ok()?;
+                let cookie = r.u64().ok()?;
+                let _verf = r.fixed(8).ok()?;
+                let count = r.u32().ok()? as usize;
+                x.put_u32(0);
+                self.post_op(x, FH_DIR);
+                x.put_u32(0).put_u32(0);
+                let mut i = cookie;
+                // `count` bounds the whole READDIR3resok: status, the directory's attributes
+                // and the verifier (100 bytes), the list's end and eof (8); each entry is 32.
+                let mut room = count.saturating_sub(108);
+                while i < self.entries && room >= 32 {
+                    x.put_u32(1).put_u32(0).put_u32(100 + i as u32);
+                    x.put_opaque(format!("f{i:05}").as_bytes());
+                    x.put_u32(0).put_u32(i as u32 + 1);
+                    room -= 32;
+                    i += 1;
+                }
+                x.put_u32(0).put_u32(u32::from(i >= self.entries));
+            }
             nfs3::READDIRPLUS => {
                 let _dir = r.opaque(nfs3::FHSIZE).ok()?;
                 let cookie = r.u64().ok()?;
@@ -263,6 +346,12 @@ impl Fs {
         }
         Some(true)
     }
+}
+
+/// The index of a `dir/` entry from its handle (`f` and five digits), if it is one.
+fn entry_index(fh: &[u8]) -> Option<u64> {
+    let digits = fh.strip_prefix(b"f").filter(|d| d.len() == 5)?;
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// An NFSv4 `change_info4` of the root: atomic, both change ids 0.
@@ -560,36 +649,216 @@ impl Fs {
     }
 }
 
-/// Answers one MNT call record: `/export` gets [`ROOT`] and AUTH_UNIX, anything else MNT3ERR_NOENT.
+/// Answers one MOUNT v3 call record: NULL and UMNT succeed, MNT of `/export` gets [`ROOT`] and
+/// AUTH_UNIX (anything else MNT3ERR_NOENT), other procedures PROC_UNAVAIL; `None` if the record
+/// is not a call.
 pub fn mount_reply(rec: &[u8]) -> Option<Vec<u8>> {
+    const MNT: u32 = 1;
+    const UMNT: u32 = 3;
     let mut r = Reader::new(rec);
     let xid = r.u32().ok()?;
-    for _ in 0..5 {
-        r.u32().ok()?;
-    }
+    let (_call, _rpcvers, _prog, _vers) =
+        (r.u32().ok()?, r.u32().ok()?, r.u32().ok()?, r.u32().ok()?);
+    let proc_ = r.u32().ok()?;
     for _ in 0..2 {
         r.u32().ok()?;
         r.opaque(400).ok()?;
     }
-    let path = r.opaque(1024).ok()?;
     let mut w = Writer::default();
-    w.u32(xid).u32(1).u32(0).u32(0).u32(0).u32(0);
-    if path == b"/export" {
-        w.u32(0).opaque(ROOT).u32(1).u32(1);
-    } else {
-        w.u32(2);
+    // REPLY, MSG_ACCEPTED, verifier AUTH_NONE.
+    w.u32(xid).u32(1).u32(0).u32(0).u32(0);
+    match proc_ {
+        0 | UMNT => {
+            w.u32(0);
+        }
+        MNT if r.opaque(1024).ok()? == b"/export" => {
+            w.u32(0).u32(0).opaque(ROOT).u32(1).u32(1);
+        }
+        MNT => {
+            w.u32(0).u32(2);
+        }
+        _ => {
+            w.u32(3);
+        }
     }
     let mut out = (0x8000_0000u32 | w.buf.len() as u32).to_be_bytes().to_vec();
     out.extend_from_slice(&w.buf);
     Some(out)
 }
 
-/// Serves MOUNT on `l` forever, one call per connection.
+/// Serves MOUNT on `l` until it fails: each connection in turn, every call on it answered.
 pub fn mountd(l: TcpListener) {
     for s in l.incoming() {
         let Ok(mut s) = s else { continue };
-        if let Some(out) = read_record(&mut s).ok().and_then(|r| mount_reply(&r)) {
-            let _ = s.write_all(&out);
+        let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+        while let Some(out) = read_record(&mut s).ok().and_then(|r| mount_reply(&r)) {
+            if s.write_all(&out).is_err() {
+                break;
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tcprpc::{call_header, mnt_res, parse_reply, MOUNT_PROG, MOUNT_VERS};
+
+    /// A MOUNT call record with AUTH_UNIX credentials, as mount.nfs sends it.
+    fn mount_call(xid: u32, proc_: u32, args: &[u8]) -> Vec<u8> {
+        let mut w = call_header(xid, MOUNT_PROG, MOUNT_VERS, proc_);
+        w.buf.extend_from_slice(args);
+        w.buf
+    }
+
+    fn answer(rec: &[u8], xid: u32) -> Result<Vec<u8>, crate::tcprpc::RpcError> {
+        let out = mount_reply(rec).expect("a call gets a reply");
+        let (mark, body) = out.split_at(4);
+        assert_eq!(
+            u32::from_be_bytes(mark.try_into().unwrap()),
+            0x8000_0000 | body.len() as u32,
+            "one last fragment"
+        );
+        parse_reply(body, xid).map(<[u8]>::to_vec)
+    }
+
+    #[test]
+    fn mountd_answers_null_mnt_and_umnt_as_mount_nfs_calls_them() {
+        assert_eq!(answer(&mount_call(1, 0, &[]), 1).unwrap(), b"");
+        let mut path = Writer::default();
+        path.opaque(b"/export");
+        let (fh, flavors) = mnt_res(&answer(&mount_call(2, 1, &path.buf), 2).unwrap()).unwrap();
+        assert_eq!((fh.as_slice(), flavors.as_slice()), (ROOT, &[1u32][..]));
+        let mut other = Writer::default();
+        other.opaque(b"/elsewhere");
+        assert!(mnt_res(&answer(&mount_call(3, 1, &other.buf), 3).unwrap()).is_err());
+        assert_eq!(answer(&mount_call(4, 3, &path.buf), 4).unwrap(), b"");
+        // EXPORT (5) is not served: PROC_UNAVAIL.
+        assert!(answer(&mount_call(5, 5, &[]), 5).is_err());
+        // A truncated call gets nothing.
+        assert!(mount_reply(&mount_call(6, 1, &[])[..20]).is_none());
+    }
+
+    /// The reply to NFSv3 procedure `p` with arguments `args` (handle first), decoded up to its
+    /// status and `post_op_attr`: what follows.
+    fn proc_reply(fs: &mut Fs, p: u32, args: impl FnOnce(&mut XdrBuilder)) -> Vec<u8> {
+        let mut a = XdrBuilder::default();
+        args(&mut a);
+        let a = a.to_full();
+        let mut x = XdrBuilder::default();
+        assert_eq!(fs.proc(p, &mut Reader::new(&a), &mut x), Some(true), "{p}");
+        x.to_full()
+    }
+
+    fn ok_with_attrs(b: &[u8]) -> Reader<'_> {
+        let mut r = Reader::new(b);
+        assert_eq!(r.u32().unwrap(), 0, "NFS3_OK");
+        assert!(nfs3::post_op_attr(&mut r).unwrap().is_some());
+        r
+    }
+
+    #[test]
+    fn the_procedures_a_linux_mount_needs_answer_with_attributes() {
+        let mut fs = Fs::new(7, 4096, 3);
+        let fh = |x: &mut XdrBuilder| {
+            x.put_opaque(ROOT);
+        };
+        let b = proc_reply(&mut fs, nfs3::FSINFO, fh);
+        let mut r = ok_with_attrs(&b);
+        let w: Vec<u32> = (0..7).map(|_| r.u32().unwrap()).collect();
+        assert_eq!(w, [MAX_IO, MAX_IO, 4096, MAX_IO, MAX_IO, 4096, 32768]);
+        assert_eq!(r.u64().unwrap(), MAX_FILE as u64);
+        assert_eq!(
+            (r.u32().unwrap(), r.u32().unwrap(), r.u32().unwrap()),
+            (0, 1, 0x1b)
+        );
+        assert_eq!(r.remaining(), 0);
+
+        let b = proc_reply(&mut fs, nfs3::PATHCONF, fh);
+        let mut r = ok_with_attrs(&b);
+        assert_eq!((r.u32().unwrap(), r.u32().unwrap()), (1, nfs3::NAME_MAX));
+        assert_eq!(r.remaining(), 16);
+
+        let b = proc_reply(&mut fs, nfs3::FSSTAT, fh);
+        let mut r = ok_with_attrs(&b);
+        let total = r.u64().unwrap();
+        assert!(total > 0 && r.u64().unwrap() <= total);
+        assert_eq!(r.remaining(), 4 * 8 + 4);
+
+        let b = proc_reply(&mut fs, nfs3::ACCESS, |x| {
+            x.put_opaque(FH_READ).put_u32(0x3f);
+        });
+        let mut r = ok_with_attrs(&b);
+        assert_eq!(r.u32().unwrap(), 0x3f, "everything asked for");
+        let b = proc_reply(&mut fs, nfs3::ACCESS, |x| {
+            x.put_opaque(b"no-such-handle").put_u32(1);
+        });
+        assert_eq!(Reader::new(&b).u32().unwrap(), 70, "NFS3ERR_STALE");
+
+        let b = proc_reply(&mut fs, nfs3::COMMIT, |x| {
+            x.put_opaque(FH_WRITE).put_u32(0).put_u32(0).put_u32(0);
+        });
+        let mut r = Reader::new(&b);
+        assert_eq!(r.u32().unwrap(), 0);
+        let wcc = nfs3::wcc_data(&mut r).unwrap();
+        assert!(wcc.after.is_some());
+        assert_eq!(
+            (r.u32().unwrap(), r.u32().unwrap()),
+            (WRITE_VERF[0], WRITE_VERF[1])
+        );
+
+        // READDIR pages through `dir/` by cookie: 3 names, then eof.
+        let b = proc_reply(&mut fs, nfs3::READDIR, |x| {
+            x.put_opaque(FH_DIR).put_u32(0).put_u32(0); // cookie 0
+            x.put_u32(0).put_u32(0).put_u32(140); // verifier, count
+        });
+        let mut r = ok_with_attrs(&b);
+        r.fixed(8).unwrap();
+        let mut names = Vec::new();
+        while r.bool().unwrap() {
+            assert_eq!(r.u64().unwrap(), 100 + names.len() as u64, "fileid");
+            names.push(String::from_utf8(r.opaque(255).unwrap().to_vec()).unwrap());
+            assert_eq!(r.u64().unwrap(), names.len() as u64, "cookie");
+        }
+        assert!(
+            !r.bool().unwrap(),
+            "140 bytes hold one entry: not at the end"
+        );
+        assert_eq!(names, ["f00000"]);
+        assert!(b.len() <= 140, "within count: {}", b.len());
+        let b = proc_reply(&mut fs, nfs3::READDIR, |x| {
+            x.put_opaque(FH_DIR).put_u32(0).put_u32(1);
+            x.put_u32(0).put_u32(0).put_u32(4096);
+        });
+        let mut r = ok_with_attrs(&b);
+        r.fixed(8).unwrap();
+        let mut n = 0;
+        while r.bool().unwrap() {
+            r.u64().unwrap();
+            r.opaque(255).unwrap();
+            r.u64().unwrap();
+            n += 1;
+        }
+        assert_eq!(
+            (n, r.bool().unwrap()),
+            (2, true),
+            "from cookie 1: the other two, eof"
+        );
+
+        // `dir/`'s entries have attributes under the handles READDIRPLUS gives them.
+        let b = proc_reply(&mut fs, nfs3::GETATTR, |x| {
+            x.put_opaque(b"f00002");
+        });
+        let mut r = Reader::new(&b);
+        assert_eq!(r.u32().unwrap(), 0);
+        assert_eq!(nfs3::fattr3(&mut r).unwrap().ftype, NF3REG);
+        let b = proc_reply(&mut fs, nfs3::GETATTR, |x| {
+            x.put_opaque(b"f00003");
+        });
+        assert_eq!(
+            Reader::new(&b).u32().unwrap(),
+            70,
+            "past the entries: stale"
+        );
     }
 }

@@ -16,6 +16,8 @@ pub const NULL: u32 = 0;
 pub const GETATTR: u32 = 1;
 /// NFSPROC3_LOOKUP.
 pub const LOOKUP: u32 = 3;
+/// NFSPROC3_ACCESS.
+pub const ACCESS: u32 = 4;
 /// NFSPROC3_READLINK.
 pub const READLINK: u32 = 5;
 /// NFSPROC3_READ.
@@ -26,8 +28,18 @@ pub const WRITE: u32 = 7;
 pub const SYMLINK: u32 = 10;
 /// NFSPROC3_REMOVE.
 pub const REMOVE: u32 = 12;
+/// NFSPROC3_READDIR.
+pub const READDIR: u32 = 16;
 /// NFSPROC3_READDIRPLUS.
 pub const READDIRPLUS: u32 = 17;
+/// NFSPROC3_FSSTAT.
+pub const FSSTAT: u32 = 18;
+/// NFSPROC3_FSINFO.
+pub const FSINFO: u32 = 19;
+/// NFSPROC3_PATHCONF.
+pub const PATHCONF: u32 = 20;
+/// NFSPROC3_COMMIT.
+pub const COMMIT: u32 = 21;
 
 /// NFS3_FHSIZE: the largest NFSv3 file handle.
 pub const FHSIZE: u32 = 64;

@@ -592,6 +592,8 @@ pub struct Stats {
     pub invalidations: u64,
     /// Local invalidations skipped because the peer used Send With Invalidate.
     pub remote_invalidations: u64,
+    /// Replies sent with Send With Invalidate (the requester allowed it and offered one key).
+    pub replies_with_invalidate: u64,
 }
 
 /// RDMA_ERROR / RDMA2_ERROR messages counted by error code.

@@ -985,6 +985,7 @@ impl Connection {
         };
         self.queue_send(slot, buf, invalidate);
         self.stats.replies_sent += 1;
+        self.stats.replies_with_invalidate += u64::from(invalidate.is_some());
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
     }

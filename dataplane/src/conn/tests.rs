@@ -842,6 +842,7 @@ fn xch_3_2_b_send_with_invalidate_only_when_allowed_and_one_key() {
     assert!(matches!(inv, Some(Some(_))));
     assert_eq!(done(&mut p)[0].status, CallStatus::Ok);
     assert_eq!(p.a.conn.stats().remote_invalidations, 1);
+    assert_eq!(p.b.conn.stats().replies_with_invalidate, 1);
     assert!(!p.a.log.iter().any(|w| matches!(w, Work::Invalidate { .. })));
     assert_eq!(p.a.env.live_windows(), 0);
     // Two keys (read chunk + write chunk): plain Send, both invalidated locally.

@@ -509,6 +509,15 @@ impl RawQp {
             SendOp::SendWithInvalidate { rkey } => {
                 wr.opcode = O::IBV_WR_SEND_WITH_INV;
                 wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+                // rdma-core's siw provider (providers/siw/siw.c, push_send_wqe) hands kernel
+                // siw the key of every send-queue entry from `wr.rdma.rkey`, never from
+                // `invalidate_rkey`: without this the peer is asked to invalidate STag 0 and
+                // answers with a Terminate (CANNOT_INVALIDATE), ending the connection. Other
+                // providers read `invalidate_rkey` and ignore `wr.rdma` on a Send.
+                wr.wr.rdma = ffi::rdma_t {
+                    remote_addr: 0,
+                    rkey,
+                };
             }
             SendOp::RdmaWrite { remote_addr, rkey } => {
                 wr.opcode = O::IBV_WR_RDMA_WRITE;
