@@ -494,47 +494,7 @@ impl RawQp {
     }
 
     pub(super) fn post_send(&self, w: &SendWr<'_>, sg: &[ibv_sge]) -> Result<()> {
-        use ffi::ibv_wr_opcode as O;
-        let mut wr = zero_send_wr();
-        wr.wr_id = w.wr_id;
-        wr.sg_list = sg.as_ptr().cast_mut();
-        wr.num_sge = sg.len() as i32;
-        wr.send_flags = if w.signaled {
-            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-        } else {
-            0
-        };
-        match w.op {
-            SendOp::Send => wr.opcode = O::IBV_WR_SEND,
-            SendOp::SendWithInvalidate { rkey } => {
-                wr.opcode = O::IBV_WR_SEND_WITH_INV;
-                wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
-                // rdma-core's siw provider (providers/siw/siw.c, push_send_wqe) hands kernel
-                // siw the key of every send-queue entry from `wr.rdma.rkey`, never from
-                // `invalidate_rkey`: without this the peer is asked to invalidate STag 0 and
-                // answers with a Terminate (CANNOT_INVALIDATE), ending the connection. Other
-                // providers read `invalidate_rkey` and ignore `wr.rdma` on a Send.
-                wr.wr.rdma = ffi::rdma_t {
-                    remote_addr: 0,
-                    rkey,
-                };
-            }
-            SendOp::RdmaWrite { remote_addr, rkey } => {
-                wr.opcode = O::IBV_WR_RDMA_WRITE;
-                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
-            }
-            SendOp::RdmaRead { remote_addr, rkey } => {
-                wr.opcode = O::IBV_WR_RDMA_READ;
-                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
-            }
-            SendOp::LocalInvalidate { rkey } => {
-                wr.opcode = O::IBV_WR_LOCAL_INV;
-                wr.num_sge = 0;
-                wr.sg_list = ptr::null_mut();
-                wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
-            }
-        }
-        self.post(&mut wr)
+        self.post(&mut send_wr(w, sg))
     }
 
     /// Bind `mw` (type 2) under `rkey` to `len` bytes at `addr` of `mr`, unsignaled.
@@ -582,6 +542,51 @@ fn zero_qp_attr() -> ffi::ibv_qp_attr {
     // SAFETY: `ibv_qp_attr` is a plain C struct of integers (and a GID union of bytes) for
     // which all-zero is a valid value.
     unsafe { std::mem::zeroed() }
+}
+
+/// The verbs work request for `w` over the scatter list `sg` (which must outlive its post).
+fn send_wr(w: &SendWr<'_>, sg: &[ibv_sge]) -> ffi::ibv_send_wr {
+    use ffi::ibv_wr_opcode as O;
+    let mut wr = zero_send_wr();
+    wr.wr_id = w.wr_id;
+    wr.sg_list = sg.as_ptr().cast_mut();
+    wr.num_sge = sg.len() as i32;
+    wr.send_flags = if w.signaled {
+        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+    } else {
+        0
+    };
+    match w.op {
+        SendOp::Send => wr.opcode = O::IBV_WR_SEND,
+        SendOp::SendWithInvalidate { rkey } => {
+            wr.opcode = O::IBV_WR_SEND_WITH_INV;
+            wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            // rdma-core's siw provider (providers/siw/siw.c, push_send_wqe) hands kernel
+            // siw the key of every send-queue entry from `wr.rdma.rkey`, never from
+            // `invalidate_rkey`: without this the peer is asked to invalidate STag 0 and
+            // answers with a Terminate (CANNOT_INVALIDATE), ending the connection. Other
+            // providers read `invalidate_rkey` and ignore `wr.rdma` on a Send.
+            wr.wr.rdma = ffi::rdma_t {
+                remote_addr: 0,
+                rkey,
+            };
+        }
+        SendOp::RdmaWrite { remote_addr, rkey } => {
+            wr.opcode = O::IBV_WR_RDMA_WRITE;
+            wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+        }
+        SendOp::RdmaRead { remote_addr, rkey } => {
+            wr.opcode = O::IBV_WR_RDMA_READ;
+            wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+        }
+        SendOp::LocalInvalidate { rkey } => {
+            wr.opcode = O::IBV_WR_LOCAL_INV;
+            wr.num_sge = 0;
+            wr.sg_list = ptr::null_mut();
+            wr.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+        }
+    }
+    wr
 }
 
 fn zero_send_wr() -> ffi::ibv_send_wr {
@@ -1009,6 +1014,33 @@ mod tests {
             assert_eq!(n >> 8, 0x1234);
             k = n;
         }
+    }
+
+    #[test]
+    fn send_with_invalidate_names_its_key_where_every_provider_looks() {
+        let w = SendWr {
+            wr_id: 7,
+            op: SendOp::SendWithInvalidate { rkey: 0x1234_5678 },
+            sg: &[],
+            signaled: true,
+        };
+        let wr = send_wr(&w, &[]);
+        assert_eq!(wr.opcode, ffi::ibv_wr_opcode::IBV_WR_SEND_WITH_INV);
+        // SAFETY: `send_wr` wrote the key into this member of the union.
+        let inv = unsafe { wr.imm_data_invalidated_rkey_union.invalidated_rkey };
+        assert_eq!(inv, 0x1234_5678);
+        // SAFETY: `send_wr` wrote the `rdma` member of this union.
+        let rdma = unsafe { wr.wr.rdma };
+        assert_eq!(
+            rdma.rkey, 0x1234_5678,
+            "where rdma-core's siw provider reads it"
+        );
+        let w = SendWr {
+            op: SendOp::Send,
+            ..w
+        };
+        // SAFETY: as above; a plain Send leaves the union zeroed.
+        assert_eq!(unsafe { send_wr(&w, &[]).wr.rdma.rkey }, 0);
     }
 
     #[test]
