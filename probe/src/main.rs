@@ -112,8 +112,9 @@ fn gen(a: &[String]) -> Result<(), String> {
 }
 
 /// `nfs-probe serve`: the in-memory NFSv3 subset (`miniserver`) as an app of the daemon at
-/// `--socket`, NFSv4.1 for the probe's `--nfs4` steps too, with MOUNT on TCP at `--mount-listen`;
-/// prints "ready" once registered, and serves until the daemon goes away.
+/// `--socket`, NFSv4.1 for the probe's `--nfs4` steps too, with MOUNT on TCP at `--mount-listen`
+/// (port 0: any); prints "ready, MOUNT on ADDR" once registered, and serves until the daemon
+/// goes away.
 fn serve(a: &[String]) -> Result<(), String> {
     use rpcrdma_nfsprobe::miniserver::{mountd, Fs, MAX_IO};
     use rpcrdma_nfsprobe::nfs3;
@@ -121,6 +122,7 @@ fn serve(a: &[String]) -> Result<(), String> {
     let socket = f.need("socket")?;
     let l = std::net::TcpListener::bind(f.need("mount-listen")?)
         .map_err(|e| format!("--mount-listen: {e}"))?;
+    let mount_addr = l.local_addr().map_err(|e| e.to_string())?;
     let mut fs = Fs::new(
         f.num("read-seed", 7)?,
         f.num("read-size", 2 << 20)?,
@@ -129,11 +131,14 @@ fn serve(a: &[String]) -> Result<(), String> {
     let mut server = rpcrdma_shm::Server::connect(socket).map_err(|e| format!("{socket}: {e}"))?;
     // Two calls of the largest READ or WRITE FSINFO offers, with their headers.
     server.receive_buffers(2, MAX_IO + 8192);
-    server
-        .start(nfs3::PROG, 4)
-        .map_err(|e| format!("register NFSv4: {e}"))?;
+    // Both versions registered before "ready": a call that came first would be refused.
+    for vers in [nfs3::VERS, 4] {
+        server
+            .start(nfs3::PROG, vers)
+            .map_err(|e| format!("register NFS version {vers}: {e}"))?;
+    }
     std::thread::spawn(move || mountd(l));
-    println!("ready");
+    println!("ready, MOUNT on {mount_addr}");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     server
         .serve(nfs3::PROG, nfs3::VERS, |c, r| fs.serve(c, r))

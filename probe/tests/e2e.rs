@@ -1,21 +1,21 @@
-//! The real `nfs-probe` process against the NFSv3-subset `miniserver` served through real shared memory
+//! The real `nfs-probe run` process against the NFSv3-subset `miniserver` (a real `nfs-probe serve` process) through real shared memory
 //! (the `shm-loopback` routing of rpcrdma-shm, standing in for rpcrdmad) and a real TCP MOUNT server.
 //! It proves the probe's NFS layer, DDP marking and checks end to end; the kernel server is the VM's job.
 
-use rpcrdma_nfsprobe::miniserver::{mountd, Fs};
-use rpcrdma_nfsprobe::nfs3;
 use rpcrdma_shm::abi::Geometry;
 use rpcrdma_shm::loopback::Loopback;
-use rpcrdma_shm::Server;
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const READ_SIZE: usize = 2 << 20;
 const SEED: u32 = 7;
 
-fn start(dir: &Path, entries: u64) -> (PathBuf, u16) {
+/// The shared-memory loopback routing at `dir/lb.sock` and a real `nfs-probe serve` process
+/// attached to it (the miniserver with `entries` names in `dir/`, MOUNT on a free port); the
+/// process ends with the returned guard.
+fn start(dir: &Path, entries: u64) -> (PathBuf, u16, Served) {
     let sock = dir.join("lb.sock");
     let mut lb = Loopback::bind(
         &sock,
@@ -26,18 +26,39 @@ fn start(dir: &Path, entries: u64) -> (PathBuf, u16) {
     )
     .unwrap();
     std::thread::spawn(move || lb.run(Duration::from_micros(50)));
-    let mut server = Server::connect(&sock).unwrap();
-    server.receive_buffers(4, (1 << 20) + 4096);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nfs-probe"))
+        .args(["serve", "--socket"])
+        .arg(&sock)
+        .args(["--mount-listen", "127.0.0.1:0", "--dir-entries"])
+        .arg(entries.to_string())
+        .args(["--read-size", &READ_SIZE.to_string(), "--read-seed"])
+        .arg(SEED.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Registered before the probe starts: a call that arrived first was refused
     // (UNKNOWN_PROGRAM), which made this test fail now and then under load.
-    server.start(nfs3::PROG, nfs3::VERS).unwrap();
-    server.start(nfs3::PROG, 4).unwrap();
-    let mut fs = Fs::new(SEED, READ_SIZE, entries);
-    std::thread::spawn(move || server.serve(nfs3::PROG, nfs3::VERS, |c, r| fs.serve(c, r)));
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || mountd(l));
-    (sock, port)
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("ready, MOUNT on ")
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("serve said {line:?}"))
+        .port();
+    (sock, port, Served(child))
+}
+
+/// Kills the `nfs-probe serve` process when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn probe(sock: &Path, port: u16, extra: &[&str]) -> std::process::Output {
@@ -68,7 +89,7 @@ fn tmpdir(name: &str) -> PathBuf {
 #[test]
 fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory() {
     let d = tmpdir("probe-e2e-pass");
-    let (sock, port) = start(&d, 300);
+    let (sock, port, _served) = start(&d, 300);
     let out = probe(&sock, port, &["--rdp-maxcount", "8192", "--nfs4"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -114,7 +135,7 @@ fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory(
 #[test]
 fn probe_fails_with_nonzero_exit_when_the_directory_count_or_export_is_wrong() {
     let d = tmpdir("probe-e2e-fail");
-    let (sock, port) = start(&d, 299);
+    let (sock, port, _served) = start(&d, 299);
     let out = probe(&sock, port, &["--random-rounds", "1"]);
     assert_eq!(out.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
