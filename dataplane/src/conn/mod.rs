@@ -872,6 +872,22 @@ impl Connection {
             .min(self.own_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
     }
 
+    /// A server offering version two learns the connection's version from the client's
+    /// calls: a version-two client's first message is version two (V2-5-b), so a version-1
+    /// call before any version-two message means a version-1 client, and this side's own
+    /// calls on the connection (backward direction) go in version 1 from then on, as its
+    /// replies already do (V2-5.3-a). Without this a backward call went in version two to a
+    /// client that cannot read it.
+    fn learn_client_version(&mut self, vers: u32) {
+        if self.cfg.role == Role::Server
+            && vers == v1::VERSION
+            && self.vers == v2::VERSION
+            && !self.v2_confirmed
+        {
+            self.vers = v1::VERSION;
+        }
+    }
+
     /// Whether [`handle_timeout`](Self::handle_timeout) has anything to do.
     pub fn wants_timer(&self) -> bool {
         self.first_pending && self.closed.is_none()

@@ -331,6 +331,7 @@ impl Connection {
         env: &mut impl Env,
     ) -> bool {
         self.stats.calls_received += 1;
+        self.learn_client_version(vers);
         // The peer may not have more calls outstanding than granted (R8166-3.3.1-b); after
         // a lowered grant it may still be using the higher one it last saw. The call is
         // not taken: its receive buffer goes back at once.

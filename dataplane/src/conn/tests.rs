@@ -1805,6 +1805,31 @@ fn v2_5_3_a_version_one_call_to_a_version_two_responder() {
         let f = proto::Fixed::peek(r).unwrap();
         assert_eq!((f.vers, f.proc), (1, v1::RDMA_MSG));
     }
+    // The client speaks version 1, so the server's own calls on the connection (backward
+    // direction) go in version 1 too, and the client takes them.
+    assert_eq!(p.b.conn.version(), 1);
+    let msg = p.b.put(&be(&[4, 0x0102_0304]));
+    let reply = p.b.alloc(64);
+    let spec = CallSpec {
+        user: 9,
+        xid: 77,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    p.run();
+    let last = p.b.sent.last().unwrap();
+    assert_eq!(proto::Fixed::peek(last).unwrap().vers, 1);
+    assert!(p
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::IncomingCall(c) if c.xid == 77)));
 }
 
 #[test]
