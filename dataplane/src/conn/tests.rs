@@ -88,6 +88,26 @@ fn read_8k_spec(s: &mut sim::Side, xid: u32) -> (CallSpec<'static>, MemRef) {
     (spec, result)
 }
 
+/// Submits from side `s` (the server) a backward-direction call of XID `xid`: program
+/// 0x2052_4455, procedure 1, one argument word `word`; returns its 64-byte reply buffer.
+fn submit_backward(s: &mut sim::Side, xid: u32, word: u32) -> MemRef {
+    let msg = s.put(&be(&[4, word]));
+    let reply = s.alloc(64);
+    let spec = CallSpec {
+        user: u64::from(xid),
+        xid,
+        prog: 0x2052_4455,
+        vers: 1,
+        proc_: 1,
+        msg,
+        args: &[],
+        results: &[],
+        reply,
+    };
+    s.conn.submit_call(&spec, &mut s.env).unwrap();
+    reply
+}
+
 /// The call [`bulk`] submits, from side `s`, not submitted.
 fn bulk_spec(s: &mut sim::Side, xid: u32, data: &[u8], reply_max: u32) -> CallSpec<'static> {
     CallSpec {
@@ -1641,20 +1661,7 @@ fn r8166_4_5_3_a_failed_rdma_operation_ends_connection() {
 fn r8166_7_1_b_backward_call_routed_by_msg_type() {
     let mut p = Pair::default_pair();
     // The server (b) calls the client (a) on the same connection.
-    let msg = p.b.put(&be(&[4, 0x0102_0304]));
-    let reply = p.b.alloc(64);
-    let spec = CallSpec {
-        user: 77,
-        xid: 1,
-        prog: 0x2052_4455,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
-    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    let reply = submit_backward(&mut p.b, 1, 0x0102_0304);
     // At the same time the client has forward call xid 1 outstanding.
     bulk(&mut p, 1, &[9; 4], 64);
     p.run();
@@ -1697,7 +1704,7 @@ fn r8166_7_1_b_backward_call_routed_by_msg_type() {
             })
             .collect();
     assert_eq!(bd.len(), 1);
-    assert_eq!((bd[0].user, bd[0].status), (77, CallStatus::Ok));
+    assert_eq!((bd[0].user, bd[0].status), (1, CallStatus::Ok));
     assert_eq!(p.b.get(reply.prefix(8).unwrap()), be(&[4, 0x0506_0708]));
     let d = done(&mut p);
     assert_eq!((d[0].xid, d[0].status), (1, CallStatus::Ok));
@@ -1808,20 +1815,7 @@ fn v2_5_3_a_version_one_call_to_a_version_two_responder() {
     // The client speaks version 1, so the server's own calls on the connection (backward
     // direction) go in version 1 too, and the client takes them.
     assert_eq!(p.b.conn.version(), 1);
-    let msg = p.b.put(&be(&[4, 0x0102_0304]));
-    let reply = p.b.alloc(64);
-    let spec = CallSpec {
-        user: 9,
-        xid: 77,
-        prog: 0x2052_4455,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
-    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    submit_backward(&mut p.b, 77, 0x0102_0304);
     p.run();
     let last = p.b.sent.last().unwrap();
     assert_eq!(proto::Fixed::peek(last).unwrap().vers, 1);
@@ -3380,20 +3374,7 @@ fn v2_4_2_2_a_backward_call_in_version_two() {
     bulk(&mut p, 1, &[0; 4], 64);
     p.run();
     serve(&mut p);
-    let msg = p.b.put(&be(&[4, 0x0a0b_0c0d]));
-    let reply = p.b.alloc(64);
-    let spec = CallSpec {
-        user: 5,
-        xid: 1,
-        prog: 0x2052_4455,
-        vers: 1,
-        proc_: 1,
-        msg,
-        args: &[],
-        results: &[],
-        reply,
-    };
-    p.b.conn.submit_call(&spec, &mut p.b.env).unwrap();
+    submit_backward(&mut p.b, 1, 0x0a0b_0c0d);
     p.run();
     let call = p.b.sent.last().unwrap().clone();
     let f = proto::Fixed::peek(&call).unwrap();
@@ -3435,7 +3416,7 @@ fn v2_4_2_2_a_backward_call_in_version_two() {
         .b
         .events
         .iter()
-        .any(|e| matches!(e, Event::CallDone(d) if d.user == 5 && d.status == CallStatus::Ok)));
+        .any(|e| matches!(e, Event::CallDone(d) if d.user == 1 && d.status == CallStatus::Ok)));
 }
 
 /// An RDMA_MSG call for RDMATEST WRITE whose credential is RPCSEC_GSS with `service`
