@@ -1,10 +1,9 @@
 //! A tiny in-memory NFSv3-subset server (the procedures the probe uses, and those the Linux
 //! client needs to mount it, read, list and write: ACCESS, READDIR, FSSTAT, FSINFO, PATHCONF,
-//! COMMIT), the
-//! NFSv4.1 operations of the probe's `nfs4_chunks` step, and a MOUNT v3 responder, for end-to-end
-//! runs without a kernel server: through `shm-loopback` in the tests, or behind rpcrdmad
-//! (`nfs-probe serve`), where the probe or the kernel's NFS client mounts it. Not an NFS server:
-//! fixed names, no permissions, one session.
+//! COMMIT), the NFSv4.1 operations of the probe's `nfs4_chunks` step, and a MOUNT v3 responder,
+//! for end-to-end runs without a kernel server: through `shm-loopback` in the tests, or behind
+//! rpcrdmad (`nfs-probe serve`), where the probe or the kernel's NFS client mounts it. Not an
+//! NFS server: fixed names, no permissions, one session.
 
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3LNK, NF3REG};
@@ -112,6 +111,12 @@ impl Fs {
         Some(true)
     }
 
+    /// NFS3_OK and the `post_op_attr` of `fh`: how most results begin.
+    fn ok_post_op(&self, x: &mut XdrBuilder, fh: &[u8]) {
+        x.put_u32(0);
+        self.post_op(x, fh);
+    }
+
     fn post_op(&self, x: &mut XdrBuilder, fh: &[u8]) {
         match self.attr(fh) {
             Some((t, s, id)) => {
@@ -181,8 +186,7 @@ impl Fs {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
                 let off = r.u64().ok()?;
                 let (data, eof) = self.read_at(fh, off, r.u32().ok()?)?;
-                x.put_u32(0);
-                self.post_op(x, fh);
+                self.ok_post_op(x, fh);
                 x.put_u32(data.len() as u32)
                     .put_u32(u32::from(eof))
                     .put_ddp_opaque(&data);
@@ -226,8 +230,7 @@ impl Fs {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
                 match self.link.as_ref().filter(|_| fh == FH_LINK) {
                     Some(target) => {
-                        x.put_u32(0);
-                        self.post_op(x, FH_LINK);
+                        self.ok_post_op(x, FH_LINK);
                         x.put_ddp_opaque(target);
                     }
                     None => {
@@ -253,14 +256,12 @@ impl Fs {
                     x.put_u32(70).put_u32(0); // NFS3ERR_STALE, no attributes
                     return Some(true);
                 }
-                x.put_u32(0);
-                self.post_op(x, fh);
+                self.ok_post_op(x, fh);
                 x.put_u32(want); // everything asked for
             }
             nfs3::FSSTAT => {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
-                x.put_u32(0);
-                self.post_op(x, fh);
+                self.ok_post_op(x, fh);
                 // Bytes total, free, available; files total, free, available; invarsec.
                 let (bytes, files) = (MAX_FILE as u64 * 4, 1u64 << 20);
                 for v in [bytes, bytes / 2, bytes / 2, files, files / 2, files / 2] {
@@ -270,8 +271,7 @@ impl Fs {
             }
             nfs3::FSINFO => {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
-                x.put_u32(0);
-                self.post_op(x, fh);
+                self.ok_post_op(x, fh);
                 // rtmax, rtpref, rtmult, wtmax, wtpref, wtmult, dtpref.
                 for v in [MAX_IO, MAX_IO, 4096, MAX_IO, MAX_IO, 4096, 32768] {
                     x.put_u32(v);
@@ -282,8 +282,7 @@ impl Fs {
             }
             nfs3::PATHCONF => {
                 let fh = r.opaque(nfs3::FHSIZE).ok()?;
-                x.put_u32(0);
-                self.post_op(x, fh);
+                self.ok_post_op(x, fh);
                 // linkmax, name_max; no_trunc, chown_restricted, case_insensitive, case_preserving.
                 x.put_u32(1).put_u32(nfs3::NAME_MAX);
                 x.put_u32(1).put_u32(1).put_u32(0).put_u32(1);
@@ -301,8 +300,7 @@ impl Fs {
                 let cookie = r.u64().ok()?;
                 let _verf = r.fixed(8).ok()?;
                 let count = r.u32().ok()? as usize;
-                x.put_u32(0);
-                self.post_op(x, FH_DIR);
+                self.ok_post_op(x, FH_DIR);
                 x.put_u32(0).put_u32(0);
                 let mut i = cookie;
                 // `count` bounds the whole READDIR3resok: status, the directory's attributes
@@ -323,8 +321,7 @@ impl Fs {
                 let _verf = r.fixed(8).ok()?;
                 let _dircount = r.u32().ok()?;
                 let maxcount = r.u32().ok()? as usize;
-                x.put_u32(0);
-                self.post_op(x, FH_DIR);
+                self.ok_post_op(x, FH_DIR);
                 x.put_u32(0).put_u32(0);
                 let mut i = cookie;
                 let mut used = 0usize;
@@ -657,8 +654,10 @@ pub fn mount_reply(rec: &[u8]) -> Option<Vec<u8>> {
     const UMNT: u32 = 3;
     let mut r = Reader::new(rec);
     let xid = r.u32().ok()?;
-    let (_call, _rpcvers, _prog, _vers) =
-        (r.u32().ok()?, r.u32().ok()?, r.u32().ok()?, r.u32().ok()?);
+    // Message type, RPC version, program, version: a MOUNT call is assumed.
+    for _ in 0..4 {
+        r.u32().ok()?;
+    }
     let proc_ = r.u32().ok()?;
     for _ in 0..2 {
         r.u32().ok()?;
