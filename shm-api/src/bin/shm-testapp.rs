@@ -156,15 +156,14 @@ fn callback(path: &Path) -> Res {
 /// with its own bytes by the client side's `callback` app.
 fn call_back(path: &Path, conn: u32, n: u32) -> Res {
     let mut c = Client::connect(path)?;
-    let wait = Some(std::time::Duration::from_secs(20));
     for i in 0..n {
         let len = 8usize << (i % 8);
-        let data = rdmatest::pattern(i, len);
-        let mut b = c.call(conn, rdmatest::CB_PROG, 1, 1);
-        b.args().put_opaque(&data);
-        let t = b.submit()?;
-        let r = c.wait(t, wait)?;
-        if r.accept_stat != 0 || rdmatest::XdrReader::new(&r.body).opaque() != Some(&data[..]) {
+        if !echoed(
+            &mut c,
+            conn,
+            (rdmatest::CB_PROG, 1, 1),
+            &rdmatest::pattern(i, len),
+        )? {
             return Err(format!("backward call {i} ({len} bytes) came back wrong").into());
         }
     }
@@ -177,17 +176,28 @@ fn echo(path: &Path, peer: &str, len: u64) -> Res {
     let mut c = Client::connect(path)?;
     let peer = c.peer(peer).ok_or("no such peer")?;
     let len = usize::try_from(len)?;
-    let data = rdmatest::pattern(len as u32, len);
-    let mut b = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
-    b.args().put_opaque(&data);
-    b.max_reply(u32::try_from(len)? + 256);
-    let t = b.submit()?;
-    let r = c.wait(t, Some(std::time::Duration::from_secs(20)))?;
-    if r.accept_stat != 0 || rdmatest::XdrReader::new(&r.body).opaque() != Some(&data[..]) {
+    let echo = (rdmatest::PROG, rdmatest::VERS, rdmatest::ECHO);
+    if !echoed(&mut c, peer, echo, &rdmatest::pattern(len as u32, len))? {
         return Err("the ECHO came back wrong".into());
     }
     println!("echo {len} ok");
     Ok(())
+}
+
+/// Calls `(prog, vers, proc)` at `peer` with `data` as an opaque in the call's body (room for
+/// it in the reply), within 20 s; whether it came back accepted with those very bytes.
+fn echoed(
+    c: &mut Client,
+    peer: u32,
+    (prog, vers, proc_): (u32, u32, u32),
+    data: &[u8],
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let mut b = c.call(peer, prog, vers, proc_);
+    b.args().put_opaque(data);
+    b.max_reply(u32::try_from(data.len())? + 256);
+    let t = b.submit()?;
+    let r = c.wait(t, Some(std::time::Duration::from_secs(20)))?;
+    Ok(r.accept_stat == 0 && rdmatest::XdrReader::new(&r.body).opaque() == Some(data))
 }
 
 fn blackhole(path: &Path) -> Res {
