@@ -197,6 +197,20 @@ fn hostile_apps_cannot_crash_the_real_daemon_counts_return_and_others_keep_worki
 }
 
 /// Builds `shm-api/examples/c/NAME.c` with the strictest flags the README gives; its path.
+/// Runs `cmd` (an app calling through daemon `a` to daemon `b`) to its end and asserts it
+/// printed exactly `want`, showing its stderr and both daemons' logs otherwise.
+fn assert_prints(cmd: &mut Command, want: &str, (a, b): (&Daemon, &Daemon)) {
+    let out = cmd.output().expect("run the app");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        want,
+        "{}\nA:\n{}\nB:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        a.log(),
+        b.log()
+    );
+}
+
 fn compile_c_example(name: &str) -> std::path::PathBuf {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../shm-api");
     // One file per compilation: tests that run at once each remove their own.
@@ -324,21 +338,13 @@ fn c_example_server_serves_through_real_daemons() {
     let server_exe = compile_c_example("server");
     let mut server = App::start(Command::new(&server_exe).arg(&b.app), "ready").0;
     let client_exe = compile_c_example("client");
-    let out = Command::new(&client_exe)
-        .arg(&a.app)
-        .arg("server")
-        .output()
-        .expect("run");
+    assert_prints(
+        Command::new(&client_exe).arg(&a.app).arg("server"),
+        "NULL ok\nECHO ok\nREAD ok\nTIMEOUT ok\nCANCEL ok\nRELEASED ok\n",
+        (&a, &b),
+    );
     let _ = std::fs::remove_file(&server_exe);
     let _ = std::fs::remove_file(&client_exe);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "NULL ok\nECHO ok\nREAD ok\nTIMEOUT ok\nCANCEL ok\nRELEASED ok\n",
-        "{}\nA:\n{}\nB:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        a.log(),
-        b.log()
-    );
 
     let mut c = Client::connect(&a.app).expect("attach");
     let peer = c.peer("server").expect("peer");
@@ -498,19 +504,13 @@ fn a_late_write_into_a_lent_chunk_costs_no_connection() {
             .env("SHM_TESTAPP_DELAY_MS", "500"),
         "ready",
     );
-    let out = Command::new(&exe)
-        .arg("lent-read")
-        .arg(&a.app)
-        .arg("server")
-        .output()
-        .expect("run lent-read");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
+    assert_prints(
+        Command::new(&exe)
+            .arg("lent-read")
+            .arg(&a.app)
+            .arg("server"),
         "timeout ok\nlent 1\nreleased ok\nafter ok\n",
-        "{}\nA:\n{}\nB:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        a.log(),
-        b.log()
+        (&a, &b),
     );
     let s = a.ctl_json(&["stats"]);
     let (conn, peer) = (&s["conns"][0], &s["peers"][0]);
