@@ -19,10 +19,16 @@ const T: Option<Duration> = Some(Duration::from_secs(60));
 
 /// Daemon B (serving side) and daemon A with B as its peer "server", connected.
 fn pair(name: &str) -> (Daemon, Daemon) {
+    pair_with(name, "max-apps = 16\narena-size = 4194304")
+}
+
+/// [`pair`] with `apps` as the `[apps]` settings of both daemons.
+fn pair_with(name: &str, apps: &str) -> (Daemon, Daemon) {
     let start = |n: String, peer: Option<(&str, u16)>| {
         let dir = common::tmpdir(&n);
         let port = common::free_port();
-        let text = common::config(&dir, port, peer, "").replace("max-apps = 4", "max-apps = 16");
+        let text = common::config(&dir, port, peer, "")
+            .replace("max-apps = 4\narena-size = 4194304", apps);
         Daemon::start_with(dir, port, &text)
     };
     let b = start(format!("{name}-b"), None);
@@ -526,4 +532,73 @@ fn a_late_write_into_a_lent_chunk_costs_no_connection() {
         b.ctl_json(&["stats"])["conns"][0]["rdma-write-bytes"],
         131072
     );
+}
+
+/// The NFS probe through two daemons (RFC 8167 with NFSv4.1's callbacks, R8166-7.1-d): `nfs-probe
+/// serve` behind B, `nfs-probe run --nfs4` through A. Every step passes, `nfs4_backchannel`
+/// among them: the miniserver's recall of the probe's read delegation goes from B's app to B,
+/// back over B's accepted connection as a backward-direction call, to the probe's callback
+/// server attached to A, and its answer comes back the same way (the server then reports the
+/// back channel up). A counts the call in and the reply out, B the call out.
+#[test]
+fn nfs_probe_with_nfsv4_callbacks_passes_through_two_daemons() {
+    // The probe's 1 MiB READ and WRITE pieces and the miniserver's 1 MiB receive buffers.
+    let (a, b) = pair_with("nfs4cb", "max-apps = 4\narena-size = 33554432");
+    let exe = common::nfs_probe();
+    let (_served, line) = App::start(
+        Command::new(&exe)
+            .args(["serve", "--socket"])
+            .arg(&b.app)
+            .args(["--mount-listen", "127.0.0.1:0", "--dir-entries", "300"]),
+        "ready, MOUNT on ",
+    );
+    let mount = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .expect("MOUNT port")
+        .to_string();
+    let out = Command::new(&exe)
+        .args(["run", "--socket"])
+        .arg(&a.app)
+        .args([
+            "--peer",
+            "server",
+            "--mount-server",
+            "127.0.0.1",
+            "--mount-port",
+        ])
+        .arg(&mount)
+        .args([
+            "--export",
+            "/export",
+            "--dir-entries",
+            "300",
+            "--random-rounds",
+            "4",
+        ])
+        .args(["--inflight", "16", "--nfs4", "--json"])
+        .output()
+        .expect("run nfs-probe");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let logs = || format!("{text}\nA:\n{}\nB:\n{}", a.log(), b.log());
+    assert!(out.status.success(), "{}", logs());
+    let v: serde_json::Value = serde_json::from_str(text.trim()).expect("--json output");
+    let cb = v["steps"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == "nfs4_backchannel"))
+        .unwrap_or_else(|| panic!("no nfs4_backchannel step: {}", logs()));
+    assert_eq!(cb["pass"], true, "{}", logs());
+    let detail = cb["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("CB_RECALL of it") && detail.contains("sr_status_flags 0x0"),
+        "{detail}"
+    );
+    let (sa, sb) = (a.ctl_json(&["stats"]), b.ctl_json(&["stats"]));
+    assert_eq!(
+        (&sa["conns"][0]["calls-in"], &sa["conns"][0]["replies-out"]),
+        (&1.into(), &1.into()),
+        "{sa}"
+    );
+    assert_eq!(sb["conns"][0]["calls-out"], 1, "{sb}");
 }

@@ -7,6 +7,7 @@
 //! - [`miniserver`]: an in-memory NFSv3 subset and MOUNT responder for runs without a kernel server.
 #![forbid(unsafe_code)]
 
+pub mod callback;
 pub mod miniserver;
 pub mod nfs;
 pub mod nfs3;

@@ -123,11 +123,25 @@ fn serve(a: &[String]) -> Result<(), String> {
     let l = std::net::TcpListener::bind(f.need("mount-listen")?)
         .map_err(|e| format!("--mount-listen: {e}"))?;
     let mount_addr = l.local_addr().map_err(|e| e.to_string())?;
+    // Callbacks (a session's back channel) go out through an attachment of their own: the
+    // serving one is busy with the call that makes them.
+    let mut calls = rpcrdma_shm::Client::connect(socket).map_err(|e| format!("{socket}: {e}"))?;
     let mut fs = Fs::new(
         f.num("read-seed", 7)?,
         f.num("read-size", 2 << 20)?,
         f.num("dir-entries", 2000)?,
-    );
+    )
+    .with_callbacks(Box::new(move |peer, prog, proc_, args| {
+        let mut b = calls.call(peer, prog, rpcrdma_nfsprobe::callback::VERS, proc_);
+        for w in args.chunks_exact(4) {
+            b.args()
+                .put_u32(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+        }
+        b.max_reply(1024);
+        let t = b.submit().ok()?;
+        let r = calls.wait(t, Some(Duration::from_secs(10))).ok()?;
+        (r.accept_stat == 0).then(|| r.body.to_vec())
+    }));
     let mut server = rpcrdma_shm::Server::connect(socket).map_err(|e| format!("{socket}: {e}"))?;
     // Two calls of the largest READ or WRITE FSINFO offers, with their headers.
     server.receive_buffers(2, MAX_IO + 8192);
@@ -219,6 +233,7 @@ fn run(a: &[String]) -> Result<bool, String> {
         inflight: f.num("inflight", 64)?,
         rdp_maxcount: f.num("rdp-maxcount", 256 << 10)?,
         nfs4: f.has("nfs4"),
+        deleg_file: f.str("deleg-file").unwrap_or("deleg.bin").into(),
     };
     if ex.read_size < 1 << 20 {
         return Err("--read-size must be at least 1 MiB".into());

@@ -1,13 +1,17 @@
 //! A tiny in-memory NFSv3-subset server (the procedures the probe uses, and those the Linux
 //! client needs to mount it, read, list and write: ACCESS, READDIR, FSSTAT, FSINFO, PATHCONF,
-//! COMMIT), the NFSv4.1 operations of the probe's `nfs4_chunks` step, and a MOUNT v3 responder,
+//! COMMIT), the NFSv4.1 operations of the probe's `nfs4_chunks` step and of its
+//! `nfs4_backchannel` step (a session with a back channel, OPEN with a read delegation on
+//! `deleg.bin`, recalled with CB_COMPOUND over the backward direction when an NFSv3 WRITE
+//! comes for that file, DELEGRETURN, CLOSE), and a MOUNT v3 responder,
 //! for end-to-end runs without a kernel server: through `shm-loopback` in the tests, or behind
 //! rpcrdmad (`nfs-probe serve`), where the probe or the kernel's NFS client mounts it. Not an
 //! NFS server: fixed names, no permissions, one session.
 
+use crate::callback;
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3LNK, NF3REG};
-use crate::nfs4::{op, SIZE_MASK};
+use crate::nfs4::{op, put_fixed, SIZE_MASK};
 use crate::probe::LINK_NAME;
 use crate::tcprpc::read_record;
 use crate::xdr::{Reader, Writer};
@@ -21,6 +25,11 @@ const FH_READ: &[u8] = b"fh-read";
 const FH_WRITE: &[u8] = b"fh-write";
 const FH_DIR: &[u8] = b"fh-dir";
 const FH_LINK: &[u8] = b"fh-link";
+/// `deleg.bin`: an empty file, the one the server gives delegations on.
+const FH_DELEG: &[u8] = b"fh-deleg";
+/// The one open stateid and the one delegation stateid the server hands out.
+const OPEN_STATEID: [u8; 16] = *b"\0\0\0\x01mini-open-01";
+const DELEG_STATEID: [u8; 16] = *b"\0\0\0\x01mini-deleg-1";
 /// Largest WRITE accepted.
 const MAX_WRITE: u32 = 4 << 20;
 /// The READ and WRITE size FSINFO offers (`rtmax`, `wtmax`): what `nfs-probe serve`'s receive
@@ -46,15 +55,48 @@ fn put_fattr(x: &mut XdrBuilder, ftype: u32, size: u64, fileid: u64) {
     }
 }
 
+/// Makes one backward-direction call to a client: (peer, program, procedure, arguments) to
+/// the reply's results, `None` if the call failed.
+pub type CallBack = Box<dyn FnMut(u32, u32, u32, &[u8]) -> Option<Vec<u8>> + Send>;
+
+/// The session's back channel: the client's connection (its peer index) and callback program,
+/// the next CB_SEQUENCE sequence id, and whether the last callback was answered.
+#[derive(Debug, Clone, Copy)]
+struct BackChannel {
+    peer: u32,
+    prog: u32,
+    seq: u32,
+    up: bool,
+}
+
 /// The file system: `read.bin` (pattern), `write.bin` (writable), `dir/` with `entries` names,
-/// and the probe's symbolic link once made.
-#[derive(Debug)]
+/// `deleg.bin` (empty), and the probe's symbolic link once made.
 pub struct Fs {
     read: Vec<u8>,
     write: Vec<u8>,
     entries: u64,
     /// The target of [`LINK_NAME`], if it exists.
     link: Option<Vec<u8>>,
+    /// How callbacks are made (`None`: the server offers no back channel).
+    callback: Option<CallBack>,
+    /// The peer index of the call being served.
+    caller: u32,
+    /// The session's back channel, once CREATE_SESSION took one.
+    back: Option<BackChannel>,
+    /// Whether `deleg.bin`'s read delegation is out.
+    delegated: bool,
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs")
+            .field("read", &self.read.len())
+            .field("write", &self.write.len())
+            .field("entries", &self.entries)
+            .field("back", &self.back)
+            .field("delegated", &self.delegated)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fs {
@@ -65,7 +107,30 @@ impl Fs {
             write: Vec::new(),
             entries,
             link: None,
+            callback: None,
+            caller: 0,
+            back: None,
+            delegated: false,
         }
+    }
+
+    /// Lets the server take a session's back channel and make callbacks through `call`.
+    pub fn with_callbacks(mut self, call: CallBack) -> Fs {
+        self.callback = Some(call);
+        self
+    }
+
+    /// Recalls `deleg.bin`'s delegation with CB_COMPOUND (CB_SEQUENCE + CB_RECALL) over the
+    /// session's back channel; the back channel is down if the client does not answer it as
+    /// RFC 8881 §20.9 asks.
+    fn recall(&mut self) {
+        let (Some(call), Some(b)) = (self.callback.as_mut(), self.back.as_mut()) else {
+            return;
+        };
+        let args = callback::recall_args(v4::SESSION, b.seq, &DELEG_STATEID, FH_DELEG);
+        let res = call(b.peer, b.prog, callback::CB_COMPOUND, &args);
+        b.up = res.is_some_and(|res| callback::recall_answered(&res, v4::SESSION, b.seq));
+        b.seq = b.seq.wrapping_add(1);
     }
 
     fn attr(&self, fh: &[u8]) -> Option<(u32, u64, u64)> {
@@ -75,6 +140,7 @@ impl Fs {
             FH_WRITE => Some((NF3REG, self.write.len() as u64, 3)),
             FH_DIR => Some((NF3DIR, 4096, 4)),
             FH_LINK => self.link.as_ref().map(|t| (NF3LNK, t.len() as u64, 5)),
+            FH_DELEG => Some((NF3REG, 0, 6)),
             // The handle of `dir/fNNNNN` is its name (READDIRPLUS hands it out).
             _ => entry_index(fh)
                 .filter(|&i| i < self.entries)
@@ -100,6 +166,10 @@ impl Fs {
     /// Writes `data` at `off` of the write file; `Some(false)`: refused (another file, or past
     /// the largest size).
     fn write_at(&mut self, fh: &[u8], off: usize, data: &[u8]) -> Option<bool> {
+        if fh == FH_DELEG {
+            // `deleg.bin` stays empty: a WRITE of nothing succeeds.
+            return Some(data.is_empty());
+        }
         let end = off.checked_add(data.len())?;
         if fh != FH_WRITE || end > MAX_FILE {
             return Some(false);
@@ -132,6 +202,7 @@ impl Fs {
     /// Serves one call of NFS version 3 or 4; malformed arguments get GARBAGE_ARGS, unknown
     /// procedures PROC_UNAVAIL.
     pub fn serve(&mut self, call: &Call<'_>, reply: &mut ReplyBuilder) {
+        self.caller = call.peer;
         let mut r = Reader::new(call.args);
         let done = if call.vers == 4 {
             self.compound(call.proc_, &mut r, &mut reply.xdr)
@@ -172,6 +243,7 @@ impl Fs {
                     b"read.bin" => FH_READ,
                     b"write.bin" => FH_WRITE,
                     b"dir" => FH_DIR,
+                    b"deleg.bin" => FH_DELEG,
                     n if n == LINK_NAME.as_bytes() && self.link.is_some() => FH_LINK,
                     _ => {
                         x.put_u32(2).put_u32(0); // NFS3ERR_NOENT, no directory attributes
@@ -197,6 +269,12 @@ impl Fs {
                 let _count = r.u32().ok()?;
                 let _stable = r.u32().ok()?;
                 let data = r.opaque(MAX_WRITE).ok()?;
+                if fh == FH_DELEG && self.delegated {
+                    // Try again once the delegation is back (as Linux's nfsd answers).
+                    self.recall();
+                    x.put_u32(nfs3::ERR_JUKEBOX).put_u32(0).put_u32(0);
+                    return Some(true);
+                }
                 if !self.write_at(fh, off, data)? {
                     x.put_u32(13).put_u32(0).put_u32(0); // NFS3ERR_ACCES, empty wcc_data
                     return Some(true);
@@ -434,11 +512,13 @@ impl Fs {
                 for w in id.chunks(4) {
                     x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
                 }
+                // SEQ4_STATUS_CB_PATH_DOWN once a callback went unanswered.
+                let down = self.back.is_some_and(|b| !b.up);
                 x.put_u32(seq)
                     .put_u32(slot)
                     .put_u32(0)
                     .put_u32(0)
-                    .put_u32(0);
+                    .put_u32(u32::from(down));
             }
             op::EXCHANGE_ID => {
                 r.fixed(8).ok()?;
@@ -460,7 +540,7 @@ impl Fs {
             op::CREATE_SESSION => {
                 r.fixed(8).ok()?;
                 let seq = r.u32().ok()?;
-                r.u32().ok()?;
+                let flags = r.u32().ok()?;
                 let mut chans = [[0u32; 6]; 2];
                 for c in &mut chans {
                     for w in c.iter_mut() {
@@ -469,7 +549,7 @@ impl Fs {
                     let ird = r.u32().ok()?;
                     r.fixed(4 * ird.min(1) as usize).ok()?;
                 }
-                r.u32().ok()?;
+                let cb_prog = r.u32().ok()?;
                 for _ in 0..r.u32().ok()?.min(4) {
                     if r.u32().ok()? != 0 {
                         x.put_u32(v4::ERR_NOTSUPP);
@@ -480,7 +560,19 @@ impl Fs {
                 for w in v4::SESSION.chunks(4) {
                     x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
                 }
-                x.put_u32(seq).put_u32(0);
+                // The back channel on this connection, if asked for and callbacks can be made.
+                let back = flags & crate::nfs4::FLAG_CONN_BACK_CHAN != 0 && self.callback.is_some();
+                self.back = back.then_some(BackChannel {
+                    peer: self.caller,
+                    prog: cb_prog,
+                    seq: 1,
+                    up: true,
+                });
+                x.put_u32(seq).put_u32(if back {
+                    crate::nfs4::FLAG_CONN_BACK_CHAN
+                } else {
+                    0
+                });
                 for c in chans {
                     for w in c {
                         x.put_u32(w);
@@ -494,6 +586,8 @@ impl Fs {
             }
             op::DESTROY_SESSION => {
                 r.fixed(16).ok()?;
+                self.back = None;
+                self.delegated = false;
                 x.put_u32(0);
             }
             op::DESTROY_CLIENTID => {
@@ -502,7 +596,7 @@ impl Fs {
             }
             op::PUTFH => {
                 let fh = r.opaque(128).ok()?;
-                *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT, FH_LINK]
+                *cur = [FH_READ, FH_WRITE, FH_DIR, ROOT, FH_LINK, FH_DELEG]
                     .into_iter()
                     .find(|k| *k == fh && self.attr(k).is_some());
                 let status = if cur.is_some() { 0 } else { v4::ERR_STALE };
@@ -511,6 +605,13 @@ impl Fs {
             }
             op::CREATE | op::GETFH | op::READLINK | op::REMOVE => {
                 return self.link_op4(opnum, r, x, cur)
+            }
+            op::OPEN | op::DELEGRETURN | op::CLOSE => {
+                let Some(fh) = *cur else {
+                    x.put_u32(v4::ERR_NOFILEHANDLE);
+                    return Some(v4::ERR_NOFILEHANDLE);
+                };
+                return self.state_op4(opnum, fh, r, x);
             }
             op::READ | op::WRITE | op::GETATTR => {
                 let Some(fh) = *cur else {
@@ -587,6 +688,67 @@ impl Fs {
                     self.link = None;
                     x.put_u32(0);
                     put_change_info(x);
+                    return Some(0);
+                }
+            }
+        };
+        x.put_u32(status);
+        Some(status)
+    }
+
+    /// OPEN (CLAIM_FH, for reading: a read delegation on `deleg.bin` while the back channel is
+    /// up), DELEGRETURN and CLOSE of file `fh`.
+    fn state_op4(
+        &mut self,
+        opnum: u32,
+        fh: &'static [u8],
+        r: &mut Reader<'_>,
+        x: &mut XdrBuilder,
+    ) -> Option<u32> {
+        const ERR_BAD_STATEID: u32 = 10_025;
+        let status = match opnum {
+            op::OPEN => {
+                r.u32().ok()?;
+                let access = r.u32().ok()?;
+                r.u32().ok()?;
+                r.u64().ok()?;
+                r.opaque(1024).ok()?;
+                // OPEN4_NOCREATE and CLAIM_FH only, for reading only.
+                if r.u32().ok()? != 0 || r.u32().ok()? != 4 || access & 0xff != 1 {
+                    x.put_u32(v4::ERR_NOTSUPP);
+                    return Some(v4::ERR_NOTSUPP);
+                }
+                x.put_u32(0);
+                put_fixed(x, &OPEN_STATEID);
+                put_change_info(x);
+                x.put_u32(0).put_u32(0); // no result flags, no attributes set
+                if fh == FH_DELEG && self.back.is_some_and(|b| b.up) && !self.delegated {
+                    self.delegated = true;
+                    // OPEN_DELEGATE_READ: its stateid, no recall, an empty ACE.
+                    x.put_u32(1);
+                    put_fixed(x, &DELEG_STATEID);
+                    x.put_u32(0).put_u32(0).put_u32(0).put_u32(0).put_u32(0);
+                } else {
+                    x.put_u32(3).put_u32(2); // OPEN_DELEGATE_NONE_EXT, WND4_RESOURCE
+                }
+                return Some(0);
+            }
+            op::DELEGRETURN => {
+                let ok = r.fixed(16).ok()? == DELEG_STATEID && fh == FH_DELEG && self.delegated;
+                self.delegated &= !ok;
+                if ok {
+                    0
+                } else {
+                    ERR_BAD_STATEID
+                }
+            }
+            _ => {
+                r.u32().ok()?;
+                if r.fixed(16).ok()? != OPEN_STATEID {
+                    ERR_BAD_STATEID
+                } else {
+                    x.put_u32(0);
+                    put_fixed(x, &OPEN_STATEID);
                     return Some(0);
                 }
             }
@@ -859,5 +1021,117 @@ mod tests {
             70,
             "past the entries: stale"
         );
+    }
+
+    /// One NFSv4.1 COMPOUND of `n` operations (`ops` writes each number and its arguments)
+    /// through `fs`: its status and the bytes after the status, tag and result count.
+    fn compound4(fs: &mut Fs, n: u32, ops: impl FnOnce(&mut XdrBuilder)) -> (u32, Vec<u8>) {
+        let mut a = XdrBuilder::default();
+        a.put_opaque(b"").put_u32(1).put_u32(n);
+        ops(&mut a);
+        let a = a.to_full();
+        let mut x = XdrBuilder::default();
+        assert_eq!(fs.compound(1, &mut Reader::new(&a), &mut x), Some(true));
+        let out = x.to_full();
+        let mut r = Reader::new(&out);
+        let status = r.u32().unwrap();
+        r.opaque(64).unwrap();
+        r.u32().unwrap();
+        let rest = out.len() - r.remaining();
+        (status, out[rest..].to_vec())
+    }
+
+    fn sequence_op(a: &mut XdrBuilder, seq: u32) {
+        a.put_u32(op::SEQUENCE);
+        put_fixed(a, v4::SESSION);
+        a.put_u32(seq).put_u32(0).put_u32(0).put_u32(0);
+    }
+
+    /// SEQUENCE alone: its `sr_status_flags`.
+    fn status_flags(fs: &mut Fs, seq: u32) -> u32 {
+        let (st, res) = compound4(fs, 1, |a| sequence_op(a, seq));
+        assert_eq!(st, 0);
+        u32::from_be_bytes(res[res.len() - 4..].try_into().unwrap())
+    }
+
+    /// CREATE_SESSION asking for the back channel, then OPEN of `deleg.bin` for reading: the
+    /// delegation type OPEN answered.
+    fn session_and_open(fs: &mut Fs) -> u32 {
+        let (st, res) = compound4(fs, 1, |a| {
+            a.put_u32(op::CREATE_SESSION)
+                .put_u32(0)
+                .put_u32(1)
+                .put_u32(1);
+            a.put_u32(crate::nfs4::FLAG_CONN_BACK_CHAN);
+            for _ in 0..2 {
+                for w in [0, 4096, 4096, 0, 8, 16, 0] {
+                    a.put_u32(w);
+                }
+            }
+            a.put_u32(callback::PROG).put_u32(1).put_u32(0);
+        });
+        assert_eq!(st, 0);
+        // Results: operation, status, session id, sequence, then the flags.
+        assert_eq!(
+            &res[28..32],
+            &crate::nfs4::FLAG_CONN_BACK_CHAN.to_be_bytes()
+        );
+        let (st, res) = compound4(fs, 3, |a| {
+            sequence_op(a, 1);
+            a.put_u32(op::PUTFH).put_opaque(FH_DELEG);
+            a.put_u32(op::OPEN).put_u32(0).put_u32(0x0101).put_u32(0);
+            a.put_u32(0)
+                .put_u32(1)
+                .put_opaque(b"owner")
+                .put_u32(0)
+                .put_u32(4);
+        });
+        assert_eq!(st, 0);
+        // In words: SEQUENCE's result 11 (number, status, 9 of resok), PUTFH's 2, then OPEN's
+        // number and status, stateid 4, change_info 5, rflags and an empty attrset 2: the
+        // delegation type next.
+        let at = 4 * (11 + 2 + 2 + 4 + 5 + 2);
+        u32::from_be_bytes(res[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn a_delegation_is_recalled_over_the_back_channel_and_an_unanswered_recall_marks_it_down() {
+        for answered in [true, false] {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = std::sync::Arc::clone(&seen);
+            let mut fs =
+                Fs::new(7, 4096, 3).with_callbacks(Box::new(move |peer, prog, p, args| {
+                    let (accept, res, what) = callback::answer(p, args);
+                    log.lock().unwrap().push((peer, prog, what));
+                    (answered && accept == 0).then_some(res)
+                }));
+            fs.caller = 9;
+            assert_eq!(session_and_open(&mut fs), 1, "OPEN_DELEGATE_READ");
+            // An NFSv3 WRITE to the delegated file: JUKEBOX, after the recall.
+            let b = proc_reply(&mut fs, nfs3::WRITE, |x| {
+                x.put_opaque(FH_DELEG).put_u32(0).put_u32(0).put_u32(0);
+                x.put_u32(FILE_SYNC).put_opaque(b"");
+            });
+            assert_eq!(Reader::new(&b).u32().unwrap(), nfs3::ERR_JUKEBOX);
+            let recall = callback::Recall {
+                stateid: DELEG_STATEID,
+                truncate: false,
+                fh: FH_DELEG.to_vec(),
+            };
+            assert_eq!(
+                seen.lock().unwrap().as_slice(),
+                [(
+                    9,
+                    callback::PROG,
+                    callback::Seen::Compound {
+                        session: *v4::SESSION,
+                        seq: 1,
+                        recall: Some(recall)
+                    }
+                )]
+            );
+            // SEQ4_STATUS_CB_PATH_DOWN only when the recall went unanswered.
+            assert_eq!(status_flags(&mut fs, 2), u32::from(!answered));
+        }
     }
 }

@@ -23,6 +23,8 @@ pub struct Nfs {
     pub peer: u32,
     /// Per-call timeout.
     pub timeout: Duration,
+    /// The daemon's app socket (a step may attach another app, such as the callback server).
+    pub socket: String,
 }
 
 /// Probe errors are reported as text (each step prints its failure).
@@ -43,6 +45,7 @@ impl Nfs {
             client,
             peer: idx,
             timeout,
+            socket: socket.into(),
         })
     }
 
@@ -132,6 +135,20 @@ impl Nfs {
             return Err(format!("WRITE short: {} of {}", ok.count, data.len()));
         }
         Ok(ok)
+    }
+
+    /// NFSPROC3_WRITE of `data` inline, FILE_SYNC: the `nfsstat3` it answered (0 when
+    /// written whole), for the steps that expect an error such as NFS3ERR_JUKEBOX.
+    pub fn write_status(&mut self, fh: &[u8], offset: u64, data: &[u8]) -> R<u32> {
+        let mut c = self.start(nfs3::WRITE);
+        nfs3::write_args(c.args(), fh, offset, data, false);
+        let t = c.submit().map_err(sub)?;
+        let r = self.finish(t)?;
+        match nfs3::write_res(&r.body).map_err(xdr)? {
+            Ok(ok) if ok.count as usize == data.len() => Ok(0),
+            Ok(ok) => Err(format!("WRITE short: {} of {}", ok.count, data.len())),
+            Err((s, _)) => Ok(s),
+        }
     }
 
     /// NFSPROC3_SYMLINK: `name` in `dir` pointing at `target` (a Read chunk when `ddp` and

@@ -62,6 +62,8 @@ pub const NF3LNK: u32 = 5;
 pub const MAXPATHLEN: u32 = 4096;
 /// `nfsstat3` NFS3ERR_NOENT.
 pub const ERR_NOENT: Status = 2;
+/// `nfsstat3` NFS3ERR_JUKEBOX: try again later (Linux's nfsd while a delegation is recalled).
+pub const ERR_JUKEBOX: Status = 10_008;
 
 /// `fattr3`: the attributes the probe checks (all fields decoded).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

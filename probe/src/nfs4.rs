@@ -20,9 +20,12 @@ const MINOR: u32 = 1;
 /// The operation numbers (`nfs_opnum4`) the probe's client and the miniserver use.
 #[allow(missing_docs)]
 pub mod op {
+    pub const CLOSE: u32 = 4;
     pub const CREATE: u32 = 6;
+    pub const DELEGRETURN: u32 = 8;
     pub const GETATTR: u32 = 9;
     pub const GETFH: u32 = 10;
+    pub const OPEN: u32 = 18;
     pub const PUTFH: u32 = 22;
     pub const READ: u32 = 25;
     pub const READLINK: u32 = 27;
@@ -47,12 +50,44 @@ const FILE_SYNC4: u32 = 2;
 /// FATTR4_SIZE, bit 4 of word 0.
 pub const SIZE_MASK: u32 = 1 << 4;
 
+/// `CREATE_SESSION4_FLAG_CONN_BACK_CHAN`: the session's connection also carries its back
+/// channel (RFC 8881 §18.36; over RDMA, the backward direction of RFC 8167).
+pub const FLAG_CONN_BACK_CHAN: u32 = 2;
+/// `sr_status_flags` that say the server cannot reach the client's back channel
+/// (SEQ4_STATUS_CB_PATH_DOWN, _CB_PATH_DOWN_SESSION, _BACKCHANNEL_FAULT).
+pub const SEQ4_STATUS_CB_DOWN: u32 = 0x1 | 0x200 | 0x400;
+/// OPEN4_SHARE_ACCESS_READ with OPEN4_SHARE_ACCESS_WANT_READ_DELEG.
+const SHARE_READ_WANT_READ_DELEG: u32 = 0x0101;
+/// `open_claim_type4` CLAIM_FH: open the file PUTFH named (NFSv4.1).
+const CLAIM_FH: u32 = 4;
+/// `open_delegation_type4`.
+const OPEN_DELEGATE_READ: u32 = 1;
+const OPEN_DELEGATE_NONE_EXT: u32 = 3;
+
 /// A session on one NFSv4.1 server, its single slot used for every request.
 #[derive(Debug)]
 pub struct Session {
     clientid: u64,
     id: [u8; 16],
     seq: u32,
+    /// The flags CREATE_SESSION answered (`csr_flags`).
+    pub flags: u32,
+}
+
+impl Session {
+    /// The session id.
+    pub fn id(&self) -> [u8; 16] {
+        self.id
+    }
+}
+
+/// What OPEN gave: the open's stateid and a read delegation's, or why none.
+#[derive(Debug)]
+pub struct Opened {
+    /// The open stateid.
+    pub stateid: [u8; 16],
+    /// The read delegation's stateid, or the server's reason for none (text).
+    pub delegation: Result<[u8; 16], String>,
 }
 
 /// What a WRITE answered.
@@ -68,7 +103,8 @@ fn put_u64(x: &mut XdrBuilder, v: u64) {
     x.put_u32((v >> 32) as u32).put_u32(v as u32);
 }
 
-fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
+/// Fixed-length opaque `d`, zero-padded to a multiple of 4.
+pub(crate) fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
     for w in d.chunks(4) {
         let mut b = [0u8; 4];
         b[..w.len()].copy_from_slice(w);
@@ -152,6 +188,18 @@ impl Nfs {
 
     /// EXCHANGE_ID and CREATE_SESSION (no back channel), then RECLAIM_COMPLETE.
     pub fn session(&mut self, owner: &[u8]) -> R<Session> {
+        self.session_with(owner, 0)
+    }
+
+    /// [`session`](Self::session) asking for the session's back channel on this connection
+    /// (the callback program [`crate::callback::PROG`], AUTH_NONE): the server's callbacks
+    /// then come as backward-direction calls (RFC 8167). Whether the server took it is in
+    /// the session's [`flags`](Session::flags).
+    pub fn session_back_channel(&mut self, owner: &[u8]) -> R<Session> {
+        self.session_with(owner, FLAG_CONN_BACK_CHAN)
+    }
+
+    fn session_with(&mut self, owner: &[u8], flags: u32) -> R<Session> {
         let mut c = self.compound(1);
         let x = c.args();
         x.put_u32(op::EXCHANGE_ID);
@@ -170,24 +218,26 @@ impl Nfs {
         let x = c.args();
         x.put_u32(op::CREATE_SESSION);
         put_u64(x, clientid);
-        x.put_u32(seq).put_u32(0);
+        x.put_u32(seq).put_u32(flags);
         channel(x, 1_049_620, 1_049_480, 7584, 8, 16);
         channel(x, 4096, 4096, 0, 2, 16);
         // The callback program and one AUTH_NONE security parameter.
-        x.put_u32(0x4000_0000).put_u32(1).put_u32(0);
+        x.put_u32(crate::callback::PROG).put_u32(1).put_u32(0);
         let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
         let reply = self.finish(t)?;
         let mut r = results(&reply.body)?;
         expect_op(&mut r, op::CREATE_SESSION)?;
         let mut id = [0u8; 16];
         id.copy_from_slice(r.fixed(16).map_err(bad)?);
-        r.fixed(8).map_err(bad)?;
+        r.u32().map_err(bad)?;
+        let flags = r.u32().map_err(bad)?;
         skip_channel(&mut r).map_err(bad)?;
         skip_channel(&mut r).map_err(bad)?;
         let mut s = Session {
             clientid,
             id,
             seq: 1,
+            flags,
         };
 
         let mut c = self.compound(2);
@@ -334,6 +384,93 @@ impl Nfs {
                 "REMOVE {name}: operation {o} answered nfsstat4 {st}"
             )),
         }
+    }
+
+    /// SEQUENCE alone: the server's `sr_status_flags` (RFC 8881 §18.46.3).
+    pub fn sequence_flags(&mut self, s: &mut Session) -> R<u32> {
+        let mut c = self.compound(1);
+        sequence(c.args(), s);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = results(&reply.body)?;
+        expect_op(&mut r, op::SEQUENCE)?;
+        r.fixed(32).map_err(bad)?;
+        r.u32().map_err(bad)
+    }
+
+    /// SEQUENCE + PUTFH `fh` + OPEN of that file (CLAIM_FH) for reading, asking for a read
+    /// delegation (OPEN4_SHARE_ACCESS_WANT_READ_DELEG), as the open owner `owner`.
+    pub fn open_read(&mut self, s: &mut Session, fh: &[u8], owner: &[u8]) -> R<Opened> {
+        let mut c = self.compound(3);
+        let x = c.args();
+        sequence(x, s);
+        x.put_u32(op::PUTFH).put_opaque(fh);
+        // seqid (unused in 4.1), share access and deny, open_owner4, OPEN4_NOCREATE, claim.
+        x.put_u32(op::OPEN)
+            .put_u32(0)
+            .put_u32(SHARE_READ_WANT_READ_DELEG)
+            .put_u32(0);
+        put_u64(x, s.clientid);
+        x.put_opaque(owner).put_u32(0).put_u32(CLAIM_FH);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        let mut r = io_results(&reply.body, op::OPEN)?;
+        let mut stateid = [0u8; 16];
+        stateid.copy_from_slice(r.fixed(16).map_err(bad)?);
+        // change_info4, rflags, the attributes set.
+        r.fixed(24).map_err(bad)?;
+        let words = r.u32().map_err(bad)?;
+        r.fixed(4 * words.min(8) as usize).map_err(bad)?;
+        let delegation = match r.u32().map_err(bad)? {
+            OPEN_DELEGATE_READ => {
+                let mut d = [0u8; 16];
+                d.copy_from_slice(r.fixed(16).map_err(bad)?);
+                Ok(d)
+            }
+            OPEN_DELEGATE_NONE_EXT => Err(format!(
+                "no delegation (OPEN_DELEGATE_NONE_EXT, why_no_delegation4 {})",
+                r.u32().map_err(bad)?
+            )),
+            t => Err(format!("no read delegation (open_delegation_type4 {t})")),
+        };
+        Ok(Opened {
+            stateid,
+            delegation,
+        })
+    }
+
+    /// SEQUENCE + PUTFH `fh` + DELEGRETURN of delegation `stateid`.
+    pub fn delegreturn(&mut self, s: &mut Session, fh: &[u8], stateid: &[u8; 16]) -> R<()> {
+        self.stateid_op(s, fh, op::DELEGRETURN, &[], stateid)
+    }
+
+    /// SEQUENCE + PUTFH `fh` + CLOSE of open `stateid`.
+    pub fn close(&mut self, s: &mut Session, fh: &[u8], stateid: &[u8; 16]) -> R<()> {
+        // CLOSE's seqid, unused in 4.1, before the stateid.
+        self.stateid_op(s, fh, op::CLOSE, &[0], stateid)
+    }
+
+    /// SEQUENCE + PUTFH `fh` + operation `o` with words `pre` then `stateid`; its status must
+    /// be NFS4_OK (CLOSE's result stateid is not read).
+    fn stateid_op(
+        &mut self,
+        s: &mut Session,
+        fh: &[u8],
+        o: u32,
+        pre: &[u32],
+        stateid: &[u8; 16],
+    ) -> R<()> {
+        let mut c = self.compound(3);
+        let x = c.args();
+        sequence(x, s);
+        x.put_u32(op::PUTFH).put_opaque(fh).put_u32(o);
+        pre.iter().for_each(|&w| {
+            x.put_u32(w);
+        });
+        put_fixed(x, stateid);
+        let t = c.submit().map_err(|e| format!("submit failed: {e}"))?;
+        let reply = self.finish(t)?;
+        io_results(&reply.body, o).map(|_| ())
     }
 
     /// DESTROY_SESSION, then DESTROY_CLIENTID.

@@ -33,8 +33,12 @@ pub struct Expect {
     /// READDIRPLUS maxcount.
     pub rdp_maxcount: u32,
     /// Also run the NFSv4.1 steps (`nfs4_chunks`, `nfs4_symlink_read_chunk`,
-    /// `nfs4_readlink_write_chunk`).
+    /// `nfs4_readlink_write_chunk`, `nfs4_backchannel`).
     pub nfs4: bool,
+    /// A regular file nobody else opens, for `nfs4_backchannel`'s delegation (fresh per run:
+    /// a server gives no delegation on a file it recalled one of while that file's state
+    /// lives, nor on one it holds open for writing).
+    pub deleg_file: String,
 }
 
 /// One step's outcome.
@@ -198,6 +202,7 @@ pub fn run(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> Vec<StepResult> {
         step("nfs4_readlink_write_chunk", &mut || {
             nfs4_link(nfs, root, true)
         });
+        step("nfs4_backchannel", &mut || nfs4_backchannel(nfs, root, ex));
     }
     out
 }
@@ -286,6 +291,119 @@ fn nfs4_chunks(nfs: &mut Nfs, h: &Handles, ex: &Expect) -> R<String> {
         "session; READ {len} B ({ddp} by DDP); WRITE {wlen} B through a Read chunk, GETATTR \
          after it (size {}); read back equal ({ddp_back} by DDP); session ended",
         w.size
+    ))
+}
+
+/// How long the server gets to make each callback.
+const CALLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the server may keep answering OPEN without a delegation (its grace period).
+const DELEGATION_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// The server's callbacks over the backward direction of the probe's own connection (RFC
+/// 8167), the way an NFSv4.1 client takes them: a callback server attached to the daemon, a
+/// session whose connection carries its back channel; a read delegation on `deleg_file`; an
+/// NFSv3 WRITE of nothing to that file, which the server answers NFS3ERR_JUKEBOX while it
+/// recalls the delegation with CB_COMPOUND (CB_SEQUENCE + CB_RECALL); the recall answered and
+/// the delegation returned; the WRITE then accepted; SEQUENCE's status flags saying the back
+/// channel is up. (Linux's nfsd sends no CB_NULL to an NFSv4.1 client: the recall is the first
+/// callback. A CB_NULL that comes is answered and counted.)
+fn nfs4_backchannel(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> R<String> {
+    use crate::callback::{Callbacks, Recall, Seen};
+    use crate::nfs4::{FLAG_CONN_BACK_CHAN, SEQ4_STATUS_CB_DOWN};
+    let fh = nfs.lookup(root, &ex.deleg_file)?.fh;
+    let cb = Callbacks::start(&nfs.socket)?;
+    let owner = format!("rpcrdmad-nfs-probe/{}/backchannel", std::process::id());
+    let mut s = nfs.session_back_channel(owner.as_bytes())?;
+    if s.flags & FLAG_CONN_BACK_CHAN == 0 {
+        return Err(format!(
+            "CREATE_SESSION did not take the back channel (csr_flags {:#x})",
+            s.flags
+        ));
+    }
+    let mut nulls = 0;
+    // A server gives no delegation while it is in its grace period (Linux's nfsd: its own and
+    // lockd's, about 50 s after lockd starts), answering WND4_RESOURCE: the open is closed and
+    // made again until it comes or DELEGATION_WAIT passes.
+    let t = Instant::now();
+    let mut attempts = 1;
+    let (opened, deleg) = loop {
+        let opened = nfs.open_read(&mut s, &fh, b"backchannel")?;
+        match opened.delegation {
+            Ok(d) => break (opened, d),
+            Err(why) if t.elapsed() >= DELEGATION_WAIT => {
+                return Err(format!("{why}, {attempts} OPENs in {DELEGATION_WAIT:?}"))
+            }
+            Err(_) => {
+                nfs.close(&mut s, &fh, &opened.stateid)?;
+                std::thread::sleep(std::time::Duration::from_secs(2));
+                attempts += 1;
+            }
+        }
+    };
+    let st = nfs.write_status(&fh, 0, &[])?;
+    if st != crate::nfs3::ERR_JUKEBOX {
+        return Err(format!(
+            "NFSv3 WRITE under the read delegation answered nfsstat3 {st}, not JUKEBOX (no recall?)"
+        ));
+    }
+    let t = Instant::now();
+    let recall = loop {
+        match cb.seen.recv_timeout(CALLBACK_WAIT) {
+            Ok(Seen::Null) => nulls += 1,
+            Ok(Seen::Compound {
+                session,
+                recall: Some(r),
+                ..
+            }) if session == s.id() => break r,
+            Ok(other) => {
+                return Err(format!(
+                    "expected CB_COMPOUND with CB_RECALL, got {other:?}"
+                ))
+            }
+            Err(_) => return Err(format!("no CB_RECALL within {CALLBACK_WAIT:?}")),
+        }
+    };
+    let recall_ms = t.elapsed().as_millis();
+    if recall
+        != (Recall {
+            stateid: deleg,
+            truncate: false,
+            fh: fh.clone(),
+        })
+    {
+        return Err(format!(
+            "CB_RECALL of {recall:?}, not of the delegation {deleg:?} on {fh:?}"
+        ));
+    }
+    nfs.delegreturn(&mut s, &fh, &deleg)?;
+    // The server may take a moment to see the delegation gone; JUKEBOX until then.
+    let t = Instant::now();
+    let mut st = nfs.write_status(&fh, 0, &[])?;
+    while st == crate::nfs3::ERR_JUKEBOX && t.elapsed() < CALLBACK_WAIT {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        st = nfs.write_status(&fh, 0, &[])?;
+    }
+    if st != 0 {
+        return Err(format!(
+            "NFSv3 WRITE after DELEGRETURN answered nfsstat3 {st}"
+        ));
+    }
+    nfs.close(&mut s, &fh, &opened.stateid)?;
+    let flags = nfs.sequence_flags(&mut s)?;
+    if flags & SEQ4_STATUS_CB_DOWN != 0 {
+        return Err(format!(
+            "SEQUENCE says the back channel is down: sr_status_flags {flags:#x}"
+        ));
+    }
+    nfs.end_session(s)?;
+    let others: Vec<Seen> = cb.seen.try_iter().filter(|c| *c != Seen::Null).collect();
+    if !others.is_empty() {
+        return Err(format!("unexpected callbacks after the recall: {others:?}"));
+    }
+    Ok(format!(
+        "back channel taken; read delegation (OPEN {attempts}); NFSv3 WRITE JUKEBOX; CB_RECALL of it after \
+         {recall_ms} ms, answered; DELEGRETURN; WRITE accepted; sr_status_flags {flags:#x}; \
+         session ended; {nulls} CB_NULL"
     ))
 }
 

@@ -121,8 +121,17 @@ fn probe_passes_every_step_against_an_nfsv3_subset_server_through_shared_memory(
             "inflight",
             "nfs4_chunks",
             "nfs4_symlink_read_chunk",
-            "nfs4_readlink_write_chunk"
+            "nfs4_readlink_write_chunk",
+            "nfs4_backchannel"
         ]
+    );
+    // The miniserver's recall went to the probe's callback server and came back answered.
+    let cb = v["steps"][14]["detail"].as_str().unwrap();
+    assert!(
+        cb.starts_with(
+            "back channel taken; read delegation (OPEN 1); NFSv3 WRITE JUKEBOX; CB_RECALL of it"
+        ) && cb.contains("sr_status_flags 0x0"),
+        "{cb}"
     );
     // 300 entries at most ~57 per 8 KiB reply: the cookie loop must have taken several calls.
     let rdp = &v["steps"][7]["detail"];

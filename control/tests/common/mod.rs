@@ -433,33 +433,44 @@ pub fn rdmatest_serve(app_socket: &Path) -> App {
     .0
 }
 
-/// The path of shm-api's `shm-testapp` (hostile and other test roles), built on first use
-/// with the cargo that builds these tests (a binary of another package is not an artifact
-/// of this one).
+/// The path of shm-api's `shm-testapp` (hostile and other test roles), built on first use.
 pub fn shm_testapp() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            let dir = Path::new(env!("CARGO_BIN_EXE_rpcrdmad"))
-                .parent()
-                .expect("profile directory")
-                .to_path_buf();
-            let mut cmd = Command::new(env!("CARGO"));
-            cmd.args(["build", "-q", "-p", "rpcrdma-shm", "--bin", "shm-testapp"])
-                .arg("--manifest-path")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-                .arg("--target-dir")
-                .arg(dir.parent().expect("target directory"));
-            if dir.ends_with("release") {
-                cmd.arg("--release");
-            }
-            let st = cmd.status().expect("run cargo build");
-            assert!(st.success(), "cargo build of shm-testapp failed");
-            let exe = dir.join("shm-testapp");
-            assert!(exe.exists(), "{} missing", exe.display());
-            exe
-        })
+        .get_or_init(|| build_bin("rpcrdma-shm", "shm-testapp"))
         .clone()
+}
+
+/// The path of the NFS probe's `nfs-probe` (`serve`: the miniserver as a server app; `run`:
+/// the probe as a client app), built on first use.
+pub fn nfs_probe() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| build_bin("rpcrdma-nfsprobe", "nfs-probe"))
+        .clone()
+}
+
+/// Builds binary `bin` of workspace package `package` with the cargo that builds these tests,
+/// into their profile directory (a binary of another package is not an artifact of this one).
+fn build_bin(package: &str, bin: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_rpcrdmad"))
+        .parent()
+        .expect("profile directory")
+        .to_path_buf();
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.args(["build", "-q", "-p", package, "--bin", bin])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
+        .arg("--target-dir")
+        .arg(dir.parent().expect("target directory"));
+    if dir.ends_with("release") {
+        cmd.arg("--release");
+    }
+    let st = cmd.status().expect("run cargo build");
+    assert!(st.success(), "cargo build of {bin} failed");
+    let exe = dir.join(bin);
+    assert!(exe.exists(), "{} missing", exe.display());
+    exe
 }
 
 /// Submits `n` RDMATEST SLEEPs of one second to `peer` (calls a server app will hold).
