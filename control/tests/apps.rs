@@ -539,7 +539,8 @@ fn a_late_write_into_a_lent_chunk_costs_no_connection() {
 /// among them: the miniserver's recall of the probe's read delegation goes from B's app to B,
 /// back over B's accepted connection as a backward-direction call, to the probe's callback
 /// server attached to A, and its answer comes back the same way (the server then reports the
-/// back channel up). A counts the call in and the reply out, B the call out.
+/// back channel up), as does its probe of the back channel when the session is complete. A
+/// counts the calls in and the replies out, B the calls out and the replies in.
 #[test]
 fn nfs_probe_with_nfsv4_callbacks_passes_through_two_daemons() {
     // The probe's 1 MiB READ and WRITE pieces and the miniserver's 1 MiB receive buffers.
@@ -594,11 +595,21 @@ fn nfs_probe_with_nfsv4_callbacks_passes_through_two_daemons() {
         detail.contains("CB_RECALL of it") && detail.contains("sr_status_flags 0x0"),
         "{detail}"
     );
+    // The miniserver's probe of the back channel (CB_SEQUENCE alone, once the session is
+    // complete) and the recall: two calls each way.
+    assert!(
+        detail.ends_with("back-channel probes answered before the recall: 1"),
+        "{detail}"
+    );
     let (sa, sb) = (a.ctl_json(&["stats"]), b.ctl_json(&["stats"]));
     assert_eq!(
         (&sa["conns"][0]["calls-in"], &sa["conns"][0]["replies-out"]),
-        (&1.into(), &1.into()),
+        (&2.into(), &2.into()),
         "{sa}"
     );
-    assert_eq!(sb["conns"][0]["calls-out"], 1, "{sb}");
+    assert_eq!(
+        (&sb["conns"][0]["calls-out"], &sb["conns"][0]["replies-in"]),
+        (&2.into(), &2.into()),
+        "{sb}"
+    );
 }

@@ -697,3 +697,68 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
     assert_eq!(bstats["conns"][0]["rdma-read-bytes"], 6000, "{bstats}");
     assert_eq!(bstats["conns"][0]["rdma-write-bytes"], 9000, "{bstats}");
 }
+
+/// An app's AUTH_SYS identity through two daemons (ABI `flag::AUTH_SYS`): A puts it in the
+/// call's RPC header, B hands it to the serving app with the call (`Call::auth`); a call
+/// without one arrives as AUTH_NONE. An app not running as root may name only its own uid
+/// and gid: A refuses another identity with `AUTH_DENIED` before anything is sent; root may
+/// name any.
+#[test]
+fn auth_sys_identity_reaches_the_server_app_and_only_root_may_borrow_one() {
+    use std::os::unix::fs::MetadataExt;
+    let b = Daemon::start("authsys-b", None);
+    let a = Daemon::start("authsys-a", Some(("server", b.port)));
+    a.wait_peer_up("server");
+    // A server app that answers each call with the identity it came with (flavor, uid, gid).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sock = b.app.clone();
+    std::thread::spawn(move || {
+        let mut s = rpcrdma_shm::Server::connect(&sock).expect("server attach");
+        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        let _ = tx.send(());
+        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, |c, r| {
+            let (flavor, (uid, gid)) = c.auth.map_or((0, (0, 0)), |id| (1, id));
+            r.xdr.put_u32(flavor).put_u32(uid).put_u32(gid);
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("registered");
+    let me = std::fs::metadata("/proc/self").expect("/proc/self");
+    let (uid, gid) = (me.uid(), me.gid());
+    let mut c = Client::connect(&a.app).expect("client attach");
+    let peer = c.peer("server").expect("peer");
+    let ask = |c: &mut Client, id: Option<(u32, u32)>| {
+        let mut call = c.call(peer, rdmatest::PROG, rdmatest::VERS, rdmatest::NULL);
+        if let Some((u, g)) = id {
+            call.auth_sys(u, g);
+        }
+        let t = call.submit().expect("submit");
+        c.wait(t, T).map(|r| {
+            let w: Vec<u32> = r
+                .body
+                .chunks(4)
+                .map(|w| u32::from_be_bytes(w.try_into().unwrap()))
+                .collect();
+            w
+        })
+    };
+    assert_eq!(ask(&mut c, None).expect("AUTH_NONE"), [0, 0, 0]);
+    assert_eq!(
+        ask(&mut c, Some((uid, gid))).expect("as itself"),
+        [1, uid, gid]
+    );
+    let other = (uid.wrapping_add(1), gid);
+    match ask(&mut c, Some(other)) {
+        Ok(w) => {
+            assert_eq!(uid, 0, "only root may name another identity");
+            assert_eq!(w, [1, other.0, other.1]);
+        }
+        Err(e) => {
+            assert_ne!(uid, 0, "root may name any identity: {e:?}");
+            assert!(
+                matches!(e, rpcrdma_shm::client::Error::Status(s) if s == rpcrdma_shm::abi::status::AUTH_DENIED),
+                "{e:?}"
+            );
+        }
+    }
+}

@@ -225,6 +225,7 @@ fn run(c: &mut Node, s: &mut Node, conn: ConnId, sl: &Slots, calls: u64) -> (Dur
     let submit = |c: &mut Node, k: usize, xid: u32| {
         let (msg, piece, result, reply) = sl.client[k];
         let spec = CallSpec {
+            auth: None,
             user: k as u64,
             xid,
             prog: RDMATEST_PROG,
@@ -500,6 +501,7 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
     let submit = |c: &mut Lean, i: u64, xid: u32| {
         let base = k(i);
         let spec = CallSpec {
+            auth: None,
             user: i,
             xid,
             prog: RDMATEST_PROG,

@@ -911,6 +911,7 @@ impl Run {
         self.c.mem.write(at(64 + 2 * 8192, 8192), &[0; 8192]);
         let results = [at(64 + 8192, n)];
         let spec = CallSpec {
+            auth: None,
             user,
             xid,
             prog: RDMATEST_PROG,

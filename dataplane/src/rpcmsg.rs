@@ -1,6 +1,9 @@
 //! The ONC RPC (RFC 5531) headers the daemon writes and reads on behalf of apps: apps hand
-//! over argument and result XDR only, so the engine builds call and reply headers
-//! (AUTH_NONE) and strips the peer's.
+//! over argument and result XDR only, so the engine builds call headers (AUTH_NONE, or
+//! AUTH_SYS with the identity the app gave) and reply headers (AUTH_NONE verifier) and strips
+//! the peer's.
+
+use rpcrdma_proto::rpc::AuthSys;
 
 /// Bytes of a call header with AUTH_NONE credential and verifier.
 pub const CALL_HEADER_LEN: usize = 40;
@@ -42,6 +45,33 @@ pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEAD
         d.copy_from_slice(&w.to_be_bytes());
     }
     b
+}
+
+/// Bytes of the longest call header the engine writes: an AUTH_SYS credential
+/// ([`AuthSys::ENCODED_LEN`]) and an AUTH_NONE verifier.
+pub const MAX_CALL_HEADER_LEN: usize = 24 + AuthSys::ENCODED_LEN + 8;
+
+/// The RPC call header for `xid`, `prog`, `vers`, `proc_` with credential `auth` (AUTH_SYS,
+/// or AUTH_NONE when `None`) and an AUTH_NONE verifier: the bytes and how many of them.
+#[inline]
+pub fn call_header_auth(
+    xid: u32,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    auth: Option<AuthSys>,
+) -> ([u8; MAX_CALL_HEADER_LEN], usize) {
+    let mut b = [0u8; MAX_CALL_HEADER_LEN];
+    let Some(a) = auth else {
+        b[..CALL_HEADER_LEN].copy_from_slice(&call_header(xid, prog, vers, proc_));
+        return (b, CALL_HEADER_LEN);
+    };
+    for (d, w) in b.chunks_exact_mut(4).zip([xid, 0, 2, prog, vers, proc_]) {
+        d.copy_from_slice(&w.to_be_bytes());
+    }
+    b[24..24 + AuthSys::ENCODED_LEN].copy_from_slice(&a.encode());
+    // The verifier (AUTH_NONE, empty) is the zeros already there.
+    (b, MAX_CALL_HEADER_LEN)
 }
 
 /// An accepted RPC reply header for `xid` with an AUTH_NONE verifier and `accept_stat`.

@@ -377,6 +377,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
         &mut s,
         conn,
         &CallSpec {
+            auth: None,
             user: 2,
             xid: 2,
             prog: RDMATEST_PROG,
@@ -402,6 +403,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
         &mut s,
         conn,
         &CallSpec {
+            auth: None,
             user: 3,
             xid: 3,
             prog: RDMATEST_PROG,
@@ -429,6 +431,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
         &mut s,
         conn,
         &CallSpec {
+            auth: None,
             user: 4,
             xid: 4,
             prog: RDMATEST_PROG,
@@ -460,6 +463,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
         &mut s,
         conn,
         &CallSpec {
+            auth: None,
             user: 5,
             xid: 5,
             prog: BULK_PROG,
@@ -482,6 +486,7 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
         let piece = c.put(&pattern(x, 16));
         let (result, reply) = (c.alloc(16), c.alloc(32));
         let spec = CallSpec {
+            auth: None,
             user: 100 + u64::from(x),
             xid: 100 + x,
             prog: RDMATEST_PROG,
@@ -552,6 +557,7 @@ fn e2e_shared_pools_return_every_buffer() {
             &mut s,
             conn,
             &CallSpec {
+                auth: None,
                 user: 1,
                 xid: 1000 + x,
                 prog: RDMATEST_PROG,
@@ -625,6 +631,7 @@ fn e2e_hostile_peer_on_shared_pools_costs_no_buffer() {
 /// A call to the bulk program echoing `data` inline, from node `c` (not submitted).
 fn bulk_spec<P: Provider>(c: &mut Node<P>, user: u64, xid: u32, data: &[u8]) -> CallSpec<'static> {
     CallSpec {
+        auth: None,
         user,
         xid,
         prog: BULK_PROG,
@@ -829,6 +836,7 @@ fn e2e_hostile_peer_loses_only_its_connection() {
         &mut s,
         gconn,
         &CallSpec {
+            auth: None,
             user: 1,
             xid: 77,
             prog: RDMATEST_PROG,
@@ -1088,6 +1096,7 @@ fn echo_works<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, conn: ConnId, xid: 
         s,
         conn,
         &CallSpec {
+            auth: None,
             user: u64::from(xid),
             xid,
             prog: RDMATEST_PROG,
@@ -1122,6 +1131,7 @@ fn submit_write<P: Provider>(c: &mut Node<P>, conn: ConnId, xid: u32, data: &[u8
         c,
         conn,
         &CallSpec {
+            auth: None,
             user: u64::from(xid),
             xid,
             prog: RDMATEST_PROG,
@@ -1154,6 +1164,7 @@ fn submit_read<P: Provider>(c: &mut Node<P>, conn: ConnId, xid: u32, count: u32)
         c,
         conn,
         &CallSpec {
+            auth: None,
             user: u64::from(xid),
             xid,
             prog: RDMATEST_PROG,
@@ -1175,6 +1186,7 @@ fn null_spec<P: Provider>(c: &mut Node<P>) -> (MemRef, MemRef) {
 /// A NULL call (`user` = `xid`) whose message and reply are at `msg` and `reply`.
 fn null_call(msg: MemRef, reply: MemRef, xid: u32) -> CallSpec<'static> {
     CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: RDMATEST_PROG,
@@ -1250,6 +1262,7 @@ fn e2e_fault_malformed_header_then_protection_error_ends_only_that_connection() 
             &mut good,
             gconn,
             &CallSpec {
+                auth: None,
                 user: 2,
                 xid: 2,
                 prog: RDMATEST_PROG,
@@ -1737,6 +1750,7 @@ fn good_call(c: &mut Node<Soft>, good: ConnId, xid: u32) {
         c,
         good,
         &CallSpec {
+            auth: None,
             user: u64::from(xid),
             xid,
             prog: RDMATEST_PROG,
@@ -1769,6 +1783,7 @@ fn e2e_fault_disconnect_during_rdma_read() {
             &mut c,
             bad.0,
             &CallSpec {
+                auth: None,
                 user: 10,
                 xid: 10,
                 prog: RDMATEST_PROG,
@@ -1816,6 +1831,7 @@ fn e2e_fault_disconnect_during_rdma_write() {
             &mut c,
             bad.0,
             &CallSpec {
+                auth: None,
                 user: 20,
                 xid: 20,
                 prog: RDMATEST_PROG,

@@ -196,6 +196,7 @@ fn run<P: Provider>(
         let (msg, arg, result, reply) = sl.client[k];
         let results = [result];
         let spec = CallSpec {
+            auth: None,
             user: k as u64,
             xid,
             prog: RDMATEST_PROG,

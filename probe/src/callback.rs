@@ -155,32 +155,53 @@ fn compound(args: &[u8]) -> Res<(Vec<u8>, Seen)> {
     Ok((out.buf, seen))
 }
 
-/// CB_COMPOUND4args of a recall as a server sends it (and as Linux's nfsd builds it,
+/// CB_COMPOUND4args as a server sends them (and as Linux's nfsd builds them,
 /// `fs/nfsd/nfs4callback.c`): an empty tag, minor version 1, CB_SEQUENCE of session `session`
-/// at sequence `seq` on slot 0 with no referring calls, then CB_RECALL of delegation `stateid`
-/// on file `fh`, not to be truncated.
-pub fn recall_args(session: &[u8; 16], seq: u32, stateid: &[u8; 16], fh: &[u8]) -> Vec<u8> {
+/// at sequence `seq` on slot 0 with no referring calls, then, given `recall` (a delegation's
+/// stateid and its file's handle), CB_RECALL of it, not to be truncated; without, CB_SEQUENCE
+/// alone (a probe of the back channel).
+pub fn cb_compound_args(
+    session: &[u8; 16],
+    seq: u32,
+    recall: Option<(&[u8; 16], &[u8])>,
+) -> Vec<u8> {
     let mut w = Writer::default();
-    w.opaque(b"").u32(1).u32(0).u32(2);
+    w.opaque(b"")
+        .u32(1)
+        .u32(0)
+        .u32(1 + u32::from(recall.is_some()));
     w.u32(OP_CB_SEQUENCE).fixed(session).u32(seq).u32(0).u32(0);
     w.u32(0).u32(0);
-    w.u32(OP_CB_RECALL).fixed(stateid).u32(0).opaque(fh);
+    if let Some((stateid, fh)) = recall {
+        w.u32(OP_CB_RECALL).fixed(stateid).u32(0).opaque(fh);
+    }
     w.buf
 }
 
-/// Whether `res` (CB_COMPOUND4res) answers [`recall_args`] for `session` at `seq` as a server
-/// requires (as nfsd's `decode_cb_sequence4resok` checks): NFS4_OK, CB_SEQUENCE echoing the
-/// session, the sequence id and slot 0, and CB_RECALL's NFS4_OK.
-pub fn recall_answered(res: &[u8], session: &[u8; 16], seq: u32) -> bool {
+/// Whether `res` (CB_COMPOUND4res) answers [`cb_compound_args`] for `session` at `seq`, with
+/// a recall or not, as a server requires (as nfsd's `decode_cb_sequence4resok` checks):
+/// NFS4_OK, CB_SEQUENCE echoing the session, the sequence id and slot 0, and CB_RECALL's
+/// NFS4_OK.
+pub fn cb_compound_answered(res: &[u8], session: &[u8; 16], seq: u32, recall: bool) -> bool {
     let mut r = Reader::new(res);
+    let ops = 1 + u32::from(recall);
     let mut check = || -> Res<bool> {
-        let ok = r.u32()? == 0 && r.opaque(1024).is_ok() && r.u32()? == 2;
+        let ok = r.u32()? == 0 && r.opaque(1024).is_ok() && r.u32()? == ops;
         let ok = ok && r.u32()? == OP_CB_SEQUENCE && r.u32()? == 0;
         let ok = ok && r.fixed(16)? == session && r.u32()? == seq && r.u32()? == 0;
         r.fixed(8)?;
-        Ok(ok && r.u32()? == OP_CB_RECALL && r.u32()? == 0)
+        Ok(ok && (!recall || (r.u32()? == OP_CB_RECALL && r.u32()? == 0)))
     };
     check().unwrap_or(false)
+}
+
+/// NFS4ERR_DELAY: the client cannot take the callback now (Linux: its back-channel slot table
+/// is being drained, as while it completes the session); the server sends it again later.
+pub const ERR_DELAY: u32 = 10_008;
+
+/// The status of CB_COMPOUND4res `res`, if readable.
+pub fn cb_compound_status(res: &[u8]) -> Option<u32> {
+    Reader::new(res).u32().ok()
 }
 
 /// The callback program served on a thread of its own from an app attached to the daemon;
@@ -249,7 +270,10 @@ mod tests {
         let session = *b"0123456789abcdef";
         let stateid = [7u8; 16];
         let fh = [0x11u8; 28];
-        let (accept, res, seen) = answer(CB_COMPOUND, &recall_args(&session, 5, &stateid, &fh));
+        let (accept, res, seen) = answer(
+            CB_COMPOUND,
+            &cb_compound_args(&session, 5, Some((&stateid, &fh))),
+        );
         assert_eq!(accept, 0);
         assert_eq!(
             seen,
@@ -277,10 +301,28 @@ mod tests {
         r.fixed(8).unwrap();
         assert_eq!((r.u32().unwrap(), r.u32().unwrap()), (OP_CB_RECALL, 0));
         assert_eq!(r.remaining(), 0);
-        assert!(recall_answered(&res, &session, 5));
-        assert!(!recall_answered(&res, &session, 6));
-        assert!(!recall_answered(&res, b"another-session!", 5));
-        assert!(!recall_answered(&res[..res.len() - 4], &session, 5));
+        assert!(cb_compound_answered(&res, &session, 5, true));
+        assert!(!cb_compound_answered(&res, &session, 6, true));
+        assert!(!cb_compound_answered(&res, b"another-session!", 5, true));
+        assert!(!cb_compound_answered(
+            &res[..res.len() - 4],
+            &session,
+            5,
+            true
+        ));
+        // A probe: CB_SEQUENCE alone, answered alone.
+        let (accept, res, seen) = answer(CB_COMPOUND, &cb_compound_args(&session, 6, None));
+        assert_eq!(accept, 0);
+        assert_eq!(
+            seen,
+            Seen::Compound {
+                session,
+                seq: 6,
+                recall: None
+            }
+        );
+        assert!(cb_compound_answered(&res, &session, 6, false));
+        assert!(!cb_compound_answered(&res, &session, 6, true));
     }
 
     #[test]
@@ -316,7 +358,7 @@ mod tests {
 
     #[test]
     fn truncated_or_wrong_minor_version_arguments_are_refused_not_trusted() {
-        let full = recall_args(&[1; 16], 1, &[2; 16], &[3; 8]);
+        let full = cb_compound_args(&[1; 16], 1, Some((&[2; 16], &[3; 8])));
         for cut in 0..full.len() {
             let (accept, _, _) = answer(CB_COMPOUND, &full[..cut]);
             assert_eq!(accept, GARBAGE_ARGS, "cut at {cut}");

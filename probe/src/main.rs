@@ -131,16 +131,33 @@ fn serve(a: &[String]) -> Result<(), String> {
         f.num("read-size", 2 << 20)?,
         f.num("dir-entries", 2000)?,
     )
-    .with_callbacks(Box::new(move |peer, prog, proc_, args| {
+    .with_callbacks(Box::new(move |peer, prog, proc_, auth, args| {
         let mut b = calls.call(peer, prog, rpcrdma_nfsprobe::callback::VERS, proc_);
+        if let Some((uid, gid)) = auth {
+            b.auth_sys(uid, gid);
+        }
         for w in args.chunks_exact(4) {
             b.args()
                 .put_u32(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
         }
         b.max_reply(1024);
-        let t = b.submit().ok()?;
-        let r = calls.wait(t, Some(Duration::from_secs(10))).ok()?;
-        (r.accept_stat == 0).then(|| r.body.to_vec())
+        let r = b
+            .submit()
+            .and_then(|t| calls.wait(t, Some(Duration::from_secs(10))));
+        match r {
+            Ok(r) if r.accept_stat == 0 => Some(r.body.to_vec()),
+            Ok(r) => {
+                eprintln!(
+                    "callback {proc_} to peer {peer}: accept_stat {}",
+                    r.accept_stat
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("callback {proc_} to peer {peer}: {e}");
+                None
+            }
+        }
     }));
     let mut server = rpcrdma_shm::Server::connect(socket).map_err(|e| format!("{socket}: {e}"))?;
     // Two calls of the largest READ or WRITE FSINFO offers, with their headers.

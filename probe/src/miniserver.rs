@@ -3,7 +3,9 @@
 //! COMMIT), the NFSv4.1 operations of the probe's `nfs4_chunks` step and of its
 //! `nfs4_backchannel` step (a session with a back channel, OPEN with a read delegation on
 //! `deleg.bin`, recalled with CB_COMPOUND over the backward direction when an NFSv3 WRITE
-//! comes for that file, DELEGRETURN, CLOSE), and a MOUNT v3 responder,
+//! comes for that file, DELEGRETURN, CLOSE; the back channel probed with CB_SEQUENCE alone once
+//! the session is complete), those the Linux client needs to mount it in NFSv4.1 and read it
+//! (`miniserver/v41.rs`), and a MOUNT v3 responder,
 //! for end-to-end runs without a kernel server: through `shm-loopback` in the tests, or behind
 //! rpcrdmad (`nfs-probe serve`), where the probe or the kernel's NFS client mounts it. Not an
 //! NFS server: fixed names, no permissions, one session.
@@ -11,13 +13,15 @@
 use crate::callback;
 use crate::nfs::pattern_at;
 use crate::nfs3::{self, FILE_SYNC, NF3DIR, NF3LNK, NF3REG};
-use crate::nfs4::{op, put_fixed, SIZE_MASK};
+use crate::nfs4::{op, put_fixed};
 use crate::probe::LINK_NAME;
 use crate::tcprpc::read_record;
 use crate::xdr::{Reader, Writer};
 use rpcrdma_shm::client::{Call, ReplyBuilder, XdrBuilder};
 use std::io::Write;
 use std::net::TcpListener;
+
+mod v41;
 
 /// The export's root handle.
 pub const ROOT: &[u8] = b"root-fh-0001";
@@ -55,16 +59,21 @@ fn put_fattr(x: &mut XdrBuilder, ftype: u32, size: u64, fileid: u64) {
     }
 }
 
-/// Makes one backward-direction call to a client: (peer, program, procedure, arguments) to
-/// the reply's results, `None` if the call failed.
-pub type CallBack = Box<dyn FnMut(u32, u32, u32, &[u8]) -> Option<Vec<u8>> + Send>;
+/// Makes one backward-direction call to a client: (peer, program, procedure, AUTH_SYS
+/// identity or `None` for AUTH_NONE, arguments) to the reply's results, `None` if the call
+/// failed.
+pub type CallBack =
+    Box<dyn FnMut(u32, u32, u32, Option<(u32, u32)>, &[u8]) -> Option<Vec<u8>> + Send>;
 
-/// The session's back channel: the client's connection (its peer index) and callback program,
-/// the next CB_SEQUENCE sequence id, and whether the last callback was answered.
+/// The session's back channel: the client's connection (its peer index), callback program and
+/// callback credential (the first of CREATE_SESSION's `csa_sec_parms`: AUTH_SYS's identity, or
+/// `None` for AUTH_NONE), the next CB_SEQUENCE sequence id, and whether the last callback was
+/// answered.
 #[derive(Debug, Clone, Copy)]
 struct BackChannel {
     peer: u32,
     prog: u32,
+    auth: Option<(u32, u32)>,
     seq: u32,
     up: bool,
 }
@@ -83,6 +92,8 @@ pub struct Fs {
     caller: u32,
     /// The session's back channel, once CREATE_SESSION took one.
     back: Option<BackChannel>,
+    /// The back channel is to be probed (CB_SEQUENCE alone) before the next call is answered.
+    probe_due: bool,
     /// Whether `deleg.bin`'s read delegation is out.
     delegated: bool,
 }
@@ -110,6 +121,7 @@ impl Fs {
             callback: None,
             caller: 0,
             back: None,
+            probe_due: false,
             delegated: false,
         }
     }
@@ -121,16 +133,41 @@ impl Fs {
     }
 
     /// Recalls `deleg.bin`'s delegation with CB_COMPOUND (CB_SEQUENCE + CB_RECALL) over the
-    /// session's back channel; the back channel is down if the client does not answer it as
-    /// RFC 8881 §20.9 asks.
+    /// session's back channel.
     fn recall(&mut self) {
+        self.callback_compound(Some((&DELEG_STATEID, FH_DELEG)));
+    }
+
+    /// Makes a CB_COMPOUND over the session's back channel: CB_SEQUENCE, and CB_RECALL of
+    /// `recall` if given; the back channel is down if the client does not answer it as RFC
+    /// 8881 §20.9 asks. False if the client answered NFS4ERR_DELAY (to be sent again later,
+    /// with the same sequence id), true otherwise.
+    fn callback_compound(&mut self, recall: Option<(&[u8; 16], &[u8])>) -> bool {
         let (Some(call), Some(b)) = (self.callback.as_mut(), self.back.as_mut()) else {
-            return;
+            return true;
         };
-        let args = callback::recall_args(v4::SESSION, b.seq, &DELEG_STATEID, FH_DELEG);
-        let res = call(b.peer, b.prog, callback::CB_COMPOUND, &args);
-        b.up = res.is_some_and(|res| callback::recall_answered(&res, v4::SESSION, b.seq));
+        let args = callback::cb_compound_args(v4::SESSION, b.seq, recall);
+        let res = call(b.peer, b.prog, callback::CB_COMPOUND, b.auth, &args);
+        if res.as_deref().and_then(callback::cb_compound_status) == Some(callback::ERR_DELAY) {
+            return false;
+        }
+        b.up = match res {
+            Some(res)
+                if callback::cb_compound_answered(&res, v4::SESSION, b.seq, recall.is_some()) =>
+            {
+                true
+            }
+            Some(res) => {
+                eprintln!(
+                    "CB_COMPOUND (sequence {}) answered wrongly: {res:02x?}",
+                    b.seq
+                );
+                false
+            }
+            None => false,
+        };
         b.seq = b.seq.wrapping_add(1);
+        true
     }
 
     fn attr(&self, fh: &[u8]) -> Option<(u32, u64, u64)> {
@@ -479,11 +516,11 @@ impl Fs {
         x.put_u32(0).put_u32(0);
         let count_at = x.len();
         x.put_u32(0);
-        let mut cur: Option<&'static [u8]> = None;
+        let (mut cur, mut saved): (Option<&'static [u8]>, _) = (None, None);
         let mut done = 0;
         for _ in 0..n.min(16) {
             let opnum = r.u32().ok()?;
-            let status = self.op4(opnum, r, x, &mut cur)?;
+            let status = self.op4(opnum, r, x, &mut cur, &mut saved)?;
             done += 1;
             if status != 0 {
                 x.set_u32(0, status);
@@ -501,32 +538,47 @@ impl Fs {
         r: &mut Reader<'_>,
         x: &mut XdrBuilder,
         cur: &mut Option<&'static [u8]>,
+        saved: &mut Option<&'static [u8]>,
     ) -> Option<u32> {
         x.put_u32(opnum);
         match opnum {
             op::SEQUENCE => {
                 let id = r.fixed(16).ok()?;
-                let (seq, slot) = (r.u32().ok()?, r.u32().ok()?);
-                r.fixed(8).ok()?;
+                let (seq, slot, highest) = (r.u32().ok()?, r.u32().ok()?, r.u32().ok()?);
+                r.bool().ok()?;
                 x.put_u32(0);
-                for w in id.chunks(4) {
-                    x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
+                put_fixed(x, id);
+                // The back channel's probe, due since RECLAIM_COMPLETE (again at the next call
+                // if the client said NFS4ERR_DELAY).
+                if self.probe_due {
+                    self.probe_due = !self.callback_compound(None);
+                    if !self.probe_due && self.back.is_some_and(|b| b.up) {
+                        eprintln!("back channel up: CB_SEQUENCE answered");
+                    }
                 }
+                // Every slot the client uses is served (no reply cache: replays are redone);
                 // SEQ4_STATUS_CB_PATH_DOWN once a callback went unanswered.
                 let down = self.back.is_some_and(|b| !b.up);
                 x.put_u32(seq)
                     .put_u32(slot)
-                    .put_u32(0)
-                    .put_u32(0)
+                    .put_u32(highest)
+                    .put_u32(highest)
                     .put_u32(u32::from(down));
             }
             op::EXCHANGE_ID => {
                 r.fixed(8).ok()?;
                 r.opaque(1024).ok()?;
                 r.u32().ok()?;
-                if r.u32().ok()? != 0 || r.u32().ok()? != 0 {
+                if r.u32().ok()? != 0 {
+                    // State protection other than SP4_NONE.
                     x.put_u32(v4::ERR_NOTSUPP);
                     return Some(v4::ERR_NOTSUPP);
+                }
+                // The client's implementation id, if any (Linux sends one): domain, name, date.
+                for _ in 0..r.u32().ok()?.min(1) {
+                    r.opaque(1024).ok()?;
+                    r.opaque(1024).ok()?;
+                    r.fixed(12).ok()?;
                 }
                 // Client id 1, sequence 1, USE_NON_PNFS, SP4_NONE, owner, scope, no impl id.
                 x.put_u32(0)
@@ -550,21 +602,37 @@ impl Fs {
                     r.fixed(4 * ird.min(1) as usize).ok()?;
                 }
                 let cb_prog = r.u32().ok()?;
-                for _ in 0..r.u32().ok()?.min(4) {
-                    if r.u32().ok()? != 0 {
-                        x.put_u32(v4::ERR_NOTSUPP);
-                        return Some(v4::ERR_NOTSUPP);
+                // The callback security: AUTH_NONE, or AUTH_SYS (stamp, machine name, uid,
+                // gid, groups) as Linux sends (its callback service refuses CB_COMPOUND under
+                // AUTH_NONE); callbacks use the first.
+                let mut cb_auth = None;
+                for k in 0..r.u32().ok()?.min(4) {
+                    match r.u32().ok()? {
+                        0 => {}
+                        1 => {
+                            r.u32().ok()?;
+                            r.opaque(255).ok()?;
+                            let (uid, gid) = (r.u32().ok()?, r.u32().ok()?);
+                            let groups = r.u32().ok()?;
+                            r.fixed(4 * groups.min(16) as usize).ok()?;
+                            if k == 0 {
+                                cb_auth = Some((uid, gid));
+                            }
+                        }
+                        _ => {
+                            x.put_u32(v4::ERR_NOTSUPP);
+                            return Some(v4::ERR_NOTSUPP);
+                        }
                     }
                 }
                 x.put_u32(0);
-                for w in v4::SESSION.chunks(4) {
-                    x.put_u32(u32::from_be_bytes(w.try_into().ok()?));
-                }
+                put_fixed(x, v4::SESSION);
                 // The back channel on this connection, if asked for and callbacks can be made.
                 let back = flags & crate::nfs4::FLAG_CONN_BACK_CHAN != 0 && self.callback.is_some();
                 self.back = back.then_some(BackChannel {
                     peer: self.caller,
                     prog: cb_prog,
+                    auth: cb_auth,
                     seq: 1,
                     up: true,
                 });
@@ -582,11 +650,17 @@ impl Fs {
             }
             op::RECLAIM_COMPLETE => {
                 r.u32().ok()?;
+                // The session is the client's by now (RECLAIM_COMPLETE follows CREATE_SESSION's
+                // reply): its back channel is probed with CB_SEQUENCE alone before the next
+                // call is answered (not from here: Linux's client answers NFS4ERR_DELAY until
+                // this completes the session's setup).
+                self.probe_due = self.back.is_some();
                 x.put_u32(0);
             }
             op::DESTROY_SESSION => {
                 r.fixed(16).ok()?;
                 self.back = None;
+                self.probe_due = false;
                 self.delegated = false;
                 x.put_u32(0);
             }
@@ -611,19 +685,16 @@ impl Fs {
                     x.put_u32(v4::ERR_NOFILEHANDLE);
                     return Some(v4::ERR_NOFILEHANDLE);
                 };
-                return self.state_op4(opnum, fh, r, x);
+                return self.state_op4(opnum, fh, r, x, cur);
             }
-            op::READ | op::WRITE | op::GETATTR => {
+            op::READ | op::WRITE => {
                 let Some(fh) = *cur else {
                     x.put_u32(v4::ERR_NOFILEHANDLE);
                     return Some(v4::ERR_NOFILEHANDLE);
                 };
                 return self.file_op4(opnum, fh, r, x);
             }
-            _ => {
-                x.put_u32(v4::ERR_NOTSUPP);
-                return Some(v4::ERR_NOTSUPP);
-            }
+            _ => return self.op41(opnum, r, x, cur, saved),
         }
         Some(0)
     }
@@ -696,16 +767,21 @@ impl Fs {
         Some(status)
     }
 
-    /// OPEN (CLAIM_FH, for reading: a read delegation on `deleg.bin` while the back channel is
-    /// up), DELEGRETURN and CLOSE of file `fh`.
+    /// OPEN of an existing file by handle (CLAIM_FH: file `fh`) or by name in the root
+    /// (CLAIM_NULL: `fh` the root; the file becomes the current handle `cur`), with a read
+    /// delegation on `deleg.bin` opened for reading while the back channel is up; DELEGRETURN
+    /// and CLOSE of file `fh`.
     fn state_op4(
         &mut self,
         opnum: u32,
         fh: &'static [u8],
         r: &mut Reader<'_>,
         x: &mut XdrBuilder,
+        cur: &mut Option<&'static [u8]>,
     ) -> Option<u32> {
         const ERR_BAD_STATEID: u32 = 10_025;
+        const CLAIM_NULL: u32 = 0;
+        const CLAIM_FH: u32 = 4;
         let status = match opnum {
             op::OPEN => {
                 r.u32().ok()?;
@@ -713,23 +789,43 @@ impl Fs {
                 r.u32().ok()?;
                 r.u64().ok()?;
                 r.opaque(1024).ok()?;
-                // OPEN4_NOCREATE and CLAIM_FH only, for reading only.
-                if r.u32().ok()? != 0 || r.u32().ok()? != 4 || access & 0xff != 1 {
+                // OPEN4_NOCREATE only.
+                if r.u32().ok()? != 0 {
                     x.put_u32(v4::ERR_NOTSUPP);
                     return Some(v4::ERR_NOTSUPP);
                 }
+                let fh = match r.u32().ok()? {
+                    CLAIM_FH => fh,
+                    CLAIM_NULL => {
+                        let name = r.opaque(1024).ok()?;
+                        let found = (fh == ROOT).then(|| self.root_entry(name)).flatten();
+                        let Some(file) = found else {
+                            x.put_u32(2); // NFS4ERR_NOENT
+                            return Some(2);
+                        };
+                        *cur = Some(file);
+                        file
+                    }
+                    _ => {
+                        x.put_u32(v4::ERR_NOTSUPP);
+                        return Some(v4::ERR_NOTSUPP);
+                    }
+                };
                 x.put_u32(0);
                 put_fixed(x, &OPEN_STATEID);
                 put_change_info(x);
                 x.put_u32(0).put_u32(0); // no result flags, no attributes set
-                if fh == FH_DELEG && self.back.is_some_and(|b| b.up) && !self.delegated {
+                let reading = access & 0xff == 1;
+                if fh == FH_DELEG && reading && self.back.is_some_and(|b| b.up) && !self.delegated {
                     self.delegated = true;
                     // OPEN_DELEGATE_READ: its stateid, no recall, an empty ACE.
                     x.put_u32(1);
                     put_fixed(x, &DELEG_STATEID);
                     x.put_u32(0).put_u32(0).put_u32(0).put_u32(0).put_u32(0);
+                } else if access & 0xff00 != 0 {
+                    x.put_u32(3).put_u32(2); // asked for one: OPEN_DELEGATE_NONE_EXT, WND4_RESOURCE
                 } else {
-                    x.put_u32(3).put_u32(2); // OPEN_DELEGATE_NONE_EXT, WND4_RESOURCE
+                    x.put_u32(0); // OPEN_DELEGATE_NONE
                 }
                 return Some(0);
             }
@@ -757,7 +853,7 @@ impl Fs {
         Some(status)
     }
 
-    /// READ (the data a DDP piece), WRITE and GETATTR (the size only) on file `fh`.
+    /// READ (the data a DDP piece) and WRITE on file `fh`.
     fn file_op4(
         &mut self,
         opnum: u32,
@@ -786,22 +882,8 @@ impl Fs {
                 x.put_u32(1).put_u32(2);
             }
             _ => {
-                let words = r.u32().ok()?;
-                let mut want = 0;
-                for k in 0..words.min(8) {
-                    let w = r.u32().ok()?;
-                    if k == 0 {
-                        want = w & SIZE_MASK;
-                    }
-                }
-                let size = self.attr(fh).map_or(0, |a| a.1);
-                x.put_u32(0);
-                if want != 0 {
-                    x.put_u32(1).put_u32(SIZE_MASK);
-                    x.put_opaque(&size.to_be_bytes());
-                } else {
-                    x.put_u32(0).put_u32(0);
-                }
+                x.put_u32(v4::ERR_NOTSUPP);
+                return Some(v4::ERR_NOTSUPP);
             }
         }
         Some(0)
@@ -1100,7 +1182,7 @@ mod tests {
             let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
             let log = std::sync::Arc::clone(&seen);
             let mut fs =
-                Fs::new(7, 4096, 3).with_callbacks(Box::new(move |peer, prog, p, args| {
+                Fs::new(7, 4096, 3).with_callbacks(Box::new(move |peer, prog, p, _, args| {
                     let (accept, res, what) = callback::answer(p, args);
                     log.lock().unwrap().push((peer, prog, what));
                     (answered && accept == 0).then_some(res)

@@ -305,8 +305,8 @@ const DELEGATION_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
 /// NFSv3 WRITE of nothing to that file, which the server answers NFS3ERR_JUKEBOX while it
 /// recalls the delegation with CB_COMPOUND (CB_SEQUENCE + CB_RECALL); the recall answered and
 /// the delegation returned; the WRITE then accepted; SEQUENCE's status flags saying the back
-/// channel is up. (Linux's nfsd sends no CB_NULL to an NFSv4.1 client: the recall is the first
-/// callback. A CB_NULL that comes is answered and counted.)
+/// channel is up. (Linux's nfsd sends no CB_NULL to an NFSv4.1 client: the recall is its first
+/// callback. Probes that come, CB_NULL or CB_SEQUENCE alone, are answered and counted.)
 fn nfs4_backchannel(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> R<String> {
     use crate::callback::{Callbacks, Recall, Seen};
     use crate::nfs4::{FLAG_CONN_BACK_CHAN, SEQ4_STATUS_CB_DOWN};
@@ -320,7 +320,16 @@ fn nfs4_backchannel(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> R<String> {
             s.flags
         ));
     }
-    let mut nulls = 0;
+    // Probes of the back channel (CB_NULL, or CB_SEQUENCE alone) are answered and counted.
+    let id = s.id();
+    let probe = move |c: &Seen| match c {
+        Seen::Null => true,
+        Seen::Compound {
+            session, recall, ..
+        } => *session == id && recall.is_none(),
+        Seen::Other(_) => false,
+    };
+    let mut probes = 0;
     // A server gives no delegation while it is in its grace period (Linux's nfsd: its own and
     // lockd's, about 50 s after lockd starts), answering WND4_RESOURCE: the open is closed and
     // made again until it comes or DELEGATION_WAIT passes.
@@ -349,7 +358,7 @@ fn nfs4_backchannel(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> R<String> {
     let t = Instant::now();
     let recall = loop {
         match cb.seen.recv_timeout(CALLBACK_WAIT) {
-            Ok(Seen::Null) => nulls += 1,
+            Ok(c) if probe(&c) => probes += 1,
             Ok(Seen::Compound {
                 session,
                 recall: Some(r),
@@ -396,14 +405,14 @@ fn nfs4_backchannel(nfs: &mut Nfs, root: &[u8], ex: &Expect) -> R<String> {
         ));
     }
     nfs.end_session(s)?;
-    let others: Vec<Seen> = cb.seen.try_iter().filter(|c| *c != Seen::Null).collect();
+    let others: Vec<Seen> = cb.seen.try_iter().filter(|c| !probe(c)).collect();
     if !others.is_empty() {
         return Err(format!("unexpected callbacks after the recall: {others:?}"));
     }
     Ok(format!(
         "back channel taken; read delegation (OPEN {attempts}); NFSv3 WRITE JUKEBOX; CB_RECALL of it after \
          {recall_ms} ms, answered; DELEGRETURN; WRITE accepted; sr_status_flags {flags:#x}; \
-         session ended; {nulls} CB_NULL"
+         session ended; back-channel probes answered before the recall: {probes}"
     ))
 }
 

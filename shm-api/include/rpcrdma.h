@@ -49,6 +49,8 @@
 /* Submission flags. */
 #define RR_FLAG_XID_APP 1u
 #define RR_FLAG_BACKCHANNEL 2u
+#define RR_FLAG_AUTH_SYS 4u /* CALL: an AUTH_SYS credential naming auth_uid/auth_gid (else AUTH_NONE);
+                               an app not running as root may name only its own (RR_AUTH_DENIED) */
 
 /* Completion status codes (rr_cqe.status). */
 #define RR_OK 0u
@@ -69,6 +71,7 @@
 #define RR_TIMEOUT 15u
 #define RR_CHUNK_REFUSED 16u
 #define RR_BAD_REPLY 17u
+#define RR_AUTH_DENIED 18u
 
 #define RR_STATE_ATTACHED 1u
 #define RR_STATE_DETACHED 2u
@@ -101,7 +104,7 @@ struct rr_sqe {
     uint32_t pieces_off;
     uint32_t reply_off, reply_len;
     uint32_t timeout_ms; /* CALL: end it with RR_TIMEOUT after this many ms without a reply; 0 = never */
-    uint32_t reserved[2];
+    uint32_t auth_uid, auth_gid; /* CALL with RR_FLAG_AUTH_SYS: the credential's uid and gid; else 0 */
 };
 
 struct rr_cqe {
@@ -112,7 +115,8 @@ struct rr_cqe {
     uint32_t msg_off, msg_len;
     uint32_t handle, peer;
     uint32_t rpc_stat;
-    uint32_t reserved[3];
+    uint32_t auth_flavor; /* POST_RECV: 1 (AUTH_SYS: the caller's auth_uid, auth_gid) or 0 (AUTH_NONE) */
+    uint32_t auth_uid, auth_gid;
 };
 
 struct rr_piece {

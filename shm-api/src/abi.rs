@@ -144,8 +144,12 @@ pub mod flag {
     pub const XID_APP: u8 = 1;
     /// REGISTER/UNREGISTER: a callback program for backward-direction calls on this app's connections.
     pub const BACKCHANNEL: u8 = 2;
+    /// CALL: the call carries an AUTH_SYS credential (RFC 5531) naming `Sqe::auth_uid` and
+    /// `Sqe::auth_gid` (otherwise AUTH_NONE). An app not running as root may name only its own
+    /// uid and gid (`AUTH_DENIED`).
+    pub const AUTH_SYS: u8 = 4;
     /// Every flag this ABI version defines.
-    pub const ALL: u8 = XID_APP | BACKCHANNEL;
+    pub const ALL: u8 = XID_APP | BACKCHANNEL | AUTH_SYS;
 }
 
 /// Completion status codes (`Cqe::status`); 0 is success.
@@ -192,10 +196,13 @@ pub mod status {
     /// inline although a Write chunk was offered). A permanent error for the call (the same
     /// call to the same peer is expected to fail again); the connection stays up.
     pub const BAD_REPLY: u32 = 17;
+    /// CALL with [`flag::AUTH_SYS`](super::flag::AUTH_SYS): the app may not use that identity
+    /// (an app not running as root may name only its own uid and gid).
+    pub const AUTH_DENIED: u32 = 18;
 
     /// The name of status `code` as ABI.md §6 lists it, or `"unknown"` (a newer daemon's code).
     pub fn name(code: u32) -> &'static str {
-        const NAMES: [&str; 18] = [
+        const NAMES: [&str; 19] = [
             "OK",
             "BAD_OPCODE",
             "BAD_FLAGS",
@@ -214,6 +221,7 @@ pub mod status {
             "TIMEOUT",
             "CHUNK_REFUSED",
             "BAD_REPLY",
+            "AUTH_DENIED",
         ];
         usize::try_from(code)
             .ok()
@@ -260,8 +268,10 @@ pub struct Sqe {
     /// CALL: milliseconds the daemon waits for the reply before it ends the call with
     /// `TIMEOUT` (cancelled as by [`op::CANCEL`]); 0 = no limit.
     pub timeout_ms: u32,
-    /// Reserved, zero.
-    pub reserved: [u32; 2],
+    /// CALL with [`flag::AUTH_SYS`]: the AUTH_SYS credential's uid; otherwise zero.
+    pub auth_uid: u32,
+    /// CALL with [`flag::AUTH_SYS`]: the AUTH_SYS credential's gid; otherwise zero.
+    pub auth_gid: u32,
 }
 
 /// A 64-byte completion descriptor (daemon → app).
@@ -299,8 +309,13 @@ pub struct Cqe {
     pub peer: u32,
     /// CALL: the reply's accept_stat (0 = SUCCESS) when `status` is OK.
     pub rpc_stat: u32,
-    /// Reserved, zero.
-    pub reserved: [u32; 3],
+    /// POST_RECV: the call's credential flavor, 1 (AUTH_SYS) with the caller's identity in
+    /// `auth_uid` and `auth_gid`, or 0 (AUTH_NONE; those zero). Zero for other completions.
+    pub auth_flavor: u32,
+    /// POST_RECV with `auth_flavor` 1: the caller's uid.
+    pub auth_uid: u32,
+    /// POST_RECV with `auth_flavor` 1: the caller's gid.
+    pub auth_gid: u32,
 }
 
 /// A DDP piece record in the arena (16 bytes).
@@ -528,6 +543,7 @@ mod tests {
         assert_eq!(rows, known, "ABI.md §6 lists every status once");
         assert_eq!(status::name(status::CHUNK_REFUSED), "CHUNK_REFUSED");
         assert_eq!(status::name(status::BAD_REPLY), "BAD_REPLY");
-        assert_eq!(status::name(18), "unknown");
+        assert_eq!(status::name(status::AUTH_DENIED), "AUTH_DENIED");
+        assert_eq!(status::name(19), "unknown");
     }
 }

@@ -36,6 +36,8 @@ pub struct Attachment {
     pub(crate) region: Region,
     pub(crate) sock: UnixStream,
     pub(crate) pid: Option<i32>,
+    /// The app's uid and gid (SO_PEERCRED), when the kernel reported them.
+    pub(crate) ids: Option<(u32, u32)>,
     pub(crate) app_id: u32,
 }
 
@@ -89,9 +91,9 @@ impl Listener {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) => return Err(e),
         };
-        let pid = rustix::net::sockopt::socket_peercred(&sock)
-            .ok()
-            .map(|c| c.pid.as_raw_nonzero().get());
+        let cred = rustix::net::sockopt::socket_peercred(&sock).ok();
+        let pid = cred.as_ref().map(|c| c.pid.as_raw_nonzero().get());
+        let ids = cred.as_ref().map(|c| (c.uid.as_raw(), c.gid.as_raw()));
         let app_id = self.next_app_id;
         self.next_app_id = self.next_app_id.wrapping_add(1);
         let region = Region::create(self.layout, app_id, &self.peers)?;
@@ -116,6 +118,7 @@ impl Listener {
             region,
             sock,
             pid,
+            ids,
             app_id,
         }))
     }

@@ -563,6 +563,7 @@ pub struct CallBuilder<'c> {
     results: Vec<u32>,
     max_reply: Option<u32>,
     timeout_ms: u32,
+    auth: Option<(u32, u32)>,
 }
 
 impl CallBuilder<'_> {
@@ -595,6 +596,15 @@ impl CallBuilder<'_> {
         self
     }
 
+    /// Sends the call with an AUTH_SYS credential naming `uid` and `gid` (RFC 5531; no
+    /// supplementary groups, an empty machine name) instead of AUTH_NONE. The daemon lets an
+    /// app not running as root name only its own uid and gid: another identity fails the call
+    /// with [`status::AUTH_DENIED`].
+    pub fn auth_sys(&mut self, uid: u32, gid: u32) -> &mut Self {
+        self.auth = Some((uid, gid));
+        self
+    }
+
     /// Ends the call with [`status::TIMEOUT`] if no reply has come `limit` after the daemon
     /// took it (rounded up to whole milliseconds, at most `u32::MAX` of them; zero means no
     /// limit, the default). The daemon cancels it as [`Client::cancel`] does: the call
@@ -623,6 +633,7 @@ impl CallBuilder<'_> {
             &self.results,
             max_reply,
             self.timeout_ms,
+            self.auth,
         )
     }
 }
@@ -711,6 +722,7 @@ impl Client {
             results: Vec::new(),
             max_reply: None,
             timeout_ms: 0,
+            auth: None,
         }
     }
 
@@ -726,6 +738,7 @@ impl Client {
         results: &[u32],
         max_reply: u32,
         timeout_ms: u32,
+        auth: Option<(u32, u32)>,
     ) -> Result<Ticket, Error> {
         let mut bufs: Vec<ArenaBuf> = Vec::new();
         let r = self.place_call(&mut bufs, args, results, max_reply);
@@ -747,7 +760,8 @@ impl Client {
         let ticket = Ticket::new(slot, gen);
         let sqe = Sqe {
             opcode: op::CALL,
-            flags: if xid.is_some() { flag::XID_APP } else { 0 },
+            flags: if xid.is_some() { flag::XID_APP } else { 0 }
+                | if auth.is_some() { flag::AUTH_SYS } else { 0 },
             n_args,
             n_results: results.len() as u8,
             target: peer,
@@ -762,7 +776,8 @@ impl Client {
             reply_off: reply.0,
             reply_len: reply.1,
             timeout_ms,
-            reserved: [0; 2],
+            auth_uid: auth.map_or(0, |a| a.0),
+            auth_gid: auth.map_or(0, |a| a.1),
         };
         if let Err(e) = self.ep.submit(sqe) {
             bufs.into_iter().for_each(|b| self.ep.arena.free(b));
@@ -1017,6 +1032,8 @@ pub struct Call<'a> {
     pub peer: u32,
     /// The argument XDR (reassembled: DDP pieces already in place).
     pub args: &'a [u8],
+    /// The caller's AUTH_SYS identity (uid, gid); `None` for AUTH_NONE.
+    pub auth: Option<(u32, u32)>,
 }
 
 /// A call taken to be answered later ([`Server::next_call`], [`Server::try_next_call`]): its
@@ -1043,6 +1060,8 @@ pub struct PendingCall {
     pub peer: u32,
     /// The argument XDR (reassembled: DDP pieces already in place).
     pub args: Vec<u8>,
+    /// The caller's AUTH_SYS identity (uid, gid); `None` for AUTH_NONE.
+    pub auth: Option<(u32, u32)>,
     /// The daemon's handle for the reply.
     handle: u32,
 }
@@ -1056,6 +1075,7 @@ impl PendingCall {
             xid: self.xid,
             peer: self.peer,
             args: &self.args,
+            auth: self.auth,
         }
     }
 }
@@ -1350,6 +1370,7 @@ impl Server {
                     xid: c.xid,
                     peer: c.peer,
                     args: self.ep.read(c.msg_off, c.msg_len.min(buf_len)),
+                    auth: (c.auth_flavor == 1).then_some((c.auth_uid, c.auth_gid)),
                     handle: c.handle,
                 };
                 Some((call, (buf_off, buf_len)))

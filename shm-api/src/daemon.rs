@@ -185,6 +185,8 @@ pub struct CallRequest {
     pub results: PieceList,
     /// Buffer for the reduced reply (its length is the maximum reply size).
     pub reply: ArenaRange,
+    /// The AUTH_SYS credential to send (uid, gid), or `None` for AUTH_NONE.
+    pub auth: Option<(u32, u32)>,
     pieces_off: u32,
     user_data: u64,
 }
@@ -285,6 +287,8 @@ pub struct IncomingCall {
     pub xid: u32,
     /// Bytes of argument XDR already placed at the start of the receive buffer.
     pub args_len: u32,
+    /// The caller's AUTH_SYS identity (uid, gid), `None` for AUTH_NONE.
+    pub auth: Option<(u32, u32)>,
     /// The caller's token, returned in the [`ReplyRequest`].
     pub tag: u64,
 }
@@ -929,7 +933,11 @@ impl AppTable {
         s: &Sqe,
         clock: &mut Clock<'_>,
     ) -> Result<Option<Submission>, u32> {
-        if s.reserved != [0; 2] || s.flags & !flag::ALL != 0 {
+        let auth_sys = s.flags & flag::AUTH_SYS != 0;
+        if s.flags & !flag::ALL != 0
+            || (auth_sys && s.opcode != op::CALL)
+            || (!auth_sys && (s.auth_uid, s.auth_gid) != (0, 0))
+        {
             return Err(status::BAD_FLAGS);
         }
         if s.timeout_ms != 0 && s.opcode != op::CALL {
@@ -951,6 +959,11 @@ impl AppTable {
                 let args = app.read_pieces(s.pieces_off, 0, s.n_args, Some(s.msg_len))?;
                 let results =
                     app.read_pieces(s.pieces_off, u32::from(s.n_args), s.n_results, None)?;
+                // An app speaks for itself: only root may name another identity.
+                let auth = auth_sys.then_some((s.auth_uid, s.auth_gid));
+                if auth.is_some_and(|id| app.att.ids.is_none_or(|own| own.0 != 0 && own != id)) {
+                    return Err(status::AUTH_DENIED);
+                }
                 let xid = if s.flags & flag::XID_APP != 0 {
                     s.xid
                 } else {
@@ -972,6 +985,7 @@ impl AppTable {
                     args,
                     results,
                     reply,
+                    auth,
                     pieces_off: s.pieces_off,
                     user_data: s.user_data,
                 };
@@ -1330,6 +1344,9 @@ impl AppTable {
             msg_len: call.args_len,
             handle: rb.id.handle(),
             peer: call.peer,
+            auth_flavor: u32::from(call.auth.is_some()),
+            auth_uid: call.auth.map_or(0, |a| a.0),
+            auth_gid: call.auth.map_or(0, |a| a.1),
             ..Cqe::default()
         });
         Ok(rb.id)
@@ -1610,10 +1627,12 @@ mod tests {
         let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).unwrap();
         let app_region = Region::open(fd).unwrap();
         let (a, b) = UnixStream::pair().unwrap();
+        // An app of user 1000, group 100.
         let att = Attachment {
             region,
             sock: a,
             pid: None,
+            ids: Some((1000, 100)),
             app_id: 1,
         };
         let id = t.attach(att).unwrap();
@@ -1698,6 +1717,28 @@ mod tests {
     }
 
     #[test]
+    fn an_app_calls_with_auth_sys_as_itself_and_the_request_carries_it() {
+        let mut t = AppTable::new(TableConfig::default()).unwrap();
+        let (_, mut app) = attach(&mut t, geometry());
+        app.submit(Sqe {
+            flags: flag::AUTH_SYS,
+            auth_uid: 1000,
+            auth_gid: 100,
+            ..call(1)
+        });
+        app.submit(call(2));
+        let subs = poll(&mut t);
+        let auths: Vec<_> = subs
+            .iter()
+            .map(|(_, s)| match s {
+                Submission::Call(id) => t.call_request(*id).map(|c| c.auth),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(auths, [Some(Some((1000, 100))), Some(None)]);
+    }
+
+    #[test]
     fn bad_descriptors_fail_with_their_error_code_and_good_ones_pass() {
         let mut t = AppTable::new(TableConfig::default()).unwrap();
         let (_, mut app) = attach(&mut t, geometry());
@@ -1734,10 +1775,36 @@ mod tests {
             ),
             (
                 Sqe {
-                    reserved: [1, 0],
+                    auth_uid: 1,
                     ..call(2)
                 },
                 status::BAD_FLAGS,
+            ),
+            (
+                // AUTH_SYS is for calls only.
+                Sqe {
+                    opcode: op::POST_RECV,
+                    flags: flag::AUTH_SYS,
+                    ..call(2)
+                },
+                status::BAD_FLAGS,
+            ),
+            (
+                // The app (user 1000, group 100) may not call as root, nor in another group.
+                Sqe {
+                    flags: flag::AUTH_SYS,
+                    ..call(2)
+                },
+                status::AUTH_DENIED,
+            ),
+            (
+                Sqe {
+                    flags: flag::AUTH_SYS,
+                    auth_uid: 1000,
+                    auth_gid: 0,
+                    ..call(2)
+                },
+                status::AUTH_DENIED,
             ),
             (
                 Sqe {
@@ -1913,9 +1980,20 @@ mod tests {
             proc_: 1,
             xid: 9,
             args_len: 64,
+            auth: Some((1000, 100)),
         };
         let served = t.deliver_call(rb, call).unwrap();
-        assert_eq!(app.drain().len(), 1, "the delivered call");
+        let delivered = app.drain();
+        assert_eq!(delivered.len(), 1, "the delivered call");
+        // The caller's AUTH_SYS identity travels with it.
+        assert_eq!(
+            (
+                delivered[0].auth_flavor,
+                delivered[0].auth_uid,
+                delivered[0].auth_gid
+            ),
+            (1, 1000, 100)
+        );
         let piece = Piece {
             off: 20480,
             len: 512,
@@ -2119,7 +2197,7 @@ mod tests {
         assert!(!t.complete_call(c.id, CallOutcome::default()));
         // One call submitted and ended; a refused one counts as bad, not as a call.
         app.submit(Sqe {
-            reserved: [0, 1],
+            auth_gid: 1,
             ..call(9)
         });
         assert!(poll(&mut t).is_empty());

@@ -286,6 +286,7 @@ impl Loopback {
             proc_: c.proc_,
             xid: c.xid,
             args_len: need,
+            auth: c.auth,
             tag: c.id.to_u64(),
         };
         if let Err(code) = self.table.deliver_call(rb, call) {

@@ -117,10 +117,12 @@ impl App {
         let fd = rustix::io::fcntl_dupfd_cloexec(region.fd(), 0).expect("dup");
         let app_region = Region::open(fd).expect("open");
         let (a, b) = UnixStream::pair().expect("socketpair");
+        // Apps of user 1000 (AUTH_SYS as another identity is refused).
         let att = Attachment {
             region,
             sock: a,
             pid: None,
+            ids: Some((1000, 100)),
             app_id,
         };
         let id = t.attach(att).expect("room for two apps");
@@ -471,11 +473,8 @@ impl Run {
             reply_off: b.field(ARENA),
             reply_len: b.field(ARENA),
             timeout_ms: if b.u8() % 4 == 0 { b.u32() } else { 0 },
-            reserved: if b.u8() % 16 == 0 {
-                [b.u32(), 0]
-            } else {
-                [0; 2]
-            },
+            auth_uid: if b.u8() % 16 == 0 { b.u32() } else { 0 },
+            auth_gid: 0,
         };
         if let Some(app) = self.b.as_mut() {
             let _ = app.sq.push(s);
@@ -679,6 +678,7 @@ impl Run {
             proc_: u32::from(b.u8()),
             xid: b.u32(),
             args_len: need.min(rb.buf.len()),
+            auth: b.bit().then_some((1000, 100)),
             tag,
         };
         if let Ok(id) = self.t.deliver_call(rb, call) {

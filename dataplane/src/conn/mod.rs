@@ -59,6 +59,7 @@
 //! let spec = CallSpec {
 //!     user: 1, xid: 7, prog: 100_003, vers: 3, proc_: 0,
 //!     msg: MemRef::new(app, 0, 0), args: &[], results: &[], reply: MemRef::new(app, 0, 512),
+//!     auth: None,
 //! };
 //! conn.submit_call(&spec, &mut env).unwrap();
 //! match conn.poll_work() {
@@ -97,9 +98,12 @@ pub const MAX_EXPOSE: usize = 32;
 /// Bytes after each send buffer reserved for the engine (RPC header of a Long message,
 /// zero pad, the landing area of a Reply chunk's RPC header).
 pub const SLOT_TAIL: u32 = 128;
+/// A Long call's RPC header (at most [`rpcmsg::MAX_CALL_HEADER_LEN`], 60 bytes).
 const TAIL_RPC: u32 = 0;
-const TAIL_ZERO: u32 = 48;
-const TAIL_LAND: u32 = 64;
+const TAIL_ZERO: u32 = 64;
+/// At most 48 bytes to [`SLOT_TAIL`].
+const TAIL_LAND: u32 = 80;
+const _: () = assert!(crate::rpcmsg::MAX_CALL_HEADER_LEN as u32 <= TAIL_ZERO);
 /// Largest transport header the engine builds (caps of `MAX_SEGS` and friends).
 const HDR_LEN: usize = 1536;
 /// Inline size both ends assume without RFC 8797 private data (R8166-3.3.3-e).
@@ -425,6 +429,9 @@ pub struct IncomingCall {
     pub proc_: u32,
     /// Bytes of argument XDR after reassembly.
     pub args_len: u32,
+    /// The caller's AUTH_SYS identity (`None`: AUTH_NONE; other flavors but RPCSEC_GSS,
+    /// which is refused, arrive as `None` too).
+    pub auth: Option<rpcrdma_proto::rpc::AuthSys>,
 }
 
 /// What [`Connection::accept_call`] did with a call's arguments.

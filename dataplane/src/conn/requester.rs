@@ -16,7 +16,8 @@ use super::{
     TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
-use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, REPLY_HEADER_LEN};
+use crate::rpcmsg::{self, ReplyStat, REPLY_HEADER_LEN};
+use rpcrdma_proto::rpc::AuthSys;
 
 /// A DDP-eligible argument: `mem` belongs at `xdr_pos` of the reduced argument XDR.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,6 +49,8 @@ pub struct CallSpec<'a> {
     pub results: &'a [MemRef],
     /// Buffer for the reduced reply XDR; its length is the largest reply expected.
     pub reply: MemRef,
+    /// The call's credential: AUTH_SYS with this identity, or AUTH_NONE (`None`).
+    pub auth: Option<AuthSys>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,6 +87,7 @@ pub(super) struct Call {
     prog: u32,
     vers: u32,
     proc_: u32,
+    auth: Option<AuthSys>,
     slot: Option<u32>,
     user: u64,
     msg: MemRef,
@@ -134,6 +138,7 @@ impl Call {
         self.prog = spec.prog;
         self.vers = spec.vers;
         self.proc_ = spec.proc_;
+        self.auth = spec.auth;
         self.msg = spec.msg;
         self.n_args = 0;
         for (d, s) in self.args.iter_mut().zip(spec.args) {
@@ -384,7 +389,9 @@ impl Connection {
                 n_red += 1;
             }
         }
-        let hdr_rpc = CALL_HEADER_LEN as u32;
+        let (rpc, rpc_len) = rpcmsg::call_header_auth(c.xid, c.prog, c.vers, c.proc_, c.auth);
+        let rpc = rpc.get(..rpc_len)?;
+        let hdr_rpc = rpc_len as u32;
         let mut inline_len = hdr_rpc.checked_add(c.msg.len)?;
         for (k, a) in c.args().iter().enumerate() {
             if !reduce[k] {
@@ -426,7 +433,7 @@ impl Connection {
             return None;
         }
         if short && n_red == 0 && n_w == 0 && n_reply == 0 {
-            return self.marshal_plain(c, slot, inline_len, env);
+            return self.marshal_plain(c, slot, rpc, inline_len, env);
         }
 
         // Where each argument sits in the unreduced call, as a Read chunk position.
@@ -444,7 +451,6 @@ impl Connection {
         let mut n_reads = 0usize;
         let rpc_tail = self.send_tail(slot, TAIL_RPC, hdr_rpc)?;
         let zero_tail = self.send_tail(slot, TAIL_ZERO, 4)?;
-        let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
         if short {
             for k in 0..usize::from(c.n_args) {
                 if reduce[k] {
@@ -457,7 +463,7 @@ impl Connection {
             }
         } else {
             // Long call: the whole unreduced message in the PZRC (R8166-3.5.3-a/b).
-            if !env.write(rpc_tail, &rpc) || !env.write(zero_tail, &[0; 4]) {
+            if !env.write(rpc_tail, rpc) || !env.write(zero_tail, &[0; 4]) {
                 return None;
             }
             let seg = c.expose(env, rpc_tail, Access::REMOTE_READ)?;
@@ -520,7 +526,7 @@ impl Connection {
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
         if short {
-            self.write_short(buf, n, &rpc, c.msg, items(c.args(), &skip), env)?;
+            self.write_short(buf, n, rpc, c.msg, items(c.args(), &skip), env)?;
         } else if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
@@ -530,22 +536,23 @@ impl Connection {
 
     /// [`marshal`](Self::marshal) of the dominant case: a Short call without chunks (no
     /// argument reduced, no Write chunk, no Reply chunk). The header has a fixed layout, so
-    /// none of the chunk bookkeeping runs. `inline_len` is the RPC header and payload, as
-    /// `marshal` measured them (and found within the inline threshold).
+    /// none of the chunk bookkeeping runs. `rpc` is the call's RPC header; `inline_len` the
+    /// RPC header and payload, as `marshal` measured them (and found within the inline
+    /// threshold).
     fn marshal_plain(
         &mut self,
         c: &Call,
         slot: u32,
+        rpc: &[u8],
         inline_len: u32,
         env: &mut impl Env,
     ) -> Option<()> {
-        let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
         let plain = Plain {
             v2: self.vers == v2::VERSION,
             direction: MsgType::Call,
             xid: c.xid,
             credit: self.cfg.credits,
-            rpc: &rpc,
+            rpc,
             stream: inline_len - rpc.len() as u32,
         };
         let items = items(c.args(), &[false; MAX_PIECES]);

@@ -516,10 +516,12 @@ impl Connection {
             .serves
             .get(i as usize)
             .is_some_and(|s| s.xid == call.xid);
-        if call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS && xid_ok {
-            // Apps receive arguments only (ABI v1 carries no credential), so no app could
+        let bad_sys = call.cred_flavor == rpcrdma_proto::rpc::AUTH_SYS && call.auth_sys.is_none();
+        if (call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS || bad_sys) && xid_ok {
+            // Apps receive the arguments and an AUTH_SYS identity only, so no app could
             // verify a GSS call: refuse it as a server without GSS does, before anything of it
-            // is pulled or reduced (R8166-8.2.2-a, -8.2.2.3-a).
+            // is pulled or reduced (R8166-8.2.2-a, -8.2.2.3-a); a malformed AUTH_SYS
+            // credential likewise (RFC 5531 §9: AUTH_BADCRED).
             let hdr = rpcmsg::auth_error_reply(call.xid, rpcmsg::AUTH_BADCRED);
             return self.serve_rpc_reply(i, &hdr, Heard::NotYet, env);
         }
@@ -548,6 +550,7 @@ impl Connection {
             vers: call.vers,
             proc_: call.proc,
             args_len,
+            auth: call.auth_sys,
         }));
     }
 

@@ -102,7 +102,7 @@ impl Env for SimMem {
 
 impl SimMem {
     /// Resolves a peer's remote access to a local range, checking key, rights and bounds.
-    fn resolve(&self, rkey: u32, a: u64, len: u32, need: Access) -> Option<MemRef> {
+    pub(crate) fn resolve(&self, rkey: u32, a: u64, len: u32, need: Access) -> Option<MemRef> {
         let w = self.windows.iter().rev().find(|w| w.key == rkey)?;
         if !w.valid || !w.access.contains(need) {
             return None;

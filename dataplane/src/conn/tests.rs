@@ -45,6 +45,7 @@ fn echo_sized(
     let result = p.a.alloc(result_len);
     let reply = p.a.alloc(reply_len);
     let spec = CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: RDMATEST_PROG,
@@ -74,6 +75,7 @@ fn bulk(p: &mut Pair, xid: u32, data: &[u8], reply_max: u32) -> MemRef {
 fn read_8k_spec(s: &mut sim::Side, xid: u32) -> (CallSpec<'static>, MemRef) {
     let result = s.alloc(8192);
     let spec = CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: RDMATEST_PROG,
@@ -94,6 +96,7 @@ fn submit_backward(s: &mut sim::Side, xid: u32, word: u32) -> MemRef {
     let msg = s.put(&be(&[4, word]));
     let reply = s.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: 0x2052_4455,
@@ -111,6 +114,7 @@ fn submit_backward(s: &mut sim::Side, xid: u32, word: u32) -> MemRef {
 /// The call [`bulk`] submits, from side `s`, not submitted.
 fn bulk_spec(s: &mut sim::Side, xid: u32, data: &[u8], reply_max: u32) -> CallSpec<'static> {
     CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: BULK_PROG,
@@ -145,6 +149,7 @@ fn r8166_3_5_1_a_null_call_is_one_68_byte_send() {
     let msg = p.a.alloc(0);
     let reply = p.a.alloc(16);
     let spec = CallSpec {
+        auth: None,
         user: 9,
         xid: 0x1234,
         prog: RDMATEST_PROG,
@@ -209,6 +214,7 @@ fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
     let result = p.a.alloc(count);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 5,
         prog: RDMATEST_PROG,
@@ -290,6 +296,7 @@ fn r8166_3_4_6_c_write_chunk_and_reply_chunk_echoed_in_one_reply() {
     // A reply buffer above the inline threshold: the call offers a Reply chunk.
     let reply = p.a.alloc(8192);
     let spec = CallSpec {
+        auth: None,
         user: 3,
         xid: 33,
         prog: RDMATEST_PROG,
@@ -365,6 +372,7 @@ fn r8166_3_4_5_a_write_1mib_via_read_chunk_reassembled() {
     let piece = p.a.put(&data);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 6,
         prog: RDMATEST_PROG,
@@ -843,6 +851,7 @@ fn xch_3_2_b_send_with_invalidate_only_when_allowed_and_one_key() {
     let result = p.a.alloc(count);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -886,6 +895,7 @@ fn xch_3_2_a_no_send_with_invalidate_without_permission() {
     let result = p.a.alloc(count);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -916,6 +926,7 @@ fn amb_7_unused_write_chunk_returned_with_zero_lengths() {
     let result = p.a.alloc(4096);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -973,6 +984,7 @@ fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
     let result = p.a.alloc(4096);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -995,6 +1007,7 @@ fn r8166_3_4_6_c_wrong_echoed_handle_is_bad_reply() {
 /// An RDMATEST READ call (arguments `msg`) offering `results` as Write chunks.
 fn read_spec(xid: u32, msg: MemRef, results: &[MemRef], reply: MemRef) -> CallSpec<'_> {
     CallSpec {
+        auth: None,
         user: u64::from(xid),
         xid,
         prog: RDMATEST_PROG,
@@ -1025,6 +1038,7 @@ fn with_write_chunk(
     let reply = p.a.alloc(256);
     let results = [result];
     let spec = CallSpec {
+        auth: None,
         prog,
         vers,
         proc_,
@@ -1305,6 +1319,7 @@ fn r8166_4_5_3_b_reply_chunk_too_small_is_err_chunk() {
     let msg = p.a.put(&be(&[3000, 1]));
     let reply = p.a.alloc(2000);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 6,
         prog: RDMATEST_PROG,
@@ -1548,6 +1563,7 @@ fn r8166_3_3_1_j_reads_never_exceed_ord() {
         .collect();
     let reply = p.a.alloc(8192);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: BULK_PROG,
@@ -1621,6 +1637,7 @@ fn r8166_4_5_5_a_connection_loss_completes_every_call_once() {
     assert!(
         p.a.conn.submit_call(
             &CallSpec {
+                auth: None,
                 user: 0,
                 xid: 9,
                 prog: 1,
@@ -1991,6 +2008,7 @@ mod props {
         let msg = p.a.put(&msg);
         let reply = p.a.alloc(reply_need + op.slack);
         let spec = CallSpec {
+            auth: None,
             user: u64::from(xid),
             xid,
             prog: RDMATEST_PROG,
@@ -2522,6 +2540,7 @@ fn r8166_8_1_4_c_a_cancelled_call_with_chunks_ends_lent_then_is_fenced_and_relea
     assert_eq!(p.a.conn.call_user(3), None);
     assert_eq!(p.a.conn.cancel_call(3), Err(SubmitError::BadId));
     let again = CallSpec {
+        auth: None,
         user: 9,
         ..bulk_spec(&mut p.a, 3, &[0; 4], 64)
     };
@@ -2770,6 +2789,7 @@ fn r8166_3_4_2_a_ineligible_piece_never_reduced() {
     let piece = p.a.put(&pattern(1, 3000));
     let reply = p.a.alloc(8192);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: BULK_PROG,
@@ -2997,6 +3017,7 @@ fn r8166_4_4_c_a_cancelled_calls_xid_stays_taken_until_its_late_reply() {
     p.run();
     assert_eq!(done(&mut p)[0].status, CallStatus::Cancelled);
     let spec = CallSpec {
+        auth: None,
         user: 3,
         ..bulk_spec(&mut p.a, 2, &[2; 8], 64)
     };
@@ -3052,6 +3073,7 @@ fn r8166_7_1_c_backward_calls_inline_only() {
     let big = p.b.put(&pattern(1, 2000));
     let reply = p.b.alloc(8000);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 2,
         prog: 0x2052_4455,
@@ -3072,6 +3094,7 @@ fn r8166_7_1_c_backward_calls_inline_only() {
     assert!(p.b.sent.is_empty());
     let msg = p.b.put(&be(&[8, 1, 2]));
     let spec = CallSpec {
+        auth: None,
         xid: 1,
         msg,
         ..spec
@@ -3179,6 +3202,7 @@ fn impl_3_9_c_results_beyond_the_write_list_go_inline() {
     let result = p.a.alloc(8192);
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -3270,6 +3294,7 @@ fn r8166_6_1_e_binding_limits_write_chunks() {
     let results = [p.a.alloc(8192), p.a.alloc(8192)];
     let reply = p.a.alloc(64);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: RDMATEST_PROG,
@@ -3942,6 +3967,7 @@ fn pulled_through_a_read_chunk(
     let piece = p.a.put(data);
     let reply = p.a.alloc(256);
     let spec = CallSpec {
+        auth: None,
         user: 1,
         xid: 1,
         prog: rpc.0,
@@ -4167,4 +4193,86 @@ fn r8166_4_3_2_1_a_an_empty_write_chunk_keeps_its_read_inline() {
         p.b.sent.last().unwrap().ends_with(&inline),
         "the reply's stream"
     );
+}
+
+/// A call's AUTH_SYS identity (the app's, ABI `flag::AUTH_SYS`) goes on the wire in its RPC
+/// header and comes out of the responder with the call, both in a Short call and in a Long
+/// one (the header, 20 bytes longer than AUTH_NONE's, in the position-zero Read chunk), and
+/// the reply still comes back whole.
+#[test]
+fn auth_sys_identity_travels_in_short_and_long_calls() {
+    use rpcrdma_proto::rpc::{AuthSys, CallHeader};
+    let me = AuthSys {
+        uid: 1000,
+        gid: 100,
+    };
+    for (xid, len) in [(21u32, 64usize), (22, 3000)] {
+        let mut p = Pair::default_pair();
+        let data = pattern(xid, len);
+        let mut spec = bulk_spec(&mut p.a, xid, &data, 4096);
+        spec.auth = Some(me);
+        p.a.conn.submit_call(&spec, &mut p.a.env).expect("submit");
+        p.run();
+        let (bytes, hl) = decode_sent(&p.a.sent[0]);
+        let rpc = match header(&bytes).body {
+            // Short: the RPC message follows the transport header.
+            v1::Body::Msg(_) => bytes[hl..].to_vec(),
+            // Long: the whole message in the position-zero Read chunk, header first.
+            v1::Body::Nomsg(c) => {
+                let total: u32 = c.reads.iter().map(|r| r.target.length).sum();
+                assert_eq!(total as usize, 24 + AuthSys::ENCODED_LEN + 8 + len);
+                let t = c.reads.iter().next().expect("a PZRC").target;
+                let at =
+                    p.a.env
+                        .resolve(
+                            t.handle,
+                            t.offset,
+                            t.length,
+                            rpcrdma_verbs::Access::REMOTE_READ,
+                        )
+                        .expect("the PZRC's first segment is exposed");
+                p.a.get(at)
+            }
+            other => panic!("{other:?}"),
+        };
+        let h = CallHeader::parse(&rpc).expect("an RPC call header");
+        assert_eq!((h.cred_flavor, h.auth_sys), (1, Some(me)), "xid {xid}");
+        assert_eq!(h.args_offset, 60);
+        let ic = p.b.events.iter().find_map(|e| match e {
+            Event::IncomingCall(c) => Some(*c),
+            _ => None,
+        });
+        assert_eq!(
+            ic.map(|c| c.auth),
+            Some(Some(me)),
+            "the responder hands it on"
+        );
+        serve(&mut p);
+        let d = done(&mut p);
+        assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
+        assert_eq!(p.a.get(spec.reply.prefix(len as u32).unwrap()), data);
+    }
+}
+
+/// A call whose credential claims AUTH_SYS but whose body is not one is refused with
+/// AUTH_BADCRED (RFC 5531 §9) before anything is handed to an app; the connection stays up.
+#[test]
+fn a_malformed_auth_sys_credential_is_refused_with_auth_badcred() {
+    let mut p = Pair::default_pair();
+    p.run();
+    // RDMA_MSG with empty lists; CALL, RPC 2, the bulk program, AUTH_SYS with a 4-byte body,
+    // an AUTH_NONE verifier, one argument word.
+    let mut m = be(&[0x77, 1, 8, 0, 0, 0, 0]);
+    m.extend(be(&[0x77, 0, 2, BULK_PROG, 1, 1, 1, 4, 0, 0, 0, 5]));
+    p.inject(true, &m);
+    assert!(!p
+        .b
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::IncomingCall(_))));
+    let sent = p.b.sent.last().expect("an answer").clone();
+    let mut want = be(&[0x77, 1, p.b.conn.grant(), 0, 0, 0, 0]);
+    want.extend(rpcmsg::auth_error_reply(0x77, rpcmsg::AUTH_BADCRED));
+    assert_eq!(sent, want);
+    assert_eq!(p.b.conn.closed(), None, "the connection stays up");
 }

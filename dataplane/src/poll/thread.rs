@@ -20,6 +20,7 @@ use crate::mem::{MemRef, RegisteredMem, REGISTERED_ACCESS};
 use crate::{ArgPiece, CallSpec, ReplySpec, ResultPiece};
 use crossbeam_queue::ArrayQueue;
 use rpcrdma_proto::cm::PrivateData as CmData;
+use rpcrdma_proto::rpc::AuthSys;
 use rpcrdma_shm::abi::{status, ArenaRange, MAX_PIECES};
 use rpcrdma_shm::attach::Attachment;
 use rpcrdma_shm::daemon::{
@@ -1158,6 +1159,7 @@ impl<P: Provider> PollThread<P> {
         }
         let token = self.next_token;
         let spec = CallSpec {
+            auth: c.auth.map(|(uid, gid)| AuthSys { uid, gid }),
             user: token,
             xid: c.xid,
             prog: c.prog,
@@ -1312,6 +1314,7 @@ impl<P: Provider> PollThread<P> {
                 proc_: ic.proc_,
                 xid: ic.xid,
                 args_len: ic.args_len,
+                auth: ic.auth.map(|a| (a.uid, a.gid)),
             },
             backchannel: client,
         };

@@ -290,6 +290,7 @@ pub fn run(s: Scenario) -> Figures {
             let msg = at(&cli, i, k, 0);
             assert!(cli.mem.write(msg, &pattern(i, k)));
             let spec = CallSpec {
+                auth: None,
                 user: (u64::from(i) << 32) | u64::from(k),
                 xid: k + 1,
                 prog: ECHO_PROG,

@@ -304,11 +304,13 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                 } else {
                     0
                 },
-                reserved: if rng.below(8) == 0 {
-                    [rng.next() as u32, 0]
+                // Sometimes an identity with or without the flag (random flags above).
+                auth_uid: if rng.below(8) == 0 {
+                    rng.next() as u32
                 } else {
-                    [0; 2]
+                    0
                 },
+                auth_gid: 0,
             };
             if d.opcode == op::REPLY {
                 d.target = rng.below(1 << 20) as u32;
@@ -336,7 +338,8 @@ fn hostile(path: &Path, seed: u64, rounds: u32) -> Res {
                     } else {
                         0
                     },
-                    reserved: [0; 2],
+                    auth_uid: 0,
+                    auth_gid: 0,
                     ..d
                 };
             }
