@@ -51,27 +51,23 @@ pub fn call_header(xid: u32, prog: u32, vers: u32, proc_: u32) -> [u8; CALL_HEAD
 /// ([`AuthSys::ENCODED_LEN`]) and an AUTH_NONE verifier.
 pub const MAX_CALL_HEADER_LEN: usize = 24 + AuthSys::ENCODED_LEN + 8;
 
-/// The RPC call header for `xid`, `prog`, `vers`, `proc_` with credential `auth` (AUTH_SYS,
-/// or AUTH_NONE when `None`) and an AUTH_NONE verifier: the bytes and how many of them.
+/// An RPC call header for `xid`, `prog`, `vers`, `proc_` with credential `auth` (AUTH_SYS) and
+/// an AUTH_NONE verifier.
 #[inline]
-pub fn call_header_auth(
+pub fn call_header_sys(
     xid: u32,
     prog: u32,
     vers: u32,
     proc_: u32,
-    auth: Option<AuthSys>,
-) -> ([u8; MAX_CALL_HEADER_LEN], usize) {
+    auth: AuthSys,
+) -> [u8; MAX_CALL_HEADER_LEN] {
     let mut b = [0u8; MAX_CALL_HEADER_LEN];
-    let Some(a) = auth else {
-        b[..CALL_HEADER_LEN].copy_from_slice(&call_header(xid, prog, vers, proc_));
-        return (b, CALL_HEADER_LEN);
-    };
     for (d, w) in b.chunks_exact_mut(4).zip([xid, 0, 2, prog, vers, proc_]) {
         d.copy_from_slice(&w.to_be_bytes());
     }
-    b[24..24 + AuthSys::ENCODED_LEN].copy_from_slice(&a.encode());
+    b[24..24 + AuthSys::ENCODED_LEN].copy_from_slice(&auth.encode());
     // The verifier (AUTH_NONE, empty) is the zeros already there.
-    (b, MAX_CALL_HEADER_LEN)
+    b
 }
 
 /// An accepted RPC reply header for `xid` with an AUTH_NONE verifier and `accept_stat`.

@@ -16,7 +16,7 @@ use super::{
     TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
-use crate::rpcmsg::{self, ReplyStat, REPLY_HEADER_LEN};
+use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, MAX_CALL_HEADER_LEN, REPLY_HEADER_LEN};
 use rpcrdma_proto::rpc::AuthSys;
 
 /// A DDP-eligible argument: `mem` belongs at `xdr_pos` of the reduced argument XDR.
@@ -389,9 +389,11 @@ impl Connection {
                 n_red += 1;
             }
         }
-        let (rpc, rpc_len) = rpcmsg::call_header_auth(c.xid, c.prog, c.vers, c.proc_, c.auth);
-        let rpc = rpc.get(..rpc_len)?;
-        let hdr_rpc = rpc_len as u32;
+        let hdr_rpc = if c.auth.is_some() {
+            MAX_CALL_HEADER_LEN
+        } else {
+            CALL_HEADER_LEN
+        } as u32;
         let mut inline_len = hdr_rpc.checked_add(c.msg.len)?;
         for (k, a) in c.args().iter().enumerate() {
             if !reduce[k] {
@@ -432,9 +434,22 @@ impl Connection {
         if backward && !short {
             return None;
         }
-        if short && n_red == 0 && n_w == 0 && n_reply == 0 {
-            return self.marshal_plain(c, slot, rpc, inline_len, env);
+        // The dominant case (AUTH_SYS calls take the general path below).
+        if short && n_red == 0 && n_w == 0 && n_reply == 0 && c.auth.is_none() {
+            return self.marshal_plain(c, slot, inline_len, env);
         }
+        // The RPC header: AUTH_NONE's or AUTH_SYS's.
+        let (none, sys);
+        let rpc: &[u8] = match c.auth {
+            None => {
+                none = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
+                &none
+            }
+            Some(a) => {
+                sys = rpcmsg::call_header_sys(c.xid, c.prog, c.vers, c.proc_, a);
+                &sys
+            }
+        };
 
         // Where each argument sits in the unreduced call, as a Read chunk position.
         let mut upos = [0u32; MAX_PIECES];
@@ -536,23 +551,22 @@ impl Connection {
 
     /// [`marshal`](Self::marshal) of the dominant case: a Short call without chunks (no
     /// argument reduced, no Write chunk, no Reply chunk). The header has a fixed layout, so
-    /// none of the chunk bookkeeping runs. `rpc` is the call's RPC header; `inline_len` the
-    /// RPC header and payload, as `marshal` measured them (and found within the inline
-    /// threshold).
+    /// none of the chunk bookkeeping runs; the credential is AUTH_NONE. `inline_len` is the RPC
+    /// header and payload, as `marshal` measured them (and found within the inline threshold).
     fn marshal_plain(
         &mut self,
         c: &Call,
         slot: u32,
-        rpc: &[u8],
         inline_len: u32,
         env: &mut impl Env,
     ) -> Option<()> {
+        let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
         let plain = Plain {
             v2: self.vers == v2::VERSION,
             direction: MsgType::Call,
             xid: c.xid,
             credit: self.cfg.credits,
-            rpc,
+            rpc: &rpc,
             stream: inline_len - rpc.len() as u32,
         };
         let items = items(c.args(), &[false; MAX_PIECES]);
