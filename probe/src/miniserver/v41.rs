@@ -47,6 +47,12 @@ const fn bits(list: &[u32]) -> u32 {
     w
 }
 
+/// A `bitmap4` of at most 8 words (`None` beyond: the arguments are refused).
+fn bitmap4(r: &mut Reader<'_>) -> Option<Vec<u32>> {
+    let n = r.u32().ok().filter(|&n| n <= 8)?;
+    (0..n).map(|_| r.u32().ok()).collect()
+}
+
 /// One object's attributes as the encoder needs them.
 struct Obj<'a> {
     ftype: u32,
@@ -184,11 +190,7 @@ impl Fs {
                 return Some(0);
             }
             op::GETATTR => {
-                let n = r.u32().ok()?;
-                let want: Vec<u32> = (0..n.min(8))
-                    .map(|_| r.u32())
-                    .collect::<Result<_, _>>()
-                    .ok()?;
+                let want = bitmap4(r)?;
                 let Some(o) = cur.and_then(|fh| self.obj(fh)) else {
                     x.put_u32(v4::ERR_NOFILEHANDLE);
                     return Some(v4::ERR_NOFILEHANDLE);
@@ -251,11 +253,7 @@ impl Fs {
         r.fixed(8).ok()?;
         let _dircount = r.u32().ok()?;
         let maxcount = r.u32().ok()? as usize;
-        let n = r.u32().ok()?;
-        let want: Vec<u32> = (0..n.min(8))
-            .map(|_| r.u32())
-            .collect::<Result<_, _>>()
-            .ok()?;
+        let want = bitmap4(r)?;
         let status = match cur {
             None => v4::ERR_NOFILEHANDLE,
             Some(ROOT | FH_DIR) => 0,
@@ -298,5 +296,88 @@ impl Fs {
         put_fixed(x, &list);
         x.put_u32(0).put_u32(u32::from(done));
         Some(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `fattr4` as the Linux client decodes it: the bitmap of what was served (asked for and
+    /// supported) and the values in bit order.
+    #[test]
+    fn attributes_come_in_bit_order_and_only_those_asked_for_and_served() {
+        let fs = Fs::new(7, 4096, 3);
+        let o = fs.obj(FH_READ).unwrap();
+        // TYPE, SIZE, ACL (not served), FILEID; MODE, NUMLINKS, OWNER; a word-2 bit.
+        let want = [
+            1 << 1 | 1 << 4 | 1 << 12 | 1 << 20,
+            1 << 1 | 1 << 3 | 1 << 4,
+            1,
+        ];
+        let mut x = XdrBuilder::default();
+        fattr4(&mut x, &want, &o);
+        let b = x.to_full();
+        let mut r = Reader::new(&b);
+        assert_eq!(r.u32().unwrap(), 2, "two bitmap words");
+        assert_eq!(r.u32().unwrap(), 1 << 1 | 1 << 4 | 1 << 20);
+        assert_eq!(r.u32().unwrap(), 1 << 1 | 1 << 3 | 1 << 4);
+        let vals = r.opaque(1024).unwrap();
+        assert_eq!(r.remaining(), 0);
+        let mut v = Reader::new(vals);
+        assert_eq!(v.u32().unwrap(), 1, "NF4REG");
+        assert_eq!(v.u64().unwrap(), 4096, "size");
+        assert_eq!(v.u64().unwrap(), 2, "fileid");
+        assert_eq!(v.u32().unwrap(), 0o644, "mode");
+        assert_eq!(v.u32().unwrap(), 1, "numlinks");
+        assert_eq!(v.opaque(16).unwrap(), b"0", "owner");
+        assert_eq!(v.remaining(), 0);
+    }
+
+    /// READDIR of the root: its entries with cookies from 3 within `maxcount`, resumable
+    /// from the last cookie; a bitmap of more than 8 words is refused.
+    #[test]
+    fn readdir_of_the_root_pages_within_maxcount() {
+        let mut fs = Fs::new(7, 4096, 3);
+        let list = |fs: &mut Fs, cookie: u64, maxcount: u32| {
+            let mut a = XdrBuilder::default();
+            a.put_u32((cookie >> 32) as u32).put_u32(cookie as u32);
+            a.put_u32(0).put_u32(0).put_u32(maxcount).put_u32(maxcount);
+            a.put_u32(1).put_u32(1 << 20); // FILEID
+            let a = a.to_full();
+            let mut x = XdrBuilder::default();
+            let st = fs.readdir4(&mut Reader::new(&a), &mut x, Some(ROOT));
+            let b = x.to_full();
+            let mut r = Reader::new(&b);
+            assert_eq!((st, r.u32().unwrap()), (Some(0), 0));
+            r.fixed(8).unwrap();
+            let mut names = Vec::new();
+            while r.bool().unwrap() {
+                let c = r.u64().unwrap();
+                names.push((
+                    c,
+                    String::from_utf8(r.opaque(255).unwrap().to_vec()).unwrap(),
+                ));
+                r.u32().unwrap();
+                r.fixed(4).unwrap();
+                r.opaque(64).unwrap();
+            }
+            (names, r.bool().unwrap())
+        };
+        let (all, eof) = list(&mut fs, 0, 4096);
+        let names: Vec<&str> = all.iter().map(|e| e.1.as_str()).collect();
+        assert_eq!(names, ["read.bin", "write.bin", "dir", "deleg.bin"]);
+        assert!(eof);
+        assert_eq!(all[0].0, 3);
+        // Room for two entries (44 and 48 bytes: value follows, cookie, name, a one-word
+        // bitmap and the fileid) and the 20 bytes around them, not for a third.
+        let (first, eof) = list(&mut fs, 0, 120);
+        assert_eq!((first.len(), eof), (2, false));
+        let (rest, eof) = list(&mut fs, first[1].0, 4096);
+        assert_eq!(rest.len() + 2, 4);
+        assert!(eof);
+        let mut a = XdrBuilder::default();
+        a.put_u32(9);
+        assert_eq!(bitmap4(&mut Reader::new(&a.to_full())), None);
     }
 }
