@@ -701,6 +701,9 @@ pub struct Connection {
     recv_posted: u32,
     // Requester.
     calls: Vec<requester::Call>,
+    /// Each call slot's credential (`CallSpec::auth`), beside the slots rather than in them:
+    /// in the record, it made the record's copy in `Call::reset` cost more for every call.
+    call_auth: Vec<Option<rpcrdma_proto::rpc::AuthSys>>,
     /// The calls sent and unanswered, by XID (what `find_call` looks up), cancelled ones
     /// included: each holds its XID and credit until its late reply.
     sent: xids::XidIndex,
@@ -778,6 +781,7 @@ impl Connection {
             calls: (0..cfg.max_calls)
                 .map(|_| requester::Call::default())
                 .collect(),
+            call_auth: vec![None; cfg.max_calls as usize],
             sent: xids::XidIndex::new(cfg.max_calls),
             call_free: (0..cfg.max_calls).rev().collect(),
             queued: VecDeque::with_capacity(cfg.max_calls as usize),

@@ -87,7 +87,6 @@ pub(super) struct Call {
     prog: u32,
     vers: u32,
     proc_: u32,
-    auth: Option<AuthSys>,
     slot: Option<u32>,
     user: u64,
     msg: MemRef,
@@ -138,7 +137,6 @@ impl Call {
         self.prog = spec.prog;
         self.vers = spec.vers;
         self.proc_ = spec.proc_;
-        self.auth = spec.auth;
         self.msg = spec.msg;
         self.n_args = 0;
         for (d, s) in self.args.iter_mut().zip(spec.args) {
@@ -219,6 +217,9 @@ impl Connection {
         let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
         if let Some(c) = self.calls.get_mut(i as usize) {
             c.reset(spec);
+        }
+        if let Some(a) = self.call_auth.get_mut(i as usize) {
+            *a = spec.auth;
         }
         if self.in_flight >= self.credit_limit() {
             self.stats.credit_stalls += 1;
@@ -341,7 +342,8 @@ impl Connection {
         let mut calls = std::mem::take(&mut self.calls);
         let built = calls.get_mut(i as usize).map(|c| {
             c.slot = Some(slot);
-            (self.marshal(c, slot, env).is_some(), c.user, c.xid)
+            let auth = self.call_auth.get(i as usize).copied().flatten();
+            (self.marshal(c, slot, auth, env).is_some(), c.user, c.xid)
         });
         self.calls = calls;
         let Some((ok, user, xid)) = built else {
@@ -364,9 +366,16 @@ impl Connection {
         true
     }
 
-    /// Builds the header and payload of call `c` in a fresh send buffer and queues the
-    /// Send; `None` if it cannot be built (the call then fails, R8166-4.5.4-a).
-    fn marshal(&mut self, c: &mut Call, slot: u32, env: &mut impl Env) -> Option<()> {
+    /// Builds the header and payload of call `c` (credential `auth`: AUTH_SYS, or AUTH_NONE
+    /// when `None`) in a fresh send buffer and queues the Send; `None` if it cannot be built
+    /// (the call then fails, R8166-4.5.4-a).
+    fn marshal(
+        &mut self,
+        c: &mut Call,
+        slot: u32,
+        auth: Option<AuthSys>,
+        env: &mut impl Env,
+    ) -> Option<()> {
         c.state = State::Sent;
         // R8166-7.1-c: backward-direction calls (from the server) use no chunks at all.
         let backward = self.cfg.role == Role::Server;
@@ -389,7 +398,7 @@ impl Connection {
                 n_red += 1;
             }
         }
-        let hdr_rpc = if c.auth.is_some() {
+        let hdr_rpc = if auth.is_some() {
             MAX_CALL_HEADER_LEN
         } else {
             CALL_HEADER_LEN
@@ -435,12 +444,12 @@ impl Connection {
             return None;
         }
         // The dominant case (AUTH_SYS calls take the general path below).
-        if short && n_red == 0 && n_w == 0 && n_reply == 0 && c.auth.is_none() {
+        if short && n_red == 0 && n_w == 0 && n_reply == 0 && auth.is_none() {
             return self.marshal_plain(c, slot, inline_len, env);
         }
         // The RPC header: AUTH_NONE's or AUTH_SYS's.
         let (none, sys);
-        let rpc: &[u8] = match c.auth {
+        let rpc: &[u8] = match auth {
             None => {
                 none = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
                 &none
@@ -541,7 +550,19 @@ impl Connection {
         }
         let buf = self.send_buf(slot)?.prefix(total)?;
         if short {
-            self.write_short(buf, n, rpc, c.msg, items(c.args(), &skip), env)?;
+            // Each header at its own size (a copy of a length known here).
+            let items = items(c.args(), &skip);
+            let (xid, prog, vers, proc_) = (c.xid, c.prog, c.vers, c.proc_);
+            match auth {
+                None => {
+                    let rpc = rpcmsg::call_header(xid, prog, vers, proc_);
+                    self.write_short(buf, n, &rpc, c.msg, items, env)?;
+                }
+                Some(a) => {
+                    let rpc = rpcmsg::call_header_sys(xid, prog, vers, proc_, a);
+                    self.write_short(buf, n, &rpc, c.msg, items, env)?;
+                }
+            }
         } else if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
