@@ -1132,6 +1132,52 @@ pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
     );
 }
 
+/// A peer's Send with Invalidate naming an exposure bound on another connection (its key seen
+/// before, or guessed) does not invalidate it: the sender's own connection ends (RDMAP
+/// remote protection error, STag not associated with the stream) and the exposure keeps
+/// working on its connection. Found by the `driver` fuzz target: the soft provider checked
+/// only the protection domain, so a hostile connection that hit the 8-bit key of a window
+/// lent on another connection (1 in 256 for a stale key whose index was reused) invalidated
+/// it and the honest peer's RDMA Write into it ended the honest connection. Run on the soft
+/// provider (`tests/conformance_mem.rs`); not yet in [`conformance_tests!`], so not yet on rxe
+/// and siw.
+pub fn send_with_invalidate_of_another_connections_exposure_is_refused<H: Harness>(h: &mut H) {
+    let (mut p, plain, key) = exposed_on_the_first_of(h, 2);
+    let (qa1, qb1) = (p.a.qps[1], p.b.qps[1]);
+    p.b.p
+        .post_recv(qb1, 1, &[p.b.sge(8192, 256)])
+        .expect("post_recv");
+    p.a.fill(0, &pattern(3, 40));
+    let s = [p.a.sge(0, 40)];
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithInvalidate { rkey: key },
+        sg: &s,
+        signaled: true,
+    };
+    p.a.p.post_send(qa1, &wr).expect("post_send");
+    p.wait("the other connection ended", |p| {
+        p.a.disconnected(qa1) && p.b.disconnected(qb1)
+    });
+    // The exposure still works on its own connection.
+    let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
+    assert!(!p.a.disconnected(qa0) && !p.b.disconnected(qb0));
+    p.a.fill(1000, &[0x66; 64]);
+    let s = [p.a.sge(1000, 64)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: plain.addr_at(0),
+        rkey: key,
+    };
+    p.a.post(9, op, &s, true);
+    p.wait("the Write on its own connection", |p| p.a.wc(9).is_some());
+    assert_eq!(
+        p.a.wc(9).unwrap().status,
+        WcStatus::Success,
+        "the exposure was invalidated from another connection"
+    );
+    p.wait("the Write landed", |p| p.b.mem(PLAIN_OFF, 64) == [0x66; 64]);
+}
+
 /// An exposure's key dies with the connection it was made for: once that queue pair is
 /// disconnected (as the daemon does when a connection ends with RPCs in flight, whose
 /// exposures are then never invalidated one by one), a Write under the key from another

@@ -191,6 +191,24 @@ impl Mem {
         }
     }
 
+    /// Invalidate a window for a peer's Send with Invalidate arriving on queue pair `qp`: only
+    /// a window of `pd` bound to `qp`. A window bound to another queue pair is not the
+    /// sender's to invalidate: RDMAP's remote protection error "STag not associated with
+    /// RDMAP stream" (RFC 5040) ends the sender's stream, and no other stream's window changes.
+    pub(crate) fn invalidate_remote(
+        &mut self,
+        pd: PdId,
+        qp: QpId,
+        stag: u32,
+    ) -> Result<(), TermCode> {
+        match self.lookup(stag) {
+            Some(Kind::Window { pd: p, qp: q, .. }) if p == pd.0 && q != qp.0 => {
+                Err(Refused::NotAssociated.read_term())
+            }
+            _ => self.invalidate(pd, stag),
+        }
+    }
+
     /// Check a peer's access of `len` bytes at `to` under `stag` from queue pair `qp`.
     pub(crate) fn check_remote(
         &self,

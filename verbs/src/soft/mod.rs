@@ -1313,7 +1313,7 @@ impl<L: Link> Qp<L> {
                 let wr_id = r.wr_id;
                 if let Some(stag) = invalidate {
                     cx.mem
-                        .invalidate(pd, stag)
+                        .invalidate_remote(pd, self.id, stag)
                         .map_err(|code| fault(code, WcStatus::Flushed))?;
                 }
                 self.cur_active = false;
