@@ -1138,9 +1138,9 @@ pub fn exposure_is_refused_on_another_connection<H: Harness>(h: &mut H) {
 /// working on its connection. Found by the `driver` fuzz target: the soft provider checked
 /// only the protection domain, so a hostile connection that hit the 8-bit key of a window
 /// lent on another connection (1 in 256 for a stale key whose index was reused) invalidated
-/// it and the honest peer's RDMA Write into it ended the honest connection. Run on the soft
-/// provider (`tests/conformance_mem.rs`); not yet in [`conformance_tests!`], so not yet on rxe
-/// and siw.
+/// it and the honest peer's RDMA Write into it ended the honest connection. Linux 6.1's rxe
+/// (windows) and siw (regions) take such a Send and invalidate the other connection's
+/// exposure (`tests/vm/expected-fail`); rxe with regions refuses it.
 pub fn send_with_invalidate_of_another_connections_exposure_is_refused<H: Harness>(h: &mut H) {
     let (mut p, plain, key) = exposed_on_the_first_of(h, 2);
     let (qa1, qb1) = (p.a.qps[1], p.b.qps[1]);
@@ -1156,9 +1156,11 @@ pub fn send_with_invalidate_of_another_connections_exposure_is_refused<H: Harnes
         signaled: true,
     };
     p.a.p.post_send(qa1, &wr).expect("post_send");
-    p.wait("the other connection ended", |p| {
-        p.a.disconnected(qa1) && p.b.disconnected(qb1)
+    p.wait("the Send with Invalidate taken or refused", |p| {
+        p.b.wc(1).is_some_and(|w| w.status == WcStatus::Success)
+            || (p.a.disconnected(qa1) && p.b.disconnected(qb1))
     });
+    let taken = p.b.wc(1).filter(|w| w.status == WcStatus::Success);
     // The exposure still works on its own connection.
     let (qa0, qb0) = (p.a.qps[0], p.b.qps[0]);
     assert!(!p.a.disconnected(qa0) && !p.b.disconnected(qb0));
@@ -1173,9 +1175,13 @@ pub fn send_with_invalidate_of_another_connections_exposure_is_refused<H: Harnes
     assert_eq!(
         p.a.wc(9).unwrap().status,
         WcStatus::Success,
-        "the exposure was invalidated from another connection"
+        "the exposure was invalidated from another connection (its receive: {taken:?})"
     );
     p.wait("the Write landed", |p| p.b.mem(PLAIN_OFF, 64) == [0x66; 64]);
+    assert!(
+        taken.is_none(),
+        "the receive on the other connection completed ({taken:?}): its stream should end"
+    );
 }
 
 /// An exposure's key dies with the connection it was made for: once that queue pair is
@@ -2134,7 +2140,8 @@ macro_rules! conformance_tests {
             shared_receive_queue, destroyed_queue_pair_reports_the_shared_receives_it_took,
             a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty,
             region_without_remote_rights_is_reached_only_through_exposures,
-            exposure_is_refused_on_another_connection, exposure_dies_with_its_connection);
+            exposure_is_refused_on_another_connection, exposure_dies_with_its_connection,
+            send_with_invalidate_of_another_connections_exposure_is_refused);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

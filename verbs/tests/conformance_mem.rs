@@ -81,13 +81,3 @@ fn idle_connections_cost_a_poll_nothing() {
         |p| p.visits(),
     );
 }
-
-/// Soft provider only, until it is checked on rxe and siw (see the function's docs).
-#[test]
-fn send_with_invalidate_of_another_connections_exposure_is_refused() {
-    rpcrdma_verbs::conformance::send_with_invalidate_of_another_connections_exposure_is_refused(
-        &mut Mem {
-            cfg: SoftConfig::default(),
-        },
-    );
-}
