@@ -515,20 +515,15 @@ fn a_read_result_its_server_app_left_unmarked_still_goes_through_the_write_chunk
     let b = Daemon::start("unmarked-b", None);
     let a = Daemon::start("unmarked-a", Some(("server", b.port)));
     a.wait_peer_up("server");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let app = b.app.clone();
-    std::thread::spawn(move || {
-        let mut s = rpcrdma_shm::Server::connect(&app).expect("server attach");
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
-        let _ = tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, |call, reply| {
+    common::serve_app(
+        &b.app,
+        (rdmatest::PROG, rdmatest::VERS),
+        move |call, reply| {
             let w = |i: usize| u32::from_be_bytes(call.args[i..i + 4].try_into().unwrap());
             // READ(count, seed): the pattern, as a plain opaque.
             reply.xdr.put_opaque(&pattern(w(4), w(0) as usize));
-        });
-    });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("registered");
+        },
+    );
     let mut c = Client::connect(&a.app).expect("client attach");
     let peer = c.peer("server").expect("peer");
     for len in [2000u32, 3001] {
@@ -574,51 +569,42 @@ fn an_nfsv4_compound_moves_its_write_and_read_data_through_chunks() {
     let a = Daemon::start("nfs4-a", Some(("server", b.port)));
     a.wait_peer_up("server");
     let data = pattern(7, 6000);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let app = b.app.clone();
     let want = data.clone();
-    std::thread::spawn(move || {
-        let mut s = rpcrdma_shm::Server::connect(&app).expect("server attach");
-        s.start(NFS, 4).expect("register");
-        let _ = tx.send(());
-        let _ = s.serve(NFS, 4, |call, reply| {
-            let w = |i: usize| u32::from_be_bytes(call.args[i..i + 4].try_into().unwrap());
-            // tag (empty), minor version, count, SEQUENCE (opcode and 32 bytes), PUTFH
-            // (opcode and an 8-byte handle), then WRITE or READ.
-            let op = w(64);
-            let x = &mut reply.xdr;
-            if op == 38 {
-                // stateid, offset, stable, then the data and the GETATTR after it.
-                let len = w(96) as usize;
-                let ok = call.args[100..100 + len] == want[..]
-                    && w(100 + len) == 9
-                    && w(104 + len) == 1
-                    && w(108 + len) == 1 << 4;
-                nfs4_res_head(x, 4);
-                x.put_u32(38).put_u32(if ok { 0 } else { 5 });
-                x.put_u32(len as u32)
-                    .put_u32(2)
-                    .put_u32(0x7777_7777)
-                    .put_u32(0x7777_7777);
-                x.put_u32(9).put_u32(0).put_u32(0).put_u32(0);
+    common::serve_app(&b.app, (NFS, 4), move |call, reply| {
+        let w = |i: usize| u32::from_be_bytes(call.args[i..i + 4].try_into().unwrap());
+        // tag (empty), minor version, count, SEQUENCE (opcode and 32 bytes), PUTFH
+        // (opcode and an 8-byte handle), then WRITE or READ.
+        let op = w(64);
+        let x = &mut reply.xdr;
+        if op == 38 {
+            // stateid, offset, stable, then the data and the GETATTR after it.
+            let len = w(96) as usize;
+            let ok = call.args[100..100 + len] == want[..]
+                && w(100 + len) == 9
+                && w(104 + len) == 1
+                && w(108 + len) == 1 << 4;
+            nfs4_res_head(x, 4);
+            x.put_u32(38).put_u32(if ok { 0 } else { 5 });
+            x.put_u32(len as u32)
+                .put_u32(2)
+                .put_u32(0x7777_7777)
+                .put_u32(0x7777_7777);
+            x.put_u32(9).put_u32(0).put_u32(0).put_u32(0);
+        } else {
+            // READ: stateid, offset, count. Answer the data, eof, then GETATTR (size).
+            // A READ at offset 1 has its data left unmarked, for daemon B to find.
+            let count = w(92) as usize;
+            nfs4_res_head(x, 4);
+            x.put_u32(25).put_u32(0).put_u32(1);
+            if w(88) == 1 {
+                x.put_opaque(&pattern(9, count));
             } else {
-                // READ: stateid, offset, count. Answer the data, eof, then GETATTR (size).
-                // A READ at offset 1 has its data left unmarked, for daemon B to find.
-                let count = w(92) as usize;
-                nfs4_res_head(x, 4);
-                x.put_u32(25).put_u32(0).put_u32(1);
-                if w(88) == 1 {
-                    x.put_opaque(&pattern(9, count));
-                } else {
-                    x.put_ddp_opaque(&pattern(9, count));
-                }
-                x.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
-                x.put_opaque(&(count as u64).to_be_bytes());
+                x.put_ddp_opaque(&pattern(9, count));
             }
-        });
+            x.put_u32(9).put_u32(0).put_u32(1).put_u32(1 << 4);
+            x.put_opaque(&(count as u64).to_be_bytes());
+        }
     });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("registered");
     let mut c = Client::connect(&a.app).expect("client attach");
     let peer = c.peer("server").expect("peer");
     // SEQUENCE, PUTFH, then `op`'s stateid and offset (`offset` its low word).
@@ -710,19 +696,10 @@ fn auth_sys_identity_reaches_the_server_app_and_only_root_may_borrow_one() {
     let a = Daemon::start("authsys-a", Some(("server", b.port)));
     a.wait_peer_up("server");
     // A server app that answers each call with the identity it came with (flavor, uid, gid).
-    let (tx, rx) = std::sync::mpsc::channel();
-    let sock = b.app.clone();
-    std::thread::spawn(move || {
-        let mut s = rpcrdma_shm::Server::connect(&sock).expect("server attach");
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
-        let _ = tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, |c, r| {
-            let (flavor, (uid, gid)) = c.auth.map_or((0, (0, 0)), |id| (1, id));
-            r.xdr.put_u32(flavor).put_u32(uid).put_u32(gid);
-        });
+    common::serve_app(&b.app, (rdmatest::PROG, rdmatest::VERS), move |c, r| {
+        let (flavor, (uid, gid)) = c.auth.map_or((0, (0, 0)), |id| (1, id));
+        r.xdr.put_u32(flavor).put_u32(uid).put_u32(gid);
     });
-    rx.recv_timeout(Duration::from_secs(20))
-        .expect("registered");
     let me = std::fs::metadata("/proc/self").expect("/proc/self");
     let (uid, gid) = (me.uid(), me.gid());
     let mut c = Client::connect(&a.app).expect("client attach");

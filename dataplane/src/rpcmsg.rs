@@ -62,9 +62,8 @@ pub fn call_header_sys(
     auth: AuthSys,
 ) -> [u8; MAX_CALL_HEADER_LEN] {
     let mut b = [0u8; MAX_CALL_HEADER_LEN];
-    for (d, w) in b.chunks_exact_mut(4).zip([xid, 0, 2, prog, vers, proc_]) {
-        d.copy_from_slice(&w.to_be_bytes());
-    }
+    // AUTH_NONE's header up to its credential, then the AUTH_SYS one.
+    b[..24].copy_from_slice(&call_header(xid, prog, vers, proc_)[..24]);
     b[24..24 + AuthSys::ENCODED_LEN].copy_from_slice(&auth.encode());
     // The verifier (AUTH_NONE, empty) is the zeros already there.
     b

@@ -232,9 +232,7 @@ impl Callbacks {
                 let served = s.serve_ready(|c, rb: &mut ReplyBuilder| {
                     let (accept, res, what) = answer(c.proc_, c.args);
                     rb.accept_stat = accept;
-                    for w in res.chunks_exact(4) {
-                        rb.xdr.put_u32(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
-                    }
+                    crate::nfs4::put_fixed(&mut rb.xdr, &res);
                     let _ = tx.send(what);
                 });
                 match served {

@@ -136,10 +136,7 @@ fn serve(a: &[String]) -> Result<(), String> {
         if let Some((uid, gid)) = auth {
             b.auth_sys(uid, gid);
         }
-        for w in args.chunks_exact(4) {
-            b.args()
-                .put_u32(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
-        }
+        rpcrdma_nfsprobe::nfs4::put_fixed(b.args(), args);
         b.max_reply(1024);
         let r = b
             .submit()

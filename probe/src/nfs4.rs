@@ -103,8 +103,9 @@ fn put_u64(x: &mut XdrBuilder, v: u64) {
     x.put_u32((v >> 32) as u32).put_u32(v as u32);
 }
 
-/// Fixed-length opaque `d`, zero-padded to a multiple of 4.
-pub(crate) fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
+/// Fixed-length opaque `d`, zero-padded to a multiple of 4 (also: XDR already encoded, into a
+/// call's arguments or a reply's results).
+pub fn put_fixed(x: &mut XdrBuilder, d: &[u8]) {
     for w in d.chunks(4) {
         let mut b = [0u8; 4];
         b[..w.len()].copy_from_slice(w);

@@ -205,13 +205,28 @@ impl Drop for Daemon {
 
 /// Serves RDMATEST on `app_socket` from a thread (it ends when the daemon detaches it).
 pub fn rdmatest_server(app_socket: &Path) {
+    serve_app(
+        app_socket,
+        (rdmatest::PROG, rdmatest::VERS),
+        rdmatest::handle,
+    );
+}
+
+/// Serves `prog`/`vers` on `app_socket` with `handler` from a thread (it ends when the daemon
+/// detaches it); returns once the program is registered.
+pub fn serve_app<F>(app_socket: &Path, (prog, vers): (u32, u32), handler: F)
+where
+    F: FnMut(&rpcrdma_shm::client::Call<'_>, &mut rpcrdma_shm::client::ReplyBuilder)
+        + Send
+        + 'static,
+{
     let (tx, rx) = std::sync::mpsc::channel();
     let p = app_socket.to_path_buf();
     std::thread::spawn(move || {
         let mut s = Server::connect(&p).expect("server attach");
-        s.start(rdmatest::PROG, rdmatest::VERS).expect("register");
+        s.start(prog, vers).expect("register");
         let _ = tx.send(());
-        let _ = s.serve(rdmatest::PROG, rdmatest::VERS, rdmatest::handle);
+        let _ = s.serve(prog, vers, handler);
     });
     rx.recv_timeout(Duration::from_secs(20))
         .expect("server app registered");

@@ -447,19 +447,6 @@ impl Connection {
         if short && n_red == 0 && n_w == 0 && n_reply == 0 && auth.is_none() {
             return self.marshal_plain(c, slot, inline_len, env);
         }
-        // The RPC header: AUTH_NONE's or AUTH_SYS's.
-        let (none, sys);
-        let rpc: &[u8] = match auth {
-            None => {
-                none = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
-                &none
-            }
-            Some(a) => {
-                sys = rpcmsg::call_header_sys(c.xid, c.prog, c.vers, c.proc_, a);
-                &sys
-            }
-        };
-
         // Where each argument sits in the unreduced call, as a Read chunk position.
         let mut upos = [0u32; MAX_PIECES];
         let mut shift = 0u32;
@@ -486,7 +473,19 @@ impl Connection {
                 }
             }
         } else {
-            // Long call: the whole unreduced message in the PZRC (R8166-3.5.3-a/b).
+            // Long call: the whole unreduced message in the PZRC (R8166-3.5.3-a/b), its RPC
+            // header (AUTH_NONE's or AUTH_SYS's) first.
+            let (none, sys);
+            let rpc: &[u8] = match auth {
+                None => {
+                    none = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
+                    &none
+                }
+                Some(a) => {
+                    sys = rpcmsg::call_header_sys(c.xid, c.prog, c.vers, c.proc_, a);
+                    &sys
+                }
+            };
             if !env.write(rpc_tail, rpc) || !env.write(zero_tail, &[0; 4]) {
                 return None;
             }
