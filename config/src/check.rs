@@ -3,6 +3,8 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
+use ipnet::IpNet;
+
 use crate::diag::{Diagnostic, Severity};
 use crate::load::Doc;
 use crate::schema::*;
@@ -177,7 +179,11 @@ pub(crate) fn run(
     provider(&mut s, &cfg.provider);
     transport(&mut s, &cfg.transport);
     pools(&mut s, &cfg.pools, &cfg.transport);
-    listeners(&mut s, &cfg.listeners);
+    listeners(
+        &mut s,
+        &cfg.listeners,
+        cfg.provider.kind == ProviderKind::Mem,
+    );
     peers(&mut s, &cfg.peers);
     mem_wiring(&mut s, cfg);
     apps(&mut s, &cfg.apps);
@@ -568,9 +574,54 @@ pub fn parse_address(a: &str) -> Option<SocketAddr> {
 const ADDRESS_HINT: &str =
     "ip:port, [ipv6]:port, or a bare ip (port 20049), e.g. \"192.0.2.1:20049\"";
 
-fn listeners(s: &mut Sink<'_, '_>, ls: &[Listener]) {
+/// A network of a listener's allow list: CIDR (`192.0.2.0/24`, `2001:db8::/32`) or a bare
+/// address (one host). Host bits are cleared (`192.0.2.7/24` is `192.0.2.0/24`).
+pub fn parse_network(a: &str) -> Option<IpNet> {
+    a.parse::<IpNet>()
+        .ok()
+        .or_else(|| a.parse::<IpAddr>().ok().map(IpNet::from))
+        .map(|n| n.trunc())
+}
+
+const NETWORK_HINT: &str = "a network in CIDR notation or an address, e.g. \"192.0.2.0/24\", \"2001:db8::/32\", \"192.0.2.7\"";
+
+fn listeners(s: &mut Sink<'_, '_>, ls: &[Listener], mem: bool) {
     let mut seen = HashSet::new();
     for (i, l) in ls.iter().enumerate() {
+        for (j, a) in l.allow.iter().enumerate() {
+            match parse_network(a) {
+                None => s.error(
+                    p!("listeners", [i], "allow", [j]),
+                    format!("{a:?} is not a network or an address"),
+                    NETWORK_HINT.to_string(),
+                ),
+                Some(n) if a.contains('/') && a.parse::<IpNet>().is_ok_and(|m| m != n) => s.warn(
+                    p!("listeners", [i], "allow", [j]),
+                    format!("{a} has host bits set: it is taken as {n}"),
+                    format!("write \"{n}\""),
+                ),
+                Some(_) => {}
+            }
+        }
+        if mem && !l.allow.is_empty() {
+            s.error(
+                p!("listeners", [i], "allow"),
+                "the in-memory provider's connections have no address: this allow list would refuse every one".to_string(),
+                "remove `allow`, or use the soft or ibv provider".to_string(),
+            );
+        }
+        s.range(
+            p!("listeners", [i], "max-connections-per-host"),
+            u64::from(l.max_connections_per_host),
+            0,
+            65536,
+        );
+        s.range(
+            p!("listeners", [i], "connect-rate-per-host"),
+            u64::from(l.connect_rate_per_host),
+            0,
+            1_000_000,
+        );
         match parse_address(&l.address) {
             None => s.error(
                 p!("listeners", [i], "address"),

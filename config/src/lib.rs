@@ -11,8 +11,9 @@ mod diag;
 mod load;
 mod schema;
 
-pub use check::{divide_share, parse_address, HostFacts};
+pub use check::{divide_share, parse_address, parse_network, HostFacts};
 pub use diag::{Diagnostic, Diagnostics, Severity};
+pub use ipnet::IpNet;
 pub use schema::*;
 
 /// Result of [`check`]: the config when it deserialized, and every finding.

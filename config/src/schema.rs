@@ -391,6 +391,17 @@ pub struct Listener {
     /// Provider for this listener; absent means `provider.kind`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<ProviderKind>,
+    /// Networks (`192.0.2.0/24`, `2001:db8::/32`) or addresses connections may come from;
+    /// empty: any.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Most connections one host holds on this listener at once; 0: no cap.
+    #[serde(default)]
+    pub max_connections_per_host: u32,
+    /// Most new connections one host opens per second on this listener (bursts up to
+    /// `max(rate, max-connections-per-host)`); 0: no cap.
+    #[serde(default)]
+    pub connect_rate_per_host: u32,
 }
 
 /// One remote endpoint to keep connected.

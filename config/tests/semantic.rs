@@ -409,6 +409,46 @@ fn listener_addresses_parse_with_default_port_and_are_unique() {
 }
 
 #[test]
+fn listener_allow_lists_take_networks_and_addresses_and_locate_the_bad_entry() {
+    let n = |a: &str| parse_network(a).map(|n| n.to_string());
+    assert_eq!(n("192.0.2.0/24").as_deref(), Some("192.0.2.0/24"));
+    assert_eq!(n("192.0.2.7").as_deref(), Some("192.0.2.7/32"));
+    assert_eq!(n("2001:db8::/32").as_deref(), Some("2001:db8::/32"));
+    assert_eq!(n("192.0.2.7/24").as_deref(), Some("192.0.2.0/24"));
+    assert_eq!(n("nfs.example"), None);
+    assert_eq!(n("192.0.2.0/33"), None);
+
+    let l = "[[listeners]]\naddress = \"127.0.0.1\"\n";
+    let ok = format!(
+        "{l}allow = [\"192.0.2.0/24\", \"::1\"]\nmax-connections-per-host = 16\nconnect-rate-per-host = 10\n"
+    );
+    let report = check(&ok, "t.toml", &HOST);
+    assert!(report.diagnostics.0.is_empty(), "{}", report.diagnostics);
+    let c = report.config.unwrap();
+    assert_eq!(c.listeners[0].allow.len(), 2);
+    assert_eq!(c.listeners[0].max_connections_per_host, 16);
+    assert_eq!(c.listeners[0].connect_rate_per_host, 10);
+
+    let errs = errors(&format!("{l}allow = [\"192.0.2.0/24\", \"nfs.example\"]\n"));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "listeners[0].allow[1]");
+    assert!(errs[0].message.contains("nfs.example"), "{}", errs[0]);
+
+    let w = warnings(&format!("{l}allow = [\"192.0.2.7/24\"]\n"));
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert!(w[0].message.contains("taken as 192.0.2.0/24"), "{}", w[0]);
+
+    let errs = errors(&format!("{l}max-connections-per-host = 70000\n"));
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "listeners[0].max-connections-per-host");
+
+    // The in-memory fabric has no addresses: an allow list would refuse everything.
+    let errs = errors("[provider]\nkind = \"mem\"\n[[listeners]]\naddress = \"127.0.0.1\"\nallow = [\"127.0.0.1\"]\n");
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert_eq!(errs[0].path, "listeners[0].allow");
+}
+
+#[test]
 fn mem_provider_peers_must_name_one_of_the_daemons_own_listeners() {
     let mem = "[provider]\nkind = \"mem\"\n[[listeners]]\naddress = \"127.0.0.1:20049\"\n";
     let ok = format!("{mem}[[peers]]\nname = \"self\"\naddress = \"127.0.0.1\"\n");

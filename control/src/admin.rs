@@ -196,6 +196,9 @@ pub struct ThreadStatus {
     pub app_ops: usize,
     /// Submissions refused.
     pub bad_submissions: u64,
+    /// Connection requests refused, by reason.
+    #[serde(default)]
+    pub connects_refused: ConnectsRefused,
     /// Apps detached so far.
     pub apps_detached: u64,
     /// Memory regions registered with the provider (buffer pool, app arenas).
@@ -269,6 +272,35 @@ impl From<rpcrdma_verbs::DeviceEvents> for DeviceEventCounts {
             port_up: d.port_up,
             last_wqe_reached: d.last_wqe_reached,
             retire_timeouts: d.retire_timeouts,
+        }
+    }
+}
+
+/// Connection requests a poll thread refused, by reason (config/CONFIG.md, "Admission").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ConnectsRefused {
+    /// Not in the listener's allow list.
+    pub not_allowed: u64,
+    /// The host held `max-connections-per-host`.
+    pub host_limit: u64,
+    /// The host connected faster than `connect-rate-per-host`.
+    pub rate: u64,
+    /// No free connection slot.
+    pub full: u64,
+    /// The daemon was stopping.
+    pub draining: u64,
+}
+
+impl From<rpcrdma_dataplane::poll::Refused> for ConnectsRefused {
+    fn from(r: rpcrdma_dataplane::poll::Refused) -> Self {
+        use rpcrdma_dataplane::poll::Refusal;
+        ConnectsRefused {
+            not_allowed: r.get(Refusal::NotAllowed),
+            host_limit: r.get(Refusal::HostLimit),
+            rate: r.get(Refusal::Rate),
+            full: r.get(Refusal::Full),
+            draining: r.get(Refusal::Draining),
         }
     }
 }

@@ -177,6 +177,20 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
+/// A listener's admission rules as its poll thread applies them; `None` if an `allow` entry
+/// does not parse (the checker refuses such a file; dropping the entry would widen the list).
+fn admit_spec(l: &rpcrdma_config::Listener) -> Option<poll::AdmitSpec> {
+    Some(poll::AdmitSpec {
+        allow: l
+            .allow
+            .iter()
+            .map(|a| rpcrdma_config::parse_network(a))
+            .collect::<Option<_>>()?,
+        per_host: l.max_connections_per_host,
+        rate: l.connect_rate_per_host,
+    })
+}
+
 fn idle_spec(cfg: &Config) -> IdleSpec {
     let i = &cfg.cpu.idle;
     match i.policy {
@@ -499,22 +513,30 @@ impl Daemon {
                 }
             }
         }
-        let addrs: Vec<(String, Option<SocketAddr>)> = self
+        let addrs: Vec<(String, Option<SocketAddr>, Option<poll::AdmitSpec>)> = self
             .cfg
             .listeners
             .iter()
-            .map(|l| (l.address.clone(), rpcrdma_config::parse_address(&l.address)))
+            .map(|l| {
+                let addr = rpcrdma_config::parse_address(&l.address);
+                (l.address.clone(), addr, admit_spec(l))
+            })
             .collect();
-        let mem = self.cfg.provider.kind == ProviderKind::Mem;
-        for (k, (text, addr)) in addrs.into_iter().enumerate() {
-            let Some(addr) = addr else {
+        for (k, (text, addr, admit)) in addrs.into_iter().enumerate() {
+            let (Some(addr), Some(admit)) = (addr, admit) else {
                 return Err(StartError::PollThread(format!(
-                    "bad listener address {text}"
+                    "bad listener {text}: its address or allow list does not parse"
                 )));
             };
-            // Listeners round robin over the threads (connections stay where accepted).
-            let t = if mem { 0 } else { k % self.threads.len() };
-            self.send_to(t, Command::Listen { addr });
+            let t = self.listener_thread(k);
+            self.send_to(
+                t,
+                Command::Listen {
+                    addr,
+                    index: k,
+                    admit,
+                },
+            );
             loop {
                 match self.threads[t].recv() {
                     Some(Event::Listening { result: Ok(a), .. }) => {
@@ -673,6 +695,23 @@ impl Daemon {
             }
             Event::ConnectFailed { peer, reason } => {
                 self.peer_failed(peer as usize, &format!("connect failed: {reason}"));
+            }
+            Event::Refused {
+                listener,
+                remote,
+                reason,
+                unreported,
+            } => {
+                let at =
+                    |a: Option<SocketAddr>| a.map_or_else(|| "-".to_string(), |a| a.to_string());
+                warn!(
+                    listener = %at(listener),
+                    remote = %at(remote),
+                    reason = reason.label(),
+                    also_refused = unreported,
+                    thread,
+                    "connection refused: {reason}"
+                );
             }
             Event::Down {
                 conn,
@@ -1089,6 +1128,16 @@ impl Daemon {
         }
     }
 
+    /// The poll thread of listener `k`: round robin over the threads (connections stay
+    /// where accepted); the in-memory provider's fabric is thread 0's alone.
+    fn listener_thread(&self, k: usize) -> usize {
+        if self.cfg.provider.kind == ProviderKind::Mem {
+            0
+        } else {
+            k % self.threads.len().max(1)
+        }
+    }
+
     fn reload(&mut self) -> Response {
         let path = self.opts.config_path.clone();
         let text = match std::fs::read_to_string(&path) {
@@ -1116,6 +1165,12 @@ impl Daemon {
                 self.cfg.daemon.log_level = new.daemon.log_level;
             } else if key.starts_with("cpu.idle") {
                 self.cfg.cpu.idle = new.cpu.idle.clone();
+            } else if key.starts_with("listeners[") {
+                for (o, n) in self.cfg.listeners.iter_mut().zip(&new.listeners) {
+                    o.allow = n.allow.clone();
+                    o.max_connections_per_host = n.max_connections_per_host;
+                    o.connect_rate_per_host = n.connect_rate_per_host;
+                }
             } else if key.starts_with("peers[") {
                 for (p, n) in self.peers.iter_mut().zip(&new.peers) {
                     p.initial = Duration::from_millis(u64::from(n.reconnect_initial_ms));
@@ -1125,6 +1180,13 @@ impl Daemon {
                 for (o, n) in self.cfg.peers.iter_mut().zip(&new.peers) {
                     o.reconnect_initial_ms = n.reconnect_initial_ms;
                     o.reconnect_max_ms = n.reconnect_max_ms;
+                }
+            }
+        }
+        if outcome.applied.iter().any(|k| k.starts_with("listeners[")) {
+            for index in 0..self.cfg.listeners.len() {
+                if let Some(admit) = admit_spec(&self.cfg.listeners[index]) {
+                    self.send_to(self.listener_thread(index), Command::Admit { index, admit });
                 }
             }
         }
@@ -1401,6 +1463,7 @@ impl Daemon {
                     apps: t.apps,
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,
+                    connects_refused: t.connects_refused.into(),
                     apps_detached: t.apps_detached,
                     regions: t.regions,
                     region_bytes: t.region_bytes,

@@ -1,6 +1,6 @@
 //! Prometheus text exposition (format 0.0.4) of the poll threads' snapshots.
 
-use rpcrdma_dataplane::poll::{ConnInfo, ConnStats, Histo, Snapshot, Totals};
+use rpcrdma_dataplane::poll::{ConnInfo, ConnStats, Histo, Refusal, Snapshot, Totals};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
 
@@ -361,6 +361,23 @@ pub fn render(
                 a.lent
             );
         }
+    }
+    header(
+        &mut out,
+        "rpcrdmad_connects_refused_total",
+        "counter",
+        "connection requests refused, by reason: not-allowed, host-limit, rate (listener rules), full (no slot), draining",
+    );
+    for why in Refusal::ALL {
+        let n: u64 = snaps
+            .iter()
+            .map(|s| s.thread.connects_refused.get(why))
+            .sum();
+        let _ = writeln!(
+            out,
+            "rpcrdmad_connects_refused_total{{reason=\"{}\"}} {n}",
+            why.label()
+        );
     }
     header(
         &mut out,

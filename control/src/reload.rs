@@ -12,6 +12,9 @@ const LIVE: &[&str] = &[
     "cpu.idle.spin-polls",
     "cpu.idle.backoff-max-us",
     "cpu.idle.park-after-us",
+    "listeners[].allow",
+    "listeners[].max-connections-per-host",
+    "listeners[].connect-rate-per-host",
     "peers[].reconnect-initial-ms",
     "peers[].reconnect-max-ms",
 ];

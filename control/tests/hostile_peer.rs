@@ -1,5 +1,9 @@
 //! Hostile peers against a real `rpcrdmad`.
 //!
+//! A host beyond a listener's admission rules (config/CONFIG.md, "Admission"): its connection
+//! requests past `max-connections-per-host`, or from outside `allow`, are refused while
+//! another host is served.
+//!
 //! A peer whose reply breaks the program's binding (R8166-6.1-d): a READ's result sent
 //! inline although the daemon's call offered a Write chunk fails that call `BAD_REPLY`, and
 //! the connection carries the next call.
@@ -305,4 +309,169 @@ fn a_peer_whose_reply_breaks_the_binding_fails_that_call_only() {
         1,
         "one connection all along"
     );
+}
+
+/// How a bare connection attempt ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt {
+    Up,
+    Refused,
+}
+
+/// A bare queue pair on the soft provider connecting from this host to `addr`: kept while up
+/// (dropping the `Side` closes its TCP stream, which ends the connection at the daemon).
+fn attempt(addr: &str) -> (Side<SoftProvider<rpcrdma_verbs::soft::link::Tcp>>, Attempt) {
+    let mut h = Side::new(SoftProvider::tcp(SoftConfig::default()).expect("soft provider"));
+    let qp =
+        h.p.create_qp(&QpInit {
+            pd: h.pd,
+            send_cq: h.cq,
+            recv_cq: h.cq,
+            srq: None,
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_sge: 1,
+        })
+        .expect("qp");
+    h.qps.push(qp);
+    let private = private_4k();
+    h.p.connect(qp, addr.parse().expect("addr"), &params(&private))
+        .expect("connect");
+    let start = Instant::now();
+    loop {
+        match h.p.poll_cm() {
+            Some(CmEvent::Established { .. }) => return (h, Attempt::Up),
+            Some(CmEvent::Rejected { .. }) => return (h, Attempt::Refused),
+            Some(other) => panic!("connecting to {addr}: {other:?}"),
+            None => {}
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no answer from {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The daemon's refused connection requests, summed over its poll threads, by reason.
+fn refused(d: &Daemon, reason: &str) -> u64 {
+    let s = d.ctl_json(&["stats"]);
+    s["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .map(|t| t["connects-refused"][reason].as_u64().expect("count"))
+        .sum()
+}
+
+/// A listener's admission rules (config/CONFIG.md, "Admission"), on a dual-stack listener so
+/// that the test has two hosts: 127.0.0.1 (seen as `::ffff:127.0.0.1`) and `::1`. The first
+/// host opens connections up to `max-connections-per-host` and its next is refused (an MPA
+/// reject, before any queue pair is made); the other host, a daemon whose peer is this
+/// listener, is served all along; a connection that ends gives its host its place back; a
+/// reload narrowing `allow` to `::1` refuses the first host from then on and leaves the
+/// connection up alone. Each refusal is counted by reason and logged.
+#[test]
+fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
+    let dir = tmpdir("admission");
+    let (port, mport) = (free_port(), free_port());
+    let text = config(&dir, port, None, "")
+        .replace(
+            &format!("address = \"127.0.0.1:{port}\"\n"),
+            &format!("address = \"[::]:{port}\"\nmax-connections-per-host = 2\n"),
+        )
+        .replace(
+            "log-level",
+            &format!("metrics-listen = \"127.0.0.1:{mport}\"\nlog-level"),
+        );
+    assert!(text.contains("[::]"), "{text}");
+    let d = Daemon::start_with(dir, port, &text);
+    let v4 = format!("127.0.0.1:{port}");
+    let (first, a1) = attempt(&v4);
+    let (_second, a2) = attempt(&v4);
+    let (_third, a3) = attempt(&v4);
+    assert_eq!((a1, a2, a3), (Attempt::Up, Attempt::Up, Attempt::Refused));
+    assert_eq!(refused(&d, "host-limit"), 1);
+    let (_, m) = common::scrape_response(mport, Some(Duration::from_secs(10)));
+    assert!(
+        m.contains("rpcrdmad_connects_refused_total{reason=\"host-limit\"} 1\n")
+            && m.contains("rpcrdmad_connects_refused_total{reason=\"full\"} 0\n"),
+        "{m}"
+    );
+    let logged = eventually(10, || {
+        d.log()
+            .contains("connection refused: the host holds its most connections")
+            .then_some(())
+    });
+    assert!(logged.is_some(), "{}", d.log());
+
+    // Another host (::1): a daemon whose peer is this listener, and its calls, are served.
+    let dir2 = tmpdir("admission-client");
+    let port2 = free_port();
+    let client_text = config(&dir2, port2, Some(("srv", port)), "").replace(
+        &format!("address = \"127.0.0.1:{port}\"\nreconnect"),
+        &format!("address = \"[::1]:{port}\"\nreconnect"),
+    );
+    assert!(client_text.contains("[::1]"), "{client_text}");
+    let client = Daemon::start_with(dir2, port2, &client_text);
+    client.wait_peer_up("srv");
+    let mut c = rpcrdma_shm::Client::connect(&client.app).expect("attach");
+    let peer = c.peer("srv").expect("peer");
+    common::null_unserved(&mut c, peer, Some(Duration::from_secs(20)));
+    let remotes: Vec<String> = d
+        .ctl_json(&["conns"])
+        .as_array()
+        .expect("conns")
+        .iter()
+        .filter_map(|c| c["remote"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(remotes.len(), 3, "{remotes:?}");
+    assert_eq!(remotes.iter().filter(|r| r.starts_with("[::1]")).count(), 1);
+
+    // The first host's ended connection gives its place back.
+    drop(first);
+    let freed = eventually(20, || {
+        let (h, a) = attempt(&v4);
+        (a == Attempt::Up).then_some(h)
+    });
+    assert!(freed.is_some(), "{}", d.log());
+
+    // A reload narrowing the allow list refuses 127.0.0.1 from then on; ::1 stays up.
+    let narrowed = text.replace(
+        "max-connections-per-host = 2\n",
+        "max-connections-per-host = 2\nallow = [\"::1\"]\n",
+    );
+    std::fs::write(&d.config, narrowed).expect("write");
+    let r = d.ctl_json(&["reload"]);
+    assert_eq!(r["applied"][0], "listeners[0].allow", "{r}");
+    let before = refused(&d, "not-allowed");
+    let (_h, a) = attempt(&v4);
+    assert_eq!(a, Attempt::Refused);
+    assert_eq!(refused(&d, "not-allowed"), before + 1);
+    common::null_unserved(&mut c, peer, Some(Duration::from_secs(20)));
+    let m = String::from_utf8_lossy(&d.ctl(&["stats"]).stdout).into_owned();
+    assert!(m.contains("CONNS-REFUSED"), "{m}");
+}
+
+/// A listener whose poll thread has no free connection slot refuses the request at once (it
+/// did so before, uncounted and unlogged) and counts it as `full`.
+#[test]
+fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
+    let dir = tmpdir("admission-full");
+    let port = free_port();
+    let text = config(&dir, port, None, "").replace("connections = 4\n", "connections = 1\n");
+    assert!(text.contains("connections = 1\n"), "{text}");
+    let d = Daemon::start_with(dir, port, &text);
+    let v4 = format!("127.0.0.1:{port}");
+    let (_first, a1) = attempt(&v4);
+    let (_second, a2) = attempt(&v4);
+    assert_eq!((a1, a2), (Attempt::Up, Attempt::Refused));
+    assert_eq!(refused(&d, "full"), 1);
+    assert_eq!(refused(&d, "host-limit"), 0);
+    let logged = eventually(10, || {
+        d.log()
+            .contains("connection refused: no free connection slot")
+            .then_some(())
+    });
+    assert!(logged.is_some(), "{}", d.log());
 }

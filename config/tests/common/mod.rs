@@ -68,6 +68,9 @@ pub fn full_sample() -> Config {
     c.listeners = vec![Listener {
         address: "[::1]:20051".into(),
         provider: Some(ProviderKind::Soft),
+        allow: vec!["192.0.2.0/24".into(), "2001:db8::7".into()],
+        max_connections_per_host: 8,
+        connect_rate_per_host: 20,
     }];
     c.peers = vec![Peer {
         name: "far".into(),

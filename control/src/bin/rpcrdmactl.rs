@@ -409,9 +409,16 @@ fn human(req: &Request, r: &Value) -> String {
                 ],
             );
             let totals = rows(&r["threads"], &["send-buffers", "recv-buffers"]);
-            for (t, tot) in threads.iter_mut().zip(&totals) {
+            let empty = Vec::new();
+            let each = r["threads"].as_array().unwrap_or(&empty);
+            for ((t, tot), each) in threads.iter_mut().zip(&totals).zip(each) {
                 t[11] = format!("{}/{}", t[11], tot[0]);
                 t[12] = format!("{}/{}", t[12], tot[1]);
+                // Connection requests refused, every reason (`--json` has them by reason).
+                let refused = each["connects-refused"].as_object().map_or(0, |o| {
+                    o.values().filter_map(Value::as_u64).sum::<u64>()
+                });
+                t.push(refused.to_string());
             }
             out += &table::render(
                 &[
@@ -430,6 +437,7 @@ fn human(req: &Request, r: &Value) -> String {
                     "RECV-BUFS(FREE/ALL)",
                     "BAD-SUBMISSIONS",
                     "APPS-DETACHED",
+                    "CONNS-REFUSED",
                 ],
                 &threads,
             );

@@ -14,6 +14,7 @@
 //! [`PoolPlan`] from [`PoolSpec`]; each connection's credits are capped to its share of the
 //! receive queue (see `dataplane/README.md`).
 
+mod admit;
 mod held;
 mod idmap;
 mod mesh;
@@ -21,6 +22,7 @@ mod pools;
 mod stats;
 mod thread;
 
+pub use admit::{host_of, AdmitSpec, Refusal, Refused};
 pub use mesh::{Mesh, Port};
 
 pub use pools::{divide_share, CqDepth, PoolPlan, SPARE_RECEIVES};
@@ -165,6 +167,17 @@ pub enum Command {
     Listen {
         /// Address to bind.
         addr: SocketAddr,
+        /// The listener's index in the configuration (names it in [`Command::Admit`]).
+        index: usize,
+        /// Who may connect, how often, how many times at once.
+        admit: AdmitSpec,
+    },
+    /// Apply new admission rules to listener `index` (a reload).
+    Admit {
+        /// The listener's index in the configuration.
+        index: usize,
+        /// The rules.
+        admit: AdmitSpec,
     },
     /// Stop listening on every address.
     CloseListeners,
@@ -249,6 +262,10 @@ pub enum Command {
     Stop,
 }
 
+/// Refused connection requests are reported ([`Event::Refused`]) at most this often per
+/// thread.
+pub const REFUSAL_REPORT_EVERY: Duration = Duration::from_secs(1);
+
 /// Largest `rdma_optinfo` carried between the threads.
 pub const MAX_OPTINFO: usize = crate::conn::MAX_OPTINFO;
 
@@ -331,6 +348,19 @@ pub enum Event {
         /// Its calls' round-trip histogram, handed over (the slot takes a new one when it
         /// is next used).
         latency: Histo,
+    },
+    /// A connection request was refused. Sent for the first refusal and then at most once a
+    /// second per thread ([`REFUSAL_REPORT_EVERY`]), so a flood costs the control thread
+    /// nothing; every refusal is counted in [`ThreadStats::connects_refused`].
+    Refused {
+        /// The listener's bound address.
+        listener: Option<SocketAddr>,
+        /// The refused side's address, where known.
+        remote: Option<SocketAddr>,
+        /// Why.
+        reason: Refusal,
+        /// Refusals since the previous report not reported themselves.
+        unreported: u64,
     },
     /// An app attached.
     AppAttached {

@@ -228,6 +228,8 @@ pub struct ThreadStats {
     pub app_ops: usize,
     /// App submissions refused by validation.
     pub bad_submissions: u64,
+    /// Connection requests refused, by reason (listener rules, no slot, draining).
+    pub connects_refused: super::Refused,
     /// Apps detached (closed, crashed, stalled).
     pub apps_detached: u64,
     /// Memory regions registered with the provider now (the buffer pool, the apps' arenas,

@@ -7,11 +7,14 @@
 //! another thread or to this one (see `mesh.rs`), so an app's call travels the same path
 //! whether its connection lives here or elsewhere.
 
+use super::admit::{host_of, Gate, Refusal};
 use super::held::HeldLines;
 use super::idmap::IdMap;
 use super::mesh::{Hop, Port, Results, Spares};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
-use super::{Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit};
+use super::{
+    Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit, REFUSAL_REPORT_EVERY,
+};
 use crate::conn::{
     Accepted, CallStatus, CloseReason, Event as ConnEvent, ReplyStatus, Role, ServeId, SubmitError,
 };
@@ -87,6 +90,9 @@ struct Slot {
     in_flight: u32,
     notify_idle: bool,
     v2_confirmed: bool,
+    /// For a connection a listener admitted: that listener's configuration index and the
+    /// host it counts against (released when the slot closes).
+    admitted: Option<(usize, Option<std::net::IpAddr>)>,
 }
 
 /// Connection side: a call this thread sent for an app (of this thread or another).
@@ -191,7 +197,10 @@ pub struct PollThread<P: Provider> {
     args: [ArgPiece; MAX_PIECES],
     results: [MemRef; MAX_PIECES],
     rpieces: [ResultPiece; MAX_PIECES],
-    listeners: Vec<ListenerId>,
+    listeners: Vec<Listening>,
+    /// Connection requests refused since the last [`Event::Refused`], and when that was.
+    refusals_unreported: u64,
+    refusal_reported_at: Option<Instant>,
     slots: Vec<Slot>,
     /// The slot of each engine connection, by [`ConnId::index`] (checked against the slot's
     /// `conn`: an index is reused once its connection is removed).
@@ -213,6 +222,17 @@ impl<P: Provider> std::fmt::Debug for PollThread<P> {
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
+}
+
+/// A listener of this thread.
+#[derive(Debug)]
+struct Listening {
+    id: ListenerId,
+    /// Its index in the configuration.
+    index: usize,
+    /// Its bound address.
+    addr: Option<SocketAddr>,
+    gate: Gate,
 }
 
 #[derive(Debug, Default)]
@@ -386,6 +406,8 @@ impl<P: Provider> PollThread<P> {
             results: [MemRef::default(); MAX_PIECES],
             rpieces: [ResultPiece::default(); MAX_PIECES],
             listeners: Vec::new(),
+            refusals_unreported: 0,
+            refusal_reported_at: None,
             slot_by_conn: vec![u32::MAX; slots.len()],
             slots,
             stats,
@@ -1642,6 +1664,40 @@ impl<P: Provider> PollThread<P> {
         (self.notify)();
     }
 
+    /// Counts a refused connection request and reports it, or counts it as unreported if
+    /// the last report was under [`REFUSAL_REPORT_EVERY`] ago.
+    fn refused(
+        &mut self,
+        at: Option<usize>,
+        remote: Option<SocketAddr>,
+        why: Refusal,
+        now: Instant,
+    ) {
+        self.stats.connects_refused.add(why);
+        let quiet = self
+            .refusal_reported_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_REPORT_EVERY);
+        if !quiet {
+            self.refusals_unreported += 1;
+            return;
+        }
+        self.refusal_reported_at = Some(now);
+        let unreported = std::mem::take(&mut self.refusals_unreported);
+        let listener = at.and_then(|k| self.listeners.get(k)).and_then(|l| l.addr);
+        self.emit(Event::Refused {
+            listener,
+            remote,
+            reason: why,
+            unreported,
+        });
+    }
+
+    fn close_listeners(&mut self) {
+        for l in std::mem::take(&mut self.listeners) {
+            let _ = self.drv.provider_mut().close_listener(l.id);
+        }
+    }
+
     /// Hands on the events that found the control plane's queue full; true if any went.
     fn emit_unsent(&mut self) -> bool {
         let mut sent = false;
@@ -1752,6 +1808,11 @@ impl<P: Provider> PollThread<P> {
         let s = self.slots.get_mut(i)?;
         s.qp.take()?;
         let conn = s.conn.take();
+        if let Some((index, host)) = s.admitted.take() {
+            if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
+                l.gate.release(host, Instant::now());
+            }
+        }
         let peer = s.stats.info.peer;
         let id = s.stats.info.id;
         s.stats.info.state = ConnState::Free;
@@ -1783,24 +1844,43 @@ impl<P: Provider> PollThread<P> {
     fn on_cm(&mut self, ev: CmEvent) {
         match ev {
             CmEvent::ConnectRequest {
+                listener,
                 req,
                 private_data,
                 remote,
                 ..
             } => {
-                let peer_pd = CmData::parse(private_data.as_slice());
-                if self.draining.is_some() {
+                let now = Instant::now();
+                let host = host_of(remote);
+                let at = self.listeners.iter().position(|l| l.id == listener);
+                let admitted = if self.draining.is_some() {
+                    Err(Refusal::Draining)
+                } else {
+                    match at {
+                        Some(k) => self.listeners[k].gate.admit(host, now),
+                        None => Err(Refusal::Draining),
+                    }
+                };
+                if let Err(why) = admitted {
                     let _ = self.drv.provider_mut().reject(req, &[]);
+                    self.refused(at, remote, why, now);
                     return;
                 }
+                // Admitted by the listener `at` names (`admit` passed only with one).
+                let Some(k) = at else { return };
+                let index = self.listeners[k].index;
+                let peer_pd = CmData::parse(private_data.as_slice());
                 let version = self.spec.transport.version;
                 let i = match self.open(Role::Server, None, remote, peer_pd, version) {
                     Ok(i) => i,
                     Err(_) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
+                        self.listeners[k].gate.release(host, now);
+                        self.refused(Some(k), remote, Refusal::Full, now);
                         return;
                     }
                 };
+                self.slots[i].admitted = Some((index, host));
                 let pd = self.local_private();
                 let t = self.spec.transport;
                 let params = ConnParams {
@@ -2138,13 +2218,18 @@ impl<P: Provider> PollThread<P> {
 
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Listen { addr } => {
+            Command::Listen { addr, index, admit } => {
                 let p = self.drv.provider_mut();
                 let result = p
                     .listen(addr)
-                    .and_then(|l| {
-                        let a = p.listen_addr(l);
-                        self.listeners.push(l);
+                    .and_then(|id| {
+                        let a = p.listen_addr(id);
+                        self.listeners.push(Listening {
+                            id,
+                            index,
+                            addr: a.as_ref().ok().copied(),
+                            gate: Gate::new(admit),
+                        });
                         a
                     })
                     .map_err(|e| match e {
@@ -2157,11 +2242,12 @@ impl<P: Provider> PollThread<P> {
                     });
                 self.emit(Event::Listening { addr, result });
             }
-            Command::CloseListeners => {
-                for l in std::mem::take(&mut self.listeners) {
-                    let _ = self.drv.provider_mut().close_listener(l);
+            Command::Admit { index, admit } => {
+                if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
+                    l.gate.set_spec(admit);
                 }
             }
+            Command::CloseListeners => self.close_listeners(),
             Command::Connect {
                 peer,
                 addr,
@@ -2215,9 +2301,7 @@ impl<P: Provider> PollThread<P> {
                 self.spec.idle = idle;
             }
             Command::Drain { deadline } => {
-                for l in std::mem::take(&mut self.listeners) {
-                    let _ = self.drv.provider_mut().close_listener(l);
-                }
+                self.close_listeners();
                 self.draining = Some(deadline);
                 self.quiet_since = None;
             }

@@ -77,7 +77,12 @@ pub fn expect<T>(h: &PollHandle, what: &str, mut f: impl FnMut(Event) -> Option<
 /// connection are its own); the connection's id.
 pub fn self_connection(h: &PollHandle) -> u32 {
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    h.send(Command::Listen { addr: any }).expect("listen");
+    h.send(Command::Listen {
+        addr: any,
+        index: 0,
+        admit: Default::default(),
+    })
+    .expect("listen");
     let addr = expect(h, "Listening", |e| match e {
         Event::Listening { result, .. } => Some(result.expect("bound")),
         _ => None,
