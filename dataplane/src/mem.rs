@@ -294,7 +294,9 @@ impl ByRegion for Mr {
 ///
 /// The items are kept sorted by id (found by binary search), and the last two found are
 /// tried first: an RPC's lookups alternate between the buffer pool and one app's arena, so
-/// most of them end there, however many apps are attached.
+/// most of them end there, however many apps are attached. A copy between those two finds
+/// both in one look ([`find_recent_pair`](Self::find_recent_pair)); the binary search is
+/// out of line.
 #[derive(Debug)]
 pub struct RegionIndex<T> {
     /// Sorted by id, no id twice.
@@ -360,19 +362,53 @@ impl<T: ByRegion> RegionIndex<T> {
     /// The item of region `mr`.
     #[inline]
     pub fn find(&self, mr: MrId) -> Option<&T> {
+        match self.find_recent(mr) {
+            Some(r) => Some(r),
+            None => self.search(mr),
+        }
+    }
+
+    /// The item of region `mr` if it is one of the two found last: the fast path of
+    /// [`find`](Self::find), for callers that take the rest out of line.
+    #[inline]
+    pub fn find_recent(&self, mr: MrId) -> Option<&T> {
         let [a, b] = self.recent.get();
         let at = |i: u32| self.items.get(i as usize).filter(|r| r.region_id() == mr);
         if let Some(r) = at(a) {
             return Some(r);
         }
-        if let Some(r) = at(b) {
-            self.recent.set([b, a]);
-            return Some(r);
+        let r = at(b)?;
+        self.recent.set([b, a]);
+        Some(r)
+    }
+
+    /// The items of regions `x` and `y` if they are the two found last (in either order):
+    /// a copy between two regions looks both up at once. Both stay remembered, in their
+    /// order (both were just used).
+    #[inline]
+    pub fn find_recent_pair(&self, x: MrId, y: MrId) -> Option<(&T, &T)> {
+        let [a, b] = self.recent.get();
+        let (p, q) = (self.items.get(a as usize)?, self.items.get(b as usize)?);
+        let (pid, qid) = (p.region_id(), q.region_id());
+        if pid == x && qid == y {
+            Some((p, q))
+        } else if pid == y && qid == x {
+            Some((q, p))
+        } else {
+            None
         }
+    }
+
+    /// [`find`](Self::find) past the two remembered items: a binary search, out of line so
+    /// that the callers' fast path stays small.
+    #[cold]
+    #[inline(never)]
+    fn search(&self, mr: MrId) -> Option<&T> {
         let i = self
             .items
             .binary_search_by_key(&mr, ByRegion::region_id)
             .ok()?;
+        let [a, _] = self.recent.get();
         self.recent.set([i as u32, a]);
         self.items.get(i)
     }
@@ -414,34 +450,78 @@ impl RegisteredMem {
     pub fn take_all(&mut self) -> Vec<Registered> {
         self.regs.take_all()
     }
+
+    /// [`Memory::read`] of a region not among the two found last (out of line: the fast
+    /// path keeps no registers to save).
+    #[cold]
+    #[inline(never)]
+    fn read_found(&self, at: MemRef, dst: &mut [u8]) -> bool {
+        self.regs
+            .find(at.mr)
+            .is_some_and(|r| r.mem().read(at.offset, dst))
+    }
+
+    /// [`Memory::write`] of a region not among the two found last.
+    #[cold]
+    #[inline(never)]
+    fn write_found(&self, at: MemRef, src: &[u8]) -> bool {
+        self.regs
+            .find(at.mr)
+            .is_some_and(|r| r.mem().write(at.offset, src))
+    }
+
+    /// [`Memory::copy`] between regions not the two found last (one lookup if they are
+    /// the same region).
+    #[cold]
+    #[inline(never)]
+    fn copy_found(&self, from: MemRef, to: MemRef) -> bool {
+        let Some(a) = self.regs.find(from.mr) else {
+            return false;
+        };
+        let b = if to.mr == from.mr {
+            a
+        } else {
+            match self.regs.find(to.mr) {
+                Some(b) => b,
+                None => return false,
+            }
+        };
+        a.mem()
+            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
+    }
 }
 
 impl Memory for RegisteredMem {
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
-        dst.len() <= at.len as usize
-            && self
-                .regs
-                .find(at.mr)
-                .is_some_and(|r| r.mem().read(at.offset, dst))
+        if dst.len() > at.len as usize {
+            return false;
+        }
+        match self.regs.find_recent(at.mr) {
+            Some(r) => r.mem().read(at.offset, dst),
+            None => self.read_found(at, dst),
+        }
     }
 
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
-        src.len() <= at.len as usize
-            && self
-                .regs
-                .find(at.mr)
-                .is_some_and(|r| r.mem().write(at.offset, src))
+        if src.len() > at.len as usize {
+            return false;
+        }
+        match self.regs.find_recent(at.mr) {
+            Some(r) => r.mem().write(at.offset, src),
+            None => self.write_found(at, src),
+        }
     }
 
     fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
         if from.len > to.len {
             return false;
         }
-        let (Some(a), Some(b)) = (self.regs.find(from.mr), self.regs.find(to.mr)) else {
-            return false;
-        };
-        a.mem()
-            .copy_to(from.offset, b.mem(), to.offset, from.len as usize)
+        match self.regs.find_recent_pair(from.mr, to.mr) {
+            Some((a, b)) => a
+                .mem()
+                .copy_to(from.offset, b.mem(), to.offset, from.len as usize),
+            None => self.copy_found(from, to),
+        }
     }
 }
 
@@ -482,6 +562,65 @@ mod tests {
         assert_eq!(ix.find(MrId(10)), None);
         for (id, len) in [(15, 3), (20, 2), (30, 1), (20, 2)] {
             assert_eq!(ix.find(MrId(id)).map(|m| m.len), Some(len), "region {id}");
+        }
+    }
+
+    /// Copies through the two remembered regions (either direction, and the same region
+    /// with overlap) and through the search give what the bytes say, and every range past a
+    /// region's end is refused, on the fast path as on the slow one.
+    #[test]
+    fn copies_between_remembered_regions_stay_checked() {
+        let mut p = SoftProvider::memory(&MemFabric::new(), SoftConfig::default());
+        let pd = p.alloc_pd().unwrap();
+        let regs: Vec<Registered> = (0..3).map(|k| region(&mut p, pd, k as u8 + 1)).collect();
+        let ids: Vec<MrId> = regs.iter().map(|r| r.mr().id).collect();
+        let mut mem = RegisteredMem::new(regs);
+        let at = |k: usize, off: u64, len: u32| MemRef::new(ids[k], off, len);
+        let byte = |mem: &RegisteredMem, k: usize, off: u64| {
+            let mut b = [0u8; 1];
+            assert!(mem.read(at(k, off, 1), &mut b));
+            b[0]
+        };
+        // Regions 0 and 1 remembered: copies both ways take the pair path.
+        assert_eq!((byte(&mem, 0, 0), byte(&mem, 1, 0)), (1, 2));
+        assert!(mem.copy(at(0, 0, 16), at(1, 100, 16)));
+        assert!(mem.copy(at(1, 0, 8), at(0, 200, 8)));
+        assert_eq!((byte(&mem, 1, 115), byte(&mem, 0, 207)), (1, 2));
+        for (from, to) in [(0, 1), (1, 0)] {
+            assert!(
+                !mem.copy(at(from, 4090, 16), at(to, 0, 16)),
+                "{from}->{to} source end"
+            );
+            assert!(
+                !mem.copy(at(from, 0, 16), at(to, 4090, 16)),
+                "{from}->{to} target end"
+            );
+            assert!(
+                !mem.copy(at(from, u64::MAX, 2), at(to, 0, 2)),
+                "{from}->{to} wrap"
+            );
+            assert!(
+                !mem.copy(at(from, 0, 2), at(to, u64::MAX - 1, 2)),
+                "{from}->{to} wrap"
+            );
+            assert!(
+                !mem.copy(at(from, 0, 16), at(to, 0, 15)),
+                "{from}->{to} longer"
+            );
+        }
+        // The same region, overlapping; then a region not remembered, either side.
+        assert!(mem.copy(at(0, 0, 16), at(0, 8, 16)));
+        assert_eq!((byte(&mem, 0, 8), byte(&mem, 0, 23)), (1, 1));
+        assert!(!mem.copy(at(0, 0, 16), at(0, 4088, 16)));
+        assert!(mem.copy(at(2, 0, 16), at(0, 300, 16)));
+        assert!(mem.copy(at(1, 0, 16), at(2, 400, 16)));
+        assert_eq!((byte(&mem, 0, 315), byte(&mem, 2, 400)), (3, 2));
+        assert!(!mem.copy(at(2, 4095, 2), at(1, 0, 2)));
+        assert!(!mem.copy(at(0, 0, 1), MemRef::new(MrId(u32::MAX), 0, 1)));
+        assert!(!mem.write(at(1, 4095, 2), &[9, 9]));
+        assert!(!mem.read(at(2, 4095, 2), &mut [0u8; 2]));
+        for r in mem.take_all() {
+            r.deregister(&mut p).unwrap();
         }
     }
 

@@ -89,6 +89,7 @@ impl Mapped {
         self.len == 0
     }
 
+    #[inline]
     fn range(&self, off: u64, n: usize) -> Option<*mut u8> {
         let off = usize::try_from(off).ok()?;
         let end = off.checked_add(n)?;
@@ -100,6 +101,7 @@ impl Mapped {
     }
 
     /// Copies `dst.len()` bytes from offset `off`; false (nothing copied) if out of range.
+    #[inline]
     pub fn read(&self, off: u64, dst: &mut [u8]) -> bool {
         let Some(src) = self.range(off, dst.len()) else {
             return false;
@@ -112,6 +114,7 @@ impl Mapped {
     }
 
     /// Copies `src` to offset `off`; false (nothing copied) if out of range.
+    #[inline]
     pub fn write(&self, off: u64, src: &[u8]) -> bool {
         let Some(dst) = self.range(off, src.len()) else {
             return false;
@@ -132,6 +135,7 @@ impl Mapped {
     }
 
     /// Copies `n` bytes from offset `from` of `self` to offset `to` of `other`.
+    #[inline]
     pub fn copy_to(&self, from: u64, other: &Mapped, to: u64, n: usize) -> bool {
         let (Some(s), Some(d)) = (self.range(from, n), other.range(to, n)) else {
             return false;
