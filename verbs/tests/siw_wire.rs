@@ -793,3 +793,50 @@ fn iwarp_1_4_silent_requester_is_dropped() {
     expect_close(&mut n, &mut s);
     assert!(n.events.is_empty());
 }
+
+/// A flood of silent TCP connections holds at most `max_pending` streams: one beyond them is
+/// closed at once, while those held wait for their MPA Request (here, until the requester
+/// gives up); a stream accepted once one of them is gone is held again.
+#[test]
+fn streams_beyond_max_pending_are_closed_at_once() {
+    let mut n = Node::new(SoftConfig {
+        max_pending: 2,
+        ..SoftConfig::default()
+    });
+    let l = n.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = n.p.listen_addr(l).unwrap();
+    let connect = || {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    };
+    let (a, mut b) = (connect(), connect());
+    // Both held (accepted, waiting for their Request) before the third comes.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(200) {
+        n.step();
+    }
+    let mut c = connect();
+    expect_close(&mut n, &mut c);
+    let mut buf = [0u8; 16];
+    match b.read(&mut buf) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("a held stream was closed: {other:?}"),
+    }
+    // One held stream goes away: the next is held, not closed.
+    drop(a);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(200) {
+        n.step();
+    }
+    let mut d = connect();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(200) {
+        n.step();
+    }
+    match d.read(&mut buf) {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the stream after a free place was closed: {other:?}"),
+    }
+    assert!(n.events.is_empty(), "{:?}", n.events);
+}

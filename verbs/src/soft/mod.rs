@@ -74,6 +74,11 @@ pub struct SoftConfig {
     pub connect_timeout: Duration,
     /// How long a responder waits for the MPA Request of an accepted stream (siw: 5 s).
     pub request_timeout: Duration,
+    /// Accepted streams whose connection request is not settled yet (no MPA Request, or not
+    /// yet accepted or rejected) held at most, over all listeners: a stream accepted beyond
+    /// them is closed at once, so a flood of silent TCP connections costs at most this many
+    /// descriptors for `request_timeout` each.
+    pub max_pending: usize,
     /// Polls of a completion queue a destroyed queue pair takes to retire
     /// ([`Provider::qp_retired`] false until then). The soft provider is done with a queue
     /// pair at [`Provider::destroy_qp`]; this models devices that are not (rxe until a
@@ -90,6 +95,7 @@ impl Default for SoftConfig {
             fpdu_size: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            max_pending: 256,
             retire_polls: 0,
         }
     }
@@ -530,7 +536,11 @@ impl<T: Transport> SoftProvider<T> {
         self.cm_news = false;
         for (i, l) in self.listeners.iter_mut().enumerate() {
             let Some(l) = l else { continue };
-            while let Ok(Some(link)) = self.transport.accept(l) {
+            while let Ok(Some(mut link)) = self.transport.accept(l) {
+                if self.pending.iter().flatten().count() >= self.cfg.max_pending {
+                    link.shutdown();
+                    continue;
+                }
                 let p = Pending {
                     listener: ListenerId(i as u32),
                     link,
