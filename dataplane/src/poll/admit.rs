@@ -146,7 +146,8 @@ impl Gate {
         }
     }
 
-    /// Applies `spec` from now on (connections held stay, and count against the new cap).
+    /// Applies `spec` from now on (connections held stay, and count against the new cap:
+    /// every host's connections are counted, under no cap too).
     pub fn set_spec(&mut self, spec: AdmitSpec) {
         self.spec = spec;
     }
@@ -159,10 +160,6 @@ impl Gate {
             && !host.is_some_and(|h| spec.allow.iter().any(|n| n.contains(&h)))
         {
             return Err(Refusal::NotAllowed);
-        }
-        if spec.per_host == 0 && spec.rate == 0 {
-            // Nothing to count against: no entry, no memory.
-            return Ok(());
         }
         if self.hosts.len() >= QUIET_HOSTS && !self.hosts.contains_key(&host) {
             self.hosts.retain(|_, h| h.conns > 0 || h.tat > now);
@@ -228,14 +225,24 @@ mod tests {
     }
 
     #[test]
-    fn with_no_rule_everyone_is_admitted_and_nothing_is_kept() {
+    fn with_no_rule_everyone_is_admitted_and_counted_until_released() {
         let mut g = Gate::new(AdmitSpec::default());
         let now = Instant::now();
         for _ in 0..1000 {
             assert_eq!(g.admit(ip("192.0.2.1"), now), Ok(()));
         }
         assert_eq!(g.admit(None, now), Ok(()));
-        assert_eq!(g.tracked(), 0);
+        assert_eq!(g.tracked(), 2);
+        // A cap set later (a reload) counts the connections already held.
+        g.set_spec(spec(&[], 1000, 0));
+        assert_eq!(g.admit(ip("192.0.2.1"), now), Err(Refusal::HostLimit));
+        g.release(ip("192.0.2.1"), now);
+        assert_eq!(g.admit(ip("192.0.2.1"), now), Ok(()));
+        for _ in 0..1000 {
+            g.release(ip("192.0.2.1"), now);
+        }
+        g.release(None, now);
+        assert_eq!(g.tracked(), 0, "nothing kept for hosts that hold nothing");
     }
 
     #[test]
