@@ -13,7 +13,8 @@ const USAGE: &str = "usage:
   nfs-probe run --socket PATH --peer NAME (--mount-server HOST[:PORT] --export PATH | --root-fh HEX)
                 [--mount-port N] [--read-file NAME] [--read-size N] [--read-seed N] [--write-file NAME]
                 [--dir NAME] [--dir-entries N] [--random-seed N] [--random-rounds N] [--long-size N]
-                [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--nfs4] [--json]
+                [--inflight N] [--rdp-maxcount N] [--timeout-ms N] [--nfs4] [--deleg-file NAME]
+                [--auth-sys | --auth-as UID:GID] [--json]
   nfs-probe gen --seed N --size N        (writes the pattern file content to stdout)
   nfs-probe serve --socket PATH --mount-listen ADDR [--dir-entries N] [--read-size N] [--read-seed N]
                                          (serves the in-memory NFSv3 subset behind a daemon)";
@@ -231,8 +232,29 @@ fn root_handle(f: &Flags, timeout: Duration) -> Result<(Vec<u8>, String), String
     ))
 }
 
+/// The AUTH_SYS identity of `--auth-sys` (this process's own uid and gid) or `--auth-as
+/// UID:GID` (root only: the daemon refuses another identity to other users); `None`: AUTH_NONE.
+fn auth(f: &Flags) -> Result<Option<(u32, u32)>, String> {
+    if let Some(v) = f.str("auth-as") {
+        let bad = || format!("--auth-as: want UID:GID, got {v:?}");
+        let (u, g) = v.split_once(':').ok_or_else(bad)?;
+        return Ok(Some((
+            u.parse().map_err(|_| bad())?,
+            g.parse().map_err(|_| bad())?,
+        )));
+    }
+    if !f.has("auth-sys") {
+        return Ok(None);
+    }
+    // The owner of /proc/self is the process's effective uid and gid.
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/self").map_err(|e| format!("--auth-sys: /proc/self: {e}"))?;
+    Ok(Some((m.uid(), m.gid())))
+}
+
 fn run(a: &[String]) -> Result<bool, String> {
-    let f = Flags::parse(a, &["json", "nfs4"])?;
+    let f = Flags::parse(a, &["json", "nfs4", "auth-sys"])?;
+    let auth = auth(&f)?;
     let timeout = Duration::from_millis(f.num("timeout-ms", 30_000)?);
     let ex = Expect {
         read_file: f.str("read-file").unwrap_or("read.bin").into(),
@@ -261,13 +283,19 @@ fn run(a: &[String]) -> Result<bool, String> {
         pass: mount.is_ok(),
         ms: mount_ms,
         detail: match &mount {
-            Ok((_, d)) => d.clone(),
+            Ok((_, d)) => match auth {
+                Some((uid, gid)) => format!("{d}; NFS calls as AUTH_SYS uid {uid} gid {gid}"),
+                None => format!("{d}; NFS calls as AUTH_NONE"),
+            },
             Err(e) => e.clone(),
         },
     }];
     if let Ok((root, _)) = &mount {
         match Nfs::connect(f.need("socket")?, f.need("peer")?, timeout) {
-            Ok(mut nfs) => steps.extend(probe::run(&mut nfs, root, &ex)),
+            Ok(mut nfs) => {
+                nfs.auth = auth;
+                steps.extend(probe::run(&mut nfs, root, &ex))
+            }
             Err(e) => steps.push(probe::StepResult {
                 name: "attach",
                 pass: false,

@@ -25,6 +25,8 @@ pub struct Nfs {
     pub timeout: Duration,
     /// The daemon's app socket (a step may attach another app, such as the callback server).
     pub socket: String,
+    /// AUTH_SYS `(uid, gid)` sent on every NFS call; `None`: AUTH_NONE.
+    pub auth: Option<(u32, u32)>,
 }
 
 /// Probe errors are reported as text (each step prints its failure).
@@ -46,12 +48,22 @@ impl Nfs {
             peer: idx,
             timeout,
             socket: socket.into(),
+            auth: None,
         })
     }
 
     fn start(&mut self, proc_: u32) -> CallBuilder<'_> {
-        let mut c = self.client.call(self.peer, nfs3::PROG, nfs3::VERS, proc_);
+        self.call(nfs3::VERS, proc_)
+    }
+
+    /// A call of NFS version `vers` with this client's credential and a small reply buffer.
+    pub(crate) fn call(&mut self, vers: u32, proc_: u32) -> CallBuilder<'_> {
+        let auth = self.auth;
+        let mut c = self.client.call(self.peer, nfs3::PROG, vers, proc_);
         c.max_reply(SMALL_REPLY);
+        if let Some((uid, gid)) = auth {
+            c.auth_sys(uid, gid);
+        }
         c
     }
 

@@ -179,10 +179,7 @@ fn skip_channel(r: &mut Reader<'_>) -> Res<()> {
 
 impl Nfs {
     fn compound(&mut self, ops: u32) -> CallBuilder<'_> {
-        let mut c = self
-            .client
-            .call(self.peer, crate::nfs3::PROG, VERS, COMPOUND);
-        c.max_reply(SMALL_REPLY);
+        let mut c = self.call(VERS, COMPOUND);
         c.args().put_u32(0).put_u32(MINOR).put_u32(ops);
         c
     }
