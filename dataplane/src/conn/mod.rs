@@ -1333,14 +1333,14 @@ impl Connection {
                 self.confirm_v2();
             }
             let payload = msg.get(s.header_len..).unwrap_or(&[]);
-            let none = proto::ChunkLists::EMPTY;
+            // A promoted constant: no chunk lists are built per message.
             return self.on_msg(
                 now,
                 slot,
                 s.vers,
                 s.xid,
                 s.credit,
-                &none,
+                &proto::ChunkLists::EMPTY,
                 s.header_len,
                 payload,
                 inv,
@@ -1607,6 +1607,7 @@ impl Connection {
 
     /// Routes an RDMA_MSG by the RPC msg_type of its payload.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn on_msg(
         &mut self,
         now: Instant,
