@@ -242,6 +242,7 @@ impl Connection {
     }
 
     /// The slot of the sent call with `xid`.
+    #[inline]
     pub(super) fn find_call(&self, xid: u32) -> Option<u32> {
         self.sent.get(xid)
     }

@@ -219,6 +219,7 @@ fn push<T: Copy>(arr: &mut [T], n: &mut usize, v: T) -> Option<()> {
 /// Checks a call against its header and binding and records its shape in `s`: the
 /// reassembled argument length, its generation and XID; `Err(Some(stat))` to answer with an
 /// RPC reply of that accept_stat, `Err(None)` for a header error.
+#[inline]
 fn prepare_verdict(
     s: &mut Serve,
     call: &CallHeader,
