@@ -1287,7 +1287,16 @@ impl Connection {
         }
         let off = buf.offset.saturating_sub(self.cfg.recv_pool.offset);
         let slot = off / u64::from(self.cfg.recv_size.max(1));
-        self.post_recv(slot as u32);
+        // `buf` is the slot's own buffer (what `recv_buf(slot)` gave the receive): posted as
+        // it is, not rebuilt from the slot.
+        if self.closed.is_some() {
+            return;
+        }
+        self.recv_posted += 1;
+        self.work.push_back(Work::Recv {
+            tag: tag(K_RECV, slot as u32),
+            buf,
+        });
     }
 
     fn receive(
