@@ -794,11 +794,11 @@ fn iwarp_1_4_silent_requester_is_dropped() {
     assert!(n.events.is_empty());
 }
 
-/// A flood of silent TCP connections holds at most `max_pending` streams: one beyond them is
-/// closed at once, while those held wait for their MPA Request (here, until the requester
-/// gives up); a stream accepted once one of them is gone is held again.
+/// A flood of silent TCP connections holds at most `max_pending` accepted streams: one beyond
+/// them waits in the listen backlog, not accepted (its MPA Request is not read, no connection
+/// request) and not closed, until one held goes; then it is accepted and its request comes.
 #[test]
-fn streams_beyond_max_pending_are_closed_at_once() {
+fn streams_beyond_max_pending_wait_in_the_backlog() {
     let mut n = Node::new(SoftConfig {
         max_pending: 2,
         ..SoftConfig::default()
@@ -810,33 +810,36 @@ fn streams_beyond_max_pending_are_closed_at_once() {
         s.set_nonblocking(true).unwrap();
         s
     };
+    let turns = |n: &mut Node| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(200) {
+            n.step();
+        }
+    };
     let (a, mut b) = (connect(), connect());
-    // Both held (accepted, waiting for their Request) before the third comes.
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        n.step();
-    }
+    turns(&mut n);
     let mut c = connect();
-    expect_close(&mut n, &mut c);
+    let mut req = Vec::new();
+    wire::emit_mpa(&mut req, false, 0, 1, None, &CLIENT_PD);
+    c.write_all(&req).unwrap();
+    turns(&mut n);
+    assert!(
+        n.events.is_empty(),
+        "a request beyond the cap was read: {:?}",
+        n.events
+    );
     let mut buf = [0u8; 16];
-    match b.read(&mut buf) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-        other => panic!("a held stream was closed: {other:?}"),
+    for s in [&mut b, &mut c] {
+        match s.read(&mut buf) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            other => panic!("a stream was closed: {other:?}"),
+        }
     }
-    // One held stream goes away: the next is held, not closed.
+    // One held stream goes away: the waiting one is accepted and its request read.
     drop(a);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        n.step();
-    }
-    let mut d = connect();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(200) {
-        n.step();
-    }
-    match d.read(&mut buf) {
-        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-        other => panic!("the stream after a free place was closed: {other:?}"),
-    }
-    assert!(n.events.is_empty(), "{:?}", n.events);
+    wait(&mut n, "the waiting stream's request", |n| {
+        n.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    });
 }

@@ -75,9 +75,11 @@ pub struct SoftConfig {
     /// How long a responder waits for the MPA Request of an accepted stream (siw: 5 s).
     pub request_timeout: Duration,
     /// Accepted streams whose connection request is not settled yet (no MPA Request, or not
-    /// yet accepted or rejected) held at most, over all listeners: a stream accepted beyond
-    /// them is closed at once, so a flood of silent TCP connections costs at most this many
-    /// descriptors for `request_timeout` each.
+    /// yet accepted or rejected) held at most, over all listeners. At this many, no stream is
+    /// accepted: the next ones wait in the kernel's listen backlog (TCP's own flow control
+    /// beyond it) until one held is settled or times out, so a flood of silent TCP
+    /// connections holds at most this many descriptors, and a burst of real ones is delayed,
+    /// not refused.
     pub max_pending: usize,
     /// Polls of a completion queue a destroyed queue pair takes to retire
     /// ([`Provider::qp_retired`] false until then). The soft provider is done with a queue
@@ -534,13 +536,20 @@ impl<T: Transport> SoftProvider<T> {
 
     fn progress_cm(&mut self) {
         self.cm_news = false;
+        let mut held = self.pending.iter().flatten().count();
         for (i, l) in self.listeners.iter_mut().enumerate() {
             let Some(l) = l else { continue };
-            while let Ok(Some(mut link)) = self.transport.accept(l) {
-                if self.pending.iter().flatten().count() >= self.cfg.max_pending {
-                    link.shutdown();
-                    continue;
+            loop {
+                if held >= self.cfg.max_pending {
+                    // Streams left in the backlog: look again next time (readiness is
+                    // edge-triggered, so no new event would say they are there).
+                    self.cm_news = true;
+                    break;
                 }
+                let Ok(Some(link)) = self.transport.accept(l) else {
+                    break;
+                };
+                held += 1;
                 let p = Pending {
                     listener: ListenerId(i as u32),
                     link,
