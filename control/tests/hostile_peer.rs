@@ -57,9 +57,11 @@ fn params(private_data: &[u8]) -> ConnParams<'_> {
     }
 }
 
-/// One overrunning peer: connects, posts receives, sends `BURST` calls back to back without
-/// waiting for a reply, and waits until the daemon disconnects it.
-fn overrun(port: u16) {
+type TcpSide = Side<SoftProvider<rpcrdma_verbs::soft::link::Tcp>>;
+
+/// A soft provider on TCP in this process with one queue pair of `depth` work requests each
+/// way (not connected yet).
+fn bare_qp(depth: u32) -> (TcpSide, rpcrdma_verbs::QpId) {
     let mut h = Side::new(SoftProvider::tcp(SoftConfig::default()).expect("soft provider"));
     let qp =
         h.p.create_qp(&QpInit {
@@ -67,12 +69,19 @@ fn overrun(port: u16) {
             send_cq: h.cq,
             recv_cq: h.cq,
             srq: None,
-            max_send_wr: 64,
-            max_recv_wr: 64,
+            max_send_wr: depth,
+            max_recv_wr: depth,
             max_sge: 1,
         })
         .expect("qp");
     h.qps.push(qp);
+    (h, qp)
+}
+
+/// One overrunning peer: connects, posts receives, sends `BURST` calls back to back without
+/// waiting for a reply, and waits until the daemon disconnects it.
+fn overrun(port: u16) {
+    let (mut h, qp) = bare_qp(64);
     for k in 0..16u64 {
         let sge = h.sge(4096 * (k as usize + 1), 4096);
         h.p.post_recv(qp, 1000 + k, &[sge]).expect("recv");
@@ -320,20 +329,8 @@ enum Attempt {
 
 /// A bare queue pair on the soft provider connecting from this host to `addr`: kept while up
 /// (dropping the `Side` closes its TCP stream, which ends the connection at the daemon).
-fn attempt(addr: &str) -> (Side<SoftProvider<rpcrdma_verbs::soft::link::Tcp>>, Attempt) {
-    let mut h = Side::new(SoftProvider::tcp(SoftConfig::default()).expect("soft provider"));
-    let qp =
-        h.p.create_qp(&QpInit {
-            pd: h.pd,
-            send_cq: h.cq,
-            recv_cq: h.cq,
-            srq: None,
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_sge: 1,
-        })
-        .expect("qp");
-    h.qps.push(qp);
+fn attempt(addr: &str) -> (TcpSide, Attempt) {
+    let (mut h, qp) = bare_qp(8);
     let private = private_4k();
     h.p.connect(qp, addr.parse().expect("addr"), &params(&private))
         .expect("connect");
