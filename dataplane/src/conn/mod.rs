@@ -411,6 +411,14 @@ impl CallDone {
             n_results: 0,
         }
     }
+
+    /// Turns the record into [`failed`](Self::failed) with `status` (out of line: kept off
+    /// the path of the calls that succeed).
+    #[cold]
+    #[inline(never)]
+    fn fail(&mut self, status: CallStatus) {
+        *self = CallDone::failed(self.user, self.xid, status);
+    }
 }
 
 /// A call that arrived for a local app; answer with [`Connection::accept_call`] (giving a

@@ -360,7 +360,7 @@ impl Connection {
         } else {
             self.end_call(
                 i,
-                Some(CallDone::failed(user, xid, CallStatus::Local)),
+                Some(&CallDone::failed(user, xid, CallStatus::Local)),
                 None,
             );
         }
@@ -599,7 +599,7 @@ impl Connection {
     /// Starts the end of call `i`: invalidate what it exposed (except the key the peer
     /// already invalidated), then report `done` (R8166-4.4-b); `None` for a cancelled call,
     /// whose owner was told already.
-    fn end_call(&mut self, i: u32, done: Option<CallDone>, remote_inv: Option<u32>) {
+    fn end_call(&mut self, i: u32, done: Option<&CallDone>, remote_inv: Option<u32>) {
         // Only `place_reply` ends a call so.
         self.stats.bad_replies += u64::from(done.is_some_and(|d| d.status == CallStatus::BadReply));
         let Some(c) = self.calls.get_mut(i as usize) else {
@@ -627,7 +627,7 @@ impl Connection {
             self.finish_call(i, done);
         } else if let Some(c) = self.calls.get_mut(i as usize) {
             // Reported once the invalidations complete.
-            c.done = done;
+            c.done = done.copied();
         }
     }
 
@@ -641,14 +641,14 @@ impl Connection {
         c.inv_pending = c.inv_pending.saturating_sub(1);
         if c.inv_pending == 0 {
             let done = c.done.take();
-            self.finish_call(i, done);
+            self.finish_call(i, done.as_ref());
         }
     }
 
     /// Ends call `i`, its memory fenced: reports `done` (unless the call goes again), or, if
     /// it was cancelled with memory lent, that the memory is released; frees its slot and
     /// send buffer.
-    fn finish_call(&mut self, i: u32, done: Option<CallDone>) {
+    fn finish_call(&mut self, i: u32, done: Option<&CallDone>) {
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
@@ -665,7 +665,9 @@ impl Connection {
         } else {
             c.state = State::Free;
             self.call_free.push(i);
-            if let Some(ev) = done.map(Event::CallDone).or(released) {
+            if let Some(d) = done {
+                self.events.push_back(Event::CallDone(*d));
+            } else if let Some(ev) = released {
                 self.events.push_back(ev);
             }
         }
@@ -699,7 +701,7 @@ impl Connection {
             self.limits.max_version = v1::VERSION;
         }
         // AMB-5: an error never raises the credit limit.
-        self.end_call(i, Some(CallDone::failed(user, cxid, status)), None);
+        self.end_call(i, Some(&CallDone::failed(user, cxid, status)), None);
     }
 
     /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk).
@@ -736,33 +738,39 @@ impl Connection {
         let Some(c) = self.calls.get(i as usize) else {
             return;
         };
-        let done = self.place_reply(c, lists, payload, env);
-        self.end_call(i, Some(done), inv);
+        // Filled in place, not returned: a returned record was built, then copied out.
+        let mut done = CallDone::failed(c.user, c.xid, CallStatus::Ok);
+        if let Err(s) = self.place_reply(c, lists, payload, env, &mut done) {
+            done.fail(s);
+        }
+        self.end_call(i, Some(&done), inv);
     }
 
-    /// Puts the reply's results where the app wants them and checks the echoed chunks.
+    /// Puts the reply's results where the app wants them and checks the echoed chunks;
+    /// sets the outcome in `done` (the call's record, its `user` and `xid` set), or fails
+    /// with the status the call ends with.
     fn place_reply(
         &self,
         c: &Call,
         lists: &ChunkLists<'_>,
         payload: Option<&[u8]>,
         env: &mut impl Env,
-    ) -> CallDone {
-        let fail = |s| CallDone::failed(c.user, c.xid, s);
+        done: &mut CallDone,
+    ) -> Result<(), CallStatus> {
         // The start of a Long reply's results, where the binding's checks look
         // (R8166-6.1-c/d); set only on that path.
         let mut head;
         let (stat, reply_len, results) = match payload {
             Some(p) => {
                 let Some(h) = rpcmsg::parse_reply(p) else {
-                    return fail(CallStatus::BadReply);
+                    return Err(CallStatus::BadReply);
                 };
                 let body = p.get(h.len..).unwrap_or(&[]);
                 let Some(dst) = c.reply.prefix(body.len() as u32) else {
-                    return fail(CallStatus::ReplyTooLarge);
+                    return Err(CallStatus::ReplyTooLarge);
                 };
                 if !body.is_empty() && !env.write(dst, body) {
-                    return fail(CallStatus::Local);
+                    return Err(CallStatus::Local);
                 }
                 (h.stat, body.len() as u32, body)
             }
@@ -776,30 +784,31 @@ impl Connection {
                     };
                     let (Some(at), Some(to)) = (c.reply.prefix(n), head.get_mut(..n as usize))
                     else {
-                        return fail(CallStatus::Local);
+                        return Err(CallStatus::Local);
                     };
                     if n > 0 && !env.read(at, to) {
-                        return fail(CallStatus::Local);
+                        return Err(CallStatus::Local);
                     }
                     (stat, len, &*to)
                 }
-                Err(s) => return fail(s),
+                Err(s) => return Err(s),
             },
         };
         let rpc_stat = match stat {
             ReplyStat::Accepted(s) => s,
-            ReplyStat::Denied => return fail(CallStatus::Denied),
+            ReplyStat::Denied => return Err(CallStatus::Denied),
         };
-        let mut done = CallDone {
-            user: c.user,
-            xid: c.xid,
-            status: CallStatus::Ok,
-            rpc_stat,
-            reply_len,
-            lent: false,
-            results: [(reply_len, 0); MAX_PIECES],
-            n_results: c.n_results,
-        };
+        done.status = CallStatus::Ok;
+        done.rpc_stat = rpc_stat;
+        done.reply_len = reply_len;
+        done.n_results = c.n_results;
+        // Only the reported entries (`CallDone::results`): the others stay zero.
+        for r in done.results.iter_mut().take(usize::from(c.n_results)) {
+            *r = (reply_len, 0);
+        }
+        if c.n_w == 0 {
+            return Ok(());
+        }
         let mut echoed = lists.writes.iter();
         for k in 0..usize::from(c.n_w) {
             let e = echoed.next();
@@ -815,11 +824,11 @@ impl Connection {
                     let mut segs = ch.segments();
                     let (Some(s), None, Some(ours)) = (segs.next(), segs.next(), c.wseg.get(k))
                     else {
-                        return fail(CallStatus::BadReply);
+                        return Err(CallStatus::BadReply);
                     };
                     if s.handle != ours.handle || s.offset != ours.offset || s.length > ours.length
                     {
-                        return fail(CallStatus::BadReply);
+                        return Err(CallStatus::BadReply);
                     }
                     s.length
                 }
@@ -832,13 +841,13 @@ impl Connection {
                 (used == 0).then_some(reply_len)
             };
             let Some(at) = placed else {
-                return fail(CallStatus::BadReply);
+                return Err(CallStatus::BadReply);
             };
             if let Some(r) = done.results.get_mut(k) {
                 *r = (at, used);
             }
         }
-        done
+        Ok(())
     }
 
     /// Reads the RPC reply header of a Long reply from the landing area and moves the
