@@ -138,16 +138,8 @@ impl Call {
         self.vers = spec.vers;
         self.proc_ = spec.proc_;
         self.msg = spec.msg;
-        self.n_args = 0;
-        for (d, s) in self.args.iter_mut().zip(spec.args) {
-            *d = *s;
-            self.n_args += 1;
-        }
-        self.n_results = 0;
-        for (d, s) in self.results.iter_mut().zip(spec.results) {
-            *d = *s;
-            self.n_results += 1;
-        }
+        self.n_args = copy_pieces(&mut self.args, spec.args);
+        self.n_results = copy_pieces(&mut self.results, spec.results);
         self.reply = spec.reply;
         self.slot = None;
         self.n_rkeys = 0;
@@ -171,6 +163,22 @@ impl Call {
         self.n_rkeys += 1;
         Some(seg)
     }
+}
+
+/// Copies the first pieces of `src` that fit into `dst`; how many. The first is copied on
+/// its own: most calls have at most one, and a copy loop becomes a `memcpy` call, dearer
+/// than the copy of one piece.
+fn copy_pieces<T: Copy>(dst: &mut [T; MAX_PIECES], src: &[T]) -> u8 {
+    let (Some((d0, dst)), Some((s0, src))) = (dst.split_first_mut(), src.split_first()) else {
+        return 0;
+    };
+    *d0 = *s0;
+    if !src.is_empty() {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = *s;
+        }
+    }
+    (1 + src.len().min(MAX_PIECES - 1)) as u8
 }
 
 const MAX_READ_OUT: usize = 2 + 3 * MAX_PIECES;
@@ -962,4 +970,22 @@ pub fn reply_inline_room(recv_threshold: u32, version: u32) -> u32 {
     // Reply chunk, then the accepted RPC reply header.
     let fixed = if version == v2::VERSION { 20 } else { 16 };
     recv_threshold.saturating_sub(fixed + 4 + 4 + 4 + REPLY_HEADER_LEN as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_pieces_copies_what_fits() {
+        for n in 0..=MAX_PIECES + 2 {
+            let src: Vec<u32> = (1..=n as u32).collect();
+            let mut dst = [0u32; MAX_PIECES];
+            let k = copy_pieces(&mut dst, &src);
+            let fit = n.min(MAX_PIECES);
+            assert_eq!(usize::from(k), fit);
+            assert_eq!(&dst[..fit], &src[..fit]);
+            assert!(dst[fit..].iter().all(|&x| x == 0));
+        }
+    }
 }
