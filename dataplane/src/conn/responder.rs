@@ -1008,7 +1008,14 @@ impl Connection {
     ) -> Option<Option<bool>> {
         let v2 = s.vers == v2::VERSION;
         let items = || spec.results.iter().map(|r| (r.xdr_pos, r.mem));
-        let stream = stream_len(spec.msg, items())?;
+        // The stream's length counted, not walked (the write walks it): the message and
+        // each result with its pad, `submit_reply` having checked that the results lie
+        // within the message in order. A message piece the walk cannot name fails the
+        // write instead, which fails the reply as the general path's count would.
+        let mut stream = spec.msg.len;
+        for (_, m) in items() {
+            stream = stream.checked_add(m.len)?.checked_add(pad4(m.len))?;
+        }
         let rpc = rpcmsg::reply_header(s.xid, spec.accept_stat);
         let plain = Plain {
             v2,
