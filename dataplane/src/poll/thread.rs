@@ -1853,21 +1853,20 @@ impl<P: Provider> PollThread<P> {
                 let now = Instant::now();
                 let host = host_of(remote);
                 let at = self.listeners.iter().position(|l| l.id == listener);
-                let admitted = if self.draining.is_some() {
-                    Err(Refusal::Draining)
-                } else {
-                    match at {
-                        Some(k) => self.listeners[k].gate.admit(host, now),
-                        None => Err(Refusal::Draining),
+                let admitted = match at {
+                    _ if self.draining.is_some() => Err(Refusal::Draining),
+                    // Its listener was closed meanwhile: the daemon is stopping.
+                    None => Err(Refusal::Draining),
+                    Some(k) => self.listeners[k].gate.admit(host, now).map(|()| k),
+                };
+                let k = match admitted {
+                    Ok(k) => k,
+                    Err(why) => {
+                        let _ = self.drv.provider_mut().reject(req, &[]);
+                        self.refused(at, remote, why, now);
+                        return;
                     }
                 };
-                if let Err(why) = admitted {
-                    let _ = self.drv.provider_mut().reject(req, &[]);
-                    self.refused(at, remote, why, now);
-                    return;
-                }
-                // Admitted by the listener `at` names (`admit` passed only with one).
-                let Some(k) = at else { return };
                 let index = self.listeners[k].index;
                 let peer_pd = CmData::parse(private_data.as_slice());
                 let version = self.spec.transport.version;
