@@ -135,7 +135,10 @@ impl Fs {
     /// Recalls `deleg.bin`'s delegation with CB_COMPOUND (CB_SEQUENCE + CB_RECALL) over the
     /// session's back channel.
     fn recall(&mut self) {
-        self.callback_compound(Some((&DELEG_STATEID, FH_DELEG)));
+        let sent = self.callback_compound(Some((&DELEG_STATEID, FH_DELEG)));
+        if sent && self.back.is_some_and(|b| b.up) {
+            eprintln!("delegation recalled: CB_RECALL answered");
+        }
     }
 
     /// Makes a CB_COMPOUND over the session's back channel: CB_SEQUENCE, and CB_RECALL of
@@ -818,6 +821,7 @@ impl Fs {
                 let reading = access & 0xff == 1;
                 if fh == FH_DELEG && reading && self.back.is_some_and(|b| b.up) && !self.delegated {
                     self.delegated = true;
+                    eprintln!("read delegation on deleg.bin granted");
                     // OPEN_DELEGATE_READ: its stateid, no recall, an empty ACE.
                     x.put_u32(1);
                     put_fixed(x, &DELEG_STATEID);
@@ -833,6 +837,7 @@ impl Fs {
                 let ok = r.fixed(16).ok()? == DELEG_STATEID && fh == FH_DELEG && self.delegated;
                 self.delegated &= !ok;
                 if ok {
+                    eprintln!("delegation returned");
                     0
                 } else {
                     ERR_BAD_STATEID
