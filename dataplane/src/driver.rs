@@ -775,22 +775,14 @@ impl<P: Provider> Driver<P> {
             sends: self.send_shared.as_mut(),
         };
         let r = f(&mut e.conn, &mut env);
-        self.settle(id);
-        Some(r)
-    }
-
-    /// After an input to connection `id`: its events are collected at once; its work waits
-    /// for [`post_pending`](Self::post_pending), so that the Sends one batch of inputs makes
-    /// are posted together and only the last asks for a completion (selective signalling).
-    /// A connection that has closed is flushed at once (what it queued before closing goes
-    /// out before the disconnect).
-    fn settle(&mut self, id: ConnId) {
-        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
-            return;
-        };
+        // Settles the connection (its entry is still at hand): its events are collected at
+        // once; its work waits for [`post_pending`](Self::post_pending), so that the Sends
+        // one batch of inputs makes are posted together and only the last asks for a
+        // completion (selective signalling). A connection that has closed is flushed at
+        // once (what it queued before closing goes out before the disconnect).
         if e.dead || e.conn.closed().is_some() {
             self.flush(id);
-            return;
+            return Some(r);
         }
         while let Some(ev) = e.conn.poll_event() {
             self.events.push_back((id, ev));
@@ -802,6 +794,7 @@ impl<P: Provider> Driver<P> {
         if e.conn.wants_timer() {
             e.watch(id, &mut self.timed);
         }
+        Some(r)
     }
 
     /// Posts the work the connections queued since the last call (the poll loop calls it
