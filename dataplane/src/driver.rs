@@ -1161,6 +1161,8 @@ impl<P: Provider> Driver<P> {
     }
 }
 
+/// Posts one work request on `qp` (inline: once per work request, on the hot path).
+#[inline]
 fn post<P: Provider>(
     p: &mut P,
     regions: &RegionIndex<Mr>,
@@ -1168,30 +1170,10 @@ fn post<P: Provider>(
     id: ConnId,
     w: &Work,
 ) -> Result<(), ()> {
-    let send = |p: &mut P, tag: u32, op: SendOp, at: Option<MemRef>, signaled: bool| {
-        let one;
-        let sg: &[Sge] = match at {
-            Some(at) => {
-                one = [sge(regions, at).ok_or(())?];
-                &one
-            }
-            None => &[],
-        };
-        p.post_send(
-            qp,
-            &SendWr {
-                wr_id: wr_id(id, tag),
-                op,
-                sg,
-                signaled,
-            },
-        )
-        .map_err(|_| ())
-    };
-    match *w {
+    let (tag, op, at, signaled) = match *w {
         Work::Recv { tag, buf } => {
             let s = sge(regions, buf).ok_or(())?;
-            p.post_recv(qp, wr_id(id, tag), &[s]).map_err(|_| ())
+            return p.post_recv(qp, wr_id(id, tag), &[s]).map_err(|_| ());
         }
         Work::Send {
             tag,
@@ -1203,15 +1185,14 @@ fn post<P: Provider>(
                 Some(rkey) => SendOp::SendWithInvalidate { rkey },
                 None => SendOp::Send,
             };
-            send(p, tag, op, Some(buf), signaled)
+            (tag, op, Some(buf), signaled)
         }
         Work::Read {
             tag,
             local,
             rkey,
             addr,
-        } => send(
-            p,
+        } => (
             tag,
             SendOp::RdmaRead {
                 remote_addr: addr,
@@ -1226,8 +1207,7 @@ fn post<P: Provider>(
             rkey,
             addr,
             signaled,
-        } => send(
-            p,
+        } => (
             tag,
             SendOp::RdmaWrite {
                 remote_addr: addr,
@@ -1236,11 +1216,27 @@ fn post<P: Provider>(
             Some(local),
             signaled,
         ),
-        Work::Invalidate { tag, rkey } => {
-            send(p, tag, SendOp::LocalInvalidate { rkey }, None, true)
+        Work::Invalidate { tag, rkey } => (tag, SendOp::LocalInvalidate { rkey }, None, true),
+        Work::Release { .. } => return Ok(()),
+    };
+    let one;
+    let sg: &[Sge] = match at {
+        Some(at) => {
+            one = [sge(regions, at).ok_or(())?];
+            &one
         }
-        Work::Release { .. } => Ok(()),
-    }
+        None => &[],
+    };
+    p.post_send(
+        qp,
+        &SendWr {
+            wr_id: wr_id(id, tag),
+            op,
+            sg,
+            signaled,
+        },
+    )
+    .map_err(|_| ())
 }
 
 /// Bytes each send buffer occupies in the pool (the buffer plus the engine's tail).
