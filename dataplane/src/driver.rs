@@ -1094,40 +1094,32 @@ impl<P: Provider> Driver<P> {
         let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
             return;
         };
-        while let Some(w) = e.conn.poll_work() {
-            if let Work::Release { buf } = w {
-                // A shared send buffer goes back to its pool.
-                if let Some(ss) = self.send_shared.as_mut() {
-                    let inside = buf.mr == ss.pool.mr
-                        && buf.offset >= ss.pool.offset
-                        && buf.offset < ss.pool.offset + u64::from(ss.pool.len);
-                    if inside {
-                        let i = (buf.offset - ss.pool.offset) / u64::from(ss.stride.max(1));
-                        ss.free.push(i as u32);
-                        continue;
+        let mut pools = Pools {
+            send_shared: self.send_shared.as_mut(),
+            shared: self.shared,
+            srq_posted: &mut self.srq_posted,
+        };
+        if e.dead {
+            // A dead connection's work is not posted; its buffers still go back.
+            while let Some(w) = e.conn.poll_work() {
+                if let Work::Release { buf } = w {
+                    if let Err(why) = release(&mut self.p, &self.regions, &mut pools, buf) {
+                        e.conn.close(CloseReason::Local(why));
                     }
                 }
-                // A shared receive buffer goes back to the queue, dead connection or not.
-                if let Some(sh) = self.shared {
-                    let i = buf.offset.saturating_sub(sh.pool.offset) / u64::from(sh.size.max(1));
-                    let wr = (SRQ_CONN << 48) | i;
-                    let ok = sge(&self.regions, buf)
-                        .is_some_and(|s| self.p.post_srq_recv(sh.srq, wr, &[s]).is_ok());
-                    if ok {
-                        self.srq_posted += 1;
-                    } else {
-                        e.conn
-                            .close(CloseReason::Local("shared receive repost failed"));
+            }
+        } else {
+            while let Some(w) = e.conn.poll_work() {
+                if let Work::Release { buf } = w {
+                    if let Err(why) = release(&mut self.p, &self.regions, &mut pools, buf) {
+                        e.conn.close(CloseReason::Local(why));
                     }
+                    continue;
                 }
-                continue;
-            }
-            if e.dead {
-                continue;
-            }
-            if post(&mut self.p, &self.regions, e.qp, id, &w).is_err() {
                 // R8166-4.5.4-c: what cannot be posted ends the connection.
-                e.conn.close(CloseReason::Local("post failed"));
+                if let Err(why) = post(&mut self.p, &self.regions, e.qp, id, &w) {
+                    e.conn.close(CloseReason::Local(why));
+                }
             }
         }
         if !e.dead && e.conn.closed().is_some() {
@@ -1161,7 +1153,48 @@ impl<P: Provider> Driver<P> {
     }
 }
 
-/// Posts one work request on `qp` (inline: once per work request, on the hot path).
+/// The shared pools a released buffer goes back to.
+struct Pools<'a> {
+    send_shared: Option<&'a mut SendShared>,
+    shared: Option<Shared>,
+    srq_posted: &'a mut u32,
+}
+
+/// Gives a buffer back to its shared pool (dead connection or not); the error says why the
+/// connection ends.
+#[inline]
+fn release<P: Provider>(
+    p: &mut P,
+    regions: &RegionIndex<Mr>,
+    pools: &mut Pools<'_>,
+    buf: MemRef,
+) -> Result<(), &'static str> {
+    // A shared send buffer goes back to its pool.
+    if let Some(ss) = pools.send_shared.as_mut() {
+        let inside = buf.mr == ss.pool.mr
+            && buf.offset >= ss.pool.offset
+            && buf.offset < ss.pool.offset + u64::from(ss.pool.len);
+        if inside {
+            let i = (buf.offset - ss.pool.offset) / u64::from(ss.stride.max(1));
+            ss.free.push(i as u32);
+            return Ok(());
+        }
+    }
+    // A shared receive buffer goes back to the queue.
+    if let Some(sh) = pools.shared {
+        let i = buf.offset.saturating_sub(sh.pool.offset) / u64::from(sh.size.max(1));
+        let wr = (SRQ_CONN << 48) | i;
+        let ok = sge(regions, buf).is_some_and(|s| p.post_srq_recv(sh.srq, wr, &[s]).is_ok());
+        if !ok {
+            return Err("shared receive repost failed");
+        }
+        *pools.srq_posted += 1;
+    }
+    Ok(())
+}
+
+/// Posts one work request on `qp` (inline: once per work request, on the hot path); the
+/// error says why the connection ends.
 #[inline]
 fn post<P: Provider>(
     p: &mut P,
@@ -1169,11 +1202,12 @@ fn post<P: Provider>(
     qp: QpId,
     id: ConnId,
     w: &Work,
-) -> Result<(), ()> {
+) -> Result<(), &'static str> {
+    const FAILED: &str = "post failed";
     let (tag, op, at, signaled) = match *w {
         Work::Recv { tag, buf } => {
-            let s = sge(regions, buf).ok_or(())?;
-            return p.post_recv(qp, wr_id(id, tag), &[s]).map_err(|_| ());
+            let s = sge(regions, buf).ok_or(FAILED)?;
+            return p.post_recv(qp, wr_id(id, tag), &[s]).map_err(|_| FAILED);
         }
         Work::Send {
             tag,
@@ -1222,7 +1256,7 @@ fn post<P: Provider>(
     let one;
     let sg: &[Sge] = match at {
         Some(at) => {
-            one = [sge(regions, at).ok_or(())?];
+            one = [sge(regions, at).ok_or(FAILED)?];
             &one
         }
         None => &[],
@@ -1236,7 +1270,7 @@ fn post<P: Provider>(
             signaled,
         },
     )
-    .map_err(|_| ())
+    .map_err(|_| FAILED)
 }
 
 /// Bytes each send buffer occupies in the pool (the buffer plus the engine's tail).
