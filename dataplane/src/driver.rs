@@ -193,6 +193,25 @@ struct Entry {
     retiring: bool,
 }
 
+/// One connection slot: the generation of the connection that took it last (kept when it
+/// is freed, so that a stale [`ConnId`] never names the next one), and that connection's
+/// entry while it lives. One lookup checks both (one bounds check, one load).
+#[derive(Debug)]
+struct Slot {
+    gen: u32,
+    entry: Option<Entry>,
+}
+
+/// The entry of connection `id` in `conns`, if its slot still holds that connection.
+#[inline]
+fn slot_entry(conns: &mut [Slot], id: ConnId) -> Option<&mut Entry> {
+    let s = conns.get_mut(id.idx as usize)?;
+    if s.gen != id.gen {
+        return None;
+    }
+    s.entry.as_mut()
+}
+
 impl Entry {
     /// Lists connection `id` (this entry) in the driver's `timed`, once.
     fn watch(&mut self, id: ConnId, timed: &mut Vec<ConnId>) {
@@ -267,8 +286,7 @@ pub struct Driver<P: Provider> {
     srq_posted: u32,
     /// Drain markers not reported within [`DRAIN_WAIT`].
     drain_overdue: u64,
-    conns: Vec<Option<Entry>>,
-    gens: Vec<u32>,
+    conns: Vec<Slot>,
     wcs: Vec<WorkCompletion>,
     events: VecDeque<(ConnId, Event)>,
     /// Connections whose work waits for [`post_pending`](Driver::post_pending).
@@ -396,7 +414,6 @@ impl<P: Provider> Driver<P> {
             srq_posted: 0,
             drain_overdue: 0,
             conns: Vec::new(),
-            gens: Vec::new(),
             wcs: vec![WorkCompletion::default(); 64],
             events: VecDeque::with_capacity(256),
             pending: Vec::with_capacity(64),
@@ -543,7 +560,12 @@ impl<P: Provider> Driver<P> {
         let t = &self.tmpl;
         let blocks = u64::from(self.pool.len / self.block_len.max(1));
         let free_blocks = self.free_blocks.len() as u64;
-        let live = || self.conns.iter().flatten().map(|e| &e.conn);
+        let live = || {
+            self.conns
+                .iter()
+                .filter_map(|s| s.entry.as_ref())
+                .map(|e| &e.conn)
+        };
         let (send_free, send_total) = match &self.send_shared {
             Some(s) => (s.free.len() as u64, u64::from(s.pool.len / s.stride.max(1))),
             None => (
@@ -657,7 +679,7 @@ impl<P: Provider> Driver<P> {
                 return Err(DriverError::Config(e));
             }
         };
-        let idx = match self.conns.iter().position(Option::is_none) {
+        let idx = match self.conns.iter().position(|s| s.entry.is_none()) {
             Some(i) => i,
             None if self.conns.len() >= 0xffff => {
                 if block != NO_BLOCK {
@@ -666,17 +688,18 @@ impl<P: Provider> Driver<P> {
                 return Err(DriverError::NoBuffers);
             }
             None => {
-                self.conns.push(None);
-                self.gens.push(0);
+                self.conns.push(Slot {
+                    gen: 0,
+                    entry: None,
+                });
                 self.conns.len() - 1
             }
         };
-        let gen = self.gens.get(idx).copied().unwrap_or(0).wrapping_add(1) & 0xffff;
-        if let Some(g) = self.gens.get_mut(idx) {
-            *g = gen;
-        }
+        let mut gen = 0;
         if let Some(s) = self.conns.get_mut(idx) {
-            *s = Some(Entry {
+            gen = s.gen.wrapping_add(1) & 0xffff;
+            s.gen = gen;
+            s.entry = Some(Entry {
                 conn,
                 qp,
                 block,
@@ -724,22 +747,16 @@ impl<P: Provider> Driver<P> {
 
     /// Connection `id`'s entry, also while it retires.
     fn any_entry_mut(&mut self, id: ConnId) -> Option<&mut Entry> {
-        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
-            return None;
-        }
-        self.conns.get_mut(id.idx as usize)?.as_mut()
+        slot_entry(&mut self.conns, id)
     }
 
     /// The connection `id`.
     pub fn connection(&self, id: ConnId) -> Option<&Connection> {
-        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
+        let s = self.conns.get(id.idx as usize)?;
+        if s.gen != id.gen {
             return None;
         }
-        self.conns
-            .get(id.idx as usize)?
-            .as_ref()
-            .filter(|e| !e.retiring)
-            .map(|e| &e.conn)
+        s.entry.as_ref().filter(|e| !e.retiring).map(|e| &e.conn)
     }
 
     /// The connection using queue pair `qp` (to route connection-manager events).
@@ -760,10 +777,7 @@ impl<P: Provider> Driver<P> {
         mem: &mut M,
         f: impl FnOnce(&mut Connection, &mut DrvEnv<'_, P, M>) -> R,
     ) -> Option<R> {
-        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
-            return None;
-        }
-        let e = self.conns.get_mut(id.idx as usize)?.as_mut()?;
+        let e = slot_entry(&mut self.conns, id)?;
         if e.retiring {
             return None;
         }
@@ -969,7 +983,12 @@ impl<P: Provider> Driver<P> {
             e.held = None;
         }
         self.flush(id);
-        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::take) else {
+        let Some(e) = self
+            .conns
+            .get_mut(id.idx as usize)
+            .filter(|s| s.gen == id.gen)
+            .and_then(|s| s.entry.take())
+        else {
             return;
         };
         if e.block != NO_BLOCK {
@@ -1088,10 +1107,7 @@ impl<P: Provider> Driver<P> {
 
     /// Posts connection `id`'s work and collects its events.
     fn flush(&mut self, id: ConnId) {
-        if self.gens.get(id.idx as usize).copied() != Some(id.gen) {
-            return;
-        }
-        let Some(e) = self.conns.get_mut(id.idx as usize).and_then(Option::as_mut) else {
+        let Some(e) = slot_entry(&mut self.conns, id) else {
             return;
         };
         let mut pools = Pools {
