@@ -1704,9 +1704,15 @@ impl Connection {
     /// allow it.
     #[inline]
     fn may_start_call(&self) -> bool {
-        // Calls may hold send buffers up to what the responder side's grant leaves free.
-        let call_room = self.cfg.send_slots.saturating_sub(self.grant_peak + 1);
-        self.closed.is_none() && self.in_flight < self.credit_limit() && self.call_sends < call_room
+        self.closed.is_none()
+            && self.in_flight < self.credit_limit()
+            && self.call_sends < self.call_room()
+    }
+
+    /// Send buffers calls may hold: what the responder side's grant leaves free.
+    #[inline]
+    fn call_room(&self) -> u32 {
+        self.cfg.send_slots.saturating_sub(self.grant_peak + 1)
     }
 }
 

@@ -229,10 +229,13 @@ impl Connection {
         if let Some(a) = self.call_auth.get_mut(i as usize) {
             *a = spec.auth;
         }
-        if self.in_flight >= self.credit_limit() {
+        // `may_start_call`, the connection known open (checked above, and nothing since
+        // closes it) and the credit limit at hand.
+        let credited = self.in_flight < self.credit_limit();
+        if !credited {
             self.stats.credit_stalls += 1;
         }
-        if self.queued.is_empty() && self.may_start_call() {
+        if self.queued.is_empty() && credited && self.call_sends < self.call_room() {
             // Nothing ahead of it: sent at once (or queued by `start_call` if no send
             // buffer is free).
             self.start_call(i, env);
