@@ -17,27 +17,9 @@ pub const VERS: u32 = 4;
 pub const COMPOUND: u32 = 1;
 const MINOR: u32 = 1;
 
-/// The operation numbers (`nfs_opnum4`) the probe's client and the miniserver use.
-#[allow(missing_docs)]
-pub mod op {
-    pub const CLOSE: u32 = 4;
-    pub const CREATE: u32 = 6;
-    pub const DELEGRETURN: u32 = 8;
-    pub const GETATTR: u32 = 9;
-    pub const GETFH: u32 = 10;
-    pub const OPEN: u32 = 18;
-    pub const PUTFH: u32 = 22;
-    pub const READ: u32 = 25;
-    pub const READLINK: u32 = 27;
-    pub const REMOVE: u32 = 28;
-    pub const WRITE: u32 = 38;
-    pub const EXCHANGE_ID: u32 = 42;
-    pub const CREATE_SESSION: u32 = 43;
-    pub const DESTROY_SESSION: u32 = 44;
-    pub const SEQUENCE: u32 = 53;
-    pub const DESTROY_CLIENTID: u32 = 57;
-    pub const RECLAIM_COMPLETE: u32 = 58;
-}
+/// The operation numbers (`nfs_opnum4`), as the wire codec knows them.
+pub use rpcrdma_proto::nfs4::op;
+
 /// `nfs_ftype4` NF4LNK.
 pub const NF4LNK: u32 = 5;
 /// NFS4ERR_NOENT.

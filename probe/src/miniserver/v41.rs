@@ -5,24 +5,11 @@
 //! own entries are the NFSv3 side's only.
 
 use super::{v4, Fs, FH_DELEG, FH_DIR, FH_LINK, FH_READ, FH_WRITE, MAX_FILE, MAX_IO, ROOT};
-use crate::nfs4::{op, put_fixed};
+use crate::nfs4::{op, put_fixed, ERR_NOENT};
 use crate::probe::LINK_NAME;
 use crate::xdr::{Reader, Writer};
 use rpcrdma_shm::client::XdrBuilder;
 
-/// Operation numbers served here (RFC 8881 §16.2, `nfs_opnum4`).
-mod num {
-    pub const ACCESS: u32 = 3;
-    pub const LOOKUP: u32 = 15;
-    pub const LOOKUPP: u32 = 16;
-    pub const PUTROOTFH: u32 = 24;
-    pub const READDIR: u32 = 26;
-    pub const RESTOREFH: u32 = 31;
-    pub const SAVEFH: u32 = 32;
-    pub const SECINFO_NO_NAME: u32 = 52;
-}
-
-const ERR_NOENT: u32 = 2;
 const ERR_NOTDIR: u32 = 20;
 const ERR_TOOSMALL: u32 = 10_005;
 const ERR_RESTOREFH: u32 = 10_030;
@@ -165,25 +152,25 @@ impl Fs {
         saved: &mut Option<&'static [u8]>,
     ) -> Option<u32> {
         let status = match opnum {
-            num::PUTROOTFH => {
+            op::PUTROOTFH => {
                 *cur = Some(ROOT);
                 0
             }
-            num::SAVEFH => match *cur {
+            op::SAVEFH => match *cur {
                 Some(fh) => {
                     *saved = Some(fh);
                     0
                 }
                 None => v4::ERR_NOFILEHANDLE,
             },
-            num::RESTOREFH => match *saved {
+            op::RESTOREFH => match *saved {
                 Some(fh) => {
                     *cur = Some(fh);
                     0
                 }
                 None => ERR_RESTOREFH,
             },
-            num::SECINFO_NO_NAME => {
+            op::SECINFO_NO_NAME => {
                 r.u32().ok()?;
                 // AUTH_SYS, then AUTH_NONE (what rpcrdmad's apps send).
                 x.put_u32(0).put_u32(2).put_u32(1).put_u32(0);
@@ -199,7 +186,7 @@ impl Fs {
                 fattr4(x, &want, &o);
                 return Some(0);
             }
-            num::LOOKUP => {
+            op::LOOKUP => {
                 let name = r.opaque(1024).ok()?;
                 match *cur {
                     Some(ROOT) => match self.root_entry(name) {
@@ -214,7 +201,7 @@ impl Fs {
                     None => v4::ERR_NOFILEHANDLE,
                 }
             }
-            num::LOOKUPP => match *cur {
+            op::LOOKUPP => match *cur {
                 Some(ROOT) => ERR_NOENT,
                 Some(_) => {
                     *cur = Some(ROOT);
@@ -222,7 +209,7 @@ impl Fs {
                 }
                 None => v4::ERR_NOFILEHANDLE,
             },
-            num::ACCESS => {
+            op::ACCESS => {
                 let want = r.u32().ok()?;
                 if cur.is_none() {
                     x.put_u32(v4::ERR_NOFILEHANDLE);
@@ -231,7 +218,7 @@ impl Fs {
                 x.put_u32(0).put_u32(want).put_u32(want);
                 return Some(0);
             }
-            num::READDIR => return self.readdir4(r, x, *cur),
+            op::READDIR => return self.readdir4(r, x, *cur),
             _ => {
                 x.put_u32(v4::ERR_NOTSUPP);
                 return Some(v4::ERR_NOTSUPP);
