@@ -352,13 +352,10 @@ fn attempt(addr: &str) -> (TcpSide, Attempt) {
 
 /// The daemon's refused connection requests, summed over its poll threads, by reason.
 fn refused(d: &Daemon, reason: &str) -> u64 {
-    let s = d.ctl_json(&["stats"]);
-    s["threads"]
-        .as_array()
-        .expect("threads")
-        .iter()
-        .map(|t| t["connects-refused"][reason].as_u64().expect("count"))
-        .sum()
+    common::thread_sum(
+        &d.ctl_json(&["stats"]),
+        &format!("connects-refused/{reason}"),
+    )
 }
 
 /// A listener's admission rules (config/CONFIG.md, "Admission"), on a dual-stack listener so

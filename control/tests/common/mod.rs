@@ -361,7 +361,8 @@ pub fn threads(d: &Daemon) -> u64 {
     s["threads"].as_array().map_or(0, |t| t.len() as u64)
 }
 
-/// `key` of `rpcrdmactl stats --json` summed over the poll threads.
+/// `key` of `rpcrdmactl stats --json` summed over the poll threads; `a/b` names `b` inside
+/// the object `a` (a JSON pointer below each thread).
 pub fn thread_sum(stats: &serde_json::Value, key: &str) -> u64 {
     let threads = stats["threads"]
         .as_array()
@@ -369,8 +370,8 @@ pub fn thread_sum(stats: &serde_json::Value, key: &str) -> u64 {
     threads
         .iter()
         .map(|t| {
-            t[key]
-                .as_u64()
+            t.pointer(&format!("/{key}"))
+                .and_then(serde_json::Value::as_u64)
                 .unwrap_or_else(|| panic!("stats has no {key}: {stats}"))
         })
         .sum()
