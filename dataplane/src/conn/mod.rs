@@ -665,6 +665,10 @@ pub struct Connection {
     vers: u32,
     /// Inline threshold for messages this side sends.
     send_threshold: u32,
+    /// [`threshold`](Self::threshold), kept up to date by
+    /// [`set_threshold`](Self::set_threshold) whenever what it depends on changes: every
+    /// call and reply sent asks for it.
+    threshold_now: u32,
     /// Inline threshold for messages the peer sends (decides the Reply chunk).
     recv_threshold: u32,
     /// The receive size this side announced (RFC 8797; its receive buffers unless told
@@ -755,6 +759,7 @@ impl Connection {
             // R8166-3.3.2-a: min(own largest Send, peer's receive buffers); version two
             // starts at 1024 until the peer confirms (AMB-20).
             send_threshold: cfg.send_size.min(peer_recv),
+            threshold_now: 0,
             recv_threshold: peer_send.min(cfg.recv_size),
             own_recv: cfg.recv_size,
             peer_send,
@@ -809,6 +814,7 @@ impl Connection {
             stats: Stats::default(),
             cfg,
         };
+        c.set_threshold();
         if !cfg.shared_recv {
             for slot in 0..cfg.recv_slots {
                 c.post_recv(slot);
@@ -864,12 +870,18 @@ impl Connection {
     /// (V2-5-b), then as learned.
     #[inline]
     fn threshold(&self) -> u32 {
+        self.threshold_now
+    }
+
+    /// Recomputes [`threshold`](Self::threshold); called after every change to the send
+    /// threshold, the cap, the version or its confirmation.
+    fn set_threshold(&mut self) {
         let t = self.send_threshold.min(self.peer_cap);
-        if self.vers == v2::VERSION && !self.v2_confirmed {
+        self.threshold_now = if self.vers == v2::VERSION && !self.v2_confirmed {
             t.min(DEFAULT_INLINE)
         } else {
             t
-        }
+        };
     }
 
     /// The peer answered in version two: both sides now use its defaults (V2-5.1-a,
@@ -889,6 +901,7 @@ impl Connection {
             .cfg
             .recv_size
             .min(self.own_rbsiz.unwrap_or(V2_DEFAULT_INLINE));
+        self.set_threshold();
     }
 
     /// A server offering version two learns the connection's version from the client's
@@ -904,6 +917,7 @@ impl Connection {
             && !self.v2_confirmed
         {
             self.vers = v1::VERSION;
+            self.set_threshold();
         }
     }
 
@@ -1572,6 +1586,7 @@ impl Connection {
     /// the threshold for messages this side sends becomes min(own send size, `rbsiz`).
     pub fn set_peer_receive_size(&mut self, rbsiz: u32) {
         self.send_threshold = self.cfg.send_size.min(rbsiz.max(DEFAULT_INLINE));
+        self.set_threshold();
         if self.vers == v2::VERSION {
             self.peer_rbsiz = Some(rbsiz.max(DEFAULT_INLINE));
         }
@@ -1598,6 +1613,7 @@ impl Connection {
     /// update above it changes nothing while the request is pending.
     pub fn set_peer_receive_cap(&mut self, cap: Option<u32>) {
         self.peer_cap = cap.map_or(u32::MAX, |c| c.max(DEFAULT_INLINE));
+        self.set_threshold();
     }
 
     /// Applies the peer's largest Send (RFC 8797): the threshold for messages the peer

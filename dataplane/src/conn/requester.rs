@@ -710,6 +710,7 @@ impl Connection {
             c.requeue = true;
             self.vers = v1::VERSION;
             self.limits.max_version = v1::VERSION;
+            self.set_threshold();
         }
         // AMB-5: an error never raises the credit limit.
         self.end_call(i, Some(&CallDone::failed(user, cxid, status)), None);
