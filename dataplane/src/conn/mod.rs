@@ -1659,7 +1659,8 @@ impl Connection {
                 self.on_call(slot, vers, xid, c, Some((header_len, payload)), env)
             }
             Some(MsgType::Reply) => {
-                self.on_reply(now, vers, xid, credit, c, Some(payload), inv, env);
+                let bad = requester::reply_chunks_bad(c, true);
+                self.on_reply(now, vers, xid, credit, c, Some(payload), bad, inv, env);
                 false
             }
             None => {
@@ -1690,7 +1691,8 @@ impl Connection {
         if c.reads.has_position_zero() {
             self.on_call(slot, vers, xid, c, None, env)
         } else if c.reply.is_some() && c.reads.is_empty() {
-            self.on_reply(now, vers, xid, credit, c, None, inv, env);
+            let bad = requester::reply_chunks_bad(c, false);
+            self.on_reply(now, vers, xid, credit, c, None, bad, inv, env);
             false
         } else {
             // R8166-4.2.4-b: the payload must be in a PZRC (call) or the Reply chunk.

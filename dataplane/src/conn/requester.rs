@@ -716,7 +716,8 @@ impl Connection {
         self.end_call(i, Some(&CallDone::failed(user, cxid, status)), None);
     }
 
-    /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk).
+    /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk);
+    /// `bad_chunks`: its chunk lists break R8166-4.3.1-b (see [`reply_chunks_bad`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn on_reply(
         &mut self,
@@ -726,6 +727,7 @@ impl Connection {
         credit: u32,
         lists: &ChunkLists<'_>,
         payload: Option<&[u8]>,
+        bad_chunks: bool,
         inv: Option<u32>,
         env: &mut impl Env,
     ) {
@@ -737,8 +739,6 @@ impl Connection {
             return self.take_cancelled(i, Some(credit), inv);
         }
         // R8166-4.3.1-b, AMB-9: header errors in a reply are dropped silently.
-        let bad_chunks = !lists.reads.is_empty()
-            || (payload.is_some() && lists.reply.is_some_and(|r| r.length() != 0));
         if bad_chunks || vers != self.vers {
             self.stats.dropped += 1;
             return;
@@ -921,6 +921,15 @@ impl Connection {
         }
         Ok((h.stat, body))
     }
+}
+
+/// Whether a reply's chunk lists are a header error (R8166-4.3.1-b): a reply carries no Read
+/// list, and one with an inline payload (RDMA_MSG) no Reply chunk holding data. Checked by
+/// the router before `on_reply`: for a Short message, routed inline in `dispatch` with the
+/// constant empty lists, it folds away.
+#[inline(always)]
+pub(super) fn reply_chunks_bad(lists: &ChunkLists<'_>, inline_payload: bool) -> bool {
+    !lists.reads.is_empty() || (inline_payload && lists.reply.is_some_and(|r| r.length() != 0))
 }
 
 /// How much of a reply's results the binding's checks read (a Long reply's on the
