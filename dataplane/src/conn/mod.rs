@@ -911,10 +911,12 @@ impl Connection {
     /// replies already do (V2-5.3-a). Without this a backward call went in version two to a
     /// client that cannot read it.
     fn learn_client_version(&mut self, vers: u32) {
-        if self.cfg.role == Role::Server
-            && vers == v1::VERSION
-            && self.vers == v2::VERSION
+        // Runs for every call received: the test that fails on any connection not (or no
+        // longer) offering version two comes first.
+        if self.vers == v2::VERSION
             && !self.v2_confirmed
+            && vers == v1::VERSION
+            && self.cfg.role == Role::Server
         {
             self.vers = v1::VERSION;
             self.set_threshold();
@@ -1656,7 +1658,10 @@ impl Connection {
     ) -> bool {
         match proto::rpc::msg_type(payload) {
             Some(MsgType::Call) => {
-                self.on_call(slot, vers, xid, c, Some((header_len, payload)), env)
+                // Empty lists passed as none: `dispatch`'s Short path (constant empty
+                // lists) then tests nothing.
+                let lists = (!c.is_empty()).then_some(c);
+                self.on_call(slot, vers, xid, lists, Some((header_len, payload)), env)
             }
             Some(MsgType::Reply) => {
                 let bad = requester::reply_chunks_bad(c, true);
@@ -1689,7 +1694,7 @@ impl Connection {
         env: &mut impl Env,
     ) -> bool {
         if c.reads.has_position_zero() {
-            self.on_call(slot, vers, xid, c, None, env)
+            self.on_call(slot, vers, xid, Some(c), None, env)
         } else if c.reply.is_some() && c.reads.is_empty() {
             let bad = requester::reply_chunks_bad(c, false);
             self.on_reply(now, vers, xid, credit, c, None, bad, inv, env);

@@ -321,13 +321,15 @@ fn plan(s: &Serve, out: &mut [Piece; MAX_PLAN]) -> Option<(usize, u32)> {
 }
 
 impl Connection {
-    /// A received call; true if its receive buffer is kept for the serve slot.
+    /// A received call; true if its receive buffer is kept for the serve slot. `lists`:
+    /// its chunk lists, `None` when all three are empty (the router tells, where a Short
+    /// message's empty lists are constants).
     pub(super) fn on_call(
         &mut self,
         slot: MemRef,
         vers: u32,
         xid: u32,
-        lists: &ChunkLists<'_>,
+        lists: Option<&ChunkLists<'_>>,
         inline: Option<(usize, &[u8])>,
         env: &mut impl Env,
     ) -> bool {
@@ -349,7 +351,7 @@ impl Connection {
             Some(s) => {
                 s.reset(xid, vers, slot);
                 // `reset` leaves a slot without segments, as an empty header describes.
-                lists.is_empty() || copy_lists(s, lists).is_some()
+                lists.is_none_or(|l| copy_lists(s, l).is_some())
             }
             None => false,
         };
@@ -364,7 +366,8 @@ impl Connection {
                     d.s_len = payload.len() as u32;
                     d.s_local = d.s_len;
                 }
-                self.prepare_call(i, payload, Some(&lists.reads), env);
+                let reads = lists.map_or(&ReadList::EMPTY, |l| &l.reads);
+                self.prepare_call(i, payload, Some(reads), env);
             }
             None => self.pull_head(i, env),
         }
