@@ -219,7 +219,11 @@ fn push<T: Copy>(arr: &mut [T], n: &mut usize, v: T) -> Option<()> {
 /// Checks a call against its header and binding and records its shape in `s`: the
 /// reassembled argument length, its generation and XID; `Err(Some(stat))` to answer with an
 /// RPC reply of that accept_stat, `Err(None)` for a header error.
-#[inline]
+///
+/// Inlined, like `prepare_call`, into the receive of every call; a call without data
+/// chunks (nearly all) only compares and stores a few words here, and the checks and plan
+/// of data chunks stay out of line.
+#[inline(always)]
 fn prepare_verdict(
     s: &mut Serve,
     call: &CallHeader,
@@ -230,24 +234,16 @@ fn prepare_verdict(
         // R8166-4.2.1-a.
         return Err(None);
     }
-    if s.n_dchunk > 0 {
+    if s.n_dchunk > 0 && !data_chunks_allowed(s, call, head, reads) {
         // R8166-6.1-b with AMB-12: GARBAGE_ARGS, the call is not executed.
-        let b = binding(call.prog, call.vers, call.proc);
-        let ok = match reads {
-            Some(r) => check_read_chunks(head, r).is_ok(),
-            None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
-        };
-        if !ok {
-            return Err(Some(rpcmsg::GARBAGE_ARGS));
-        }
+        return Err(Some(rpcmsg::GARBAGE_ARGS));
     }
     s.args_off = u32::try_from(call.args_offset).map_err(|_| Some(rpcmsg::GARBAGE_ARGS))?;
     let u_len = if s.n_dchunk == 0 {
         // No data chunk: the call is the stream S as it came.
         s.s_len
     } else {
-        let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
-        plan(s, &mut pieces).ok_or(Some(rpcmsg::GARBAGE_ARGS))?.1
+        reassembled_len(s).ok_or(Some(rpcmsg::GARBAGE_ARGS))?
     };
     let args_len = u_len
         .checked_sub(s.args_off)
@@ -257,6 +253,29 @@ fn prepare_verdict(
     s.prog_vers = call.vers;
     s.proc_ = call.proc;
     Ok((args_len, s.gen, s.xid))
+}
+
+/// Whether the binding lets the call's data chunks carry its arguments (R8166-6.1-b).
+#[inline(never)]
+fn data_chunks_allowed(
+    s: &Serve,
+    call: &CallHeader,
+    head: &[u8],
+    reads: Option<&ReadList<'_>>,
+) -> bool {
+    let b = binding(call.prog, call.vers, call.proc);
+    match reads {
+        Some(r) => check_read_chunks(head, r).is_ok(),
+        None => b.arg_eligible && s.n_dchunk <= b.max_read_chunks,
+    }
+}
+
+/// The length of a call with data chunks once reassembled (`None`: the chunks do not fit
+/// together, see [`plan`]).
+#[inline(never)]
+fn reassembled_len(s: &Serve) -> Option<u32> {
+    let mut pieces = [Piece::Zero { u: 0, len: 0 }; MAX_PLAN];
+    Some(plan(s, &mut pieces)?.1)
 }
 
 /// How the call is put together (RFC 8166 §3.4.5, AMB-10): the stream S (inline payload,
@@ -506,6 +525,11 @@ impl Connection {
     /// Checks the call against its binding, computes its reassembled size and tells the
     /// owner (`head`: the first bytes of the stream; `reads`: the Read list of an
     /// RDMA_MSG call, for the ULB check).
+    ///
+    /// Inlined in its two callers (`on_call` for every inline call): as separate functions,
+    /// it and `prepare_verdict` cost two call frames per call, the verdict returned through
+    /// memory, and the serve slot looked up again.
+    #[inline(always)]
     fn prepare_call(
         &mut self,
         i: u32,
