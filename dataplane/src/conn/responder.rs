@@ -537,7 +537,9 @@ impl Connection {
         reads: Option<&ReadList<'_>>,
         env: &mut impl Env,
     ) {
-        let Ok(call) = CallHeader::parse(head) else {
+        // Borrowed where it was parsed: moved out, the header was copied word by word.
+        let parsed = CallHeader::parse(head);
+        let Ok(call) = &parsed else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, Heard::NotYet, env);
         };
         let xid_ok = self
@@ -558,7 +560,7 @@ impl Connection {
             let Some(s) = self.serves.get_mut(i as usize) else {
                 return;
             };
-            prepare_verdict(s, &call, head, reads)
+            prepare_verdict(s, call, head, reads)
         };
         let (args_len, id, xid) = match verdict {
             Ok(x) => x,
