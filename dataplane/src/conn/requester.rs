@@ -611,29 +611,30 @@ impl Connection {
     /// already invalidated), then report `done` (R8166-4.4-b); `None` for a cancelled call,
     /// whose owner was told already.
     fn end_call(&mut self, i: u32, done: Option<&CallDone>, remote_inv: Option<u32>) {
-        // Only `place_reply` ends a call so.
-        self.stats.bad_replies += u64::from(done.is_some_and(|d| d.status == CallStatus::BadReply));
         let Some(c) = self.calls.get_mut(i as usize) else {
             return;
         };
         c.state = State::Invalidating;
         self.sent.remove(c.xid, i);
         c.inv_pending = 0;
-        let mut skipped = 0;
-        for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
-            if Some(rkey) == remote_inv {
-                skipped += 1;
-                continue;
+        // A call without chunks (most) exposed nothing: nothing to invalidate or count.
+        if c.n_rkeys > 0 {
+            let mut skipped = 0;
+            for &rkey in c.rkeys.get(..usize::from(c.n_rkeys)).unwrap_or(&[]) {
+                if Some(rkey) == remote_inv {
+                    skipped += 1;
+                    continue;
+                }
+                c.inv_pending += 1;
+                self.work.push_back(Work::Invalidate {
+                    tag: tag(K_INV, i),
+                    rkey,
+                });
             }
-            c.inv_pending += 1;
-            self.work.push_back(Work::Invalidate {
-                tag: tag(K_INV, i),
-                rkey,
-            });
+            self.stats.remote_invalidations += skipped;
+            self.stats.invalidations += u64::from(c.inv_pending);
         }
         let pending = c.inv_pending;
-        self.stats.remote_invalidations += skipped;
-        self.stats.invalidations += u64::from(pending);
         if pending == 0 {
             self.finish_call(i, done);
         } else if let Some(c) = self.calls.get_mut(i as usize) {
@@ -758,6 +759,8 @@ impl Connection {
         // Filled in place, not returned: a returned record was built, then copied out.
         let mut done = CallDone::failed(c.user, c.xid, CallStatus::Ok);
         if let Err(s) = self.place_reply(c, lists, payload, env, &mut done) {
+            // Only a reply's placement ends a call so.
+            self.stats.bad_replies += u64::from(s == CallStatus::BadReply);
             done.fail(s);
         }
         self.end_call(i, Some(&done), inv);
