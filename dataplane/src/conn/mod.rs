@@ -694,7 +694,10 @@ pub struct Connection {
     closed: Option<CloseReason>,
     work: VecDeque<Work>,
     events: VecDeque<Event>,
-    scratch: Vec<u8>,
+    /// Where a received message is copied before it is read. A boxed slice, not a `Vec`:
+    /// it is taken out and put back around every message's handling (which borrows the
+    /// connection), and a slice moves as two words, not three.
+    scratch: Box<[u8]>,
     /// Where transport headers are built (reused: no per-message zeroing).
     hdr: Vec<u8>,
     send_owner: Vec<SendOwner>,
@@ -774,7 +777,7 @@ impl Connection {
             closed: None,
             work: VecDeque::with_capacity(64),
             events: VecDeque::with_capacity(16),
-            scratch: vec![0; cfg.recv_size as usize],
+            scratch: vec![0; cfg.recv_size as usize].into_boxed_slice(),
             hdr: vec![0; HDR_LEN],
             send_owner: vec![SendOwner::Free; cfg.send_slots as usize],
             send_busy: vec![false; cfg.send_slots as usize],
@@ -1345,7 +1348,9 @@ impl Connection {
         } else {
             self.close(CloseReason::Local("receive buffer read"));
         }
-        self.scratch = scratch;
+        // Put back. What `take` left in its place is an empty slice, which owns no memory:
+        // forgotten rather than dropped, which would test its length again.
+        std::mem::forget(std::mem::replace(&mut self.scratch, scratch));
     }
 
     /// Routes one received message; true if its receive buffer is kept (a call whose
