@@ -1280,9 +1280,16 @@ impl Connection {
         env: &mut impl Env,
     ) {
         self.recv_posted = self.recv_posted.saturating_sub(1);
-        match self.recv_buf(slot) {
-            Some(buf) => self.receive(now, buf, byte_len, inv, env),
-            None => self.close(CloseReason::Local("receive buffer")),
+        let Some(buf) = self.recv_buf(slot) else {
+            return self.close(CloseReason::Local("receive buffer"));
+        };
+        if self.receive(now, buf, byte_len, inv, env) {
+            // `release_recv` without finding the slot again from the buffer.
+            if self.cfg.shared_recv {
+                self.release_recv(buf);
+            } else {
+                self.repost_recv(slot, buf);
+            }
         }
     }
 
@@ -1301,7 +1308,9 @@ impl Connection {
             self.work.push_back(Work::Release { buf });
             return;
         }
-        self.receive(now, buf, byte_len, invalidated_rkey, env);
+        if self.receive(now, buf, byte_len, invalidated_rkey, env) {
+            self.release_recv(buf);
+        }
         self.pump(env);
     }
 
@@ -1314,18 +1323,24 @@ impl Connection {
         }
         let off = buf.offset.saturating_sub(self.cfg.recv_pool.offset);
         let slot = off / u64::from(self.cfg.recv_size.max(1));
-        // `buf` is the slot's own buffer (what `recv_buf(slot)` gave the receive): posted as
-        // it is, not rebuilt from the slot.
+        self.repost_recv(slot as u32, buf);
+    }
+
+    /// Posts `buf`, the own receive buffer of `slot` (what `recv_buf(slot)` gave the
+    /// receive), again: as it is, not rebuilt from the slot.
+    fn repost_recv(&mut self, slot: u32, buf: MemRef) {
         if self.closed.is_some() {
             return;
         }
         self.recv_posted += 1;
         self.work.push_back(Work::Recv {
-            tag: tag(K_RECV, slot as u32),
+            tag: tag(K_RECV, slot),
             buf,
         });
     }
 
+    /// Reads and routes one message received in `buf`; true if the buffer may go back now
+    /// (its message is handled, and no call holds it).
     fn receive(
         &mut self,
         now: Instant,
@@ -1333,24 +1348,24 @@ impl Connection {
         byte_len: u32,
         inv: Option<u32>,
         env: &mut impl Env,
-    ) {
+    ) -> bool {
         let n = byte_len.min(self.cfg.recv_size).min(buf.len);
         let mut scratch = std::mem::take(&mut self.scratch);
         let ok = match (buf.prefix(n), scratch.get_mut(..n as usize)) {
             (Some(at), Some(dst)) => env.read(at, dst),
             _ => false,
         };
-        if ok {
+        let release = if ok {
             let msg = scratch.get(..n as usize).unwrap_or(&[]);
-            if !self.dispatch(now, buf, msg, inv, env) {
-                self.release_recv(buf);
-            }
+            !self.dispatch(now, buf, msg, inv, env)
         } else {
             self.close(CloseReason::Local("receive buffer read"));
-        }
+            false
+        };
         // Put back. What `take` left in its place is an empty slice, which owns no memory:
         // forgotten rather than dropped, which would test its length again.
         std::mem::forget(std::mem::replace(&mut self.scratch, scratch));
+        release
     }
 
     /// Routes one received message; true if its receive buffer is kept (a call whose
