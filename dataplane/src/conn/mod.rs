@@ -913,6 +913,7 @@ impl Connection {
     /// calls on the connection (backward direction) go in version 1 from then on, as its
     /// replies already do (V2-5.3-a). Without this a backward call went in version two to a
     /// client that cannot read it.
+    #[inline]
     fn learn_client_version(&mut self, vers: u32) {
         // Runs for every call received: the test that fails on any connection not (or no
         // longer) offering version two comes first.

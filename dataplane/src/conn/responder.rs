@@ -542,12 +542,13 @@ impl Connection {
         let Ok(call) = &parsed else {
             return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, Heard::NotYet, env);
         };
-        let xid_ok = self
-            .serves
-            .get(i as usize)
-            .is_some_and(|s| s.xid == call.xid);
+        // The serve slot is looked up once; it stays borrowed but for the answers that
+        // end the call here. Checked in place: the slot is large, copying it per call costs.
+        let Some(s) = self.serves.get_mut(i as usize) else {
+            return;
+        };
         let bad_sys = call.cred_flavor == rpcrdma_proto::rpc::AUTH_SYS && call.auth_sys.is_none();
-        if (call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS || bad_sys) && xid_ok {
+        if (call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS || bad_sys) && s.xid == call.xid {
             // Apps receive the arguments and an AUTH_SYS identity only, so no app could
             // verify a GSS call: refuse it as a server without GSS does, before anything of it
             // is pulled or reduced (R8166-8.2.2-a, -8.2.2.3-a); a malformed AUTH_SYS
@@ -555,14 +556,7 @@ impl Connection {
             let hdr = rpcmsg::auth_error_reply(call.xid, rpcmsg::AUTH_BADCRED);
             return self.serve_rpc_reply(i, &hdr, Heard::NotYet, env);
         }
-        // Checked in place: the slot is large, copying it per call costs.
-        let verdict = {
-            let Some(s) = self.serves.get_mut(i as usize) else {
-                return;
-            };
-            prepare_verdict(s, call, head, reads)
-        };
-        let (args_len, id, xid) = match verdict {
+        let (args_len, id, xid) = match prepare_verdict(s, call, head, reads) {
             Ok(x) => x,
             Err(Some(stat)) => return self.serve_status_reply(i, stat, Heard::NotYet, env),
             Err(None) => return self.serve_fail_header(i, Heard::NotYet, env),
@@ -570,9 +564,7 @@ impl Connection {
         if args_len > self.cfg.max_call_size {
             return self.serve_fail_header(i, Heard::NotYet, env);
         }
-        if let Some(s) = self.serves.get_mut(i as usize) {
-            s.state = State::Waiting;
-        }
+        s.state = State::Waiting;
         self.events.push_back(Event::IncomingCall(IncomingCall {
             id: ServeId { slot: i, gen: id },
             xid,
