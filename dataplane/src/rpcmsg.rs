@@ -106,11 +106,12 @@ fn word(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// Parses an RPC reply header; `None` if `b` is not one (wrong type, truncated, bad arms).
-#[inline]
+#[inline(always)]
 pub fn parse_reply(b: &[u8]) -> Option<ReplyHeader> {
     // Nearly every reply has the 24-byte shape `reply_header` writes: accepted, a verifier
     // of no bytes, an accept_stat without a mismatch range. Its six words are read after
-    // one length check; any other reply takes the general parse.
+    // one length check, inline in the reply's handling; any other reply takes the general
+    // parse.
     if let Some(h) = b.first_chunk::<REPLY_HEADER_LEN>() {
         let w = |i: usize| u32::from_be_bytes([h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]]);
         let stat = w(5);

@@ -724,7 +724,12 @@ impl Connection {
 
     /// A reply (RDMA_MSG with `payload`, or RDMA_NOMSG using the Reply chunk);
     /// `bad_chunks`: its chunk lists break R8166-4.3.1-b (see [`reply_chunks_bad`]).
+    ///
+    /// Inlined where messages are routed, as are `place_reply` and `parse_reply` in it: a
+    /// Short reply's handling, every RPC's on the requester, was three call frames, and is
+    /// now part of `dispatch` (the Long reply's path, `take_reply_chunk`, stays apart).
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(super) fn on_reply(
         &mut self,
         _now: Instant,
@@ -768,7 +773,8 @@ impl Connection {
 
     /// Puts the reply's results where the app wants them and checks the echoed chunks;
     /// sets the outcome in `done` (the call's record, its `user` and `xid` set), or fails
-    /// with the status the call ends with.
+    /// with the status the call ends with. Inlined: see [`on_reply`](Self::on_reply).
+    #[inline(always)]
     fn place_reply(
         &self,
         c: &Call,
