@@ -343,6 +343,10 @@ impl Connection {
     /// A received call; true if its receive buffer is kept for the serve slot. `lists`:
     /// its chunk lists, `None` when all three are empty (the router tells, where a Short
     /// message's empty lists are constants).
+    ///
+    /// Inlined where messages are routed, like `on_reply`: a Short call's receive, every
+    /// RPC's on the responder, is then one call frame (`handle_completion`).
+    #[inline(always)]
     pub(super) fn on_call(
         &mut self,
         slot: MemRef,
