@@ -703,6 +703,9 @@ pub struct Connection {
     send_owner: Vec<SendOwner>,
     /// The buffer of each send slot (fixed, or taken from the shared pool while in use).
     send_bufs: Vec<MemRef>,
+    /// The buffer of each receive slot of the own pool, computed once (every receive
+    /// completion names its slot); empty with a shared receive queue.
+    recv_bufs: Vec<MemRef>,
     /// Per send buffer: a Send from it has not completed yet.
     send_busy: Vec<bool>,
     /// Sends handed out by `poll_work` and not yet completed, by slot, in posting order
@@ -792,6 +795,13 @@ impl Connection {
                 })
                 .collect(),
             send_free: (0..cfg.send_slots).rev().collect(),
+            recv_bufs: if cfg.shared_recv {
+                Vec::new()
+            } else {
+                (0..cfg.recv_slots)
+                    .map_while(|slot| recv_slot_buf(&cfg, slot))
+                    .collect()
+            },
             call_sends: 0,
             recv_posted: 0,
             calls: (0..cfg.max_calls)
@@ -1111,11 +1121,14 @@ impl Connection {
         self.pump(env);
     }
 
+    /// Receive slot `slot`'s buffer: from the table; a slot past it (a completion for no
+    /// receive this side posted) is computed, as the table's entries were.
     #[inline]
     fn recv_buf(&self, slot: u32) -> Option<MemRef> {
-        self.cfg
-            .recv_pool
-            .sub(slot.checked_mul(self.cfg.recv_size)?, self.cfg.recv_size)
+        match self.recv_bufs.get(slot as usize) {
+            Some(&b) => Some(b),
+            None => recv_slot_buf(&self.cfg, slot),
+        }
     }
 
     #[inline]
@@ -1758,6 +1771,12 @@ impl Connection {
     fn call_room(&self) -> u32 {
         self.cfg.send_slots.saturating_sub(self.grant_peak + 1)
     }
+}
+
+/// Receive slot `slot`'s buffer in the own receive pool.
+fn recv_slot_buf(cfg: &ConnConfig, slot: u32) -> Option<MemRef> {
+    cfg.recv_pool
+        .sub(slot.checked_mul(cfg.recv_size)?, cfg.recv_size)
 }
 
 /// A Short message without chunks (RDMA_MSG or RDMA2_MSG with three empty lists), the
