@@ -398,9 +398,16 @@ impl Connection {
         };
         let v2 = self.vers == v2::VERSION;
         let fixed = if v2 { 20 } else { 16 };
-        // Which eligible arguments move to Read chunks (R8166-3.4.2-a, IMPL-6.2.1-a).
+        let hdr_rpc = if auth.is_some() {
+            MAX_CALL_HEADER_LEN
+        } else {
+            CALL_HEADER_LEN
+        } as u32;
+        // Which eligible arguments move to Read chunks (R8166-3.4.2-a, IMPL-6.2.1-a), and
+        // the length of what stays inline: the RPC header, the message, the other arguments.
         let mut reduce = [false; MAX_PIECES];
         let mut n_red = 0u32;
+        let mut inline_len = hdr_rpc.checked_add(c.msg.len)?;
         for (k, a) in c.args().iter().enumerate() {
             if b.arg_eligible
                 && a.mem.len >= self.cfg.ddp_threshold
@@ -408,16 +415,7 @@ impl Connection {
             {
                 reduce[k] = true;
                 n_red += 1;
-            }
-        }
-        let hdr_rpc = if auth.is_some() {
-            MAX_CALL_HEADER_LEN
-        } else {
-            CALL_HEADER_LEN
-        } as u32;
-        let mut inline_len = hdr_rpc.checked_add(c.msg.len)?;
-        for (k, a) in c.args().iter().enumerate() {
-            if !reduce[k] {
+            } else {
                 inline_len = inline_len.checked_add(round4(a.mem.len))?;
             }
         }
