@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnectFailure, CqId, DeviceEvents, Mr, PdId, Provider, QpId,
-    QpInit, QpState, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
+    Access, CmEvent, ConnParams, ConnectFailure, CqId, DeviceEvents, Error, Mr, PdId, Provider,
+    QpId, QpInit, QpState, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// Makes providers for the suite.
@@ -1184,6 +1184,99 @@ pub fn send_with_invalidate_of_another_connections_exposure_is_refused<H: Harnes
     );
 }
 
+/// A connection request handed over ([`Provider::hand_over`]) to another provider of the same
+/// kind (another poll thread's) is answered there: the giver no longer knows it, the taker
+/// accepts it, the connection comes up with the private data intact and carries a Send each
+/// way. A provider whose requests cannot move says so (`Unsupported`) and keeps the request,
+/// which it then answers itself.
+pub fn connection_request_handed_over_is_answered_by_the_taker<H: Harness>(h: &mut H) {
+    let (pa, giver) = h.pair();
+    let (_, taker) = h.pair();
+    let mut giver = Side::new(giver);
+    let l = giver.p.listen(h.listen_addr()).expect("listen");
+    let addr = giver.p.listen_addr(l).expect("listen_addr");
+    let mut p = Pair {
+        a: Side::new(pa),
+        b: Side::new(taker),
+        addr,
+    };
+    let qa = p.a.p.create_qp(&p.a.qp_init()).expect("create_qp a");
+    p.a.start_connect(qa, addr);
+    let start = Instant::now();
+    let req = loop {
+        p.a.step();
+        giver.step();
+        let req = giver.events.iter().find_map(|e| match e {
+            CmEvent::ConnectRequest { req, .. } => Some(*req),
+            _ => None,
+        });
+        if let Some(req) = req {
+            break req;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "timed out waiting for the request"
+        );
+        std::thread::yield_now();
+    };
+    let req = match giver.p.hand_over(req) {
+        Ok(moved) => {
+            assert!(
+                matches!(giver.p.hand_over(req), Err(Error::BadHandle)),
+                "the giver still knows the request it handed over"
+            );
+            p.b.p.take_over(moved).expect("take_over")
+        }
+        Err(Error::Unsupported(_)) => {
+            // The request stays with the giver, which answers it.
+            std::mem::swap(&mut p.b, &mut giver);
+            req
+        }
+        Err(e) => panic!("hand_over: {e}"),
+    };
+    let qb = p.b.p.create_qp(&p.b.qp_init()).expect("create_qp b");
+    let params = ConnParams {
+        private_data: &SERVER_PD,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    p.b.p.accept(req, qb, &params).expect("accept");
+    p.wait("established on both sides", |p| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qa))
+            && p.b
+                .events
+                .iter()
+                .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qb))
+    });
+    let apd = p.a.events.iter().find_map(|e| match e {
+        CmEvent::Established { qp, private_data } if *qp == qa => Some(*private_data),
+        _ => None,
+    });
+    assert_eq!(apd.map(|d| d.as_slice().to_vec()), Some(SERVER_PD.to_vec()));
+    p.a.qps.push(qa);
+    p.b.qps.push(qb);
+    let (there, back) = (pattern(5, 100), pattern(6, 60));
+    p.b.recv(1, &[p.b.sge(0, 256)]);
+    p.a.recv(1, &[p.a.sge(0, 256)]);
+    p.a.fill(4096, &there);
+    p.b.fill(4096, &back);
+    p.a.send_on(qa, 2, 4096, there.len());
+    p.wait("the Send reached the taker", |p| p.b.wc(1).is_some());
+    p.b.send_on(qb, 2, 4096, back.len());
+    p.wait("the Send came back", |p| p.a.wc(1).is_some());
+    for (side, want) in [(&p.b, &there), (&p.a, &back)] {
+        let w = side.wc(1).unwrap();
+        assert_eq!(
+            (w.status, w.byte_len as usize),
+            (WcStatus::Success, want.len())
+        );
+        assert_eq!(side.mem(0, want.len()), &want[..]);
+    }
+    drop(giver);
+}
+
 /// An exposure's key dies with the connection it was made for: once that queue pair is
 /// disconnected (as the daemon does when a connection ends with RPCs in flight, whose
 /// exposures are then never invalidated one by one), a Write under the key from another
@@ -2141,7 +2234,8 @@ macro_rules! conformance_tests {
             a_destroyed_queue_pair_retires_though_no_poll_comes_back_empty,
             region_without_remote_rights_is_reached_only_through_exposures,
             exposure_is_refused_on_another_connection, exposure_dies_with_its_connection,
-            send_with_invalidate_of_another_connections_exposure_is_refused);
+            send_with_invalidate_of_another_connections_exposure_is_refused,
+            connection_request_handed_over_is_answered_by_the_taker);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

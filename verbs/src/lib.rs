@@ -75,6 +75,31 @@ handle!(
     ConnReqId
 );
 
+/// A connection request taken out of one provider with [`Provider::hand_over`], to be
+/// answered by another provider of the same kind (another poll thread's): what lets one
+/// listener's connections live on every poll thread. It owns the request's transport state
+/// (the soft provider's TCP stream and MPA Request; `ibv`'s rdma_cm id); dropped, the request
+/// is abandoned (its stream closed, its id destroyed) and the peer's connect fails.
+pub struct Handover(Box<dyn std::any::Any + Send>);
+
+impl Handover {
+    /// Wraps a provider's own request state.
+    pub(crate) fn new(state: impl std::any::Any + Send) -> Handover {
+        Handover(Box::new(state))
+    }
+
+    /// The provider's state, if it is of type `T` (else the handover back).
+    pub(crate) fn take<T: 'static>(self) -> std::result::Result<T, Handover> {
+        self.0.downcast::<T>().map(|b| *b).map_err(Handover)
+    }
+}
+
+impl fmt::Debug for Handover {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Handover")
+    }
+}
+
 /// Errors returned by provider calls (never by the data a peer sends: that becomes a work
 /// completion status or a connection event).
 #[derive(Debug)]
@@ -667,6 +692,23 @@ pub trait Provider {
 
     /// Refuse a connection request, sending `private_data` to the requester.
     fn reject(&mut self, req: ConnReqId, private_data: &[u8]) -> Result<()>;
+
+    /// Takes connection request `req` (not answered yet) out of this provider, for
+    /// [`take_over`](Provider::take_over) by another provider of the same kind; `req` is then
+    /// unknown here. [`Error::Unsupported`] where requests cannot move (the in-memory fabric,
+    /// whose streams belong to one thread): `req` stays here, to be answered here.
+    fn hand_over(&mut self, req: ConnReqId) -> Result<Handover> {
+        let _ = req;
+        Err(Error::Unsupported("moving a connection request"))
+    }
+
+    /// Takes in a request another provider of the same kind handed over: answer it with
+    /// [`accept`](Provider::accept) or [`reject`](Provider::reject) as if it had come here. On
+    /// an error the request is abandoned (the peer's connect fails).
+    fn take_over(&mut self, request: Handover) -> Result<ConnReqId> {
+        drop(request);
+        Err(Error::Unsupported("moving a connection request"))
+    }
 
     /// Disconnect: outstanding work on both sides is flushed and both get `Disconnected`.
     fn disconnect(&mut self, qp: QpId) -> Result<()>;

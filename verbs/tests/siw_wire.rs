@@ -843,3 +843,49 @@ fn streams_beyond_max_pending_wait_in_the_backlog() {
             .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
     });
 }
+
+/// A TCP stream's connection request moves between soft providers (two poll threads'): the
+/// listener's provider hands it over and no longer knows it; the other provider answers the
+/// MPA Request and carries the stream's traffic while the giver is not even polled.
+#[test]
+fn a_connection_request_moves_to_another_soft_provider() {
+    let mut giver = Node::new(SoftConfig::default());
+    let l = giver.p.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = giver.p.listen_addr(l).unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_nonblocking(true).unwrap();
+    s.write_all(&siw_request(0, 16, 16)).unwrap();
+    wait(&mut giver, "connect request", |n| !n.events.is_empty());
+    let CmEvent::ConnectRequest { req, .. } = giver.events.remove(0) else {
+        panic!("{:?}", giver.events)
+    };
+    let moved = giver.p.hand_over(req).expect("a TCP request moves");
+    let qp = giver.p.create_qp(&giver.init).unwrap();
+    let params = ConnParams {
+        private_data: &SERVER_PD,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    assert!(
+        giver.p.accept(req, qp, &params).is_err(),
+        "the giver still answers a request it handed over"
+    );
+    let mut taker = Node::new(SoftConfig::default());
+    let req = taker.p.take_over(moved).unwrap();
+    let qp = taker.p.create_qp(&taker.init).unwrap();
+    taker.qp = Some(qp);
+    taker.p.accept(req, qp, &params).unwrap();
+    let reply = read_exact(&mut taker, &mut s, wire::MPA_HDR_LEN + SERVER_PD.len());
+    assert_eq!(&reply[..16], &wire::MPA_REP_KEY[..]);
+    assert_eq!(&reply[reply.len() - SERVER_PD.len()..], &SERVER_PD);
+    let r = taker.sge(0, 1024);
+    taker.p.post_recv(qp, 1, &[r]).unwrap();
+    s.write_all(&golden_send()).unwrap();
+    wait(&mut taker, "the Send on the moved stream", |n| {
+        !n.wcs.is_empty()
+    });
+    assert_eq!(
+        (taker.wcs[0].status, taker.wcs[0].byte_len),
+        (WcStatus::Success, 68)
+    );
+}

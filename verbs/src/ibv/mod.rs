@@ -45,9 +45,9 @@ use sideway::ibverbs::AccessFlags;
 
 use crate::slab::Slab;
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, DeviceEvents, Error, ListenerId,
-    Mr, MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge,
-    SrqId, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, DeviceEvents, Error, Handover,
+    ListenerId, Mr, MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp,
+    SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion, MAX_SGE,
 };
 
 use sys::{AsyncEvent, CmId, RawCq, RawMw, RawQp, RawSrq};
@@ -1551,6 +1551,19 @@ impl Provider for IbvProvider {
         e.id = Some(id);
         e.state = QpState::Connecting;
         Ok(())
+    }
+
+    fn hand_over(&mut self, req: ConnReqId) -> Result<Handover> {
+        let id = self.reqs.remove(req.0).ok_or(Error::BadHandle)?;
+        Ok(Handover::new(sys::MovingId(id)))
+    }
+
+    fn take_over(&mut self, request: Handover) -> Result<ConnReqId> {
+        let sys::MovingId(id) = request
+            .take()
+            .map_err(|_| Error::InvalidArgument("another provider's connection request"))?;
+        id.migrate(&self.channel)?;
+        push(&mut self.reqs, id).map(ConnReqId)
     }
 
     fn reject(&mut self, req: ConnReqId, private_data: &[u8]) -> Result<()> {

@@ -776,6 +776,16 @@ impl CmEventData {
 /// An rdma_cm identifier (destroyed on drop).
 pub(super) struct CmId(*mut rdma_cm_id);
 
+/// A connect request's id on its way from one poll thread's provider to another's
+/// ([`crate::Provider::hand_over`]); the receiver moves it to its own event channel.
+pub(super) struct MovingId(pub(super) CmId);
+
+// SAFETY: librdmacm lets an id be used from any thread as long as calls on it are not
+// concurrent; a `MovingId` is the id's only owner while it travels, and the provider that
+// takes it migrates it to its own channel before using it. Its events were all acknowledged
+// when read, so nothing of it is left on the sending thread's channel.
+unsafe impl Send for MovingId {}
+
 /// The IPv4 or IPv6 address in `ss`, as its family says.
 fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     let at = ptr::addr_of!(*ss);
@@ -974,6 +984,13 @@ impl CmId {
         // SAFETY: the id is a live connect request; the data lives across the call.
         cm_ret(unsafe { ffi::rdma_reject(self.0, private_data.as_ptr().cast(), len) })
             .map_err(Error::Io)
+    }
+
+    /// Moves the id to `channel`: its later events are read there.
+    pub(super) fn migrate(&self, channel: &EventChannel) -> io::Result<()> {
+        // SAFETY: the id and the channel are live; the id has no unacknowledged event (each is
+        // acknowledged as it is read), so rdma_migrate_id does not wait.
+        cm_ret(unsafe { ffi::rdma_migrate_id(self.0, channel.0) })
     }
 
     pub(super) fn establish(&self) -> io::Result<()> {

@@ -1,6 +1,7 @@
 //! Byte-stream transports under the soft provider: nonblocking TCP, and an in-memory fabric
 //! whose endpoints live in one process and are driven by one thread.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -48,6 +49,18 @@ pub trait Transport {
     /// listener or a link not attached yet had news too (the owner's connection management
     /// has work: the news was taken here and will not be reported again).
     fn take_ready(&mut self, ready: impl FnMut(usize)) -> bool;
+    /// Stops watching `link`, not attached yet, so that another transport of the same kind may
+    /// [`adopt`](Transport::adopt) it; gives it back where links cannot move (the in-memory
+    /// fabric's belong to the thread that drives it).
+    fn detach(&mut self, link: Self::Link) -> Result<Box<dyn Any + Send>, Self::Link> {
+        Err(link)
+    }
+    /// Watches a link another transport of the same kind [detached](Transport::detach), as
+    /// not attached yet.
+    fn adopt(&mut self, link: Box<dyn Any + Send>) -> io::Result<Self::Link> {
+        drop(link);
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Whether [`Transport::take_ready`] has tokens to report already (in-memory wakeups not
     /// taken yet): the owner must not sleep on [`Transport::event_fd`] then.
     fn has_ready(&self) -> bool {
@@ -166,6 +179,19 @@ impl Transport for Tcp {
         s.set_nodelay(true)?;
         self.watch(&mut s)?;
         Ok(TcpLink(s))
+    }
+    fn detach(&mut self, mut link: TcpLink) -> Result<Box<dyn Any + Send>, TcpLink> {
+        match self.poll.registry().deregister(&mut link.0) {
+            Ok(()) => Ok(Box::new(link)),
+            Err(_) => Err(link),
+        }
+    }
+    fn adopt(&mut self, link: Box<dyn Any + Send>) -> io::Result<TcpLink> {
+        let mut link = *link
+            .downcast::<TcpLink>()
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        self.watch(&mut link.0)?;
+        Ok(link)
     }
     fn attach(&mut self, link: &mut TcpLink, token: usize) -> io::Result<()> {
         // Re-registering also reports the link at once if it is ready now (epoll checks on

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 
 use crate::slab::Slab;
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, ListenerId, Mr, MrId,
-    PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, Handover, ListenerId, Mr,
+    MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
     WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
 };
 use link::{Link, MemFabric, MemPort, Tcp, Transport};
@@ -354,6 +354,14 @@ struct Srq {
     q: Ring<RecvWr>,
     depth: u32,
     max_sge: u32,
+}
+
+/// A ready connection request on its way to another soft provider ([`Provider::hand_over`]):
+/// its stream, detached from this provider's transport, and its MPA Request as read.
+struct MovedRequest {
+    link: Box<dyn std::any::Any + Send>,
+    buf: [u8; wire::MPA_HDR_LEN + wire::MPA_MAX_PD],
+    len: usize,
 }
 
 #[derive(Debug)]
@@ -1940,6 +1948,50 @@ impl<T: Transport> Provider for SoftProvider<T> {
             private_data: PrivateData::EMPTY,
         });
         Ok(())
+    }
+
+    fn hand_over(&mut self, req: ConnReqId) -> Result<Handover> {
+        let (p, _) = self.take_ready(req)?;
+        let Pending {
+            listener,
+            link,
+            buf,
+            len,
+            ready,
+            since,
+        } = p;
+        match self.transport.detach(link) {
+            Ok(link) => Ok(Handover::new(MovedRequest { link, buf, len })),
+            Err(link) => {
+                // This transport's streams stay with it: the request is answered here.
+                self.pending[req.0 as usize] = Some(Pending {
+                    listener,
+                    link,
+                    buf,
+                    len,
+                    ready,
+                    since,
+                });
+                Err(Error::Unsupported("moving a connection request"))
+            }
+        }
+    }
+
+    fn take_over(&mut self, request: Handover) -> Result<ConnReqId> {
+        let m: MovedRequest = request
+            .take()
+            .map_err(|_| Error::InvalidArgument("another provider's connection request"))?;
+        let link = self.transport.adopt(m.link)?;
+        let p = Pending {
+            // Not one of this provider's listeners: nothing looks at it once it is ready.
+            listener: ListenerId(u32::MAX),
+            link,
+            buf: m.buf,
+            len: m.len,
+            ready: true,
+            since: Instant::now(),
+        };
+        Ok(ConnReqId(slot(&mut self.pending, p)))
     }
 
     fn reject(&mut self, req: ConnReqId, private_data: &[u8]) -> Result<()> {
