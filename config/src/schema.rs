@@ -402,6 +402,14 @@ pub struct Listener {
     /// `max(rate, max-connections-per-host)`); 0: no cap.
     #[serde(default)]
     pub connect_rate_per_host: u32,
+    /// Whether admitted connections go to the poll thread with the fewest connections
+    /// (true), or all stay on the listener's own thread.
+    #[serde(default = "default_spread")]
+    pub spread: bool,
+}
+
+fn default_spread() -> bool {
+    true
 }
 
 /// One remote endpoint to keep connected.

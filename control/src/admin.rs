@@ -199,6 +199,10 @@ pub struct ThreadStatus {
     /// Connection requests refused, by reason.
     #[serde(default)]
     pub connects_refused: ConnectsRefused,
+    /// Connection requests its listeners admitted and handed to another poll thread
+    /// (`listeners[].spread`).
+    #[serde(default)]
+    pub conns_handed_over: u64,
     /// Apps detached so far.
     pub apps_detached: u64,
     /// Memory regions registered with the provider (buffer pool, app arenas).

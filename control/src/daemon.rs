@@ -188,6 +188,7 @@ fn admit_spec(l: &rpcrdma_config::Listener) -> Option<poll::AdmitSpec> {
             .collect::<Option<_>>()?,
         per_host: l.max_connections_per_host,
         rate: l.connect_rate_per_host,
+        spread: l.spread,
     })
 }
 
@@ -1170,6 +1171,7 @@ impl Daemon {
                     o.allow = n.allow.clone();
                     o.max_connections_per_host = n.max_connections_per_host;
                     o.connect_rate_per_host = n.connect_rate_per_host;
+                    o.spread = n.spread;
                 }
             } else if key.starts_with("peers[") {
                 for (p, n) in self.peers.iter_mut().zip(&new.peers) {
@@ -1464,6 +1466,7 @@ impl Daemon {
                     app_ops: t.app_ops,
                     bad_submissions: t.bad_submissions,
                     connects_refused: t.connects_refused.into(),
+                    conns_handed_over: t.conns_handed_over,
                     apps_detached: t.apps_detached,
                     regions: t.regions,
                     region_bytes: t.region_bytes,

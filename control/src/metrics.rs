@@ -220,7 +220,7 @@ pub fn render(
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-    let per_thread: [(&str, &str, &str, PerThread); 14] = [
+    let per_thread: [(&str, &str, &str, PerThread); 15] = [
         (
             "rpcrdmad_thread_hops_sent_total",
             "counter",
@@ -244,6 +244,12 @@ pub fn render(
             "counter",
             "closed connections whose calls ended before the device reported their send queue drained",
             |t| t.drains_overdue,
+        ),
+        (
+            "rpcrdmad_thread_conns_handed_over_total",
+            "counter",
+            "connection requests its listeners admitted and handed to the poll thread with the fewest connections (listeners[].spread)",
+            |t| t.conns_handed_over,
         ),
         (
             "rpcrdmad_thread_completions_total",

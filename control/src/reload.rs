@@ -15,6 +15,7 @@ const LIVE: &[&str] = &[
     "listeners[].allow",
     "listeners[].max-connections-per-host",
     "listeners[].connect-rate-per-host",
+    "listeners[].spread",
     "peers[].reconnect-initial-ms",
     "peers[].reconnect-max-ms",
 ];

@@ -381,8 +381,8 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
     assert!(text.contains("[::]"), "{text}");
     let d = Daemon::start_with(dir, port, &text);
     let v4 = format!("127.0.0.1:{port}");
-    let (first, a1) = attempt(&v4);
-    let (_second, a2) = attempt(&v4);
+    let (_first, a1) = attempt(&v4);
+    let (second, a2) = attempt(&v4);
     let (_third, a3) = attempt(&v4);
     assert_eq!((a1, a2, a3), (Attempt::Up, Attempt::Up, Attempt::Refused));
     assert_eq!(refused(&d, "host-limit"), 1);
@@ -422,8 +422,18 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
     assert_eq!(remotes.len(), 3, "{remotes:?}");
     assert_eq!(remotes.iter().filter(|r| r.starts_with("[::1]")).count(), 1);
 
-    // The first host's ended connection gives its place back.
-    drop(first);
+    // The first host's ended connection gives its place back. The second lives on poll
+    // thread 1 (`spread`: the listener's thread 0 held the first), so its place goes back to
+    // the listener's thread as a message.
+    let on: Vec<u64> = d
+        .ctl_json(&["conns"])
+        .as_array()
+        .expect("conns")
+        .iter()
+        .filter_map(|c| c["thread"].as_u64())
+        .collect();
+    assert!(on.contains(&1), "{on:?}");
+    drop(second);
     let freed = eventually(20, || {
         let (h, a) = attempt(&v4);
         (a == Attempt::Up).then_some(h)
@@ -447,8 +457,10 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
     assert!(m.contains("CONNS-REFUSED"), "{m}");
 }
 
-/// A listener whose poll thread has no free connection slot refuses the request at once (it
-/// did so before, uncounted and unlogged) and counts it as `full`.
+/// A request when no poll thread has a free connection slot is refused at once (it was,
+/// before, uncounted and unlogged) and counted as `full`. With one slot per thread, the
+/// listener's thread takes the first connection and hands the second to the other thread
+/// (`listeners[].spread`); the third finds no room anywhere.
 #[test]
 fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
     let dir = tmpdir("admission-full");
@@ -459,7 +471,17 @@ fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
     let v4 = format!("127.0.0.1:{port}");
     let (_first, a1) = attempt(&v4);
     let (_second, a2) = attempt(&v4);
-    assert_eq!((a1, a2), (Attempt::Up, Attempt::Refused));
+    let (_third, a3) = attempt(&v4);
+    assert_eq!((a1, a2, a3), (Attempt::Up, Attempt::Up, Attempt::Refused));
+    let mut on: Vec<u64> = d
+        .ctl_json(&["conns"])
+        .as_array()
+        .expect("conns")
+        .iter()
+        .filter_map(|c| c["thread"].as_u64())
+        .collect();
+    on.sort_unstable();
+    assert_eq!(on, [0, 1]);
     assert_eq!(refused(&d, "full"), 1);
     assert_eq!(refused(&d, "host-limit"), 0);
     let logged = eventually(10, || {

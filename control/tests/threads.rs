@@ -173,3 +173,64 @@ fn r8166_7_1_a_backward_call_crosses_threads_on_both_daemons() {
     }
     assert_eq!(a.ctl_json(&["stats"])["conns"][0]["calls-in"], 3);
 }
+
+/// One listener's connections spread over the poll threads (`listeners[].spread`, the
+/// default): B's listener is on its thread 0; A opens two connections to it (two peers at B's
+/// address), and B hands the second request to its thread 1, the one with fewer connections,
+/// which accepts it and carries its calls. With `spread = false` both stay on thread 0.
+#[test]
+fn one_listeners_connections_spread_over_the_poll_threads() {
+    for spread in [true, false] {
+        let name = if spread { "spread" } else { "no-spread" };
+        let (dir, port) = (common::tmpdir(&format!("{name}-b")), common::free_port());
+        let extra = if spread { "" } else { "spread = false\n" };
+        let b = Daemon::start_with(dir.clone(), port, &common::config(&dir, port, None, extra));
+        let _server = rdmatest_serve(&b.app);
+        let (dir, port) = (common::tmpdir(&format!("{name}-a")), common::free_port());
+        let second = format!(
+            "[[peers]]\nname = \"s2\"\naddress = \"127.0.0.1:{}\"\nreconnect-initial-ms = 50\n",
+            b.port
+        );
+        let text = common::config(&dir, port, Some(("s1", b.port)), &second);
+        let a = Daemon::start_with(dir, port, &text);
+        a.wait_peer_up("s1");
+        a.wait_peer_up("s2");
+        let mut c = Client::connect(&a.app).expect("attach");
+        for p in ["s1", "s2"] {
+            let peer = c.peer(p).expect("peer");
+            // Inline, and through Read and Write chunks (long call, long reply; DDP).
+            for (len, ddp) in [(100, false), (20_000, false), (20_000, true)] {
+                echo(&mut c, peer, len as u32, len, ddp, &a, &b);
+            }
+        }
+        let s = b.ctl_json(&["stats"]);
+        let conns = b.ctl_json(&["conns"]);
+        let calls_in = |id: &serde_json::Value| {
+            s["conns"]
+                .as_array()
+                .expect("stats conns")
+                .iter()
+                .find(|c| &c["id"] == id)
+                .map(|c| c["calls-in"].as_u64())
+        };
+        let mut threads: Vec<(u64, Option<Option<u64>>)> = conns
+            .as_array()
+            .expect("conns")
+            .iter()
+            .map(|c| (c["thread"].as_u64().expect("thread"), calls_in(&c["id"])))
+            .collect();
+        threads.sort_unstable();
+        let want = if spread { [0, 1] } else { [0, 0] };
+        assert_eq!(threads.len(), 2, "{name}: {s}");
+        for ((t, calls), w) in threads.iter().zip(want) {
+            assert_eq!(*t, w, "{name}: {s}");
+            assert_eq!(
+                *calls,
+                Some(Some(3)),
+                "{name}: each connection carried its calls: {s}"
+            );
+        }
+        let moved = common::thread_sum(&s, "conns-handed-over");
+        assert_eq!(moved, u64::from(spread), "{name}: {s}");
+    }
+}

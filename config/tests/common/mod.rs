@@ -71,6 +71,7 @@ pub fn full_sample() -> Config {
         allow: vec!["192.0.2.0/24".into(), "2001:db8::7".into()],
         max_connections_per_host: 8,
         connect_rate_per_host: 20,
+        spread: false,
     }];
     c.peers = vec![Peer {
         name: "far".into(),

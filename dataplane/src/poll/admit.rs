@@ -28,6 +28,9 @@ pub struct AdmitSpec {
     pub per_host: u32,
     /// Most new connections one host opens per second on this listener; 0: no cap.
     pub rate: u32,
+    /// Whether admitted connections go to the poll thread with the fewest connections
+    /// (`listeners[].spread`) rather than staying on the listener's.
+    pub spread: bool,
 }
 
 /// Why an incoming connection was refused (a label of `rpcrdmad_connects_refused_total`).
@@ -144,6 +147,11 @@ impl Gate {
             spec,
             hosts: HashMap::new(),
         }
+    }
+
+    /// The rules it applies.
+    pub fn spec(&self) -> &AdmitSpec {
+        &self.spec
     }
 
     /// Applies `spec` from now on (connections held stay, and count against the new cap:

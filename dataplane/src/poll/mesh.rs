@@ -209,6 +209,17 @@ pub(crate) enum Hop {
         /// Arena length.
         len: usize,
     },
+    /// Listener side → connection side: answer this admitted connection request (handed
+    /// over by the listener's provider) and keep its connection.
+    Adopt(Box<Adoption>),
+    /// Connection side → listener side: a connection listener `index` admitted for `host`
+    /// ended (or was never made): the host holds one fewer.
+    Unadmit {
+        /// The listener's configuration index.
+        index: usize,
+        /// The host it counted against.
+        host: Option<std::net::IpAddr>,
+    },
     /// App side → every other thread: `app` is gone and nothing uses its memory any more.
     ArenaGone {
         /// The app.
@@ -227,6 +238,22 @@ pub(crate) enum Hop {
     },
 }
 
+/// A connection request a listener's thread admitted and handed to another thread
+/// ([`Hop::Adopt`]), with what that thread needs to answer it and to release its admission.
+#[derive(Debug)]
+pub(crate) struct Adoption {
+    /// The request, out of the listener's provider.
+    pub request: rpcrdma_verbs::Handover,
+    /// The thread of the listener that admitted it.
+    pub owner: usize,
+    /// That listener's configuration index.
+    pub index: usize,
+    /// The connecting side's address.
+    pub remote: Option<std::net::SocketAddr>,
+    /// The connecting side's private data (RFC 8797).
+    pub private_data: rpcrdma_verbs::PrivateData,
+}
+
 /// What the threads of one daemon share: the queues between them, their doorbells and park
 /// flags, and the peer routes.
 #[derive(Debug)]
@@ -239,6 +266,9 @@ struct Shared {
     /// Per configured peer: the global id of its connection plus one, or 0.
     routes: Vec<AtomicU32>,
     conns_per_thread: u32,
+    /// Per thread: its connections, plus those handed to it and not taken in yet (what a
+    /// listener's thread weighs to place an accepted connection).
+    loads: Vec<AtomicU32>,
 }
 
 /// The set of poll threads of one daemon, before they start: hand each its [`Port`].
@@ -276,6 +306,7 @@ impl Mesh {
             bells: writers,
             routes: (0..peers).map(|_| AtomicU32::new(0)).collect(),
             conns_per_thread: conns_per_thread.max(1),
+            loads: (0..threads).map(|_| AtomicU32::new(0)).collect(),
         };
         Ok(Mesh {
             shared: Arc::new(shared),
@@ -351,6 +382,34 @@ impl Port {
     /// The thread owning global connection id `conn`.
     pub(crate) fn thread_of(&self, conn: u32) -> usize {
         self.shared.thread_of(conn)
+    }
+
+    /// Counts one more connection (`up`) or one fewer on thread `t`'s load.
+    pub(crate) fn load(&self, t: usize, up: bool) {
+        if let Some(l) = self.shared.loads.get(t) {
+            // Relaxed: a load is a hint for placing connections, read by no one for ordering.
+            if up {
+                l.fetch_add(1, Ordering::Relaxed);
+            } else {
+                let _ = l.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            }
+        }
+    }
+
+    /// The thread a new accepted connection should live on: the one with the fewest
+    /// connections (this one on a tie, so that a request moves only for a real difference);
+    /// `None` when every thread is full.
+    pub(crate) fn least_loaded(&self) -> Option<usize> {
+        let room = self.shared.conns_per_thread;
+        let load = |t: usize| self.shared.loads[t].load(Ordering::Relaxed);
+        let mut best = (load(self.me) < room).then_some(self.me);
+        for t in 0..self.shared.threads {
+            let n = load(t);
+            if n < room && best.is_none_or(|b| n < load(b)) {
+                best = Some(t);
+            }
+        }
+        best
     }
 
     /// Connections each thread of the mesh has room for.

@@ -230,6 +230,9 @@ pub struct ThreadStats {
     pub bad_submissions: u64,
     /// Connection requests refused, by reason (listener rules, no slot, draining).
     pub connects_refused: super::Refused,
+    /// Connection requests its listeners admitted and handed to another poll thread, the one
+    /// with the fewest connections (`listeners[].spread`).
+    pub conns_handed_over: u64,
     /// Apps detached (closed, crashed, stalled).
     pub apps_detached: u64,
     /// Memory regions registered with the provider now (the buffer pool, the apps' arenas,

@@ -10,7 +10,7 @@
 use super::admit::{host_of, Gate, Refusal};
 use super::held::HeldLines;
 use super::idmap::IdMap;
-use super::mesh::{Hop, Port, Results, Spares};
+use super::mesh::{Adoption, Hop, Port, Results, Spares};
 use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
 use super::{
     Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit, REFUSAL_REPORT_EVERY,
@@ -31,7 +31,9 @@ use rpcrdma_shm::daemon::{
     RegisterAck, Submission, TableConfig,
 };
 use rpcrdma_verbs::mapped::{Mapped, Registered};
-use rpcrdma_verbs::{CmEvent, ConnParams, ListenerId, MrId, PdId, Provider, QpId};
+use rpcrdma_verbs::{
+    CmEvent, ConnParams, ConnReqId, ListenerId, MrId, PdId, PrivateData, Provider, QpId,
+};
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::SocketAddr;
@@ -90,9 +92,20 @@ struct Slot {
     in_flight: u32,
     notify_idle: bool,
     v2_confirmed: bool,
-    /// For a connection a listener admitted: that listener's configuration index and the
-    /// host it counts against (released when the slot closes).
-    admitted: Option<(usize, Option<std::net::IpAddr>)>,
+    /// For a connection a listener admitted: the listener, and the host it counts against
+    /// (released when the slot closes).
+    admitted: Option<Admitted>,
+}
+
+/// A connection's place in its listener's admission count ([`Gate`]).
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    /// The thread of the listener (the connection may live on another: [`Hop::Adopt`]).
+    owner: usize,
+    /// The listener's configuration index.
+    index: usize,
+    /// The host it counts against.
+    host: Option<std::net::IpAddr>,
 }
 
 /// Connection side: a call this thread sent for an app (of this thread or another).
@@ -698,6 +711,12 @@ impl<P: Provider> PollThread<P> {
                         len,
                         "cannot register another thread's app arena: its calls on this thread's connections will fail"
                     ),
+                }
+            }
+            Hop::Adopt(a) => self.adopt(a, now),
+            Hop::Unadmit { index, host } => {
+                if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
+                    l.gate.release(host, now);
                 }
             }
             Hop::ArenaGone { app } => {
@@ -1800,7 +1819,26 @@ impl<P: Provider> PollThread<P> {
             ..ConnInfo::default()
         };
         s.stats.latency.ensure_empty();
+        self.port.load(self.port.me(), true);
         Ok(i)
+    }
+
+    /// Gives connection `a`'s place back to its listener's admission count, on the
+    /// listener's thread.
+    fn unadmit(&mut self, a: Admitted) {
+        if a.owner == self.port.me() {
+            if let Some(l) = self.listeners.iter_mut().find(|l| l.index == a.index) {
+                l.gate.release(a.host, Instant::now());
+            }
+        } else {
+            self.hop(
+                a.owner,
+                Hop::Unadmit {
+                    index: a.index,
+                    host: a.host,
+                },
+            );
+        }
     }
 
     /// Ends slot `i`: its engine connection closes (calls fail) and is removed.
@@ -1808,14 +1846,14 @@ impl<P: Provider> PollThread<P> {
         let s = self.slots.get_mut(i)?;
         s.qp.take()?;
         let conn = s.conn.take();
-        if let Some((index, host)) = s.admitted.take() {
-            if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
-                l.gate.release(host, Instant::now());
-            }
-        }
+        let admitted = s.admitted.take();
         let peer = s.stats.info.peer;
         let id = s.stats.info.id;
         s.stats.info.state = ConnState::Free;
+        self.port.load(self.port.me(), false);
+        if let Some(a) = admitted {
+            self.unadmit(a);
+        }
         if let Some(c) = conn {
             // Removed before its calls' ends are handed on: the driver holds them until the
             // device is done with the queue pair (at once, or at a later turn's poll), so the
@@ -1839,6 +1877,79 @@ impl<P: Provider> PollThread<P> {
             self.port.set_route(p, id, false);
         }
         peer
+    }
+
+    /// Accepts admitted connection request `req` on a new connection of this thread, or
+    /// refuses it (no free slot) and gives its admission back. `at`: the listener, when it is
+    /// this thread's (for the refusal's report).
+    fn answer_request(
+        &mut self,
+        req: ConnReqId,
+        a: Admitted,
+        remote: Option<SocketAddr>,
+        private_data: PrivateData,
+        at: Option<usize>,
+        now: Instant,
+    ) {
+        let peer_pd = CmData::parse(private_data.as_slice());
+        let version = self.spec.transport.version;
+        let i = match self.open(Role::Server, None, remote, peer_pd, version) {
+            Ok(i) => i,
+            Err(_) => {
+                let _ = self.drv.provider_mut().reject(req, &[]);
+                self.unadmit(a);
+                self.refused(at, remote, Refusal::Full, now);
+                return;
+            }
+        };
+        self.slots[i].admitted = Some(a);
+        let pd = self.local_private();
+        let t = self.spec.transport;
+        let params = ConnParams {
+            private_data: &pd,
+            responder_resources: t.ird,
+            initiator_depth: t.ord,
+        };
+        let Some(qp) = self.slots[i].qp else {
+            return;
+        };
+        if self.drv.provider_mut().accept(req, qp, &params).is_err() {
+            self.close_slot(i);
+        }
+    }
+
+    /// A connection request another thread's listener admitted and handed to this thread.
+    fn adopt(&mut self, a: Box<Adoption>, now: Instant) {
+        let Adoption {
+            request,
+            owner,
+            index,
+            remote,
+            private_data,
+        } = *a;
+        // The promise counted by the listener's thread becomes a connection (or nothing).
+        self.port.load(self.port.me(), false);
+        let a = Admitted {
+            owner,
+            index,
+            host: host_of(remote),
+        };
+        let req = match self.drv.provider_mut().take_over(request) {
+            Ok(req) => req,
+            Err(e) => {
+                // Abandoned: the peer's connect fails.
+                tracing::debug!(error = %e, "a connection request handed over could not be taken");
+                self.unadmit(a);
+                return;
+            }
+        };
+        if self.draining.is_some() {
+            let _ = self.drv.provider_mut().reject(req, &[]);
+            self.unadmit(a);
+            self.refused(None, remote, Refusal::Draining, now);
+            return;
+        }
+        self.answer_request(req, a, remote, private_data, None, now);
     }
 
     fn on_cm(&mut self, ev: CmEvent) {
@@ -1867,32 +1978,33 @@ impl<P: Provider> PollThread<P> {
                         return;
                     }
                 };
-                let index = self.listeners[k].index;
-                let peer_pd = CmData::parse(private_data.as_slice());
-                let version = self.spec.transport.version;
-                let i = match self.open(Role::Server, None, remote, peer_pd, version) {
-                    Ok(i) => i,
-                    Err(_) => {
-                        let _ = self.drv.provider_mut().reject(req, &[]);
-                        self.listeners[k].gate.release(host, now);
-                        self.refused(Some(k), remote, Refusal::Full, now);
-                        return;
+                let a = Admitted {
+                    owner: self.port.me(),
+                    index: self.listeners[k].index,
+                    host,
+                };
+                if self.listeners[k].gate.spec().spread {
+                    let to = self.port.least_loaded().unwrap_or(a.owner);
+                    if to != a.owner {
+                        // Its queue pair, its engine and its traffic go to the thread with
+                        // the fewest connections; a provider whose requests cannot move
+                        // (the in-memory fabric) keeps it here.
+                        if let Ok(request) = self.drv.provider_mut().hand_over(req) {
+                            self.port.load(to, true);
+                            self.stats.conns_handed_over += 1;
+                            let adoption = Adoption {
+                                request,
+                                owner: a.owner,
+                                index: a.index,
+                                remote,
+                                private_data,
+                            };
+                            self.hop(to, Hop::Adopt(Box::new(adoption)));
+                            return;
+                        }
                     }
-                };
-                self.slots[i].admitted = Some((index, host));
-                let pd = self.local_private();
-                let t = self.spec.transport;
-                let params = ConnParams {
-                    private_data: &pd,
-                    responder_resources: t.ird,
-                    initiator_depth: t.ord,
-                };
-                let Some(qp) = self.slots[i].qp else {
-                    return;
-                };
-                if self.drv.provider_mut().accept(req, qp, &params).is_err() {
-                    self.close_slot(i);
                 }
+                self.answer_request(req, a, remote, private_data, Some(k), now);
             }
             CmEvent::Established { qp, private_data } => {
                 let Some(i) = self.slot_of_qp(qp) else {
