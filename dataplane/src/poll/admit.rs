@@ -229,6 +229,7 @@ mod tests {
             allow: allow.iter().map(|n| n.parse().unwrap()).collect(),
             per_host,
             rate,
+            spread: false,
         }
     }
 
