@@ -347,6 +347,12 @@ fn provider(s: &mut Sink<'_, '_>, p: &Provider) {
     }
     s.range(p!("provider", "soft", "ird"), soft.ird.into(), 1, 128);
     s.range(p!("provider", "soft", "ord"), soft.ord.into(), 1, 128);
+    s.range(
+        p!("provider", "soft", "max-pending"),
+        soft.max_pending.into(),
+        1,
+        65_536,
+    );
 }
 
 /// Checks a size advertised in RFC 8797 private data: 1 KiB..=256 KiB, exact only in whole KiB.

@@ -251,6 +251,9 @@ pub struct Soft {
     pub ird: u32,
     /// Outbound RDMA Read depth requested from the peer.
     pub ord: u32,
+    /// Accepted TCP streams whose MPA Request is not settled yet that a poll thread holds at
+    /// once; beyond them new streams wait in the kernel's listen backlog.
+    pub max_pending: u32,
 }
 
 impl Default for Soft {
@@ -261,6 +264,7 @@ impl Default for Soft {
             mpa_revision: 2,
             ird: 16,
             ord: 16,
+            max_pending: 256,
         }
     }
 }

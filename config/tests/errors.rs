@@ -40,7 +40,7 @@ fn reported_path(path: &str) -> String {
 #[test]
 fn wrong_type_for_every_key_is_located() {
     let all = leaves(&full_sample());
-    assert_eq!(all.len(), 58, "the sample sets every key of the schema");
+    assert_eq!(all.len(), 59, "the sample sets every key of the schema");
     for (path, good) in all {
         let bad = match good {
             toml::Value::String(_) => "1",
@@ -239,6 +239,13 @@ const OUT_OF_RANGE: &[(&str, &str, &str, usize, &str)] = &[
         "provider.soft.fpdu-size",
         13,
         "256..=65535",
+    ),
+    (
+        "[provider.soft]",
+        "max-pending = 0",
+        "provider.soft.max-pending",
+        15,
+        "1..=65536",
     ),
     (
         "[provider.soft]",

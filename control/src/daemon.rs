@@ -230,6 +230,7 @@ fn spawn_poll(
         crc: s.crc,
         mpa_revision: u8::try_from(s.mpa_revision).unwrap_or(2),
         fpdu_size,
+        max_pending: s.max_pending as usize,
         ..rpcrdma_verbs::soft::SoftConfig::default()
     };
     match cfg.provider.kind {

@@ -491,3 +491,44 @@ fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
     });
     assert!(logged.is_some(), "{}", d.log());
 }
+
+/// `provider.soft.max-pending` reaches the soft provider: with it at 2, two silent TCP
+/// connections to the listener hold both places, and a third stream's MPA Request is not read
+/// (it waits in the listen backlog) until one of the silent ones goes; then it is answered.
+#[test]
+fn soft_max_pending_bounds_the_streams_waiting_for_their_mpa_request() {
+    use std::io::{Read, Write};
+    let dir = tmpdir("max-pending");
+    let port = free_port();
+    let text = config(&dir, port, None, "").replace(
+        "[provider]\nkind = \"soft\"\n",
+        "[provider]\nkind = \"soft\"\n[provider.soft]\nmax-pending = 2\n",
+    );
+    assert!(text.contains("max-pending = 2"), "{text}");
+    let d = Daemon::start_with(dir, port, &text);
+    let addr = format!("127.0.0.1:{port}");
+    let connect = || std::net::TcpStream::connect(&addr).expect("connect");
+    let (first, _second) = (connect(), connect());
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = connect();
+    let mut req = Vec::new();
+    rpcrdma_verbs::soft::wire::emit_mpa(&mut req, false, 0, 2, Some((16, 16)), &private_4k());
+    third.write_all(&req).expect("request");
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut reply = [0u8; 20];
+    assert!(
+        third.read_exact(&mut reply).is_err(),
+        "a stream beyond max-pending was answered:\n{}",
+        d.log()
+    );
+    drop(first);
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    third
+        .read_exact(&mut reply)
+        .expect("the MPA Reply once a place freed");
+    assert_eq!(&reply[..16], &rpcrdma_verbs::soft::wire::MPA_REP_KEY[..]);
+}

@@ -39,6 +39,7 @@ pub fn full_sample() -> Config {
         mpa_revision: 2,
         ird: 8,
         ord: 4,
+        max_pending: 64,
     };
     c.transport = Transport {
         version: 2,
