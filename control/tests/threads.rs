@@ -230,6 +230,11 @@ fn one_listeners_connections_spread_over_the_poll_threads() {
                 "{name}: each connection carried its calls: {s}"
             );
         }
+        let table = String::from_utf8_lossy(&b.ctl(&["conns"]).stdout).into_owned();
+        assert!(
+            table.lines().next().is_some_and(|h| h.contains("THREAD")),
+            "{table}"
+        );
         let moved = common::thread_sum(&s, "conns-handed-over");
         assert_eq!(moved, u64::from(spread), "{name}: {s}");
     }

@@ -295,6 +295,7 @@ fn human(req: &Request, r: &Value) -> String {
         Request::Conns => table::render(
             &[
                 "ID",
+                "THREAD",
                 "PEER",
                 "REMOTE",
                 "ROLE",
@@ -311,6 +312,7 @@ fn human(req: &Request, r: &Value) -> String {
                         .map(|c| -> Vec<String> {
                             vec![
                                 s(&c["id"]),
+                                s(&c["thread"]),
                                 s(&c["peer"]),
                                 s(&c["remote"]),
                                 s(&c["role"]),
