@@ -75,6 +75,27 @@ handle!(
     ConnReqId
 );
 
+/// Which remote addresses a listener takes streams from ([`Provider::filter_listener`]).
+pub struct AcceptFilter(Box<dyn Fn(std::net::IpAddr) -> bool + Send>);
+
+impl AcceptFilter {
+    /// A filter taking the addresses for which `admits` is true.
+    pub fn new(admits: impl Fn(std::net::IpAddr) -> bool + Send + 'static) -> AcceptFilter {
+        AcceptFilter(Box::new(admits))
+    }
+
+    /// Whether a stream from `remote` is taken (one without an address is not).
+    pub fn admits(&self, remote: Option<SocketAddr>) -> bool {
+        remote.is_some_and(|a| (self.0)(a.ip()))
+    }
+}
+
+impl fmt::Debug for AcceptFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AcceptFilter")
+    }
+}
+
 /// A connection request taken out of one provider with [`Provider::hand_over`], to be
 /// answered by another provider of the same kind (another poll thread's): what lets one
 /// listener's connections live on every poll thread. It owns the request's transport state
@@ -554,6 +575,14 @@ pub enum CmEvent {
         /// Why, as far as the provider can tell.
         cause: ConnectFailure,
     },
+    /// A stream from an address `listener`'s [filter](Provider::filter_listener) refuses was
+    /// closed as it was accepted, before its connection request.
+    Filtered {
+        /// The listener it came to.
+        listener: ListenerId,
+        /// The address it came from.
+        remote: Option<SocketAddr>,
+    },
     /// The connection ended (either side disconnected, Terminate, transport loss); its
     /// outstanding work was flushed.
     Disconnected {
@@ -682,6 +711,20 @@ pub trait Provider {
 
     /// Stop listening.
     fn close_listener(&mut self, listener: ListenerId) -> Result<()>;
+
+    /// Where the transport sees a connecting side's address before its connection request
+    /// (the soft provider's TCP), closes streams to `listener` from addresses `filter` refuses
+    /// as they are accepted ([`CmEvent::Filtered`]), so that they hold nothing while a
+    /// request would be awaited; `None` takes every stream. Providers whose requests come
+    /// whole (rdma_cm) ignore it: the owner refuses such a request when it comes.
+    fn filter_listener(
+        &mut self,
+        listener: ListenerId,
+        filter: Option<AcceptFilter>,
+    ) -> Result<()> {
+        let _ = (listener, filter);
+        Ok(())
+    }
 
     /// Connect `qp` (in [`QpState::Init`]) to `addr`; completion is an `Established`,
     /// `Rejected` or `ConnectError` event.

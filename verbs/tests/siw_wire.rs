@@ -889,3 +889,42 @@ fn a_connection_request_moves_to_another_soft_provider() {
         (WcStatus::Success, 68)
     );
 }
+
+/// A listener's accept filter closes streams from refused addresses as they are accepted,
+/// before any MPA byte and without holding a place (`max_pending` 1 here): on a dual-stack
+/// listener admitting only `::1`, a stream from 127.0.0.1 is closed and reported as
+/// `Filtered`, and a stream from `::1` then has its request read.
+#[test]
+fn a_listeners_filter_closes_refused_streams_at_accept() {
+    let mut n = Node::new(SoftConfig {
+        max_pending: 1,
+        ..SoftConfig::default()
+    });
+    let l = n.p.listen("[::]:0".parse().unwrap()).unwrap();
+    let port = n.p.listen_addr(l).unwrap().port();
+    let only_v6_loopback = rpcrdma_verbs::AcceptFilter::new(|ip| ip.is_loopback() && ip.is_ipv6());
+    n.p.filter_listener(l, Some(only_v6_loopback)).unwrap();
+    let mut v4 = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    v4.set_nonblocking(true).unwrap();
+    v4.write_all(&siw_request(0, 16, 16)).unwrap();
+    wait(&mut n, "the refused stream reported", |n| {
+        !n.events.is_empty()
+    });
+    let CmEvent::Filtered { listener, remote } = n.events.remove(0) else {
+        panic!("{:?}", n.events)
+    };
+    assert_eq!(listener, l);
+    assert_eq!(
+        remote.map(|a| a.ip().to_canonical()),
+        Some("127.0.0.1".parse().unwrap())
+    );
+    expect_close(&mut n, &mut v4);
+    let mut v6 = TcpStream::connect(("::1", port)).unwrap();
+    v6.set_nonblocking(true).unwrap();
+    v6.write_all(&siw_request(0, 16, 16)).unwrap();
+    wait(&mut n, "the admitted stream's request", |n| {
+        n.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+    });
+}

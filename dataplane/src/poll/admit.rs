@@ -33,6 +33,28 @@ pub struct AdmitSpec {
     pub spread: bool,
 }
 
+impl AdmitSpec {
+    /// Whether `host` (a [`host_of`]) is in the allow list, or the list is empty.
+    pub fn allows(&self, host: Option<IpAddr>) -> bool {
+        self.allow.is_empty() || host.is_some_and(|h| self.allow.iter().any(|n| n.contains(&h)))
+    }
+
+    /// The allow list as the provider applies it to streams as they are accepted, where it
+    /// can ([`rpcrdma_verbs::Provider::filter_listener`]); `None` for an empty list.
+    pub fn accept_filter(&self) -> Option<rpcrdma_verbs::AcceptFilter> {
+        if self.allow.is_empty() {
+            return None;
+        }
+        let spec = AdmitSpec {
+            allow: self.allow.clone(),
+            ..AdmitSpec::default()
+        };
+        Some(rpcrdma_verbs::AcceptFilter::new(move |ip| {
+            spec.allows(Some(ip.to_canonical()))
+        }))
+    }
+}
+
 /// Why an incoming connection was refused (a label of `rpcrdmad_connects_refused_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -163,10 +185,7 @@ impl Gate {
     /// Admits a connection from `host` at `now` (counted until [`Gate::release`]), or says
     /// why not.
     pub fn admit(&mut self, host: Option<IpAddr>, now: Instant) -> Result<(), Refusal> {
-        let spec = &self.spec;
-        if !spec.allow.is_empty()
-            && !host.is_some_and(|h| spec.allow.iter().any(|n| n.contains(&h)))
-        {
+        if !self.spec.allows(host) {
             return Err(Refusal::NotAllowed);
         }
         if self.hosts.len() >= QUIET_HOSTS && !self.hosts.contains_key(&host) {

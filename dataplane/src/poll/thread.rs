@@ -2006,6 +2006,10 @@ impl<P: Provider> PollThread<P> {
                 }
                 self.answer_request(req, a, remote, private_data, Some(k), now);
             }
+            CmEvent::Filtered { listener, remote } => {
+                let at = self.listeners.iter().position(|l| l.id == listener);
+                self.refused(at, remote, Refusal::NotAllowed, Instant::now());
+            }
             CmEvent::Established { qp, private_data } => {
                 let Some(i) = self.slot_of_qp(qp) else {
                     return;
@@ -2334,6 +2338,9 @@ impl<P: Provider> PollThread<P> {
                 let result = p
                     .listen(addr)
                     .and_then(|id| {
+                        // Where the provider sees addresses first (soft: TCP), refused hosts'
+                        // streams are closed at accept, before they hold anything.
+                        p.filter_listener(id, admit.accept_filter())?;
                         let a = p.listen_addr(id);
                         self.listeners.push(Listening {
                             id,
@@ -2355,6 +2362,10 @@ impl<P: Provider> PollThread<P> {
             }
             Command::Admit { index, admit } => {
                 if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
+                    let _ = self
+                        .drv
+                        .provider_mut()
+                        .filter_listener(l.id, admit.accept_filter());
                     l.gate.set_spec(admit);
                 }
             }

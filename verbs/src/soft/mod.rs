@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 
 use crate::slab::Slab;
 use crate::{
-    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, Handover, ListenerId, Mr,
-    MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp, SendWr, Sge, SrqId,
-    WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
+    AcceptFilter, Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, Error, Handover,
+    ListenerId, Mr, MrId, PdId, PrivateData, Provider, QpId, QpInit, QpState, Result, SendOp,
+    SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion, MAX_PRIVATE_DATA, MAX_SGE,
 };
 use link::{Link, MemFabric, MemPort, Tcp, Transport};
 use mem::{Kind, Mem};
@@ -408,6 +408,8 @@ pub struct SoftProvider<T: Transport> {
     /// management has work (cleared when it looks).
     cm_news: bool,
     listeners: Vec<Option<T::Listener>>,
+    /// Per listener (by index): its accept filter, if any.
+    filters: Vec<Option<AcceptFilter>>,
     pending: Vec<Option<Pending<T::Link>>>,
     events: VecDeque<CmEvent>,
     /// Destroyed queue pairs not retired yet, with the polls left ([`SoftConfig::retire_polls`]).
@@ -454,6 +456,7 @@ impl<T: Transport> SoftProvider<T> {
             visits: 0,
             cm_news: false,
             listeners: Vec::new(),
+            filters: Vec::new(),
             pending: Vec::new(),
             events: VecDeque::with_capacity(64),
             retiring: Vec::new(),
@@ -554,9 +557,19 @@ impl<T: Transport> SoftProvider<T> {
                     self.cm_news = true;
                     break;
                 }
-                let Ok(Some(link)) = self.transport.accept(l) else {
+                let Ok(Some(mut link)) = self.transport.accept(l) else {
                     break;
                 };
+                let remote = link.peer_addr();
+                let filter = self.filters.get(i).and_then(Option::as_ref);
+                if filter.is_some_and(|f| !f.admits(remote)) {
+                    link.shutdown();
+                    self.events.push_back(CmEvent::Filtered {
+                        listener: ListenerId(i as u32),
+                        remote,
+                    });
+                    continue;
+                }
                 held += 1;
                 let p = Pending {
                     listener: ListenerId(i as u32),
@@ -1850,7 +1863,26 @@ impl<T: Transport> Provider for SoftProvider<T> {
         Ok(self.transport.local_addr(l)?)
     }
 
+    fn filter_listener(
+        &mut self,
+        listener: ListenerId,
+        filter: Option<AcceptFilter>,
+    ) -> Result<()> {
+        let i = listener.0 as usize;
+        if !self.listeners.get(i).is_some_and(Option::is_some) {
+            return Err(Error::BadHandle);
+        }
+        if self.filters.len() <= i {
+            self.filters.resize_with(i + 1, || None);
+        }
+        self.filters[i] = filter;
+        Ok(())
+    }
+
     fn close_listener(&mut self, listener: ListenerId) -> Result<()> {
+        if let Some(f) = self.filters.get_mut(listener.0 as usize) {
+            *f = None;
+        }
         self.listeners
             .get_mut(listener.0 as usize)
             .and_then(Option::take)
