@@ -510,6 +510,25 @@ pub struct Stats {
     /// Per peer, by name (connections that closed still count).
     #[serde(default)]
     pub peers: Vec<PeerCounters>,
+    /// Per listener: its admissions, wherever its connections live.
+    #[serde(default)]
+    pub listeners: Vec<ListenerCounters>,
+}
+
+/// One listener's admissions (`stats`), counted by the poll thread it listens on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ListenerCounters {
+    /// Its address as configured.
+    pub listener: String,
+    /// The poll thread it listens on.
+    pub thread: usize,
+    /// Connections it admitted that are not over yet (on any poll thread).
+    pub connections: u64,
+    /// Connection requests it admitted.
+    pub admitted: u64,
+    /// Connection requests refused, by reason.
+    pub connects_refused: ConnectsRefused,
 }
 
 /// Round-trip latency percentiles, in microseconds.

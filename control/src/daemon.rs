@@ -935,7 +935,9 @@ impl Daemon {
         self.pending_snaps = 0;
         for t in 0..self.threads.len() {
             let buf = Box::new(
-                Snapshot::with_capacity(self.max_conns).with_apps(self.cfg.apps.max_apps as usize),
+                Snapshot::with_capacity(self.max_conns)
+                    .with_apps(self.cfg.apps.max_apps as usize)
+                    .with_listeners(self.cfg.listeners.len()),
             );
             // Behind the commands waiting for room, if any: the round waits for it (at most
             // SNAPSHOT_WAIT) rather than answering without this thread.
@@ -1437,6 +1439,28 @@ impl Daemon {
             .flat_map(|(t, s)| s.conns().iter().map(move |c| (t, c)))
     }
 
+    /// Every listener's admissions, from the latest snapshots, in configuration order.
+    fn listener_counters(&self) -> Vec<admin::ListenerCounters> {
+        let mut rows: Vec<(usize, admin::ListenerCounters)> = self
+            .latest
+            .iter()
+            .enumerate()
+            .flat_map(|(t, s)| s.listeners().iter().map(move |l| (t, l)))
+            .map(|(thread, l)| {
+                let row = admin::ListenerCounters {
+                    listener: crate::metrics::listener_name(l),
+                    thread,
+                    connections: l.connections,
+                    admitted: l.admitted,
+                    connects_refused: l.refused.into(),
+                };
+                (l.index, row)
+            })
+            .collect();
+        rows.sort_by_key(|(index, _)| *index);
+        rows.into_iter().map(|(_, row)| row).collect()
+    }
+
     fn thread_status(&self) -> Vec<admin::ThreadStatus> {
         self.latest
             .iter()
@@ -1607,6 +1631,7 @@ impl Daemon {
                     threads: self.thread_status(),
                     conns,
                     peers,
+                    listeners: self.listener_counters(),
                 })
             }
             Request::Latency => {

@@ -385,6 +385,52 @@ pub fn render(
             why.label()
         );
     }
+    let listeners = || snaps.iter().flat_map(|s| s.listeners());
+    header(
+        &mut out,
+        "rpcrdmad_listener_connections",
+        "gauge",
+        "connections a listener admitted that are not over yet, on any poll thread",
+    );
+    for l in listeners() {
+        let _ = writeln!(
+            out,
+            "rpcrdmad_listener_connections{{listener=\"{}\"}} {}",
+            listener_name(l),
+            l.connections
+        );
+    }
+    header(
+        &mut out,
+        "rpcrdmad_listener_connects_admitted_total",
+        "counter",
+        "connection requests a listener admitted",
+    );
+    for l in listeners() {
+        let _ = writeln!(
+            out,
+            "rpcrdmad_listener_connects_admitted_total{{listener=\"{}\"}} {}",
+            listener_name(l),
+            l.admitted
+        );
+    }
+    header(
+        &mut out,
+        "rpcrdmad_listener_connects_refused_total",
+        "counter",
+        "connection requests a listener refused, by reason (as rpcrdmad_connects_refused_total)",
+    );
+    for l in listeners() {
+        for why in Refusal::ALL {
+            let _ = writeln!(
+                out,
+                "rpcrdmad_listener_connects_refused_total{{listener=\"{}\",reason=\"{}\"}} {}",
+                listener_name(l),
+                why.label(),
+                l.refused.get(why)
+            );
+        }
+    }
     header(
         &mut out,
         "rpcrdmad_thread_device_events_total",
@@ -586,6 +632,13 @@ pub fn render(
         histogram(&mut out, "rpcrdmad_peer_rtt_seconds", &labels, h);
     }
     out
+}
+
+/// A listener's name in metrics and `rpcrdmactl stats`: its bound address (the port a
+/// configured bare IP got included), or its configuration index when unknown.
+pub(crate) fn listener_name(l: &rpcrdma_dataplane::poll::ListenerStats) -> String {
+    l.addr
+        .map_or_else(|| format!("#{}", l.index), |a| a.to_string())
 }
 
 #[cfg(test)]

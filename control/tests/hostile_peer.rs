@@ -354,6 +354,25 @@ fn attempt(addr: &str) -> (TcpSide, Attempt) {
     }
 }
 
+/// The daemon's first listener, from `stats`: connections it holds, requests admitted, and
+/// refused for the host's limit and for not being allowed.
+fn listener(d: &Daemon) -> (u64, u64, u64, u64) {
+    let s = d.ctl_json(&["stats"]);
+    let l = &s["listeners"][0];
+    let n = |k: &str| {
+        k.split('/')
+            .fold(l, |v, key| &v[key])
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {s}"))
+    };
+    (
+        n("connections"),
+        n("admitted"),
+        n("connects-refused/host-limit"),
+        n("connects-refused/not-allowed"),
+    )
+}
+
 /// The daemon's refused connection requests, summed over its poll threads, by reason.
 fn refused(d: &Daemon, reason: &str) -> u64 {
     common::thread_sum(
@@ -390,10 +409,19 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
     let (_third, a3) = attempt(&v4);
     assert_eq!((a1, a2, a3), (Attempt::Up, Attempt::Up, Attempt::Refused));
     assert_eq!(refused(&d, "host-limit"), 1);
+    assert_eq!(listener(&d), (2, 2, 1, 0));
     let (_, m) = common::scrape_response(mport, Some(Duration::from_secs(10)));
+    let l = format!("listener=\"[::]:{port}\"");
     assert!(
         m.contains("rpcrdmad_connects_refused_total{reason=\"host-limit\"} 1\n")
-            && m.contains("rpcrdmad_connects_refused_total{reason=\"full\"} 0\n"),
+            && m.contains("rpcrdmad_connects_refused_total{reason=\"full\"} 0\n")
+            && m.contains(&format!(
+                "rpcrdmad_listener_connects_refused_total{{{l},reason=\"host-limit\"}} 1\n"
+            ))
+            && m.contains(&format!("rpcrdmad_listener_connections{{{l}}} 2\n"))
+            && m.contains(&format!(
+                "rpcrdmad_listener_connects_admitted_total{{{l}}} 2\n"
+            )),
         "{m}"
     );
     let logged = eventually(10, || {
@@ -437,7 +465,10 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
         .filter_map(|c| c["thread"].as_u64())
         .collect();
     assert!(on.contains(&1), "{on:?}");
+    assert_eq!(listener(&d), (3, 3, 1, 0));
     drop(second);
+    let released = eventually(20, || (listener(&d).0 == 2).then_some(()));
+    assert!(released.is_some(), "{:?}", listener(&d));
     let freed = eventually(20, || {
         let (h, a) = attempt(&v4);
         (a == Attempt::Up).then_some(h)
@@ -461,9 +492,14 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
         (refused(&d, "not-allowed") == before + 1).then_some(())
     });
     assert!(counted.is_some(), "{}", d.log());
+    assert_eq!(listener(&d).3, 1, "the listener counts it too");
     common::null_unserved(&mut c, peer, Some(Duration::from_secs(20)));
     let m = String::from_utf8_lossy(&d.ctl(&["stats"]).stdout).into_owned();
     assert!(m.contains("CONNS-REFUSED"), "{m}");
+    assert!(
+        m.contains(&format!("[::]:{port}")) && m.contains("NOT-ALLOWED"),
+        "{m}"
+    );
 }
 
 /// A request when no poll thread has a free connection slot is refused at once (it was,
@@ -492,6 +528,16 @@ fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
     on.sort_unstable();
     assert_eq!(on, [0, 1]);
     assert_eq!(refused(&d, "full"), 1);
+    let l = &d.ctl_json(&["stats"])["listeners"][0];
+    assert_eq!(
+        (
+            &l["connections"],
+            &l["admitted"],
+            &l["connects-refused"]["full"]
+        ),
+        (&2.into(), &3.into(), &1.into()),
+        "{l}"
+    );
     assert_eq!(refused(&d, "host-limit"), 0);
     let logged = eventually(10, || {
         d.log()

@@ -157,11 +157,16 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// One row per element of `v`, a cell per key (`a.b` reads key `b` of key `a`).
 fn rows(v: &Value, keys: &[&str]) -> Vec<Vec<String>> {
     v.as_array()
         .map(|a| {
             a.iter()
-                .map(|r| keys.iter().map(|k| s(&r[*k])).collect())
+                .map(|r| {
+                    keys.iter()
+                        .map(|k| s(k.split('.').fold(r, |v, key| &v[key])))
+                        .collect()
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -443,6 +448,23 @@ fn human(req: &Request, r: &Value) -> String {
                 ],
                 &threads,
             );
+            if r["listeners"].as_array().is_some_and(|a| !a.is_empty()) {
+                out.push('\n');
+                out += &columns(
+                    &r["listeners"],
+                    &[&[
+                        ("LISTENER", "listener"),
+                        ("THREAD", "thread"),
+                        ("CONNS", "connections"),
+                        ("ADMITTED", "admitted"),
+                        ("NOT-ALLOWED", "connects-refused.not-allowed"),
+                        ("HOST-LIMIT", "connects-refused.host-limit"),
+                        ("RATE", "connects-refused.rate"),
+                        ("FULL", "connects-refused.full"),
+                        ("DRAINING", "connects-refused.draining"),
+                    ]],
+                );
+            }
             out
         }
         Request::Latency => columns(r, &[&[("CONN", "id"), ("PEER", "peer")], &PERCENTILES]),

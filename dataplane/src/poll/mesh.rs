@@ -219,6 +219,8 @@ pub(crate) enum Hop {
         index: usize,
         /// The host it counted against.
         host: Option<std::net::IpAddr>,
+        /// Why it was refused after all (no slot, the daemon stopping), if it was.
+        refused: Option<super::Refusal>,
     },
     /// App side → every other thread: `app` is gone and nothing uses its memory any more.
     ArenaGone {

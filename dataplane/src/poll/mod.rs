@@ -27,8 +27,8 @@ pub use mesh::{Mesh, Port};
 
 pub use pools::{divide_share, CqDepth, PoolPlan, SPARE_RECEIVES};
 pub use stats::{
-    ConnInfo, ConnState, ConnStats, Histo, Snapshot, ThreadStats, Totals, LATENCY_MAX_NS,
-    LATENCY_RESOLUTION_NS, LATENCY_SIGFIG,
+    ConnInfo, ConnState, ConnStats, Histo, ListenerStats, Snapshot, ThreadStats, Totals,
+    LATENCY_MAX_NS, LATENCY_RESOLUTION_NS, LATENCY_SIGFIG,
 };
 pub use thread::PollThread;
 

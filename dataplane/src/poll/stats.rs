@@ -333,6 +333,28 @@ pub struct Snapshot {
     pub apps: Vec<rpcrdma_shm::daemon::AppInfo>,
     /// Valid entries of `apps`.
     pub n_apps: usize,
+    /// The thread's listeners (`listeners[..n_listeners]` are valid); none unless
+    /// [`Snapshot::with_listeners`] made room.
+    pub listeners: Vec<ListenerStats>,
+    /// Valid entries of `listeners`.
+    pub n_listeners: usize,
+}
+
+/// One listener's admissions, kept by the poll thread it listens on (its connections may
+/// live on any thread: `listeners[].spread`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Its index in the configuration.
+    pub index: usize,
+    /// Its bound address.
+    pub addr: Option<std::net::SocketAddr>,
+    /// Connections it admitted that are not over yet (on any thread).
+    pub connections: u64,
+    /// Connection requests it admitted.
+    pub admitted: u64,
+    /// Connection requests refused, by reason (at the listener, or by the thread it handed
+    /// the request to).
+    pub refused: super::Refused,
 }
 
 impl Snapshot {
@@ -344,7 +366,20 @@ impl Snapshot {
             n: 0,
             apps: Vec::new(),
             n_apps: 0,
+            listeners: Vec::new(),
+            n_listeners: 0,
         }
+    }
+
+    /// Makes room for `n` listeners' entries.
+    pub fn with_listeners(mut self, n: usize) -> Snapshot {
+        self.listeners = vec![ListenerStats::default(); n];
+        self
+    }
+
+    /// The valid listener entries.
+    pub fn listeners(&self) -> &[ListenerStats] {
+        self.listeners.get(..self.n_listeners).unwrap_or(&[])
     }
 
     /// Makes room for `max_apps` attached apps (the poll thread fills what there is room for).

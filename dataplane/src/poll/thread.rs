@@ -11,7 +11,7 @@ use super::admit::{host_of, Gate, Refusal};
 use super::held::HeldLines;
 use super::idmap::IdMap;
 use super::mesh::{Adoption, Hop, Port, Results, Spares};
-use super::stats::{ConnInfo, ConnState, ConnStats, Snapshot, ThreadStats};
+use super::stats::{ConnInfo, ConnState, ConnStats, ListenerStats, Snapshot, ThreadStats};
 use super::{
     Command, Event, IdleSpec, PollSpec, PoolPlan, Reason, SpinLimit, REFUSAL_REPORT_EVERY,
 };
@@ -246,6 +246,8 @@ struct Listening {
     /// Its bound address.
     addr: Option<SocketAddr>,
     gate: Gate,
+    /// Its admissions and refusals, wherever its connections live.
+    stats: ListenerStats,
 }
 
 #[derive(Debug, Default)]
@@ -714,11 +716,11 @@ impl<P: Provider> PollThread<P> {
                 }
             }
             Hop::Adopt(a) => self.adopt(a, now),
-            Hop::Unadmit { index, host } => {
-                if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
-                    l.gate.release(host, now);
-                }
-            }
+            Hop::Unadmit {
+                index,
+                host,
+                refused,
+            } => self.release_admission(index, host, refused),
             Hop::ArenaGone { app } => {
                 if let Some(k) = self
                     .app_mem
@@ -1824,20 +1826,36 @@ impl<P: Provider> PollThread<P> {
     }
 
     /// Gives connection `a`'s place back to its listener's admission count, on the
-    /// listener's thread.
-    fn unadmit(&mut self, a: Admitted) {
+    /// listener's thread; `refused`: it was refused after all (no slot, the daemon stopping).
+    fn unadmit(&mut self, a: Admitted, refused: Option<Refusal>) {
         if a.owner == self.port.me() {
-            if let Some(l) = self.listeners.iter_mut().find(|l| l.index == a.index) {
-                l.gate.release(a.host, Instant::now());
-            }
+            self.release_admission(a.index, a.host, refused);
         } else {
+            let (index, host) = (a.index, a.host);
             self.hop(
                 a.owner,
                 Hop::Unadmit {
-                    index: a.index,
-                    host: a.host,
+                    index,
+                    host,
+                    refused,
                 },
             );
+        }
+    }
+
+    /// [`unadmit`](Self::unadmit) on the listener's own thread.
+    fn release_admission(
+        &mut self,
+        index: usize,
+        host: Option<std::net::IpAddr>,
+        refused: Option<Refusal>,
+    ) {
+        if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
+            l.gate.release(host, Instant::now());
+            l.stats.connections = l.stats.connections.saturating_sub(1);
+            if let Some(why) = refused {
+                l.stats.refused.add(why);
+            }
         }
     }
 
@@ -1852,7 +1870,7 @@ impl<P: Provider> PollThread<P> {
         s.stats.info.state = ConnState::Free;
         self.port.load(self.port.me(), false);
         if let Some(a) = admitted {
-            self.unadmit(a);
+            self.unadmit(a, None);
         }
         if let Some(c) = conn {
             // Removed before its calls' ends are handed on: the driver holds them until the
@@ -1897,7 +1915,7 @@ impl<P: Provider> PollThread<P> {
             Ok(i) => i,
             Err(_) => {
                 let _ = self.drv.provider_mut().reject(req, &[]);
-                self.unadmit(a);
+                self.unadmit(a, Some(Refusal::Full));
                 self.refused(at, remote, Refusal::Full, now);
                 return;
             }
@@ -1939,13 +1957,13 @@ impl<P: Provider> PollThread<P> {
             Err(e) => {
                 // Abandoned: the peer's connect fails.
                 tracing::debug!(error = %e, "a connection request handed over could not be taken");
-                self.unadmit(a);
+                self.unadmit(a, None);
                 return;
             }
         };
         if self.draining.is_some() {
             let _ = self.drv.provider_mut().reject(req, &[]);
-            self.unadmit(a);
+            self.unadmit(a, Some(Refusal::Draining));
             self.refused(None, remote, Refusal::Draining, now);
             return;
         }
@@ -1974,10 +1992,16 @@ impl<P: Provider> PollThread<P> {
                     Ok(k) => k,
                     Err(why) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
+                        if let Some(l) = at.and_then(|k| self.listeners.get_mut(k)) {
+                            l.stats.refused.add(why);
+                        }
                         self.refused(at, remote, why, now);
                         return;
                     }
                 };
+                let s = &mut self.listeners[k].stats;
+                s.admitted += 1;
+                s.connections += 1;
                 let a = Admitted {
                     owner: self.port.me(),
                     index: self.listeners[k].index,
@@ -2008,6 +2032,9 @@ impl<P: Provider> PollThread<P> {
             }
             CmEvent::Filtered { listener, remote } => {
                 let at = self.listeners.iter().position(|l| l.id == listener);
+                if let Some(l) = at.and_then(|k| self.listeners.get_mut(k)) {
+                    l.stats.refused.add(Refusal::NotAllowed);
+                }
                 self.refused(at, remote, Refusal::NotAllowed, Instant::now());
             }
             CmEvent::Established { qp, private_data } => {
@@ -2342,11 +2369,17 @@ impl<P: Provider> PollThread<P> {
                         // streams are closed at accept, before they hold anything.
                         p.filter_listener(id, admit.accept_filter())?;
                         let a = p.listen_addr(id);
+                        let addr = a.as_ref().ok().copied();
                         self.listeners.push(Listening {
                             id,
                             index,
-                            addr: a.as_ref().ok().copied(),
+                            addr,
                             gate: Gate::new(admit),
+                            stats: ListenerStats {
+                                index,
+                                addr,
+                                ..ListenerStats::default()
+                            },
                         });
                         a
                     })
@@ -2525,6 +2558,11 @@ impl<P: Provider> PollThread<P> {
             dst.info = s.info;
             dst.latency.copy_from(&s.latency);
             snap.n += 1;
+        }
+        snap.n_listeners = 0;
+        for (dst, l) in snap.listeners.iter_mut().zip(&self.listeners) {
+            *dst = l.stats;
+            snap.n_listeners += 1;
         }
         snap.n_apps = 0;
         for id in self.table.app_ids() {
