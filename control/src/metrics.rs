@@ -1,6 +1,8 @@
 //! Prometheus text exposition (format 0.0.4) of the poll threads' snapshots.
 
-use rpcrdma_dataplane::poll::{ConnInfo, ConnStats, Histo, Refusal, Snapshot, Totals};
+use rpcrdma_dataplane::poll::{
+    ConnInfo, ConnStats, Histo, ListenerStats, Refusal, Snapshot, Totals,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
 
@@ -220,6 +222,8 @@ pub fn render(
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
+
+    type PerListener = fn(&ListenerStats) -> u64;
     let per_thread: [(&str, &str, &str, PerThread); 15] = [
         (
             "rpcrdmad_thread_hops_sent_total",
@@ -386,33 +390,30 @@ pub fn render(
         );
     }
     let listeners = || snaps.iter().flat_map(|s| s.listeners());
-    header(
-        &mut out,
-        "rpcrdmad_listener_connections",
-        "gauge",
-        "connections a listener admitted that are not over yet, on any poll thread",
-    );
-    for l in listeners() {
-        let _ = writeln!(
-            out,
-            "rpcrdmad_listener_connections{{listener=\"{}\"}} {}",
-            listener_name(l),
-            l.connections
-        );
-    }
-    header(
-        &mut out,
-        "rpcrdmad_listener_connects_admitted_total",
-        "counter",
-        "connection requests a listener admitted",
-    );
-    for l in listeners() {
-        let _ = writeln!(
-            out,
-            "rpcrdmad_listener_connects_admitted_total{{listener=\"{}\"}} {}",
-            listener_name(l),
-            l.admitted
-        );
+    let per_listener: [(&str, &str, &str, PerListener); 2] = [
+        (
+            "rpcrdmad_listener_connections",
+            "gauge",
+            "connections a listener admitted that are not over yet, on any poll thread",
+            |l| l.connections,
+        ),
+        (
+            "rpcrdmad_listener_connects_admitted_total",
+            "counter",
+            "connection requests a listener admitted",
+            |l| l.admitted,
+        ),
+    ];
+    for (name, kind, help, value) in per_listener {
+        header(&mut out, name, kind, help);
+        for l in listeners() {
+            let _ = writeln!(
+                out,
+                "{name}{{listener=\"{}\"}} {}",
+                listener_name(l),
+                value(l)
+            );
+        }
     }
     header(
         &mut out,
@@ -636,7 +637,7 @@ pub fn render(
 
 /// A listener's name in metrics and `rpcrdmactl stats`: its bound address (the port a
 /// configured bare IP got included), or its configuration index when unknown.
-pub(crate) fn listener_name(l: &rpcrdma_dataplane::poll::ListenerStats) -> String {
+pub(crate) fn listener_name(l: &ListenerStats) -> String {
     l.addr
         .map_or_else(|| format!("#{}", l.index), |a| a.to_string())
 }

@@ -354,6 +354,19 @@ fn attempt(addr: &str) -> (TcpSide, Attempt) {
     }
 }
 
+/// The poll threads of the daemon's connections, in order.
+fn conn_threads(d: &Daemon) -> Vec<u64> {
+    let mut on: Vec<u64> = d
+        .ctl_json(&["conns"])
+        .as_array()
+        .expect("conns")
+        .iter()
+        .filter_map(|c| c["thread"].as_u64())
+        .collect();
+    on.sort_unstable();
+    on
+}
+
 /// The daemon's first listener, from `stats`: connections it holds, requests admitted, and
 /// refused for the host's limit and for not being allowed.
 fn listener(d: &Daemon) -> (u64, u64, u64, u64) {
@@ -457,13 +470,7 @@ fn a_host_beyond_its_listeners_rules_is_refused_and_another_host_is_served() {
     // The first host's ended connection gives its place back. The second lives on poll
     // thread 1 (`spread`: the listener's thread 0 held the first), so its place goes back to
     // the listener's thread as a message.
-    let on: Vec<u64> = d
-        .ctl_json(&["conns"])
-        .as_array()
-        .expect("conns")
-        .iter()
-        .filter_map(|c| c["thread"].as_u64())
-        .collect();
+    let on = conn_threads(&d);
     assert!(on.contains(&1), "{on:?}");
     assert_eq!(listener(&d), (3, 3, 1, 0));
     drop(second);
@@ -518,15 +525,7 @@ fn a_request_beyond_the_threads_connection_slots_is_refused_and_counted() {
     let (_second, a2) = attempt(&v4);
     let (_third, a3) = attempt(&v4);
     assert_eq!((a1, a2, a3), (Attempt::Up, Attempt::Up, Attempt::Refused));
-    let mut on: Vec<u64> = d
-        .ctl_json(&["conns"])
-        .as_array()
-        .expect("conns")
-        .iter()
-        .filter_map(|c| c["thread"].as_u64())
-        .collect();
-    on.sort_unstable();
-    assert_eq!(on, [0, 1]);
+    assert_eq!(conn_threads(&d), [0, 1]);
     assert_eq!(refused(&d, "full"), 1);
     let l = &d.ctl_json(&["stats"])["listeners"][0];
     assert_eq!(

@@ -14,8 +14,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::{
-    Access, CmEvent, ConnParams, ConnectFailure, CqId, DeviceEvents, Error, Mr, PdId, Provider,
-    QpId, QpInit, QpState, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus, WorkCompletion,
+    Access, CmEvent, ConnParams, ConnReqId, ConnectFailure, CqId, DeviceEvents, Error, Mr, PdId,
+    Provider, QpId, QpInit, QpState, SendOp, SendWr, Sge, SrqId, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// Makes providers for the suite.
@@ -334,6 +335,12 @@ fn connect_one_on<P: Provider>(pair: &mut Pair<P>, addr: SocketAddr, cq: CqId) {
             "connect request from {r}, listener {addr}"
         );
     }
+    accept_onto_b(pair, req, qa);
+}
+
+/// `b` accepts request `req` onto a new queue pair (with [`SERVER_PD`]); both sides come up,
+/// `a`'s queue pair `qa` with that private data intact, and each side keeps its queue pair.
+fn accept_onto_b<P: Provider>(pair: &mut Pair<P>, req: ConnReqId, qa: QpId) {
     let init = pair.b.qp_init();
     let qb = pair.b.p.create_qp(&init).expect("create_qp b");
     pair.b
@@ -1234,29 +1241,8 @@ pub fn connection_request_handed_over_is_answered_by_the_taker<H: Harness>(h: &m
         }
         Err(e) => panic!("hand_over: {e}"),
     };
-    let qb = p.b.p.create_qp(&p.b.qp_init()).expect("create_qp b");
-    let params = ConnParams {
-        private_data: &SERVER_PD,
-        responder_resources: 16,
-        initiator_depth: 16,
-    };
-    p.b.p.accept(req, qb, &params).expect("accept");
-    p.wait("established on both sides", |p| {
-        p.a.events
-            .iter()
-            .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qa))
-            && p.b
-                .events
-                .iter()
-                .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qb))
-    });
-    let apd = p.a.events.iter().find_map(|e| match e {
-        CmEvent::Established { qp, private_data } if *qp == qa => Some(*private_data),
-        _ => None,
-    });
-    assert_eq!(apd.map(|d| d.as_slice().to_vec()), Some(SERVER_PD.to_vec()));
-    p.a.qps.push(qa);
-    p.b.qps.push(qb);
+    accept_onto_b(&mut p, req, qa);
+    let qb = p.b.qps[0];
     let (there, back) = (pattern(5, 100), pattern(6, 60));
     p.b.recv(1, &[p.b.sge(0, 256)]);
     p.a.recv(1, &[p.a.sge(0, 256)]);

@@ -1825,6 +1825,17 @@ impl<P: Provider> PollThread<P> {
         Ok(i)
     }
 
+    /// The connection parameters this thread offers, with private data `pd`
+    /// ([`local_private`](Self::local_private)): the configured RDMA Read depths.
+    fn conn_params<'a>(&self, pd: &'a [u8]) -> ConnParams<'a> {
+        let t = self.spec.transport;
+        ConnParams {
+            private_data: pd,
+            responder_resources: t.ird,
+            initiator_depth: t.ord,
+        }
+    }
+
     /// Gives connection `a`'s place back to its listener's admission count, on the
     /// listener's thread; `refused`: it was refused after all (no slot, the daemon stopping).
     fn unadmit(&mut self, a: Admitted, refused: Option<Refusal>) {
@@ -1922,12 +1933,7 @@ impl<P: Provider> PollThread<P> {
         };
         self.slots[i].admitted = Some(a);
         let pd = self.local_private();
-        let t = self.spec.transport;
-        let params = ConnParams {
-            private_data: &pd,
-            responder_resources: t.ird,
-            initiator_depth: t.ord,
-        };
+        let params = self.conn_params(&pd);
         let Some(qp) = self.slots[i].qp else {
             return;
         };
@@ -2422,12 +2428,7 @@ impl<P: Provider> PollThread<P> {
                     }
                 };
                 let pd = self.local_private();
-                let t = self.spec.transport;
-                let params = ConnParams {
-                    private_data: &pd,
-                    responder_resources: t.ird,
-                    initiator_depth: t.ord,
-                };
+                let params = self.conn_params(&pd);
                 let Some(qp) = self.slots[i].qp else {
                     return;
                 };

@@ -1984,26 +1984,15 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn hand_over(&mut self, req: ConnReqId) -> Result<Handover> {
         let (p, _) = self.take_ready(req)?;
-        let Pending {
-            listener,
-            link,
-            buf,
-            len,
-            ready,
-            since,
-        } = p;
-        match self.transport.detach(link) {
-            Ok(link) => Ok(Handover::new(MovedRequest { link, buf, len })),
+        match self.transport.detach(p.link) {
+            Ok(link) => Ok(Handover::new(MovedRequest {
+                link,
+                buf: p.buf,
+                len: p.len,
+            })),
             Err(link) => {
                 // This transport's streams stay with it: the request is answered here.
-                self.pending[req.0 as usize] = Some(Pending {
-                    listener,
-                    link,
-                    buf,
-                    len,
-                    ready,
-                    since,
-                });
+                self.pending[req.0 as usize] = Some(Pending { link, ..p });
                 Err(Error::Unsupported("moving a connection request"))
             }
         }
