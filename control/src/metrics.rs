@@ -222,7 +222,6 @@ pub fn render(
         );
     }
     type PerThread = fn(&rpcrdma_dataplane::poll::ThreadStats) -> u64;
-
     type PerListener = fn(&ListenerStats) -> u64;
     let per_thread: [(&str, &str, &str, PerThread); 15] = [
         (
