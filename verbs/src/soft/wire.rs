@@ -464,6 +464,7 @@ pub fn parse_ulpdu(u: &[u8]) -> Result<Segment<'_>, WireError> {
 }
 
 /// Start an FPDU in `out`: reserves the length field and returns the FPDU's start offset.
+#[inline]
 pub fn begin_fpdu(out: &mut Vec<u8>) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0, 0]);
@@ -472,27 +473,41 @@ pub fn begin_fpdu(out: &mut Vec<u8>) -> usize {
 
 /// Finish the FPDU begun at `start`: fill the ULPDU length, pad, and append the CRC (zeros
 /// when `crc` is off, as siw sends).
+#[inline]
 pub fn finish_fpdu(out: &mut Vec<u8>, start: usize, crc: bool) {
     let ulen = out.len() - start - 2;
     debug_assert!(ulen <= MAX_ULPDU);
     out[start..start + 2].copy_from_slice(&(ulen as u16).to_be_bytes());
-    while (out.len() - start) % 4 != 0 {
-        out.push(0);
+    // Pad and CRC as fixed-size appends cut back to the FPDU's length: a byte-at-a-time pad
+    // loop (or a variable-length copy, a `memcpy` call) cost more than the FPDU's framing
+    // otherwise, and every Send pays it.
+    let end = start + fpdu_len(ulen);
+    if crc {
+        out.extend_from_slice(&[0; 3]);
+        out.truncate(end - 4);
+        let c = mpa_crc(&out[start..]);
+        out.extend_from_slice(&c);
+    } else {
+        out.extend_from_slice(&[0; 7]);
+        out.truncate(end);
     }
-    let c = if crc { mpa_crc(&out[start..]) } else { [0; 4] };
-    out.extend_from_slice(&c);
 }
 
 /// Append a tagged DDP header (RDMA Write or Read Response).
+#[inline]
 pub fn put_tagged(out: &mut Vec<u8>, opcode: u8, last: bool, stag: u32, to: u64) {
-    out.push(DDP_T | if last { DDP_L } else { 0 } | DDP_DV);
-    out.push(RDMAP_RV | opcode);
-    out.extend_from_slice(&stag.to_be_bytes());
-    out.extend_from_slice(&to.to_be_bytes());
+    // Built whole and appended at once: one capacity check instead of one per field.
+    let mut h = [0u8; TAGGED_HDR];
+    h[0] = DDP_T | if last { DDP_L } else { 0 } | DDP_DV;
+    h[1] = RDMAP_RV | opcode;
+    h[2..6].copy_from_slice(&stag.to_be_bytes());
+    h[6..14].copy_from_slice(&to.to_be_bytes());
+    out.extend_from_slice(&h);
 }
 
 /// Append an untagged DDP header.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn put_untagged(
     out: &mut Vec<u8>,
     opcode: u8,
@@ -502,12 +517,15 @@ pub fn put_untagged(
     msn: u32,
     mo: u32,
 ) {
-    out.push(if last { DDP_L } else { 0 } | DDP_DV);
-    out.push(RDMAP_RV | opcode);
-    out.extend_from_slice(&inv_stag.to_be_bytes());
-    out.extend_from_slice(&qn.to_be_bytes());
-    out.extend_from_slice(&msn.to_be_bytes());
-    out.extend_from_slice(&mo.to_be_bytes());
+    // Built whole and appended at once: one capacity check instead of one per field.
+    let mut h = [0u8; UNTAGGED_HDR];
+    h[0] = if last { DDP_L } else { 0 } | DDP_DV;
+    h[1] = RDMAP_RV | opcode;
+    h[2..6].copy_from_slice(&inv_stag.to_be_bytes());
+    h[6..10].copy_from_slice(&qn.to_be_bytes());
+    h[10..14].copy_from_slice(&msn.to_be_bytes());
+    h[14..18].copy_from_slice(&mo.to_be_bytes());
+    out.extend_from_slice(&h);
 }
 
 /// Append a complete RDMA Read Request FPDU.
