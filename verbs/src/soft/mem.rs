@@ -285,6 +285,10 @@ impl Mem {
     }
 
     /// Append `n` bytes of the gather list `sg`, starting at byte `off`, to `out`.
+    ///
+    /// Inline (as [`Mem::scatter`]): every Send and every received segment goes through one
+    /// of them, usually with a single entry, and the call frame cost as much as the loop.
+    #[inline]
     pub(crate) fn gather(
         &self,
         pd: PdId,
@@ -328,6 +332,7 @@ impl Mem {
     }
 
     /// Copy `data` into the scatter list `sg` starting at byte `off` (entries need local write).
+    #[inline]
     pub(crate) fn scatter(
         &self,
         pd: PdId,
