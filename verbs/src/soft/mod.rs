@@ -139,15 +139,20 @@ impl RecvWr {
 /// work-request structs).
 #[derive(Debug)]
 struct Ring<T> {
+    /// A power of two long (at least `cap`), so an entry's slot is a mask away.
     buf: Vec<T>,
+    /// How many entries the ring takes (the queue's depth as created).
+    cap: usize,
     head: usize,
     len: usize,
 }
 
 impl<T: Default + Clone> Ring<T> {
     fn new(cap: usize) -> Ring<T> {
+        let cap = cap.max(1);
         Ring {
-            buf: vec![T::default(); cap.max(1)],
+            buf: vec![T::default(); cap.next_power_of_two()],
+            cap,
             head: 0,
             len: 0,
         }
@@ -155,19 +160,14 @@ impl<T: Default + Clone> Ring<T> {
     fn len(&self) -> usize {
         self.len
     }
-    /// The buffer index of entry `i` (`head < buf.len()` and `i <= buf.len()`, so one
-    /// subtraction wraps it: no division on the per-request path).
+    /// The buffer index of entry `i`: a mask, as the buffer's length is a power of two (every
+    /// post, framing step and completion looks entries up, so no compare and wrap here).
     fn slot(&self, i: usize) -> usize {
-        let s = self.head + i;
-        if s >= self.buf.len() {
-            s - self.buf.len()
-        } else {
-            s
-        }
+        (self.head + i) & (self.buf.len() - 1)
     }
     /// The next free slot (to fill) or `None` when full; [`Ring::commit`] makes it visible.
     fn next_free(&mut self) -> Option<&mut T> {
-        if self.len == self.buf.len() {
+        if self.len == self.cap {
             return None;
         }
         let i = self.slot(self.len);
