@@ -1004,11 +1004,13 @@ impl<L: Link> Qp<L> {
 
     fn frame_sq(&mut self, cx: &mut Ctx<'_>) -> bool {
         let pd = self.init.pd;
-        let Some((op, total, done)) = self.sq.get(self.exec).map(|w| (w.op, w.sg.total, w.done))
-        else {
+        // The entry is looked up once and borrowed (from `sq` alone) until its bytes are
+        // gathered: every Send goes through here.
+        let Some(w) = self.sq.get(self.exec) else {
             self.tx_msg = TxMsg::None;
             return false;
         };
+        let (op, total, done) = (w.op, w.sg.total, w.done);
         match op {
             SendOp::LocalInvalidate { rkey } => {
                 if cx.mem.invalidate(pd, rkey).is_err() {
@@ -1094,13 +1096,7 @@ impl<L: Link> Qp<L> {
                 }
                 if cx
                     .mem
-                    .gather(
-                        pd,
-                        self.sq.get(self.exec).map_or(&[][..], |w| w.sg.sg()),
-                        done,
-                        n as usize,
-                        &mut self.tx,
-                    )
+                    .gather(pd, w.sg.sg(), done, n as usize, &mut self.tx)
                     .is_err()
                 {
                     self.tx.truncate(s);
@@ -1108,16 +1104,19 @@ impl<L: Link> Qp<L> {
                     return false;
                 }
                 wire::finish_fpdu(&mut self.tx, s, self.crc);
+                // One write-back of the entry's progress (and state, when it is done).
+                if let Some(w) = self.sq.get_mut(self.exec) {
+                    w.done = done + n;
+                    if last {
+                        w.state = WrState::Done;
+                    }
+                }
                 if last {
                     if !matches!(op, SendOp::RdmaWrite { .. }) {
                         self.send_msn = self.send_msn.wrapping_add(1);
                     }
-                    if let Some(w) = self.sq.get_mut(self.exec) {
-                        w.done = total;
-                    }
-                    self.finish_exec(WrState::Done);
-                } else if let Some(w) = self.sq.get_mut(self.exec) {
-                    w.done += n;
+                    self.exec += 1;
+                    self.tx_msg = TxMsg::None;
                 }
                 true
             }
