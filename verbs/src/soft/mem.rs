@@ -129,11 +129,18 @@ impl Mem {
     }
 
     pub(crate) fn lookup(&self, stag: u32) -> Option<Kind> {
+        self.kind(stag).copied()
+    }
+
+    /// What `stag` names, borrowed: the per-segment checks read two or three fields of it,
+    /// and [`Mem::lookup`]'s copy of the whole entry cost more than they did.
+    #[inline]
+    fn kind(&self, stag: u32) -> Option<&Kind> {
         let e = self.entries.get((stag >> 8) as usize)?;
         if e.key != stag as u8 {
             return None;
         }
-        match e.kind {
+        match &e.kind {
             Kind::Free => None,
             k => Some(k),
         }
@@ -258,8 +265,9 @@ impl Mem {
     }
 
     /// Check a local scatter/gather entry; regions only (window keys are not lkeys).
+    #[inline]
     fn check_local(&self, pd: PdId, s: &Sge, write: bool) -> Option<*mut u8> {
-        match self.lookup(s.lkey)? {
+        match *self.kind(s.lkey)? {
             Kind::Mr {
                 pd: p,
                 addr,
