@@ -1818,14 +1818,19 @@ impl<T: Transport> Provider for SoftProvider<T> {
     #[inline]
     fn post_recv(&mut self, qp: QpId, wr_id: u64, sg: &[Sge]) -> Result<()> {
         let mut cx_flush = false;
-        let q = self.qp_mut(qp)?;
+        // Errors built only where they are returned: `ok_or` builds one on every post and
+        // then drops it, a `drop_in_place` call (Error holds an io::Error) once inlined.
+        let Some(q) = self.qps.get_mut(qp.0) else {
+            return Err(Error::BadHandle);
+        };
         if q.init.srq.is_some() {
             return Err(Error::BadState);
         }
         let max = q.init.max_sge;
-        q.rq.next_free()
-            .ok_or(Error::QueueFull)?
-            .fill(wr_id, sg, max)?;
+        let Some(slot) = q.rq.next_free() else {
+            return Err(Error::QueueFull);
+        };
+        slot.fill(wr_id, sg, max)?;
         q.rq.commit();
         if q.state == QpState::Error {
             cx_flush = true;
@@ -1846,12 +1851,17 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     #[inline]
     fn post_send(&mut self, qp: QpId, wr: &SendWr<'_>) -> Result<()> {
-        let q = self.qps.get_mut(qp.0).ok_or(Error::BadHandle)?;
+        // Errors built only where they are returned (see `post_recv`).
+        let Some(q) = self.qps.get_mut(qp.0) else {
+            return Err(Error::BadHandle);
+        };
         if q.state == QpState::Init || q.state == QpState::Connecting {
             return Err(Error::BadState);
         }
         let max = q.init.max_sge;
-        let slot = q.sq.next_free().ok_or(Error::QueueFull)?;
+        let Some(slot) = q.sq.next_free() else {
+            return Err(Error::QueueFull);
+        };
         slot.sg.fill(wr.wr_id, wr.sg, max)?;
         slot.wr_id = wr.wr_id;
         slot.op = wr.op;
@@ -2092,7 +2102,10 @@ impl<T: Transport> Provider for SoftProvider<T> {
             srqs: &mut self.srqs,
             events: &mut self.events,
         };
-        let q = self.qps.get_mut(qp.0).ok_or(Error::BadHandle)?;
+        // Errors built only where they are returned (see `post_recv`).
+        let Some(q) = self.qps.get_mut(qp.0) else {
+            return Err(Error::BadHandle);
+        };
         match q.phase {
             Phase::Rts => {
                 let _ = q.flush_tx(&mut cx);
