@@ -473,7 +473,8 @@ pub fn begin_fpdu(out: &mut Vec<u8>) -> usize {
 
 /// Finish the FPDU begun at `start`: fill the ULPDU length, pad, and append the CRC (zeros
 /// when `crc` is off, as siw sends).
-#[inline]
+// Always inline: every Send is finished here, and LLVM kept it out of line on its own.
+#[inline(always)]
 pub fn finish_fpdu(out: &mut Vec<u8>, start: usize, crc: bool) {
     let ulen = out.len() - start - 2;
     debug_assert!(ulen <= MAX_ULPDU);
