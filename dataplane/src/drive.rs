@@ -863,7 +863,7 @@ impl Run {
         let data = pattern(d.xid, call.n as usize);
         let mr = self.c.mem.mr;
         if call.result && call.n >= DDP {
-            assert_eq!(d.results(), &[(4, call.n)][..], "{d:?}");
+            assert_eq!(d.results().collect::<Vec<_>>(), &[(4, call.n)][..], "{d:?}");
             let got = self.c.mem.get(MemRef::new(mr, base + 64 + 8192, call.n));
             assert!(got == data, "honest echo bytes differ (Write chunk)");
         } else {

@@ -57,9 +57,9 @@ pub mod rpcmsg;
 
 pub use conn::reply_inline_room;
 pub use conn::{
-    Accepted, ArgPiece, CallDone, CallSpec, CallStatus, CloseReason, Completion, ConfigError,
-    ConnConfig, Connection, ErrorCounts, Event, IncomingCall, OptionalMsg, ReplySpec, ReplyStatus,
-    ResultPiece, Role, ServeId, Stats, SubmitError, Tag, Work, WRITE_CHUNK_LEN,
+    Accepted, ArgPiece, CallDone, CallResults, CallSpec, CallStatus, CloseReason, Completion,
+    ConfigError, ConnConfig, Connection, ErrorCounts, Event, IncomingCall, OptionalMsg, ReplySpec,
+    ReplyStatus, ResultPiece, Role, ServeId, Stats, SubmitError, Tag, Work, WRITE_CHUNK_LEN,
 };
 pub use driver::{
     from_serve_tag, serve_tag, BufferCounts, ConnId, ConnTemplate, Driver, DriverError,

@@ -415,7 +415,10 @@ fn all_modes<P: Provider>(mut c: Node<P>, mut s: Node<P>, addr: SocketAddr) {
             reply,
         },
     );
-    assert_eq!((d.status, d.results()), (CallStatus::Ok, &[(4, big)][..]));
+    assert_eq!(
+        (d.status, &d.results().collect::<Vec<_>>()[..]),
+        (CallStatus::Ok, &[(4, big)][..])
+    );
     assert!(
         c.get(result) == pattern(9, big as usize),
         "READ data intact"
@@ -851,7 +854,10 @@ fn e2e_hostile_peer_loses_only_its_connection() {
             reply,
         },
     );
-    assert_eq!((d.status, d.results()), (CallStatus::Ok, &[(4, 5000)][..]));
+    assert_eq!(
+        (d.status, &d.results().collect::<Vec<_>>()[..]),
+        (CallStatus::Ok, &[(4, 5000)][..])
+    );
     assert_eq!(good.get(result), data);
 }
 
@@ -1113,7 +1119,7 @@ fn echo_works<P: Provider>(c: &mut Node<P>, s: &mut Node<P>, conn: ConnId, xid: 
     );
     assert_eq!(d.status, CallStatus::Ok);
     if n >= 1024 {
-        assert_eq!(d.results(), &[(4, n)][..]);
+        assert_eq!(d.results().collect::<Vec<_>>(), &[(4, n)][..]);
         assert!(c.get(result) == data, "echo bytes intact");
     } else {
         let r = c.get(reply.prefix(d.reply_len).unwrap());

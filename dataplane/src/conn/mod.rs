@@ -387,16 +387,24 @@ pub struct CallDone {
     /// A cancelled call ([`CallStatus::Cancelled`]) whose memory the peer may still read or
     /// write: keep it until [`Event::CallReleased`] (see [`Connection::cancel_call`]).
     pub lent: bool,
-    results: [(u32, u32); MAX_PIECES],
+    /// The first result buffer's (position, bytes placed). Only it can differ from
+    /// `(reply_len, 0)`: a call offers at most one Write chunk that may be used, its first
+    /// (`place_reply`), and every other result is in the reply at its end, nothing placed.
+    /// Kept as this pair and a count, not a pair per buffer, the record is 32 bytes instead
+    /// of 88, and every event is smaller: each is copied into and out of the event queue.
+    first: (u32, u32),
     n_results: u8,
 }
 
 impl CallDone {
     /// For each result buffer, in order: (position in the reduced reply, bytes placed).
-    pub fn results(&self) -> &[(u32, u32)] {
-        self.results
-            .get(..usize::from(self.n_results))
-            .unwrap_or(&[])
+    pub fn results(&self) -> CallResults {
+        CallResults {
+            first: self.first,
+            rest: (self.reply_len, 0),
+            at: 0,
+            n: self.n_results,
+        }
     }
 
     fn failed(user: u64, xid: u32, status: CallStatus) -> CallDone {
@@ -407,7 +415,7 @@ impl CallDone {
             rpc_stat: 0,
             reply_len: 0,
             lent: false,
-            results: [(0, 0); MAX_PIECES],
+            first: (0, 0),
             n_results: 0,
         }
     }
@@ -420,6 +428,36 @@ impl CallDone {
         *self = CallDone::failed(self.user, self.xid, status);
     }
 }
+
+/// The results of a [`CallDone`] ([`CallDone::results`]): for each result buffer, in order,
+/// (position in the reduced reply, bytes placed).
+#[derive(Clone, Debug)]
+pub struct CallResults {
+    first: (u32, u32),
+    rest: (u32, u32),
+    at: u8,
+    n: u8,
+}
+
+impl Iterator for CallResults {
+    type Item = (u32, u32);
+
+    fn next(&mut self) -> Option<(u32, u32)> {
+        if self.at >= self.n {
+            return None;
+        }
+        let r = if self.at == 0 { self.first } else { self.rest };
+        self.at += 1;
+        Some(r)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = usize::from(self.n - self.at);
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for CallResults {}
 
 /// A call that arrived for a local app; answer with [`Connection::accept_call`] (giving a
 /// buffer of at least `args_len` bytes) or [`Connection::reject_call`].

@@ -829,10 +829,7 @@ impl Connection {
         done.rpc_stat = rpc_stat;
         done.reply_len = reply_len;
         done.n_results = c.n_results;
-        // Only the reported entries (`CallDone::results`): the others stay zero.
-        for r in done.results.iter_mut().take(usize::from(c.n_results)) {
-            *r = (reply_len, 0);
-        }
+        done.first = (reply_len, 0);
         if c.n_w == 0 {
             return Ok(());
         }
@@ -870,8 +867,9 @@ impl Connection {
             let Some(at) = placed else {
                 return Err(CallStatus::BadReply);
             };
-            if let Some(r) = done.results.get_mut(k) {
-                *r = (at, used);
+            // Only the first can be other than (reply_len, 0) (`CallDone::first`).
+            if k == 0 {
+                done.first = (at, used);
             }
         }
         Ok(())

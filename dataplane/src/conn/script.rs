@@ -499,8 +499,8 @@ impl Expect {
         let word = be32(&reply, 0);
         let data = || pattern(self.xid, self.n as usize);
         // The DDP result, from its Write chunk or inline after the length word.
-        let result = || match (d.results().first(), self.result) {
-            (Some(&(_, used)), Some(buf)) if used > 0 => {
+        let result = || match (d.results().next(), self.result) {
+            (Some((_, used)), Some(buf)) if used > 0 => {
                 assert_eq!(used, self.n, "{who}: Write chunk length, {d:?}");
                 s.get(buf.prefix(used).unwrap_or_default())
             }
@@ -511,8 +511,8 @@ impl Expect {
         };
         // A COMPOUND's reply, whole: the first READ's data, if it came in the Write chunk, at
         // its place after its length word (operations may follow it), with its pad.
-        let whole = || match (d.results().first(), self.result) {
-            (Some(&(at, used)), Some(buf)) if used > 0 => {
+        let whole = || match (d.results().next(), self.result) {
+            (Some((at, used)), Some(buf)) if used > 0 => {
                 let (head, tail) = reply.split_at((at as usize).min(reply.len()));
                 let mut whole = head.to_vec();
                 whole.extend(s.get(buf.prefix(used).unwrap_or_default()));

@@ -202,7 +202,7 @@ fn r8166_3_2_a_echo_64_bytes_short_both_ways() {
     assert_eq!(&r[..4], &64u32.to_be_bytes());
     assert_eq!(&r[4..], &data[..]);
     // The result buffer got nothing: the result travelled inline.
-    assert_eq!(d[0].results(), &[(68, 0)]);
+    assert_eq!(d[0].results().collect::<Vec<_>>(), &[(68, 0)]);
     assert_eq!(p.a.get(result), vec![0; 64]);
 }
 
@@ -231,7 +231,7 @@ fn r8166_3_4_6_c_read_1mib_via_write_chunk_echoes_length() {
     serve(&mut p);
     let d = done(&mut p);
     assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
-    assert_eq!(d[0].results(), &[(4, count)]);
+    assert_eq!(d[0].results().collect::<Vec<_>>(), &[(4, count)]);
     assert_eq!(p.a.get(result), pattern(77, count as usize));
     // The reply echoed the Write chunk with the length written (R8166-3.4.6-c).
     let reply_bytes = p.b.sent.last().unwrap().clone();
@@ -413,7 +413,7 @@ fn r8166_3_4_6_2_b_odd_sized_write_chunk_no_pad_written() {
     serve(&mut p);
     let d = done(&mut p);
     assert_eq!(d[0].status, CallStatus::Ok, "{d:?}");
-    assert_eq!(d[0].results(), &[(4, 5001)]);
+    assert_eq!(d[0].results().collect::<Vec<_>>(), &[(4, 5001)]);
     assert_eq!(p.a.get(result), data);
     assert_eq!(p.a.get(reply.prefix(4).unwrap()), 5001u32.to_be_bytes());
     let written: u32 =
@@ -1068,7 +1068,7 @@ fn r8166_3_4_6_c_returned_write_length_above_the_chunk_is_bad_reply() {
     p.inject(false, &r);
     let d = done(&mut p);
     assert_eq!((d.len(), d[0].status), (1, CallStatus::BadReply));
-    assert!(d[0].results().iter().all(|&(_, used)| used == 0));
+    assert!(d[0].results().all(|(_, used)| used == 0));
     assert_eq!(
         p.a.env.live_windows(),
         0,
@@ -1084,7 +1084,7 @@ fn r8166_3_4_6_c_returned_write_length_above_the_chunk_is_bad_reply() {
     p.inject(false, &r);
     let d = done(&mut p);
     assert_eq!(
-        (d[0].status, d[0].results()),
+        (d[0].status, &d[0].results().collect::<Vec<_>>()[..]),
         (CallStatus::Ok, &[(4, 4096)][..])
     );
     assert_ne!(result, result2);
@@ -1132,7 +1132,11 @@ fn r8166_6_1_d_eligible_result_sent_inline_despite_a_write_chunk_is_a_permanent_
     p.inject(false, &reply_with_chunk(3, seg, Some(0), &[0]));
     let d = done(&mut p);
     assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
+        (
+            d[0].status,
+            d[0].reply_len,
+            &d[0].results().collect::<Vec<_>>()[..]
+        ),
         (CallStatus::Ok, 4, &[(4, 0)][..])
     );
     assert_eq!(p.a.conn.stats().bad_replies, 2);
@@ -1164,7 +1168,7 @@ fn r8166_6_1_c_a_write_chunk_holding_a_result_that_is_not_eligible_is_a_permanen
     );
     let d = done(&mut p);
     assert_eq!(
-        (d[0].status, d[0].results()),
+        (d[0].status, &d[0].results().collect::<Vec<_>>()[..]),
         (CallStatus::Ok, &[(20, 3000)][..])
     );
     // Something after the length word: the chunk holds the result, but the reduced reply
@@ -1215,7 +1219,11 @@ fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
     let (result, _) = read_with_write_chunk(&mut p, 1, 4096);
     let d = answer_unmarked(&mut p, &stream);
     assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
+        (
+            d[0].status,
+            d[0].reply_len,
+            &d[0].results().collect::<Vec<_>>()[..]
+        ),
         (CallStatus::Ok, 4, &[(4, 1001)][..]),
         "{d:?}"
     );
@@ -1228,7 +1236,7 @@ fn r8166_6_1_d_responder_reduces_an_eligible_result_its_app_left_inline() {
     let (result, _) = read_with_write_chunk(&mut p, 2, 4096);
     let d = answer_unmarked(&mut p, &stream[..1005]);
     assert_eq!(
-        (d[0].status, d[0].results()),
+        (d[0].status, &d[0].results().collect::<Vec<_>>()[..]),
         (CallStatus::Ok, &[(4, 1001)][..])
     );
     assert_eq!(p.a.get(result.prefix(1001).unwrap()), data);
@@ -1272,7 +1280,11 @@ fn r8166_3_4_6_c_long_reply_and_write_chunk_placed_together() {
     p.inject(false, &r);
     let d = done(&mut p);
     assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
+        (
+            d[0].status,
+            d[0].reply_len,
+            &d[0].results().collect::<Vec<_>>()[..]
+        ),
         (CallStatus::Ok, 4, &[(4, 4000)][..]),
         "{d:?}"
     );
@@ -2062,7 +2074,7 @@ mod props {
                 assert_eq!(got, be(&[n]), "{ctx}");
             }
             Kind::EchoDdp | Kind::ReadDdp => {
-                let (pos, used) = d.results()[0];
+                let (pos, used) = d.results().next().unwrap();
                 if used > 0 {
                     // Through the Write chunk: the reply holds only the length word.
                     assert_eq!((pos, used, d.reply_len), (4, n, 4), "{ctx}");
@@ -3312,7 +3324,7 @@ fn r8166_6_1_e_binding_limits_write_chunks() {
     assert_eq!(c.writes.len(), 1, "RDMATEST READ allows one Write chunk");
     serve(&mut p);
     let d = done(&mut p);
-    assert_eq!(d[0].results(), &[(4, 8192), (4, 0)]);
+    assert_eq!(d[0].results().collect::<Vec<_>>(), &[(4, 8192), (4, 0)]);
 }
 
 #[test]
@@ -3825,7 +3837,11 @@ fn r8166_6_1_d_compound_read_in_the_write_chunk_with_operations_after_it() {
     let len = 4 * body.len() as u32;
     let at = 4 * (compound_res(0, 2).len() as u32 + 4);
     assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
+        (
+            d[0].status,
+            d[0].reply_len,
+            &d[0].results().collect::<Vec<_>>()[..]
+        ),
         (CallStatus::Ok, len, &[(at, 3000)][..]),
         "{d:?}"
     );
@@ -3891,7 +3907,11 @@ fn r8166_6_1_d_responder_reduces_a_compound_read_left_inline_with_operations_aft
     let d = answer_unmarked(&mut p, &stream);
     let reduced = (head.len() + getattr.len()) as u32;
     assert_eq!(
-        (d[0].status, d[0].reply_len, d[0].results()),
+        (
+            d[0].status,
+            d[0].reply_len,
+            &d[0].results().collect::<Vec<_>>()[..]
+        ),
         (CallStatus::Ok, reduced, &[(head.len() as u32, 1001)][..]),
         "{d:?}"
     );

@@ -1579,7 +1579,7 @@ impl<P: Provider> PollThread<P> {
                 let mut n = 0u8;
                 if code == status::OK {
                     for (dst, src) in results.iter_mut().zip(d.results()) {
-                        *dst = *src;
+                        *dst = src;
                         n += 1;
                     }
                 }
