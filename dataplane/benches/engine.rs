@@ -25,6 +25,7 @@
 //! `ENGINE_BENCH_FLOOR=0` shrinks the floor's runs to a token (to profile the engine).
 #![forbid(unsafe_code)]
 
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use std::collections::VecDeque;
@@ -460,7 +461,8 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
         byte_len,
         invalidated_rkey: None,
     };
-    while let Some(w) = me.conn.poll_work() {
+    // Every request is taken, in order, as with `poll_work` one at a time.
+    let Ok(()) = me.conn.drain_work(|w| {
         me.work += 1;
         match w {
             Work::Recv { tag, buf } => me.posted.push_back((tag, buf)),
@@ -480,7 +482,8 @@ fn exec(me: &mut Lean, peer: &mut Lean) {
             }
             other => panic!("unexpected work in the inline bench: {other:?}"),
         }
-    }
+        Ok::<(), Infallible>(())
+    });
 }
 
 fn engine_alone(calls: u64) -> (Duration, Depth) {

@@ -1038,6 +1038,47 @@ impl Connection {
         Some(w)
     }
 
+    /// Hands the queued work requests to `post`, in order, as [`poll_work`] until `None`
+    /// would, and stops at the first that `post` refuses: that one and those before it
+    /// are gone from the queue, the rest stay (the owner typically closes the connection
+    /// then, and drains again what is left to give back). Walking the queue's two slices
+    /// once, then clearing it, spares each request the pop's own bookkeeping (head, length,
+    /// wrap), which `poll_work` pays per request.
+    ///
+    /// [`poll_work`]: Self::poll_work
+    #[inline]
+    pub fn drain_work<E>(&mut self, mut post: impl FnMut(Work) -> Result<(), E>) -> Result<(), E> {
+        // As `poll_work` counts down `sends_queued`: the last Send is the signaled one.
+        let mut sends = self.sends_queued;
+        let (a, b) = self.work.as_slices();
+        let mut done = 0;
+        let mut refused = None;
+        for &w in a.iter().chain(b) {
+            let mut w = w;
+            if let Work::Send { tag, signaled, .. } = &mut w {
+                sends = sends.saturating_sub(1);
+                *signaled = sends == 0;
+                self.send_order.push_back(*tag & ((1 << KIND_SHIFT) - 1));
+            }
+            done += 1;
+            if let Err(e) = post(w) {
+                refused = Some(e);
+                break;
+            }
+        }
+        self.sends_queued = sends;
+        match refused {
+            None => {
+                self.work.clear();
+                Ok(())
+            }
+            Some(e) => {
+                self.work.drain(..done);
+                Err(e)
+            }
+        }
+    }
+
     /// The next event.
     #[inline]
     pub fn poll_event(&mut self) -> Option<Event> {

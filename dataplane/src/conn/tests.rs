@@ -3772,6 +3772,59 @@ fn sends_of_a_batch_complete_with_its_last() {
     }
 }
 
+/// `drain_work` hands out what `poll_work` would, one request at a time, signalling the
+/// same Sends; a refused request stops it, and what follows stays queued.
+#[test]
+fn drain_work_takes_what_poll_work_would() {
+    let queued = || {
+        let mut p = Pair::new(sim::config(Role::Client, 8), sim::config(Role::Server, 8));
+        echo(&mut p, 1, b"first");
+        p.run();
+        serve(&mut p);
+        assert_eq!(done(&mut p).len(), 1);
+        for xid in 2..10u32 {
+            echo(&mut p, xid, &[xid as u8; 24]);
+        }
+        p
+    };
+    let mut polled = Vec::new();
+    let mut p = queued();
+    while let Some(w) = p.a.conn.poll_work() {
+        polled.push(w);
+    }
+    assert!(
+        polled
+            .iter()
+            .filter(|w| matches!(w, Work::Send { .. }))
+            .count()
+            == 8
+    );
+    let mut p = queued();
+    let mut drained = Vec::new();
+    let Ok(()) = p.a.conn.drain_work(|w| {
+        drained.push(w);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    assert_eq!(drained, polled);
+    assert_eq!(p.a.conn.poll_work(), None);
+    // Refused at the third: the first three are gone, the rest come as before.
+    let mut p = queued();
+    let mut taken = Vec::new();
+    let r = p.a.conn.drain_work(|w| {
+        taken.push(w);
+        if taken.len() == 3 {
+            Err("refused")
+        } else {
+            Ok(())
+        }
+    });
+    assert_eq!(r, Err("refused"));
+    while let Some(w) = p.a.conn.poll_work() {
+        taken.push(w);
+    }
+    assert_eq!(taken, polled);
+}
+
 /// An inline call's arguments are copied when it is accepted: `accept_call` says so with
 /// `Accepted::Ready` and no `ArgsReady` follows (the poll thread delivers the call on that
 /// answer, so a second signal would deliver it twice). A call with a Read chunk answers
