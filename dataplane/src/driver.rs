@@ -1129,17 +1129,15 @@ impl<P: Provider> Driver<P> {
                 }
             }
         } else {
-            while let Some(w) = e.conn.poll_work() {
-                if let Work::Release { buf } = w {
-                    if let Err(why) = release(&mut self.p, &self.regions, &mut pools, buf) {
-                        e.conn.close(CloseReason::Local(why));
-                    }
-                    continue;
-                }
+            // In one walk of the connection's queue; a failure stops it and closes the
+            // connection (which keeps only the buffers to give back), and the walk resumes.
+            let qp = e.qp;
+            while let Err(why) = e.conn.drain_work(|w| match w {
+                Work::Release { buf } => release(&mut self.p, &self.regions, &mut pools, buf),
                 // R8166-4.5.4-c: what cannot be posted ends the connection.
-                if let Err(why) = post(&mut self.p, &self.regions, e.qp, id, &w) {
-                    e.conn.close(CloseReason::Local(why));
-                }
+                _ => post(&mut self.p, &self.regions, qp, id, &w),
+            }) {
+                e.conn.close(CloseReason::Local(why));
             }
         }
         if !e.dead && e.conn.closed().is_some() {

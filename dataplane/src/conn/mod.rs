@@ -1041,8 +1041,8 @@ impl Connection {
     /// Hands the queued work requests to `post`, in order, as [`poll_work`] until `None`
     /// would, and stops at the first that `post` refuses: that one and those before it
     /// are gone from the queue, the rest stay (the owner typically closes the connection
-    /// then, and drains again what is left to give back). Walking the queue's two slices
-    /// once, then clearing it, spares each request the pop's own bookkeeping (head, length,
+    /// then, and drains again what is left to give back). Walking the queue as one slice,
+    /// then clearing it, spares each request the pop's own bookkeeping (head, length,
     /// wrap), which `poll_work` pays per request.
     ///
     /// [`poll_work`]: Self::poll_work
@@ -1050,10 +1050,13 @@ impl Connection {
     pub fn drain_work<E>(&mut self, mut post: impl FnMut(Work) -> Result<(), E>) -> Result<(), E> {
         // As `poll_work` counts down `sends_queued`: the last Send is the signaled one.
         let mut sends = self.sends_queued;
-        let (a, b) = self.work.as_slices();
+        // One slice: the queue is cleared after every drain, which puts its head back at
+        // the start, so it is contiguous already but after a refusal (then this moves the
+        // requests left into place, without allocating). Walking two halves as a chain
+        // checked at every step which half it was in.
         let mut done = 0;
         let mut refused = None;
-        for &w in a.iter().chain(b) {
+        for &w in self.work.make_contiguous().iter() {
             let mut w = w;
             if let Work::Send { tag, signaled, .. } = &mut w {
                 sends = sends.saturating_sub(1);
