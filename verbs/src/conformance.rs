@@ -1263,6 +1263,91 @@ pub fn connection_request_handed_over_is_answered_by_the_taker<H: Harness>(h: &m
     drop(giver);
 }
 
+/// The accepting side may answer as soon as it has accepted: the peer sends once it has the
+/// answer, and that first message can be polled before the accepting side's provider reports
+/// `Established` (rdma_cm's event comes later than the data on rxe and siw). A Send posted
+/// then, in reply, goes out; the accepting side's connection-manager events are not polled
+/// until the exchange is done.
+pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &mut H) {
+    let (pa, pb) = h.pair();
+    let (mut a, mut b) = (Side::new(pa), Side::new(pb));
+    let l = b.p.listen(h.listen_addr()).expect("listen");
+    let addr = b.p.listen_addr(l).expect("listen_addr");
+    let qa = a.p.create_qp(&a.qp_init()).expect("create_qp a");
+    a.start_connect(qa, addr);
+    let start = Instant::now();
+    let req = loop {
+        a.step();
+        b.step();
+        let req = b.events.iter().find_map(|e| match e {
+            CmEvent::ConnectRequest { req, .. } => Some(*req),
+            _ => None,
+        });
+        if let Some(req) = req {
+            break req;
+        }
+        assert!(start.elapsed() < DEADLINE, "no connection request");
+        std::thread::yield_now();
+    };
+    let qb = b.p.create_qp(&b.qp_init()).expect("create_qp b");
+    let params = ConnParams {
+        private_data: &SERVER_PD,
+        responder_resources: 16,
+        initiator_depth: 16,
+    };
+    b.p.accept(req, qb, &params).expect("accept");
+    b.qps.push(qb);
+    a.qps.push(qa);
+    b.recv(1, &[b.sge(0, 256)]);
+    a.recv(1, &[a.sge(0, 256)]);
+    let poll_b_cq = |b: &mut Side<H::P>| {
+        let mut w = [WorkCompletion::default(); 16];
+        let n = b.p.poll_cq(b.cq, &mut w).expect("poll_cq");
+        b.wcs.extend_from_slice(&w[..n]);
+    };
+    let drive_until = |a: &mut Side<H::P>,
+                       b: &mut Side<H::P>,
+                       what: &str,
+                       done: &dyn Fn(&Side<H::P>, &Side<H::P>) -> bool| {
+        let start = Instant::now();
+        while !done(a, b) {
+            a.step();
+            poll_b_cq(b);
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            std::thread::yield_now();
+        }
+    };
+    drive_until(&mut a, &mut b, "a established", &|a, _| {
+        a.events
+            .iter()
+            .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qa))
+    });
+    let (call, reply) = (pattern(7, 80), pattern(8, 40));
+    a.fill(4096, &call);
+    a.send_on(qa, 2, 4096, call.len());
+    drive_until(&mut a, &mut b, "the first message at b", &|_, b| {
+        b.wc(1).is_some()
+    });
+    assert_eq!(b.wc(1).map(|w| w.status), Some(WcStatus::Success));
+    b.fill(4096, &reply);
+    let s = [b.sge(4096, reply.len())];
+    let wr = SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg: &s,
+        signaled: true,
+    };
+    b.p.post_send(qb, &wr)
+        .expect("a Send on an accepted queue pair before its Established event");
+    drive_until(&mut a, &mut b, "the reply at a", &|a, _| a.wc(1).is_some());
+    let w = a.wc(1).unwrap();
+    assert_eq!(
+        (w.status, w.byte_len as usize),
+        (WcStatus::Success, reply.len())
+    );
+    assert_eq!(a.mem(0, reply.len()), &reply[..]);
+}
+
 /// An exposure's key dies with the connection it was made for: once that queue pair is
 /// disconnected (as the daemon does when a connection ends with RPCs in flight, whose
 /// exposures are then never invalidated one by one), a Write under the key from another
@@ -2221,7 +2306,8 @@ macro_rules! conformance_tests {
             region_without_remote_rights_is_reached_only_through_exposures,
             exposure_is_refused_on_another_connection, exposure_dies_with_its_connection,
             send_with_invalidate_of_another_connections_exposure_is_refused,
-            connection_request_handed_over_is_answered_by_the_taker);
+            connection_request_handed_over_is_answered_by_the_taker,
+            the_accepting_side_answers_before_its_established_event);
     };
     (@t $harness:expr; $($name:ident),*) => {
         $(

@@ -414,6 +414,15 @@ impl Port {
         best
     }
 
+    /// Every thread's load (for the log).
+    pub(crate) fn loads(&self) -> Vec<u32> {
+        self.shared
+            .loads
+            .iter()
+            .map(|l| l.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// Connections each thread of the mesh has room for.
     pub(crate) fn conns_per_thread(&self) -> u32 {
         self.shared.conns_per_thread

@@ -1937,7 +1937,8 @@ impl<P: Provider> PollThread<P> {
         let Some(qp) = self.slots[i].qp else {
             return;
         };
-        if self.drv.provider_mut().accept(req, qp, &params).is_err() {
+        if let Err(e) = self.drv.provider_mut().accept(req, qp, &params) {
+            tracing::debug!(error = %e, ?remote, "accepting a connection request failed");
             self.close_slot(i);
         }
     }
@@ -2015,6 +2016,12 @@ impl<P: Provider> PollThread<P> {
                 };
                 if self.listeners[k].gate.spec().spread {
                     let to = self.port.least_loaded().unwrap_or(a.owner);
+                    tracing::debug!(
+                        ?remote,
+                        to,
+                        loads = ?self.port.loads(),
+                        "connection request placed"
+                    );
                     if to != a.owner {
                         // Its queue pair, its engine and its traffic go to the thread with
                         // the fewest connections; a provider whose requests cannot move

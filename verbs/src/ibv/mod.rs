@@ -223,6 +223,13 @@ struct QpEntry {
     srq: Option<SrqId>,
     max_sge: u32,
     state: QpState,
+    /// Accepted (the passive side): [`Provider::accept`] moved the queue pair to RTS before it
+    /// answered, so it may send while `Connecting`. The peer may send as soon as it has our
+    /// answer, and its first message can be polled before rdma_cm's ESTABLISHED (the IB RTU,
+    /// or the MPA exchange's end, reaches the connection manager later): the reply to it must
+    /// not fail. Seen in the VM on rxe and siw, most often on a connection handed to another
+    /// poll thread, whose provider polls its completions before its rdma_cm channel.
+    accepted: bool,
     id: Option<CmId>,
     disconnect_reported: bool,
     /// Windows invalidated on this queue pair, ready to be bound again.
@@ -1333,6 +1340,7 @@ impl Provider for IbvProvider {
                 srq: init.srq,
                 max_sge: init.max_sge.max(1),
                 state: QpState::Init,
+                accepted: false,
                 id: None,
                 disconnect_reported: false,
                 free_mws: Vec::with_capacity(64),
@@ -1436,6 +1444,7 @@ impl Provider for IbvProvider {
         let n = self.sges(wr.sg, e.max_sge, &mut buf)?;
         match e.state {
             QpState::ReadyToSend => {}
+            QpState::Connecting if e.accepted => {}
             QpState::Error => {
                 let cq = e.send_cq;
                 let opcode = match wr.op {
@@ -1550,6 +1559,7 @@ impl Provider for IbvProvider {
         let e = slot_mut(&mut self.qps, qp.0)?;
         e.id = Some(id);
         e.state = QpState::Connecting;
+        e.accepted = true;
         Ok(())
     }
 
