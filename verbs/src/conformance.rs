@@ -1300,24 +1300,7 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
     a.qps.push(qa);
     b.recv(1, &[b.sge(0, 256)]);
     a.recv(1, &[a.sge(0, 256)]);
-    let poll_b_cq = |b: &mut Side<H::P>| {
-        let mut w = [WorkCompletion::default(); 16];
-        let n = b.p.poll_cq(b.cq, &mut w).expect("poll_cq");
-        b.wcs.extend_from_slice(&w[..n]);
-    };
-    let drive_until = |a: &mut Side<H::P>,
-                       b: &mut Side<H::P>,
-                       what: &str,
-                       done: &dyn Fn(&Side<H::P>, &Side<H::P>) -> bool| {
-        let start = Instant::now();
-        while !done(a, b) {
-            a.step();
-            poll_b_cq(b);
-            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-            std::thread::yield_now();
-        }
-    };
-    drive_until(&mut a, &mut b, "a established", &|a, _| {
+    drive_a_and_b_cq(&mut a, &mut b, "a established", |a, _| {
         a.events
             .iter()
             .any(|e| matches!(e, CmEvent::Established { qp, .. } if *qp == qa))
@@ -1325,7 +1308,7 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
     let (call, reply) = (pattern(7, 80), pattern(8, 40));
     a.fill(4096, &call);
     a.send_on(qa, 2, 4096, call.len());
-    drive_until(&mut a, &mut b, "the first message at b", &|_, b| {
+    drive_a_and_b_cq(&mut a, &mut b, "the first message at b", |_, b| {
         b.wc(1).is_some()
     });
     assert_eq!(b.wc(1).map(|w| w.status), Some(WcStatus::Success));
@@ -1339,13 +1322,32 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
     };
     b.p.post_send(qb, &wr)
         .expect("a Send on an accepted queue pair before its Established event");
-    drive_until(&mut a, &mut b, "the reply at a", &|a, _| a.wc(1).is_some());
+    drive_a_and_b_cq(&mut a, &mut b, "the reply at a", |a, _| a.wc(1).is_some());
     let w = a.wc(1).unwrap();
     assert_eq!(
         (w.status, w.byte_len as usize),
         (WcStatus::Success, reply.len())
     );
     assert_eq!(a.mem(0, reply.len()), &reply[..]);
+}
+
+/// Drives `a` fully and only `b`'s completion queue (not its connection-manager events) until
+/// `done` holds.
+fn drive_a_and_b_cq<P: Provider>(
+    a: &mut Side<P>,
+    b: &mut Side<P>,
+    what: &str,
+    done: impl Fn(&Side<P>, &Side<P>) -> bool,
+) {
+    let start = Instant::now();
+    while !done(a, b) {
+        a.step();
+        let mut w = [WorkCompletion::default(); 16];
+        let n = b.p.poll_cq(b.cq, &mut w).expect("poll_cq");
+        b.wcs.extend_from_slice(&w[..n]);
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
 }
 
 /// An exposure's key dies with the connection it was made for: once that queue pair is
