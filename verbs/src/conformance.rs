@@ -1207,25 +1207,7 @@ pub fn connection_request_handed_over_is_answered_by_the_taker<H: Harness>(h: &m
         b: Side::new(taker),
         addr,
     };
-    let qa = p.a.p.create_qp(&p.a.qp_init()).expect("create_qp a");
-    p.a.start_connect(qa, addr);
-    let start = Instant::now();
-    let req = loop {
-        p.a.step();
-        giver.step();
-        let req = giver.events.iter().find_map(|e| match e {
-            CmEvent::ConnectRequest { req, .. } => Some(*req),
-            _ => None,
-        });
-        if let Some(req) = req {
-            break req;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "timed out waiting for the request"
-        );
-        std::thread::yield_now();
-    };
+    let (qa, req) = request_to(&mut p.a, &mut giver, addr);
     let req = match giver.p.hand_over(req) {
         Ok(moved) => {
             assert!(
@@ -1273,22 +1255,7 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
     let (mut a, mut b) = (Side::new(pa), Side::new(pb));
     let l = b.p.listen(h.listen_addr()).expect("listen");
     let addr = b.p.listen_addr(l).expect("listen_addr");
-    let qa = a.p.create_qp(&a.qp_init()).expect("create_qp a");
-    a.start_connect(qa, addr);
-    let start = Instant::now();
-    let req = loop {
-        a.step();
-        b.step();
-        let req = b.events.iter().find_map(|e| match e {
-            CmEvent::ConnectRequest { req, .. } => Some(*req),
-            _ => None,
-        });
-        if let Some(req) = req {
-            break req;
-        }
-        assert!(start.elapsed() < DEADLINE, "no connection request");
-        std::thread::yield_now();
-    };
+    let (qa, req) = request_to(&mut a, &mut b, addr);
     let qb = b.p.create_qp(&b.qp_init()).expect("create_qp b");
     let params = ConnParams {
         private_data: &SERVER_PD,
@@ -1329,6 +1296,31 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
         (WcStatus::Success, reply.len())
     );
     assert_eq!(a.mem(0, reply.len()), &reply[..]);
+}
+
+/// `a` connects a new queue pair to `addr`, where `listener` listens; drives both until the
+/// request arrives there. The queue pair and the request.
+fn request_to<P: Provider>(
+    a: &mut Side<P>,
+    listener: &mut Side<P>,
+    addr: SocketAddr,
+) -> (QpId, ConnReqId) {
+    let qa = a.p.create_qp(&a.qp_init()).expect("create_qp a");
+    a.start_connect(qa, addr);
+    let start = Instant::now();
+    loop {
+        a.step();
+        listener.step();
+        let req = listener.events.iter().find_map(|e| match e {
+            CmEvent::ConnectRequest { req, .. } => Some(*req),
+            _ => None,
+        });
+        if let Some(req) = req {
+            return (qa, req);
+        }
+        assert!(start.elapsed() < DEADLINE, "no connection request");
+        std::thread::yield_now();
+    }
 }
 
 /// Drives `a` fully and only `b`'s completion queue (not its connection-manager events) until
