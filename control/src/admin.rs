@@ -519,7 +519,7 @@ pub struct Stats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct ListenerCounters {
-    /// Its address as configured.
+    /// Its bound address (a configured bare IP with its port), or `#index` if unknown.
     pub listener: String,
     /// The poll thread it listens on.
     pub thread: usize,

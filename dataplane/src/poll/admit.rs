@@ -176,6 +176,11 @@ impl Gate {
         &self.spec
     }
 
+    /// Connections admitted and not released yet, over every host.
+    pub fn held(&self) -> u64 {
+        self.hosts.values().map(|h| u64::from(h.conns)).sum()
+    }
+
     /// Applies `spec` from now on (connections held stay, and count against the new cap:
     /// every host's connections are counted, under no cap too).
     pub fn set_spec(&mut self, spec: AdmitSpec) {
@@ -192,7 +197,8 @@ impl Gate {
             self.hosts.retain(|_, h| h.conns > 0 || h.tat > now);
             if self.hosts.len() >= QUIET_HOSTS {
                 // Many hosts connected lately: forget the rate of those holding nothing (the
-                // entries left are bounded by the thread's connection slots).
+                // entries left are bounded by the connections the listener holds, at most
+                // every poll thread's slots).
                 self.hosts.retain(|_, h| h.conns > 0);
             }
         }

@@ -7,7 +7,7 @@
 //! another thread or to this one (see `mesh.rs`), so an app's call travels the same path
 //! whether its connection lives here or elsewhere.
 
-use super::admit::{host_of, Gate, Refusal};
+use super::admit::{host_of, Gate, Refusal, Refused};
 use super::held::HeldLines;
 use super::idmap::IdMap;
 use super::mesh::{Adoption, Hop, Port, Results, Spares};
@@ -246,8 +246,10 @@ struct Listening {
     /// Its bound address.
     addr: Option<SocketAddr>,
     gate: Gate,
-    /// Its admissions and refusals, wherever its connections live.
-    stats: ListenerStats,
+    /// Requests it admitted (the connections it holds now are its gate's).
+    admitted: u64,
+    /// Requests refused, by reason, wherever the refusal was made.
+    refused: Refused,
 }
 
 #[derive(Debug, Default)]
@@ -1685,8 +1687,9 @@ impl<P: Provider> PollThread<P> {
         (self.notify)();
     }
 
-    /// Counts a refused connection request and reports it, or counts it as unreported if
-    /// the last report was under [`REFUSAL_REPORT_EVERY`] ago.
+    /// Counts a refused connection request (for the thread, and for listener `at` when it is
+    /// this thread's) and reports it, or counts it as unreported if the last report was under
+    /// [`REFUSAL_REPORT_EVERY`] ago.
     fn refused(
         &mut self,
         at: Option<usize>,
@@ -1695,6 +1698,9 @@ impl<P: Provider> PollThread<P> {
         now: Instant,
     ) {
         self.stats.connects_refused.add(why);
+        if let Some(l) = at.and_then(|k| self.listeners.get_mut(k)) {
+            l.refused.add(why);
+        }
         let quiet = self
             .refusal_reported_at
             .is_none_or(|t| now.saturating_duration_since(t) >= REFUSAL_REPORT_EVERY);
@@ -1863,9 +1869,8 @@ impl<P: Provider> PollThread<P> {
     ) {
         if let Some(l) = self.listeners.iter_mut().find(|l| l.index == index) {
             l.gate.release(host, Instant::now());
-            l.stats.connections = l.stats.connections.saturating_sub(1);
             if let Some(why) = refused {
-                l.stats.refused.add(why);
+                l.refused.add(why);
             }
         }
     }
@@ -1926,7 +1931,9 @@ impl<P: Provider> PollThread<P> {
             Ok(i) => i,
             Err(_) => {
                 let _ = self.drv.provider_mut().reject(req, &[]);
-                self.unadmit(a, Some(Refusal::Full));
+                // The listener counts the refusal: `refused` does on its own thread, the hop
+                // back to its thread otherwise.
+                self.unadmit(a, at.is_none().then_some(Refusal::Full));
                 self.refused(at, remote, Refusal::Full, now);
                 return;
             }
@@ -1999,16 +2006,11 @@ impl<P: Provider> PollThread<P> {
                     Ok(k) => k,
                     Err(why) => {
                         let _ = self.drv.provider_mut().reject(req, &[]);
-                        if let Some(l) = at.and_then(|k| self.listeners.get_mut(k)) {
-                            l.stats.refused.add(why);
-                        }
                         self.refused(at, remote, why, now);
                         return;
                     }
                 };
-                let s = &mut self.listeners[k].stats;
-                s.admitted += 1;
-                s.connections += 1;
+                self.listeners[k].admitted += 1;
                 let a = Admitted {
                     owner: self.port.me(),
                     index: self.listeners[k].index,
@@ -2045,9 +2047,6 @@ impl<P: Provider> PollThread<P> {
             }
             CmEvent::Filtered { listener, remote } => {
                 let at = self.listeners.iter().position(|l| l.id == listener);
-                if let Some(l) = at.and_then(|k| self.listeners.get_mut(k)) {
-                    l.stats.refused.add(Refusal::NotAllowed);
-                }
                 self.refused(at, remote, Refusal::NotAllowed, Instant::now());
             }
             CmEvent::Established { qp, private_data } => {
@@ -2382,17 +2381,13 @@ impl<P: Provider> PollThread<P> {
                         // streams are closed at accept, before they hold anything.
                         p.filter_listener(id, admit.accept_filter())?;
                         let a = p.listen_addr(id);
-                        let addr = a.as_ref().ok().copied();
                         self.listeners.push(Listening {
                             id,
                             index,
-                            addr,
+                            addr: a.as_ref().ok().copied(),
                             gate: Gate::new(admit),
-                            stats: ListenerStats {
-                                index,
-                                addr,
-                                ..ListenerStats::default()
-                            },
+                            admitted: 0,
+                            refused: Refused::default(),
                         });
                         a
                     })
@@ -2569,7 +2564,13 @@ impl<P: Provider> PollThread<P> {
         }
         snap.n_listeners = 0;
         for (dst, l) in snap.listeners.iter_mut().zip(&self.listeners) {
-            *dst = l.stats;
+            *dst = ListenerStats {
+                index: l.index,
+                addr: l.addr,
+                connections: l.gate.held(),
+                admitted: l.admitted,
+                refused: l.refused,
+            };
             snap.n_listeners += 1;
         }
         snap.n_apps = 0;
