@@ -391,6 +391,14 @@ struct Srq {
     max_sge: u32,
 }
 
+/// A listening endpoint and the filter its streams pass as they are accepted
+/// ([`Provider::filter_listener`]).
+#[derive(Debug)]
+struct Listening<L> {
+    l: L,
+    filter: Option<AcceptFilter>,
+}
+
 /// A ready connection request on its way to another soft provider ([`Provider::hand_over`]):
 /// its stream, detached from this provider's transport, and its MPA Request as read.
 struct MovedRequest {
@@ -442,9 +450,7 @@ pub struct SoftProvider<T: Transport> {
     /// A listener or a pending connection had news that a queue pairs' poll took: connection
     /// management has work (cleared when it looks).
     cm_news: bool,
-    listeners: Vec<Option<T::Listener>>,
-    /// Per listener (by index): its accept filter, if any.
-    filters: Vec<Option<AcceptFilter>>,
+    listeners: Vec<Option<Listening<T::Listener>>>,
     pending: Vec<Option<Pending<T::Link>>>,
     events: VecDeque<CmEvent>,
     /// Destroyed queue pairs not retired yet, with the polls left ([`SoftConfig::retire_polls`]).
@@ -491,7 +497,6 @@ impl<T: Transport> SoftProvider<T> {
             visits: 0,
             cm_news: false,
             listeners: Vec::new(),
-            filters: Vec::new(),
             pending: Vec::new(),
             events: VecDeque::with_capacity(64),
             retiring: Vec::new(),
@@ -584,7 +589,9 @@ impl<T: Transport> SoftProvider<T> {
         self.cm_news = false;
         let mut held = self.pending.iter().flatten().count();
         for (i, l) in self.listeners.iter_mut().enumerate() {
-            let Some(l) = l else { continue };
+            let Some(Listening { l, filter }) = l else {
+                continue;
+            };
             loop {
                 if held >= self.cfg.max_pending {
                     // Streams left in the backlog: look again next time (readiness is
@@ -596,8 +603,7 @@ impl<T: Transport> SoftProvider<T> {
                     break;
                 };
                 let remote = link.peer_addr();
-                let filter = self.filters.get(i).and_then(Option::as_ref);
-                if filter.is_some_and(|f| !f.admits(remote)) {
+                if filter.as_ref().is_some_and(|f| !f.admits(remote)) {
                     link.shutdown();
                     self.events.push_back(CmEvent::Filtered {
                         listener: ListenerId(i as u32),
@@ -1890,7 +1896,8 @@ impl<T: Transport> Provider for SoftProvider<T> {
 
     fn listen(&mut self, addr: SocketAddr) -> Result<ListenerId> {
         let l = self.transport.listen(addr)?;
-        Ok(ListenerId(slot(&mut self.listeners, l)))
+        let listening = Listening { l, filter: None };
+        Ok(ListenerId(slot(&mut self.listeners, listening)))
     }
 
     fn listen_addr(&self, listener: ListenerId) -> Result<SocketAddr> {
@@ -1899,7 +1906,7 @@ impl<T: Transport> Provider for SoftProvider<T> {
             .get(listener.0 as usize)
             .and_then(Option::as_ref)
             .ok_or(Error::BadHandle)?;
-        Ok(self.transport.local_addr(l)?)
+        Ok(self.transport.local_addr(&l.l)?)
     }
 
     fn filter_listener(
@@ -1907,21 +1914,16 @@ impl<T: Transport> Provider for SoftProvider<T> {
         listener: ListenerId,
         filter: Option<AcceptFilter>,
     ) -> Result<()> {
-        let i = listener.0 as usize;
-        if !self.listeners.get(i).is_some_and(Option::is_some) {
-            return Err(Error::BadHandle);
-        }
-        if self.filters.len() <= i {
-            self.filters.resize_with(i + 1, || None);
-        }
-        self.filters[i] = filter;
+        let l = self
+            .listeners
+            .get_mut(listener.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(Error::BadHandle)?;
+        l.filter = filter;
         Ok(())
     }
 
     fn close_listener(&mut self, listener: ListenerId) -> Result<()> {
-        if let Some(f) = self.filters.get_mut(listener.0 as usize) {
-            *f = None;
-        }
         self.listeners
             .get_mut(listener.0 as usize)
             .and_then(Option::take)
