@@ -1030,11 +1030,7 @@ impl Connection {
     #[inline]
     pub fn poll_work(&mut self) -> Option<Work> {
         let mut w = self.work.pop_front()?;
-        if let Work::Send { tag, signaled, .. } = &mut w {
-            self.sends_queued = self.sends_queued.saturating_sub(1);
-            *signaled = self.sends_queued == 0;
-            self.send_order.push_back(*tag & ((1 << KIND_SHIFT) - 1));
-        }
+        hand_out(&mut w, &mut self.sends_queued, &mut self.send_order);
         Some(w)
     }
 
@@ -1048,7 +1044,6 @@ impl Connection {
     /// [`poll_work`]: Self::poll_work
     #[inline]
     pub fn drain_work<E>(&mut self, mut post: impl FnMut(Work) -> Result<(), E>) -> Result<(), E> {
-        // As `poll_work` counts down `sends_queued`: the last Send is the signaled one.
         let mut sends = self.sends_queued;
         // One slice: the queue is cleared after every drain, which puts its head back at
         // the start, so it is contiguous already but after a refusal (then this moves the
@@ -1058,11 +1053,7 @@ impl Connection {
         let mut refused = None;
         for &w in self.work.make_contiguous().iter() {
             let mut w = w;
-            if let Work::Send { tag, signaled, .. } = &mut w {
-                sends = sends.saturating_sub(1);
-                *signaled = sends == 0;
-                self.send_order.push_back(*tag & ((1 << KIND_SHIFT) - 1));
-            }
+            hand_out(&mut w, &mut sends, &mut self.send_order);
             done += 1;
             if let Err(e) = post(w) {
                 refused = Some(e);
@@ -1852,6 +1843,18 @@ impl Connection {
     #[inline]
     fn call_room(&self) -> u32 {
         self.cfg.send_slots.saturating_sub(self.grant_peak + 1)
+    }
+}
+
+/// A work request leaving the queue (`poll_work`, `drain_work`): a Send counts down the Sends
+/// queued (`sends_queued`), is signalled if it is the last of them, and joins the order of
+/// Sends in flight by its slot.
+#[inline]
+fn hand_out(w: &mut Work, sends_queued: &mut u32, send_order: &mut VecDeque<u32>) {
+    if let Work::Send { tag, signaled, .. } = w {
+        *sends_queued = sends_queued.saturating_sub(1);
+        *signaled = *sends_queued == 0;
+        send_order.push_back(*tag & ((1 << KIND_SHIFT) - 1));
     }
 }
 
