@@ -373,9 +373,8 @@ fn listener(d: &Daemon) -> (u64, u64, u64, u64) {
     let s = d.ctl_json(&["stats"]);
     let l = &s["listeners"][0];
     let n = |k: &str| {
-        k.split('/')
-            .fold(l, |v, key| &v[key])
-            .as_u64()
+        l.pointer(&format!("/{k}"))
+            .and_then(serde_json::Value::as_u64)
             .unwrap_or_else(|| panic!("{k}: {s}"))
     };
     (

@@ -157,14 +157,15 @@ fn s(v: &Value) -> String {
     }
 }
 
-/// One row per element of `v`, a cell per key (`a.b` reads key `b` of key `a`).
+/// One row per element of `v`, a cell per key (`a/b` reads key `b` of key `a`: a JSON
+/// pointer without its leading slash).
 fn rows(v: &Value, keys: &[&str]) -> Vec<Vec<String>> {
     v.as_array()
         .map(|a| {
             a.iter()
                 .map(|r| {
                     keys.iter()
-                        .map(|k| s(k.split('.').fold(r, |v, key| &v[key])))
+                        .map(|k| s(r.pointer(&format!("/{k}")).unwrap_or(&Value::Null)))
                         .collect()
                 })
                 .collect()
@@ -457,11 +458,11 @@ fn human(req: &Request, r: &Value) -> String {
                         ("THREAD", "thread"),
                         ("CONNS", "connections"),
                         ("ADMITTED", "admitted"),
-                        ("NOT-ALLOWED", "connects-refused.not-allowed"),
-                        ("HOST-LIMIT", "connects-refused.host-limit"),
-                        ("RATE", "connects-refused.rate"),
-                        ("FULL", "connects-refused.full"),
-                        ("DRAINING", "connects-refused.draining"),
+                        ("NOT-ALLOWED", "connects-refused/not-allowed"),
+                        ("HOST-LIMIT", "connects-refused/host-limit"),
+                        ("RATE", "connects-refused/rate"),
+                        ("FULL", "connects-refused/full"),
+                        ("DRAINING", "connects-refused/draining"),
                     ]],
                 );
             }
