@@ -197,6 +197,17 @@ impl<P: Provider> Side<P> {
 
     /// Post a signaled Send of `len` bytes at region offset `off` on queue pair `qp`.
     pub fn send_on(&mut self, qp: QpId, wr_id: u64, off: usize, len: usize) {
+        self.try_send_on(qp, wr_id, off, len).expect("post_send");
+    }
+
+    /// [`send_on`](Self::send_on), returning the provider's answer to the post.
+    pub fn try_send_on(
+        &mut self,
+        qp: QpId,
+        wr_id: u64,
+        off: usize,
+        len: usize,
+    ) -> crate::Result<()> {
         let s = [self.sge(off, len)];
         let wr = SendWr {
             wr_id,
@@ -204,7 +215,7 @@ impl<P: Provider> Side<P> {
             sg: &s,
             signaled: true,
         };
-        self.p.post_send(qp, &wr).expect("post_send");
+        self.p.post_send(qp, &wr)
     }
 
     /// Post a receive (to the SRQ if the side has one).
@@ -1280,14 +1291,7 @@ pub fn the_accepting_side_answers_before_its_established_event<H: Harness>(h: &m
     });
     assert_eq!(b.wc(1).map(|w| w.status), Some(WcStatus::Success));
     b.fill(4096, &reply);
-    let s = [b.sge(4096, reply.len())];
-    let wr = SendWr {
-        wr_id: 2,
-        op: SendOp::Send,
-        sg: &s,
-        signaled: true,
-    };
-    b.p.post_send(qb, &wr)
+    b.try_send_on(qb, 2, 4096, reply.len())
         .expect("a Send on an accepted queue pair before its Established event");
     drive_a_and_b_cq(&mut a, &mut b, "the reply at a", |a, _| a.wc(1).is_some());
     let w = a.wc(1).unwrap();
