@@ -1914,9 +1914,7 @@ impl Connection {
         Some(buf)
     }
 
-    /// Writes a Short message into `buf`: the transport header built in `self.hdr[..n]`
-    /// and the RPC header `rpc` after it, in one copy, then the payload stream (`msg` with
-    /// `items` inline).
+    /// Writes a Short message into `buf`: see [`write_short_in`].
     pub(super) fn write_short(
         &mut self,
         buf: MemRef,
@@ -1926,16 +1924,32 @@ impl Connection {
         items: impl Iterator<Item = (u32, MemRef)>,
         env: &mut impl Env,
     ) -> Option<()> {
-        let at = n as usize;
-        self.hdr.get_mut(at..at + rpc.len())?.copy_from_slice(rpc);
-        let head = n.checked_add(u32::try_from(rpc.len()).ok()?)?;
-        if !env.write(buf, self.hdr.get(..head as usize)?) {
-            return None;
-        }
-        write_stream(env, buf, head, msg, items)?;
+        write_short_in(&mut self.hdr, buf, n, rpc, msg, items, env)?;
         self.stats.short_sent += 1;
         Some(())
     }
+}
+
+/// Writes a Short message into `buf`: the transport header built in `hdr[..n]` and the RPC
+/// header `rpc` after it, in one copy, then the payload stream (`msg` with `items` inline).
+/// A function of the staging buffer alone, so that the requester can build a call while it
+/// reads the call's slot.
+pub(super) fn write_short_in(
+    hdr: &mut [u8],
+    buf: MemRef,
+    n: u32,
+    rpc: &[u8],
+    msg: MemRef,
+    items: impl Iterator<Item = (u32, MemRef)>,
+    env: &mut impl Env,
+) -> Option<()> {
+    let at = n as usize;
+    hdr.get_mut(at..at + rpc.len())?.copy_from_slice(rpc);
+    let head = n.checked_add(u32::try_from(rpc.len()).ok()?)?;
+    if !env.write(buf, hdr.get(..head as usize)?) {
+        return None;
+    }
+    write_stream(env, buf, head, msg, items)
 }
 
 /// Pad of an XDR item of `len` bytes to a multiple of 4.

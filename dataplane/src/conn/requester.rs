@@ -11,8 +11,8 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    emit_header, round4, tag, walk_stream, CallDone, CallStatus, Connection, Event, Plain, Role,
-    SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
+    emit_header, round4, tag, walk_stream, write_short_in, CallDone, CallStatus, Connection, Event,
+    Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
     TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
@@ -341,25 +341,35 @@ impl Connection {
     /// Sends queued call `i`; false (and the call stays first in the queue) if no send
     /// buffer is free.
     pub(super) fn start_call(&mut self, i: u32, env: &mut impl Env) -> bool {
-        if self.calls.get(i as usize).is_none() {
+        let Some(c) = self.calls.get(i as usize) else {
             return true;
-        }
+        };
+        let auth = self.call_auth.get(i as usize).copied().flatten();
+        // The dominant case is recognised first, reading the call where it is.
+        let plain = self.plain_len(c, auth);
+        let (user, xid) = (c.user, c.xid);
         let Some(slot) = self.alloc_send(SendOwner::Call, env) else {
             self.queued.push_front(i);
             return false;
         };
         self.call_sends += 1;
-        // The call is built in its slot, not in a copy of it (the record is large): the slots
-        // are lent out of `self` while `marshal`, which touches no other call, runs.
-        let mut calls = std::mem::take(&mut self.calls);
-        let built = calls.get_mut(i as usize).map(|c| {
-            c.slot = Some(slot);
-            let auth = self.call_auth.get(i as usize).copied().flatten();
-            (self.marshal(c, slot, auth, env).is_some(), c.user, c.xid)
-        });
-        self.calls = calls;
-        let Some((ok, user, xid)) = built else {
-            return true;
+        let ok = match plain {
+            Some(inline_len) => self.marshal_plain(i, slot, inline_len, env).is_some(),
+            None => {
+                // The call is built in its slot, not in a copy of it (the record is large):
+                // the slots are lent out of `self` while `marshal`, which touches no other
+                // call, runs.
+                let mut calls = std::mem::take(&mut self.calls);
+                let built = calls.get_mut(i as usize).map(|c| {
+                    c.slot = Some(slot);
+                    self.marshal(c, slot, auth, env).is_some()
+                });
+                self.calls = calls;
+                let Some(ok) = built else {
+                    return true;
+                };
+                ok
+            }
         };
         if ok {
             self.sent.insert(xid, i);
@@ -378,9 +388,55 @@ impl Connection {
         true
     }
 
+    /// Whether call `c` (credential `auth`) is the dominant case that
+    /// [`marshal_plain`](Self::marshal_plain) sends: a Short call without chunks (no argument
+    /// reduced, no Write chunk, no Reply chunk) and AUTH_NONE. If so, the length of its RPC
+    /// header and payload, as [`marshal`](Self::marshal) measures them; `None` sends it
+    /// through `marshal`, which decides the same way and handles every other case (its
+    /// failures included).
+    fn plain_len(&self, c: &Call, auth: Option<AuthSys>) -> Option<u32> {
+        if auth.is_some() {
+            return None;
+        }
+        let backward = self.cfg.role == Role::Server;
+        let b = if backward {
+            rpcrdma_proto::ulb::Binding::NONE
+        } else {
+            binding(c.prog, c.vers, c.proc_)
+        };
+        let ddp = self.cfg.ddp_threshold;
+        // No Write chunk: the first result buffer is not one.
+        let first_result = c.results.first().filter(|_| c.n_results > 0);
+        if b.result_eligible
+            && b.max_write_chunks > 0
+            && MAX_WCHUNKS > 0
+            && first_result.is_some_and(|r| r.len >= ddp)
+        {
+            return None;
+        }
+        // No Reply chunk: the largest reply fits inline.
+        if !backward && c.reply.len > reply_inline_room(self.recv_threshold, self.vers) {
+            return None;
+        }
+        // No argument reduced, and the length of what travels inline.
+        let reducing = b.arg_eligible && b.max_read_chunks > 0;
+        let mut inline_len = (CALL_HEADER_LEN as u32).checked_add(c.msg.len)?;
+        for a in c.args() {
+            if reducing && a.mem.len >= ddp {
+                return None;
+            }
+            inline_len = inline_len.checked_add(round4(a.mem.len))?;
+        }
+        // Short: the fixed words and three empty lists, then the RPC message.
+        let fixed = if self.vers == v2::VERSION { 20 } else { 16 };
+        let short = (fixed + 12u32).checked_add(inline_len)? <= self.threshold();
+        short.then_some(inline_len)
+    }
+
     /// Builds the header and payload of call `c` (credential `auth`: AUTH_SYS, or AUTH_NONE
     /// when `None`) in a fresh send buffer and queues the Send; `None` if it cannot be built
-    /// (the call then fails, R8166-4.5.4-a).
+    /// (the call then fails, R8166-4.5.4-a). The dominant case, a Short call without chunks
+    /// and AUTH_NONE, goes through [`marshal_plain`](Self::marshal_plain) instead.
     fn marshal(
         &mut self,
         c: &mut Call,
@@ -452,10 +508,6 @@ impl Connection {
         let short = (msg_hdr as u32).checked_add(inline_len)? <= self.threshold();
         if backward && !short {
             return None;
-        }
-        // The dominant case (AUTH_SYS calls take the general path below).
-        if short && n_red == 0 && n_w == 0 && n_reply == 0 && auth.is_none() {
-            return self.marshal_plain(c, slot, inline_len, env);
         }
         // Where each argument sits in the unreduced call, as a Read chunk position.
         let mut upos = [0u32; MAX_PIECES];
@@ -579,31 +631,40 @@ impl Connection {
         Some(())
     }
 
-    /// [`marshal`](Self::marshal) of the dominant case: a Short call without chunks (no
-    /// argument reduced, no Write chunk, no Reply chunk). The header has a fixed layout, so
-    /// none of the chunk bookkeeping runs; the credential is AUTH_NONE. `inline_len` is the RPC
-    /// header and payload, as `marshal` measured them (and found within the inline threshold).
+    /// Sends call `i` in send buffer `slot`, the dominant case ([`plain_len`](Self::plain_len)
+    /// found it so and measured `inline_len`, the RPC header and payload): the header has a
+    /// fixed layout, so none of the chunk bookkeeping runs. The call is read in its slot.
     fn marshal_plain(
         &mut self,
-        c: &Call,
+        i: u32,
         slot: u32,
         inline_len: u32,
         env: &mut impl Env,
     ) -> Option<()> {
+        let v2 = self.vers == v2::VERSION;
+        let hdr_len = if v2 {
+            v2::MSG_HEADER_LEN
+        } else {
+            v1::MIN_HEADER_LEN
+        } as u32;
+        let buf = hdr_len
+            .checked_add(inline_len)
+            .and_then(|len| self.send_buf(slot)?.prefix(len));
+        let c = self.calls.get_mut(i as usize)?;
+        // Set before anything may fail: `end_call` frees the buffer of a call that fails.
+        c.slot = Some(slot);
+        c.state = State::Sent;
+        let buf = buf?;
         let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
-        let plain = Plain {
-            v2: self.vers == v2::VERSION,
-            direction: MsgType::Call,
-            xid: c.xid,
-            credit: self.cfg.credits,
-            rpc: &rpc,
-            stream: inline_len - rpc.len() as u32,
+        let n = if v2 {
+            v2::emit_msg(&mut self.hdr, c.xid, self.cfg.credits, MsgType::Call)?
+        } else {
+            v1::emit_msg(&mut self.hdr, c.xid, self.cfg.credits)?
         };
-        // Every argument travels inline (none was reduced): no skip list to consult. Its own
-        // iterator type also gives `write_short` an instance with this one caller, which LLVM
-        // inlines, building the RPC header straight into the staging buffer.
+        // Every argument travels inline (none was reduced): no skip list to consult.
         let items = c.args().iter().map(|a| (a.xdr_pos, a.mem));
-        let buf = self.write_plain(slot, &plain, c.msg, items, env)?;
+        write_short_in(&mut self.hdr, buf, n as u32, &rpc, c.msg, items, env)?;
+        self.stats.short_sent += 1;
         self.queue_send(slot, buf, None);
         Some(())
     }
