@@ -218,8 +218,11 @@ impl Connection {
         }
         // A cancelled call stays sent, its XID taken, until its late reply comes: replies
         // are matched by XID alone, so a new call under it would take the old call's reply,
-        // and the old call's credit would take the new one's.
-        if self.find_call(spec.xid).is_some() || self.queued_xid(spec.xid) {
+        // and the old call's credit would take the new one's. (The queue is mostly empty:
+        // then its walk is not called at all.)
+        if self.find_call(spec.xid).is_some()
+            || (!self.queued.is_empty() && self.queued_xid(spec.xid))
+        {
             return Err(SubmitError::Invalid("xid already outstanding"));
         }
         let i = self.call_free.pop().ok_or(SubmitError::Busy)?;
