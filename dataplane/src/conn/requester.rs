@@ -152,6 +152,26 @@ impl Call {
         self.cancelled = false;
     }
 
+    /// Ends the call in its slot, its memory fenced: queued again if it goes again as
+    /// version 1, else free. What [`Connection::finished`] must do besides.
+    #[inline(always)]
+    fn finish(&mut self) -> Finish {
+        let released = self.lent().then_some((self.user, self.xid));
+        self.n_rkeys = 0;
+        let requeued = self.requeue;
+        if requeued {
+            self.requeue = false;
+            self.state = State::Queued;
+        } else {
+            self.state = State::Free;
+        }
+        Finish {
+            slot: self.slot.take(),
+            requeued,
+            released,
+        }
+    }
+
     fn args(&self) -> &[ArgPiece] {
         self.args.get(..usize::from(self.n_args)).unwrap_or(&[])
     }
@@ -163,6 +183,16 @@ impl Call {
         self.n_rkeys += 1;
         Some(seg)
     }
+}
+
+/// How a call ended in its slot ([`Call::finish`]).
+struct Finish {
+    /// Its send buffer, to free.
+    slot: Option<u32>,
+    /// It goes again (as version 1): back to the head of the queue.
+    requeued: bool,
+    /// Cancelled with memory lent: `(user, xid)` of its [`Event::CallReleased`].
+    released: Option<(u64, u32)>,
 }
 
 /// Copies the first pieces of `src` that fit into `dst`; how many. The first is copied on
@@ -699,10 +729,11 @@ impl Connection {
             self.stats.remote_invalidations += skipped;
             self.stats.invalidations += u64::from(c.inv_pending);
         }
-        let pending = c.inv_pending;
-        if pending == 0 {
-            self.finish_call(i, done);
-        } else if let Some(c) = self.calls.get_mut(i as usize) {
+        if c.inv_pending == 0 {
+            // Ended here, with the slot at hand (not looked up again).
+            let end = c.finish();
+            self.finished(i, end, done);
+        } else {
             // Reported once the invalidations complete.
             c.done = done.copied();
         }
@@ -718,42 +749,30 @@ impl Connection {
         c.inv_pending = c.inv_pending.saturating_sub(1);
         if c.inv_pending == 0 {
             let done = c.done.take();
-            self.finish_call(i, done.as_ref());
+            let end = c.finish();
+            self.finished(i, end, done.as_ref());
         }
     }
 
-    /// Ends call `i`, its memory fenced: reports `done` (unless the call goes again), or, if
-    /// it was cancelled with memory lent, that the memory is released; frees its slot and
-    /// send buffer.
+    /// Call `i` has ended, its memory fenced, and its slot said how ([`Call::finish`]):
+    /// reports `done` (unless the call goes again), or, if it was cancelled with memory
+    /// lent, that the memory is released; frees its slot and send buffer.
     ///
     /// Inlined in its two callers: `end_call` ends nearly every call with it (nothing to
-    /// invalidate), and a separate function cost a second call-slot lookup and a call frame
-    /// per call.
+    /// invalidate), and a separate function cost a call frame per call.
     #[inline(always)]
-    fn finish_call(&mut self, i: u32, done: Option<&CallDone>) {
-        let Some(c) = self.calls.get_mut(i as usize) else {
-            return;
-        };
-        let slot = c.slot.take();
-        let released = c.lent().then_some(Event::CallReleased {
-            user: c.user,
-            xid: c.xid,
-        });
-        c.n_rkeys = 0;
-        if c.requeue {
-            c.requeue = false;
-            c.state = State::Queued;
+    fn finished(&mut self, i: u32, end: Finish, done: Option<&CallDone>) {
+        if end.requeued {
             self.queued.push_front(i);
         } else {
-            c.state = State::Free;
             self.call_free.push(i);
             if let Some(d) = done {
                 self.events.push_back(Event::CallDone(*d));
-            } else if let Some(ev) = released {
-                self.events.push_back(ev);
+            } else if let Some((user, xid)) = end.released {
+                self.events.push_back(Event::CallReleased { user, xid });
             }
         }
-        if let Some(s) = slot {
+        if let Some(s) = end.slot {
             self.call_sends = self.call_sends.saturating_sub(1);
             self.free_send(s);
         }
@@ -811,7 +830,11 @@ impl Connection {
             self.stats.dropped += 1;
             return;
         };
-        if self.calls.get(i as usize).is_some_and(|c| c.cancelled) {
+        // Its slot, looked up once (a sent call's slot is always there).
+        let Some(c) = self.calls.get(i as usize) else {
+            return;
+        };
+        if c.cancelled {
             return self.take_cancelled(i, Some(credit), inv);
         }
         // R8166-4.3.1-b, AMB-9: header errors in a reply are dropped silently.
@@ -823,9 +846,6 @@ impl Connection {
         self.in_flight = self.in_flight.saturating_sub(1);
         // R8166-3.3.1-f/AMB-4: the grant of every non-error reply, 0 read as 1.
         self.granted = credit.max(1);
-        let Some(c) = self.calls.get(i as usize) else {
-            return;
-        };
         // Filled in place, not returned: a returned record was built, then copied out.
         let mut done = CallDone::failed(c.user, c.xid, CallStatus::Ok);
         if let Err(s) = self.place_reply(c, lists, payload, env, &mut done) {
