@@ -377,9 +377,10 @@ impl Connection {
         let Some(c) = self.calls.get(i as usize) else {
             return true;
         };
-        let auth = self.call_auth.get(i as usize).copied().flatten();
-        // The dominant case is recognised first, reading the call where it is.
-        let plain = self.plain_len(c, auth);
+        // The dominant case is recognised first, reading the call where it is; only an
+        // AUTH_NONE call can be one (the credential itself is read only if it is not).
+        let auth_none = self.call_auth.get(i as usize).is_none_or(|a| a.is_none());
+        let plain = if auth_none { self.plain_len(c) } else { None };
         let (user, xid) = (c.user, c.xid);
         let Some(slot) = self.alloc_send(SendOwner::Call, env) else {
             self.queued.push_front(i);
@@ -392,6 +393,7 @@ impl Connection {
                 // The call is built in its slot, not in a copy of it (the record is large):
                 // the slots are lent out of `self` while `marshal`, which touches no other
                 // call, runs.
+                let auth = self.call_auth.get(i as usize).copied().flatten();
                 let mut calls = std::mem::take(&mut self.calls);
                 let built = calls.get_mut(i as usize).map(|c| {
                     c.slot = Some(slot);
@@ -421,16 +423,14 @@ impl Connection {
         true
     }
 
-    /// Whether call `c` (credential `auth`) is the dominant case that
+    /// Whether call `c`, an AUTH_NONE call, is the dominant case that
     /// [`marshal_plain`](Self::marshal_plain) sends: a Short call without chunks (no argument
-    /// reduced, no Write chunk, no Reply chunk) and AUTH_NONE. If so, the length of its RPC
-    /// header and payload, as [`marshal`](Self::marshal) measures them; `None` sends it
-    /// through `marshal`, which decides the same way and handles every other case (its
-    /// failures included).
-    fn plain_len(&self, c: &Call, auth: Option<AuthSys>) -> Option<u32> {
-        if auth.is_some() {
-            return None;
-        }
+    /// reduced, no Write chunk, no Reply chunk). If so, the length of its RPC header and
+    /// payload, as [`marshal`](Self::marshal) measures them; `None` sends it through
+    /// `marshal`, which decides the same way and handles every other case (its failures
+    /// included). Inlined in its one caller, every call's path.
+    #[inline(always)]
+    fn plain_len(&self, c: &Call) -> Option<u32> {
         let backward = self.cfg.role == Role::Server;
         let b = if backward {
             rpcrdma_proto::ulb::Binding::NONE
