@@ -425,6 +425,20 @@ struct Ctx<'a> {
     events: &'a mut VecDeque<CmEvent>,
 }
 
+/// The queue a queue pair takes its receives from: its own `rq`, or shared receive queue
+/// `srq` of `srqs` (`None` if that one is gone).
+#[inline]
+fn recv_queue<'a>(
+    rq: &'a mut Ring<RecvWr>,
+    srqs: &'a mut [Option<Srq>],
+    srq: Option<SrqId>,
+) -> Option<&'a mut Ring<RecvWr>> {
+    match srq {
+        Some(s) => srqs.get_mut(s.0 as usize)?.as_mut().map(|s| &mut s.q),
+        None => Some(rq),
+    }
+}
+
 #[inline]
 fn push_wc(cqs: &mut [Option<Cq>], cq: CqId, wc: WorkCompletion) {
     if let Some(Some(c)) = cqs.get_mut(cq.0 as usize) {
@@ -1227,12 +1241,8 @@ impl<L: Link> Qp<L> {
 
     /// Move the next posted receive (own RQ or SRQ) into `cur_recv`; false if none.
     fn take_recv(&mut self, cx: &mut Ctx<'_>) -> bool {
-        let q = match self.init.srq {
-            Some(s) => match cx.srqs.get_mut(s.0 as usize).and_then(Option::as_mut) {
-                Some(s) => &mut s.q,
-                None => return false,
-            },
-            None => &mut self.rq,
+        let Some(q) = recv_queue(&mut self.rq, cx.srqs, self.init.srq) else {
+            return false;
         };
         let Some(r) = q.front() else {
             return false;
@@ -1365,6 +1375,36 @@ impl<L: Link> Qp<L> {
                 if !self.cur_active {
                     if mo != 0 {
                         return Err(fault(TermCode::DDP_MO, WcStatus::Flushed));
+                    }
+                    // A whole message in one segment (nearly every Send) is placed from the
+                    // receive at the queue's head, which is dropped once it is complete: no
+                    // copy of it into `cur_recv`. A Send with Invalidate, and whatever fails
+                    // here, takes the general path below, which takes the receive first and
+                    // reports the failure (placing the same bytes again is harmless).
+                    if last && invalidate.is_none() {
+                        let no_buffer = || fault(TermCode::DDP_NO_BUFFER, WcStatus::Flushed);
+                        let q = recv_queue(&mut self.rq, cx.srqs, self.init.srq)
+                            .ok_or_else(no_buffer)?;
+                        let r = q.front().ok_or_else(no_buffer)?;
+                        let end = payload.len() as u64;
+                        if end <= r.total && cx.mem.scatter(pd, r.sg(), 0, payload).is_ok() {
+                            let wr_id = r.wr_id;
+                            q.drop_front();
+                            self.recv_msn = self.recv_msn.wrapping_add(1);
+                            push_wc(
+                                cx.cqs,
+                                self.init.recv_cq,
+                                WorkCompletion {
+                                    wr_id,
+                                    status: WcStatus::Success,
+                                    opcode: WcOpcode::Recv,
+                                    byte_len: end as u32,
+                                    qp: self.id,
+                                    invalidated_rkey: None,
+                                },
+                            );
+                            return Ok(());
+                        }
                     }
                     if !self.take_recv(cx) {
                         return Err(fault(TermCode::DDP_NO_BUFFER, WcStatus::Flushed));
