@@ -14,6 +14,13 @@ pub trait Link {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
     /// Write what fits: `WouldBlock` means nothing fitted.
     fn write(&mut self, buf: &[u8]) -> io::Result<usize>;
+    /// Take every byte of `buf` at once without copying them, if the link can (true: they
+    /// are written and `buf` is left empty, with an allocation of the link's); otherwise take
+    /// nothing (false), and [`Link::write`] is the way. None can by default.
+    fn take_all(&mut self, buf: &mut Vec<u8>) -> bool {
+        let _ = buf;
+        false
+    }
     /// Whether a nonblocking connect has finished (`Err` if it failed).
     fn connected(&mut self) -> io::Result<bool>;
     /// Close both directions.
@@ -405,6 +412,22 @@ impl Link for MemLink {
         }
         Ok(n)
     }
+    /// A pipe that holds nothing unread takes the writer's buffer as it is, and gives the
+    /// writer its own (empty) allocation in exchange: the bytes are not copied. (The two
+    /// allocations go back and forth, each no larger than what it has held, so a busy link
+    /// still stops allocating at its high-water mark.)
+    fn take_all(&mut self, buf: &mut Vec<u8>) -> bool {
+        let mut p = self.tx.borrow_mut();
+        if p.closed || !p.buf.is_empty() || buf.len() > PIPE_LIMIT {
+            return false;
+        }
+        std::mem::swap(&mut p.buf, buf);
+        p.off = 0;
+        if !p.buf.is_empty() {
+            p.wake_reader();
+        }
+        true
+    }
     fn connected(&mut self) -> io::Result<bool> {
         Ok(true)
     }
@@ -535,5 +558,34 @@ mod tests {
             "20 MB went through a pipe of {} bytes",
             p.buf.capacity()
         );
+    }
+
+    /// A pipe takes a writer's whole buffer only when it holds nothing unread (bytes written
+    /// before stay first), and not once it is closed; the bytes read are the bytes written.
+    #[test]
+    fn a_pipe_takes_a_whole_buffer_only_when_empty() {
+        let pipe = Rc::new(RefCell::new(Pipe::new()));
+        let mut link = MemLink {
+            rx: pipe.clone(),
+            tx: pipe.clone(),
+        };
+        let mut out = [0u8; 16];
+        let mut buf = vec![1, 2, 3];
+        assert!(link.take_all(&mut buf));
+        assert!(buf.is_empty());
+        assert!(
+            buf.capacity() >= PIPE_RESERVE,
+            "the pipe's allocation in exchange"
+        );
+        buf.extend_from_slice(&[4, 5]);
+        assert!(!link.take_all(&mut buf), "three bytes unread");
+        assert_eq!(buf, [4, 5]);
+        assert_eq!(link.write(&buf).expect("write"), 2);
+        assert_eq!(link.read(&mut out).expect("read"), 5);
+        assert_eq!(out[..5], [1, 2, 3, 4, 5]);
+        pipe.borrow_mut().closed = true;
+        let mut buf = vec![6];
+        assert!(!link.take_all(&mut buf), "closed");
+        assert_eq!(buf, [6]);
     }
 }

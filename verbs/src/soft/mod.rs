@@ -856,6 +856,10 @@ impl<L: Link> Qp<L> {
     /// Write pending transmit bytes: `None` if the queue pair failed, else whether any went.
     fn flush_tx(&mut self, cx: &mut Ctx<'_>) -> Option<bool> {
         let link = self.link.as_mut()?;
+        // An in-memory link takes the whole buffer without copying it when it can.
+        if self.tx_off == 0 && !self.tx.is_empty() && link.take_all(&mut self.tx) {
+            return Some(true);
+        }
         let start = self.tx_off;
         while self.tx_off < self.tx.len() {
             match link.write(&self.tx[self.tx_off..]) {
