@@ -843,6 +843,16 @@ impl<L: Link> Qp<L> {
                 return false;
             }
             self.reap(cx);
+            // Nothing left for another round (it would frame, write and read nothing, as
+            // processing has taken every whole FPDU): end the visit now rather than after
+            // an empty round.
+            if self.exec == self.sq.len()
+                && self.inbound.is_empty()
+                && self.tx.is_empty()
+                && !self.io_ready
+            {
+                return false;
+            }
             if !framed && !wrote && !got {
                 // Nothing more to frame, or framing waits for room (a refused write: the
                 // link's token says when) or for a Read Response; nothing left to read
