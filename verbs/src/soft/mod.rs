@@ -211,6 +211,18 @@ impl<T: Default + Clone> Ring<T> {
             self.len -= 1;
         }
     }
+    /// Take the front entry off if `take` says so, and borrow it (its slot keeps it until it
+    /// is filled again): one lookup where [`Ring::front`] and [`Ring::drop_front`] make two.
+    #[inline]
+    fn pop_front_if(&mut self, take: impl FnOnce(&T) -> bool) -> Option<&T> {
+        let i = self.head;
+        if self.len == 0 || !take(self.buf.get(i)?) {
+            return None;
+        }
+        self.head = self.slot(1);
+        self.len -= 1;
+        self.buf.get(i)
+    }
     fn position(&self, f: impl Fn(&T) -> bool) -> Option<usize> {
         (0..self.len).find(|&i| self.get(i).is_some_and(&f))
     }
@@ -1074,8 +1086,8 @@ impl<L: Link> Qp<L> {
     fn frame_sq(&mut self, cx: &mut Ctx<'_>) -> bool {
         let pd = self.init.pd;
         // The entry is looked up once and borrowed (from `sq` alone) until its bytes are
-        // gathered: every Send goes through here.
-        let Some(w) = self.sq.get(self.exec) else {
+        // gathered and its progress written back: every Send goes through here.
+        let Some(w) = self.sq.get_mut(self.exec) else {
             self.tx_msg = TxMsg::None;
             return false;
         };
@@ -1174,11 +1186,9 @@ impl<L: Link> Qp<L> {
                 }
                 wire::finish_fpdu(&mut self.tx, s, self.crc);
                 // One write-back of the entry's progress (and state, when it is done).
-                if let Some(w) = self.sq.get_mut(self.exec) {
-                    w.done = done + n;
-                    if last {
-                        w.state = WrState::Done;
-                    }
+                w.done = done + n;
+                if last {
+                    w.state = WrState::Done;
                 }
                 if last {
                     if !matches!(op, SendOp::RdmaWrite { .. }) {
@@ -1202,12 +1212,8 @@ impl<L: Link> Qp<L> {
 
     /// Report finished send-queue work in order.
     fn reap(&mut self, cx: &mut Ctx<'_>) {
-        while let Some(w) = self.sq.front() {
-            if w.state != WrState::Done {
-                break;
-            }
+        while let Some(w) = self.sq.pop_front_if(|w| w.state == WrState::Done) {
             let (wr_id, op, done, signaled) = (w.wr_id, w.op, w.done, w.signaled);
-            self.sq.drop_front();
             self.exec -= 1;
             if signaled {
                 push_wc(
