@@ -1064,8 +1064,7 @@ impl<L: Link> Qp<L> {
             }
         };
         let last = r.sent as usize + n == r.req.size as usize;
-        let s = wire::begin_fpdu(&mut self.tx);
-        wire::put_tagged(
+        let s = wire::begin_tagged(
             &mut self.tx,
             wire::OP_READ_RESP,
             last,
@@ -1147,16 +1146,15 @@ impl<L: Link> Qp<L> {
                     self.fail_local(cx, WcStatus::LocalLengthError);
                     return false;
                 }
-                let s = wire::begin_fpdu(&mut self.tx);
-                match op {
-                    SendOp::RdmaWrite { remote_addr, rkey } => wire::put_tagged(
+                let s = match op {
+                    SendOp::RdmaWrite { remote_addr, rkey } => wire::begin_tagged(
                         &mut self.tx,
                         wire::OP_WRITE,
                         last,
                         rkey,
                         remote_addr.wrapping_add(done),
                     ),
-                    SendOp::SendWithInvalidate { rkey } => wire::put_untagged(
+                    SendOp::SendWithInvalidate { rkey } => wire::begin_untagged(
                         &mut self.tx,
                         wire::OP_SEND_INV,
                         last,
@@ -1165,7 +1163,7 @@ impl<L: Link> Qp<L> {
                         self.send_msn,
                         done as u32,
                     ),
-                    _ => wire::put_untagged(
+                    _ => wire::begin_untagged(
                         &mut self.tx,
                         wire::OP_SEND,
                         last,
@@ -1174,7 +1172,7 @@ impl<L: Link> Qp<L> {
                         self.send_msn,
                         done as u32,
                     ),
-                }
+                };
                 if cx
                     .mem
                     .gather(pd, w.sg.sg(), done, n as usize, &mut self.tx)

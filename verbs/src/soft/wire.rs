@@ -494,16 +494,42 @@ pub fn finish_fpdu(out: &mut Vec<u8>, start: usize, crc: bool) {
     }
 }
 
-/// Append a tagged DDP header (RDMA Write or Read Response).
+/// A tagged DDP header (RDMA Write or Read Response), built whole: appended at once, it is one
+/// capacity check instead of one per field.
 #[inline]
-pub fn put_tagged(out: &mut Vec<u8>, opcode: u8, last: bool, stag: u32, to: u64) {
-    // Built whole and appended at once: one capacity check instead of one per field.
+fn tagged_hdr(opcode: u8, last: bool, stag: u32, to: u64) -> [u8; TAGGED_HDR] {
     let mut h = [0u8; TAGGED_HDR];
     h[0] = DDP_T | if last { DDP_L } else { 0 } | DDP_DV;
     h[1] = RDMAP_RV | opcode;
     h[2..6].copy_from_slice(&stag.to_be_bytes());
     h[6..14].copy_from_slice(&to.to_be_bytes());
-    out.extend_from_slice(&h);
+    h
+}
+
+/// An untagged DDP header, built whole (see [`tagged_hdr`]).
+#[inline]
+fn untagged_hdr(
+    opcode: u8,
+    last: bool,
+    inv_stag: u32,
+    qn: u32,
+    msn: u32,
+    mo: u32,
+) -> [u8; UNTAGGED_HDR] {
+    let mut h = [0u8; UNTAGGED_HDR];
+    h[0] = if last { DDP_L } else { 0 } | DDP_DV;
+    h[1] = RDMAP_RV | opcode;
+    h[2..6].copy_from_slice(&inv_stag.to_be_bytes());
+    h[6..10].copy_from_slice(&qn.to_be_bytes());
+    h[10..14].copy_from_slice(&msn.to_be_bytes());
+    h[14..18].copy_from_slice(&mo.to_be_bytes());
+    h
+}
+
+/// Append a tagged DDP header (RDMA Write or Read Response).
+#[inline]
+pub fn put_tagged(out: &mut Vec<u8>, opcode: u8, last: bool, stag: u32, to: u64) {
+    out.extend_from_slice(&tagged_hdr(opcode, last, stag, to));
 }
 
 /// Append an untagged DDP header.
@@ -518,15 +544,38 @@ pub fn put_untagged(
     msn: u32,
     mo: u32,
 ) {
-    // Built whole and appended at once: one capacity check instead of one per field.
-    let mut h = [0u8; UNTAGGED_HDR];
-    h[0] = if last { DDP_L } else { 0 } | DDP_DV;
-    h[1] = RDMAP_RV | opcode;
-    h[2..6].copy_from_slice(&inv_stag.to_be_bytes());
-    h[6..10].copy_from_slice(&qn.to_be_bytes());
-    h[10..14].copy_from_slice(&msn.to_be_bytes());
-    h[14..18].copy_from_slice(&mo.to_be_bytes());
-    out.extend_from_slice(&h);
+    out.extend_from_slice(&untagged_hdr(opcode, last, inv_stag, qn, msn, mo));
+}
+
+/// [`begin_fpdu`] and [`put_tagged`] in one append (every Write and Read Response segment
+/// starts so); returns the FPDU's start offset.
+#[inline]
+pub fn begin_tagged(out: &mut Vec<u8>, opcode: u8, last: bool, stag: u32, to: u64) -> usize {
+    let mut f = [0u8; 2 + TAGGED_HDR];
+    f[2..].copy_from_slice(&tagged_hdr(opcode, last, stag, to));
+    let start = out.len();
+    out.extend_from_slice(&f);
+    start
+}
+
+/// [`begin_fpdu`] and [`put_untagged`] in one append (every Send segment starts so); returns
+/// the FPDU's start offset.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub fn begin_untagged(
+    out: &mut Vec<u8>,
+    opcode: u8,
+    last: bool,
+    inv_stag: u32,
+    qn: u32,
+    msn: u32,
+    mo: u32,
+) -> usize {
+    let mut f = [0u8; 2 + UNTAGGED_HDR];
+    f[2..].copy_from_slice(&untagged_hdr(opcode, last, inv_stag, qn, msn, mo));
+    let start = out.len();
+    out.extend_from_slice(&f);
+    start
 }
 
 /// Append a complete RDMA Read Request FPDU.
