@@ -544,11 +544,9 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         exec(&mut c, &mut s);
         exec(&mut s, &mut c);
         lap(&mut depth_seen.split, executor);
-        // The turn's completions, as a poll of a completion queue gives them.
+        // The turn's completions as one batch, as a poll of a completion queue gives them.
         depth_seen.tally[1] += s.cq.len() as u64;
-        for wc in &s.cq {
-            s.conn.handle_completion(now, wc, &mut s.env);
-        }
+        s.conn.handle_completions(now, &s.cq, &mut s.env);
         s.cq.clear();
         while let Some(ev) = s.conn.poll_event() {
             depth_seen.tally[2] += 1;
@@ -581,11 +579,9 @@ fn engine_alone(calls: u64) -> (Duration, Depth) {
         lap(&mut depth_seen.split, responder);
         exec(&mut s, &mut c);
         lap(&mut depth_seen.split, executor);
-        // The turn's completions, as a poll of a completion queue gives them.
+        // The turn's completions as one batch, as a poll of a completion queue gives them.
         depth_seen.tally[1] += c.cq.len() as u64;
-        for wc in &c.cq {
-            c.conn.handle_completion(now, wc, &mut c.env);
-        }
+        c.conn.handle_completions(now, &c.cq, &mut c.env);
         c.cq.clear();
         while let Some(ev) = c.conn.poll_event() {
             depth_seen.tally[2] += 1;

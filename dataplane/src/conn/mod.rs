@@ -1172,6 +1172,25 @@ impl Connection {
 
     /// Feeds one work completion (of a [`Work`] this connection asked for).
     pub fn handle_completion(&mut self, now: Instant, wc: &Completion, env: &mut impl Env) {
+        self.complete(now, wc, env);
+    }
+
+    /// Feeds work completions in order, exactly as one [`handle_completion`] call for each
+    /// would: the calls and Reads a completion lets go start before the next one is handled
+    /// (left to the batch's end, they would be queued in another order, and a call could
+    /// start under other credits). One call for a batch polled from a completion queue pays
+    /// the entry point's frame and the caller's loop once.
+    ///
+    /// [`handle_completion`]: Self::handle_completion
+    pub fn handle_completions(&mut self, now: Instant, wcs: &[Completion], env: &mut impl Env) {
+        for wc in wcs {
+            self.complete(now, wc, env);
+        }
+    }
+
+    /// One completion, then the queued calls and Reads it may let go.
+    #[inline(always)]
+    fn complete(&mut self, now: Instant, wc: &Completion, env: &mut impl Env) {
         if self.closed.is_some() {
             return;
         }

@@ -982,7 +982,7 @@ impl Session {
     }
 
     /// Closes both sides, lets everything settle, and checks that nothing is left over.
-    fn finish(mut self) {
+    fn finish(mut self) -> Pair {
         if self.honest {
             assert_eq!(self.p.rnr, 0, "a Send found no receive posted");
         }
@@ -1037,6 +1037,7 @@ impl Session {
                 );
             }
         }
+        self.p
     }
 }
 
@@ -1147,6 +1148,13 @@ pub fn run(data: &[u8]) {
 /// [`run`], telling how many calls of each kind succeeded with their replies checked
 /// against what the server sent (for tests of the seeds).
 pub(crate) fn play(data: &[u8]) -> BTreeMap<Kind, u32> {
+    play_fed(data, false).0
+}
+
+/// [`play`] with each side's completions fed in batches (`Connection::handle_completions`,
+/// a simulator step's at once) if `batched`, else one at a time; gives back the pair too,
+/// with what each side posted, sent and reported, to compare the two ways.
+pub(crate) fn play_fed(data: &[u8], batched: bool) -> (BTreeMap<Kind, u32>, Pair) {
     let mut b = Bytes(data);
     let setup = b.u8();
     let mut cfgs = [Role::Client, Role::Server].map(|role| {
@@ -1182,6 +1190,8 @@ pub(crate) fn play(data: &[u8]) -> BTreeMap<Kind, u32> {
     };
     session.p.a.report_unsignaled = setup & 16 != 0;
     session.p.b.report_unsignaled = setup & 32 != 0;
+    session.p.a.batched = batched;
+    session.p.b.batched = batched;
     session.events();
     let mut seen = [0; 2];
     for _ in 0..MAX_STEPS {
@@ -1234,6 +1244,5 @@ pub(crate) fn play(data: &[u8]) -> BTreeMap<Kind, u32> {
     }
     session.run();
     let checked = std::mem::take(&mut session.checked);
-    session.finish();
-    checked
+    (checked, session.finish())
 }

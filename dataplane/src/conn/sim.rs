@@ -172,8 +172,13 @@ pub struct Side {
     /// either).
     pub report_unsignaled: bool,
     held: Vec<Completion>,
+    /// When set, the completions of a step go to the engine as batches
+    /// (`handle_completions`), each run of them between shared receives as one.
+    pub batched: bool,
     /// Events not yet taken by the test.
     pub events: VecDeque<Event>,
+    /// Every event the engine gave, in order.
+    pub event_log: Vec<Event>,
     bump: u64,
     app_len: u64,
     /// Largest number of RDMA Reads seen in flight at once.
@@ -213,7 +218,9 @@ impl Side {
             hold_sends: false,
             report_unsignaled: false,
             held: Vec::new(),
+            batched: false,
             events: VecDeque::new(),
+            event_log: Vec::new(),
             bump: 0,
             app_len: app_len as u64,
             max_reads_in_flight: 0,
@@ -290,6 +297,7 @@ impl Side {
     /// Moves the engine's events into `events`.
     pub fn drain_events(&mut self) {
         while let Some(e) = self.conn.poll_event() {
+            self.event_log.push(e.clone());
             self.events.push_back(e);
         }
     }
@@ -392,6 +400,7 @@ impl Pair {
 
     fn complete(s: &mut Side, now: Instant) -> bool {
         let mut moved = false;
+        let mut batch = Vec::new();
         while let Some(c) = s.cq.pop_front() {
             moved = true;
             match c {
@@ -399,11 +408,20 @@ impl Pair {
                     if c.tag >> 28 == 2 {
                         s.reads_in_flight -= 1;
                     }
-                    s.conn.handle_completion(now, &c, &mut s.env);
+                    if s.batched {
+                        batch.push(c);
+                    } else {
+                        s.conn.handle_completion(now, &c, &mut s.env);
+                    }
                 }
-                Cqe::Shared { buf, len, inv } => s.conn.handle_recv(now, buf, len, inv, &mut s.env),
+                Cqe::Shared { buf, len, inv } => {
+                    s.conn.handle_completions(now, &batch, &mut s.env);
+                    batch.clear();
+                    s.conn.handle_recv(now, buf, len, inv, &mut s.env)
+                }
             }
         }
+        s.conn.handle_completions(now, &batch, &mut s.env);
         moved
     }
 
@@ -599,6 +617,21 @@ pub fn intake(p: &mut Pair) -> usize {
 
 /// Answers the `k`-th (modulo their number) of the calls `b` holds ready; false if none.
 pub fn answer_ready(p: &mut Pair, k: usize) -> bool {
+    if !answer_ready_quietly(p, k) {
+        return false;
+    }
+    p.run();
+    true
+}
+
+/// Answers every call `b` holds ready, then runs both sides: the replies go out together.
+pub fn answer_all_ready(p: &mut Pair) {
+    while answer_ready_quietly(p, 0) {}
+    p.run();
+}
+
+/// [`answer_ready`] without running the sides after.
+fn answer_ready_quietly(p: &mut Pair, k: usize) -> bool {
     if p.ready.is_empty() {
         return false;
     }
@@ -611,7 +644,6 @@ pub fn answer_ready(p: &mut Pair, k: usize) -> bool {
     let (_, c, buf) = p.pending.remove(i);
     let args = p.b.get(buf.prefix(args_len).unwrap());
     answer(p, id, c.prog, c.proc_, &args, buf);
-    p.run();
     true
 }
 
