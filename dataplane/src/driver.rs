@@ -288,6 +288,8 @@ pub struct Driver<P: Provider> {
     drain_overdue: u64,
     conns: Vec<Slot>,
     wcs: Vec<WorkCompletion>,
+    /// One connection's consecutive completions of a poll, fed to it as one batch.
+    run: Vec<Completion>,
     events: VecDeque<(ConnId, Event)>,
     /// Connections whose work waits for [`post_pending`](Driver::post_pending).
     pending: Vec<ConnId>,
@@ -415,6 +417,7 @@ impl<P: Provider> Driver<P> {
             drain_overdue: 0,
             conns: Vec::new(),
             wcs: vec![WorkCompletion::default(); 64],
+            run: Vec::with_capacity(64),
             events: VecDeque::with_capacity(256),
             pending: Vec::with_capacity(64),
             timed: Vec::with_capacity(64),
@@ -1021,7 +1024,13 @@ impl<P: Provider> Driver<P> {
         let mut wcs = std::mem::take(&mut self.wcs);
         let n = self.p.poll_cq(self.cq, &mut wcs).unwrap_or(0);
         self.completions += n as u64;
-        for wc in wcs.iter().take(n) {
+        // A connection's completions polled in a row go to it in one call (one settling of
+        // the connection instead of one per completion), in the order polled.
+        let mut run = std::mem::take(&mut self.run);
+        let polled = &wcs[..n.min(wcs.len())];
+        let mut i = 0;
+        while let Some(wc) = polled.get(i) {
+            i += 1;
             if wc.wr_id >> 48 == SRQ_CONN {
                 self.on_shared_recv(now, wc, mem);
                 continue;
@@ -1034,14 +1043,19 @@ impl<P: Provider> Driver<P> {
                 self.drained(id);
                 continue;
             }
-            let c = Completion {
-                tag: wc.wr_id as u32,
-                status: wc.status,
-                byte_len: wc.byte_len,
-                invalidated_rkey: wc.invalidated_rkey,
-            };
-            self.with(id, mem, |conn, env| conn.handle_completion(now, &c, env));
+            run.clear();
+            run.push(completion(wc));
+            // The same connection (index and generation), and not its drain marker.
+            while let Some(next) = polled
+                .get(i)
+                .filter(|w| w.wr_id >> 32 == wc.wr_id >> 32 && w.wr_id as u32 != DRAIN_TAG)
+            {
+                run.push(completion(next));
+                i += 1;
+            }
+            self.with(id, mem, |conn, env| conn.handle_completions(now, &run, env));
         }
+        self.run = run;
         self.wcs = wcs;
         if !self.retiring.is_empty() {
             self.reap_retired();
@@ -1168,6 +1182,17 @@ impl<P: Provider> Driver<P> {
             e.held = None;
         }
         self.flush(id);
+    }
+}
+
+/// A polled work completion as its connection takes it.
+#[inline]
+fn completion(wc: &WorkCompletion) -> Completion {
+    Completion {
+        tag: wc.wr_id as u32,
+        status: wc.status,
+        byte_len: wc.byte_len,
+        invalidated_rkey: wc.invalidated_rkey,
     }
 }
 
