@@ -788,6 +788,23 @@ impl Connection {
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
     ) -> Option<bool> {
+        // The dominant case, no Write chunk and a reply that fits inline, reads the few
+        // words it needs of the serve record and finds the record once more to mark it sent.
+        let s = self.serves.get(i as usize)?;
+        if s.n_wchunk == 0 {
+            let (v2, xid, inv_rkey) = (s.vers == v2::VERSION, s.xid, s.inv_rkey);
+            if let Some(buf) = self.reply_plain(v2, xid, slot, spec, env) {
+                self.queue_reply(slot, buf?, inv_rkey);
+                let s = self.serves.get_mut(i as usize)?;
+                s.state = State::Replying;
+                s.status = Some(ReplyStatus::Sent);
+                if s.counted {
+                    s.counted = false;
+                    self.in_process = self.in_process.saturating_sub(1);
+                }
+                return Some(true);
+            }
+        }
         // Built from the serve slot in place, not from a copy (the record is large): the
         // slots are lent out of `self` while `reply_from`, which touches no other serve, runs.
         let mut serves = std::mem::take(&mut self.serves);
@@ -813,11 +830,6 @@ impl Connection {
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
     ) -> Option<bool> {
-        if s.n_wchunk == 0 {
-            if let Some(sent) = self.reply_plain(s, slot, spec, env) {
-                return sent;
-            }
-        }
         let mut found = [ResultPiece::default()];
         // What follows a result found inline in the stream (a COMPOUND's operations after
         // its READ): it travels after the result's place, as the reduced stream's last item.
@@ -1007,31 +1019,33 @@ impl Connection {
     /// unsignaled): the serve is done once the Send completes, which retires the Writes
     /// before it.
     fn send_reply(&mut self, s: &mut Serve, slot: u32, buf: MemRef) {
-        // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
-        let invalidate = if self.peer_takes_inv {
-            s.inv_rkey
-        } else {
-            None
-        };
-        self.queue_send(slot, buf, invalidate);
-        self.stats.replies_sent += 1;
-        self.stats.replies_with_invalidate += u64::from(invalidate.is_some());
+        self.queue_reply(slot, buf, s.inv_rkey);
         s.state = State::Replying;
         s.status = Some(ReplyStatus::Sent);
     }
 
-    /// [`reply_from`](Self::reply_from) of the dominant case: the call offered no Write
-    /// chunk and the reply fits inline, so it goes as a Short reply without chunks (an
-    /// offered Reply chunk stays unused and is marked absent, AMB-8). `None`: not this case
-    /// (the reply needs the Reply chunk), nothing done.
+    /// Queues the reply's Send (`inv_rkey`: the call's one offered key, if any).
+    fn queue_reply(&mut self, slot: u32, buf: MemRef, inv_rkey: Option<u32>) {
+        // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
+        let invalidate = if self.peer_takes_inv { inv_rkey } else { None };
+        self.queue_send(slot, buf, invalidate);
+        self.stats.replies_sent += 1;
+        self.stats.replies_with_invalidate += u64::from(invalidate.is_some());
+    }
+
+    /// The dominant case of [`build_reply`](Self::build_reply): the call (version two if
+    /// `v2`, `xid`) offered no Write chunk and the reply fits inline, so it goes as a Short
+    /// reply without chunks (an offered Reply chunk stays unused and is marked absent,
+    /// AMB-8), written into send buffer `slot`. `None`: not this case (the reply needs the
+    /// Reply chunk), nothing done; `Some(None)`: memory failed; else the bytes to send.
     fn reply_plain(
         &mut self,
-        s: &mut Serve,
+        v2: bool,
+        xid: u32,
         slot: u32,
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
-    ) -> Option<Option<bool>> {
-        let v2 = s.vers == v2::VERSION;
+    ) -> Option<Option<MemRef>> {
         let items = || spec.results.iter().map(|r| (r.xdr_pos, r.mem));
         // The stream's length counted, not walked (the write walks it): the message and
         // each result with its pad, `submit_reply` having checked that the results lie
@@ -1041,11 +1055,11 @@ impl Connection {
         for (_, m) in items() {
             stream = stream.checked_add(m.len)?.checked_add(pad4(m.len))?;
         }
-        let rpc = rpcmsg::reply_header(s.xid, spec.accept_stat);
+        let rpc = rpcmsg::reply_header(xid, spec.accept_stat);
         let plain = Plain {
             v2,
             direction: MsgType::Reply,
-            xid: s.xid,
+            xid,
             credit: self.grant,
             rpc: &rpc,
             stream,
@@ -1054,11 +1068,7 @@ impl Connection {
         if plain.len()? > self.threshold() {
             return None;
         }
-        let Some(buf) = self.write_plain(slot, &plain, spec.msg, items(), env) else {
-            return Some(None);
-        };
-        self.send_reply(s, slot, buf);
-        Some(Some(true))
+        Some(self.write_plain(slot, &plain, spec.msg, items(), env))
     }
 
     fn uncount(&mut self, i: u32) {
