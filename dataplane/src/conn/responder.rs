@@ -594,6 +594,12 @@ impl Connection {
     /// inline parts are copied at once, chunks pulled with RDMA Read. The answer says
     /// whether they are in place already ([`Accepted::Ready`]) or [`Event::ArgsReady`]
     /// follows ([`Accepted::Pulling`]).
+    ///
+    /// Inlined where it is called, with [`accept_inline`](Self::accept_inline): a call
+    /// without chunks is a few checks and one copy, cheaper than the call frame, the answer
+    /// returned through memory and the large frame the chunked case needs, which stays out
+    /// of line.
+    #[inline]
     pub fn accept_call(
         &mut self,
         id: ServeId,
@@ -601,9 +607,20 @@ impl Connection {
         env: &mut impl Env,
     ) -> Result<Accepted, SubmitError> {
         let i = self.serve_index(id, State::Waiting)?;
-        if let Some(done) = self.accept_inline(i, dest, env) {
-            return done;
+        match self.accept_inline(i, dest, env) {
+            Some(done) => done,
+            None => self.accept_chunked(i, dest, env),
         }
+    }
+
+    /// [`accept_call`](Self::accept_call) for a call with chunks (slot `i`).
+    #[inline(never)]
+    fn accept_chunked(
+        &mut self,
+        i: u32,
+        dest: MemRef,
+        env: &mut impl Env,
+    ) -> Result<Accepted, SubmitError> {
         let Some(s) = self.serves.get(i as usize).copied() else {
             return Err(SubmitError::BadId);
         };
@@ -643,6 +660,7 @@ impl Connection {
     }
 
     /// The common case without chunks: one copy from the receive buffer, no plan.
+    #[inline]
     fn accept_inline(
         &mut self,
         i: u32,
