@@ -1258,6 +1258,31 @@ impl<L: Link> Qp<L> {
     }
 
     /// Move the next posted receive (own RQ or SRQ) into `cur_recv`; false if none.
+    /// A message has arrived whole in receive `wr_id`: its completion (`byte_len` bytes,
+    /// `invalidated_rkey` if it was a Send with Invalidate), and the next message is awaited.
+    #[inline]
+    fn recv_done(
+        &mut self,
+        cqs: &mut [Option<Cq>],
+        wr_id: u64,
+        byte_len: u32,
+        invalidated_rkey: Option<u32>,
+    ) {
+        self.recv_msn = self.recv_msn.wrapping_add(1);
+        push_wc(
+            cqs,
+            self.init.recv_cq,
+            WorkCompletion {
+                wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len,
+                qp: self.id,
+                invalidated_rkey,
+            },
+        );
+    }
+
     fn take_recv(&mut self, cx: &mut Ctx<'_>) -> bool {
         let Some(q) = recv_queue(&mut self.rq, cx.srqs, self.init.srq) else {
             return false;
@@ -1408,19 +1433,7 @@ impl<L: Link> Qp<L> {
                         if end <= r.total && cx.mem.scatter(pd, r.sg(), 0, payload).is_ok() {
                             let wr_id = r.wr_id;
                             q.drop_front();
-                            self.recv_msn = self.recv_msn.wrapping_add(1);
-                            push_wc(
-                                cx.cqs,
-                                self.init.recv_cq,
-                                WorkCompletion {
-                                    wr_id,
-                                    status: WcStatus::Success,
-                                    opcode: WcOpcode::Recv,
-                                    byte_len: end as u32,
-                                    qp: self.id,
-                                    invalidated_rkey: None,
-                                },
-                            );
+                            self.recv_done(cx.cqs, wr_id, end as u32, None);
                             return Ok(());
                         }
                     }
@@ -1455,19 +1468,7 @@ impl<L: Link> Qp<L> {
                         .map_err(|code| fault(code, WcStatus::Flushed))?;
                 }
                 self.cur_active = false;
-                self.recv_msn = self.recv_msn.wrapping_add(1);
-                push_wc(
-                    cx.cqs,
-                    self.init.recv_cq,
-                    WorkCompletion {
-                        wr_id,
-                        status: WcStatus::Success,
-                        opcode: WcOpcode::Recv,
-                        byte_len: end as u32,
-                        qp: self.id,
-                        invalidated_rkey: invalidate,
-                    },
-                );
+                self.recv_done(cx.cqs, wr_id, end as u32, invalidate);
                 Ok(())
             }
             Segment::ReadRequest(req) => {
