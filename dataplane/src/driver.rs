@@ -800,8 +800,9 @@ impl<P: Provider> Driver<P> {
         // once; its work waits for [`post_pending`](Self::post_pending), so that the Sends
         // one batch of inputs makes are posted together and only the last asks for a
         // completion (selective signalling). A connection that has closed is flushed at
-        // once (what it queued before closing goes out before the disconnect).
-        if e.dead || e.conn.closed().is_some() {
+        // once (what it queued before closing goes out before the disconnect). (A dead one
+        // has closed: `dead` is set only once `closed()` is, which is never undone.)
+        if e.conn.closed().is_some() {
             self.flush(id);
             return Some(r);
         }

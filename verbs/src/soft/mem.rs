@@ -265,7 +265,8 @@ impl Mem {
     }
 
     /// Check a local scatter/gather entry; regions only (window keys are not lkeys).
-    #[inline]
+    // Always inline (see `scatter`).
+    #[inline(always)]
     fn check_local(&self, pd: PdId, s: &Sge, write: bool) -> Option<*mut u8> {
         match *self.kind(s.lkey)? {
             Kind::Mr {
@@ -340,7 +341,9 @@ impl Mem {
     }
 
     /// Copy `data` into the scatter list `sg` starting at byte `off` (entries need local write).
-    #[inline]
+    // Always inline: every receive scatters here, and LLVM's budget for the provider's poll
+    // left it out of line as soon as that grew a little.
+    #[inline(always)]
     pub(crate) fn scatter(
         &self,
         pd: PdId,
