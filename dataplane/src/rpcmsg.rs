@@ -72,12 +72,19 @@ pub fn call_header_sys(
 /// An accepted RPC reply header for `xid` with an AUTH_NONE verifier and `accept_stat`.
 #[inline]
 pub fn reply_header(xid: u32, accept_stat: u32) -> [u8; REPLY_HEADER_LEN] {
-    let words = [xid, 1, 0, 0, 0, accept_stat];
     let mut b = [0u8; REPLY_HEADER_LEN];
-    for (d, w) in b.chunks_exact_mut(4).zip(words) {
+    put_reply_header(&mut b, xid, accept_stat);
+    b
+}
+
+/// Writes [`reply_header`]`(xid, accept_stat)` into `dst` (its first
+/// [`REPLY_HEADER_LEN`] bytes; a shorter `dst` gets what fits).
+#[inline]
+pub fn put_reply_header(dst: &mut [u8], xid: u32, accept_stat: u32) {
+    let words = [xid, 1, 0, 0, 0, accept_stat];
+    for (d, w) in dst.chunks_exact_mut(4).zip(words) {
         d.copy_from_slice(&w.to_be_bytes());
     }
-    b
 }
 
 /// The outcome an RPC reply header carries.

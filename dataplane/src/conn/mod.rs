@@ -1883,56 +1883,7 @@ fn recv_slot_buf(cfg: &ConnConfig, slot: u32) -> Option<MemRef> {
         .sub(slot.checked_mul(cfg.recv_size)?, cfg.recv_size)
 }
 
-/// A Short message without chunks (RDMA_MSG or RDMA2_MSG with three empty lists), the
-/// dominant case: its transport header has a fixed layout.
-pub(super) struct Plain<'a> {
-    /// Version two (else version 1): a reply answers in its call's version.
-    pub(super) v2: bool,
-    pub(super) direction: MsgType,
-    pub(super) xid: u32,
-    pub(super) credit: u32,
-    /// The RPC header, sent right after the transport header.
-    pub(super) rpc: &'a [u8],
-    /// Bytes of payload after the RPC header.
-    pub(super) stream: u32,
-}
-
-impl Plain<'_> {
-    /// The message's length: fixed words, three empty lists (a word each), RPC header,
-    /// payload.
-    pub(super) fn len(&self) -> Option<u32> {
-        let hdr = if self.v2 {
-            v2::MSG_HEADER_LEN
-        } else {
-            v1::MIN_HEADER_LEN
-        };
-        u32::try_from(hdr + self.rpc.len())
-            .ok()?
-            .checked_add(self.stream)
-    }
-}
-
 impl Connection {
-    /// Writes `m` into send buffer `slot` (the caller has checked that it fits the inline
-    /// threshold); the bytes to send, `None` if memory fails.
-    pub(super) fn write_plain(
-        &mut self,
-        slot: u32,
-        m: &Plain<'_>,
-        msg: MemRef,
-        items: impl Iterator<Item = (u32, MemRef)>,
-        env: &mut impl Env,
-    ) -> Option<MemRef> {
-        let n = if m.v2 {
-            v2::emit_msg(&mut self.hdr, m.xid, m.credit, m.direction)?
-        } else {
-            v1::emit_msg(&mut self.hdr, m.xid, m.credit)?
-        };
-        let buf = self.send_buf(slot)?.prefix(m.len()?)?;
-        self.write_short(buf, u32::try_from(n).ok()?, m.rpc, msg, items, env)?;
-        Some(buf)
-    }
-
     /// Writes a Short message into `buf`: see [`write_short_in`].
     pub(super) fn write_short(
         &mut self,

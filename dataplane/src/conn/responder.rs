@@ -9,8 +9,8 @@ use rpcrdma_proto::{
 
 use super::{
     emit_header, pad4, round4, scatter, stream_len, tag, walk_stream, Accepted, CloseReason,
-    Connection, Event, IncomingCall, Plain, ReplyStatus, SendOwner, ServeId, Src, SubmitError,
-    Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    Connection, Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work,
+    K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -370,29 +370,30 @@ impl Connection {
             return false;
         };
         self.in_process += 1;
-        let ok = match self.serves.get_mut(i as usize) {
-            Some(s) => {
-                s.reset(xid, vers, slot);
-                // `reset` leaves a slot without segments, as an empty header describes.
-                lists.is_none_or(|l| copy_lists(s, l).is_some())
-            }
-            None => false,
-        };
-        if !ok {
-            self.serve_fail_header(i, Heard::NotYet, env);
-            return true;
-        }
         match inline {
             Some((header_len, payload)) => {
-                if let Some(d) = self.serves.get_mut(i as usize) {
-                    d.s_off = header_len as u32;
-                    d.s_len = payload.len() as u32;
-                    d.s_local = d.s_len;
-                }
+                // The slot is filled, its stream set and the call judged in one look.
                 let reads = lists.map_or(&ReadList::EMPTY, |l| &l.reads);
-                self.prepare_call(i, payload, Some(reads), env);
+                let start = InlineStart {
+                    xid,
+                    vers,
+                    recv: slot,
+                    lists,
+                    header_len: header_len as u32,
+                };
+                self.prepare_call(i, payload, Some(reads), Some(start), env);
             }
-            None => self.pull_head(i, env),
+            None => {
+                let filled = self
+                    .serves
+                    .get_mut(i as usize)
+                    .is_some_and(|s| fill_slot(s, xid, vers, slot, lists));
+                if filled {
+                    self.pull_head(i, env);
+                } else {
+                    self.serve_fail_header(i, Heard::NotYet, env);
+                }
+            }
         }
         true
     }
@@ -519,7 +520,8 @@ impl Connection {
             _ => false,
         };
         if ok {
-            self.prepare_call(i, scratch.get(..n).unwrap_or(&[]), None, env);
+            let head = scratch.get(..n).unwrap_or(&[]);
+            self.prepare_call(i, head, None, None, env);
         } else {
             self.close(CloseReason::Local("receive buffer read"));
         }
@@ -528,7 +530,8 @@ impl Connection {
 
     /// Checks the call against its binding, computes its reassembled size and tells the
     /// owner (`head`: the first bytes of the stream; `reads`: the Read list of an
-    /// RDMA_MSG call, for the ULB check).
+    /// RDMA_MSG call, for the ULB check; `start`: the received call an inline call's
+    /// receive fills the slot with first, `head` being its whole stream).
     ///
     /// Inlined in its two callers (`on_call` for every inline call): as separate functions,
     /// it and `prepare_verdict` cost two call frames per call, the verdict returned through
@@ -539,17 +542,28 @@ impl Connection {
         i: u32,
         head: &[u8],
         reads: Option<&ReadList<'_>>,
+        start: Option<InlineStart<'_>>,
         env: &mut impl Env,
     ) {
         // Borrowed where it was parsed: moved out, the header was copied word by word.
         let parsed = CallHeader::parse(head);
-        let Ok(call) = &parsed else {
-            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, Heard::NotYet, env);
-        };
         // The serve slot is looked up once; it stays borrowed but for the answers that
         // end the call here. Checked in place: the slot is large, copying it per call costs.
         let Some(s) = self.serves.get_mut(i as usize) else {
             return;
+        };
+        // The receive of an inline call fills the slot in the same look; chunk lists that
+        // do not fit are a header error, answered before the RPC header is looked at.
+        if let Some(st) = start {
+            if !fill_slot(s, st.xid, st.vers, st.recv, st.lists) {
+                return self.serve_fail_header(i, Heard::NotYet, env);
+            }
+            s.s_off = st.header_len;
+            s.s_len = head.len() as u32;
+            s.s_local = s.s_len;
+        }
+        let Ok(call) = &parsed else {
+            return self.serve_status_reply(i, rpcmsg::GARBAGE_ARGS, Heard::NotYet, env);
         };
         let bad_sys = call.cred_flavor == rpcrdma_proto::rpc::AUTH_SYS && call.auth_sys.is_none();
         if (call.cred_flavor == rpcrdma_proto::rpc::RPCSEC_GSS || bad_sys) && s.xid == call.xid {
@@ -1043,6 +1057,7 @@ impl Connection {
     }
 
     /// Queues the reply's Send (`inv_rkey`: the call's one offered key, if any).
+    #[inline]
     fn queue_reply(&mut self, slot: u32, buf: MemRef, inv_rkey: Option<u32>) {
         // XCH-3.2-b, AMB-28: Send With Invalidate only if allowed and one key was offered.
         let invalidate = if self.peer_takes_inv { inv_rkey } else { None };
@@ -1073,20 +1088,48 @@ impl Connection {
         for (_, m) in items() {
             stream = stream.checked_add(m.len)?.checked_add(pad4(m.len))?;
         }
-        let rpc = rpcmsg::reply_header(xid, spec.accept_stat);
-        let plain = Plain {
-            v2,
-            direction: MsgType::Reply,
-            xid,
-            credit: self.grant,
-            rpc: &rpc,
-            stream,
+        // The message's length: fixed words, three empty lists (a word each), RPC header,
+        // payload.
+        let fixed = if v2 {
+            v2::MSG_HEADER_LEN
+        } else {
+            v1::MIN_HEADER_LEN
         };
+        let len = u32::try_from(fixed + REPLY_HEADER_LEN)
+            .ok()?
+            .checked_add(stream)?;
         // Too long to go inline: the general path uses the Reply chunk.
-        if plain.len()? > self.threshold() {
+        if len > self.threshold() {
             return None;
         }
-        Some(self.write_plain(slot, &plain, spec.msg, items(), env))
+        Some(self.write_plain_reply(v2, xid, slot, len, spec, env))
+    }
+
+    /// Writes the plain reply of [`reply_plain`](Self::reply_plain) (`len` bytes in all)
+    /// into send buffer `slot`: the RPC reply header is built in place after the transport
+    /// header in the staging buffer (not built apart and copied in); the bytes to send,
+    /// `None` if memory fails.
+    fn write_plain_reply(
+        &mut self,
+        v2: bool,
+        xid: u32,
+        slot: u32,
+        len: u32,
+        spec: &ReplySpec<'_>,
+        env: &mut impl Env,
+    ) -> Option<MemRef> {
+        let n = if v2 {
+            v2::emit_msg(&mut self.hdr, xid, self.grant, MsgType::Reply)?
+        } else {
+            v1::emit_msg(&mut self.hdr, xid, self.grant)?
+        };
+        let buf = self.send_buf(slot)?.prefix(len)?;
+        let head = n.checked_add(REPLY_HEADER_LEN)?;
+        rpcmsg::put_reply_header(self.hdr.get_mut(n..head)?, xid, spec.accept_stat);
+        let head = u32::try_from(head).ok()?;
+        let items = spec.results.iter().map(|r| (r.xdr_pos, r.mem));
+        self.write_short(buf, head, &[], spec.msg, items, env)?;
+        Some(buf)
     }
 
     fn uncount(&mut self, i: u32) {
@@ -1233,6 +1276,31 @@ impl Connection {
             self.events.push_back(Event::ReplyDone { id, status });
         }
     }
+}
+
+/// A call received with its stream inline, as [`Connection::prepare_call`] records it in
+/// its serve slot (see [`fill_slot`]; `header_len`: where the stream starts).
+struct InlineStart<'a> {
+    xid: u32,
+    vers: u32,
+    recv: MemRef,
+    lists: Option<&'a ChunkLists<'a>>,
+    header_len: u32,
+}
+
+/// Prepares serve slot `s` for a received call (`lists`: its chunk lists, `None` when all
+/// are empty); false if the lists exceed the slot's room (answered ERR_CHUNK).
+#[inline(always)]
+fn fill_slot(
+    s: &mut Serve,
+    xid: u32,
+    vers: u32,
+    recv: MemRef,
+    lists: Option<&ChunkLists<'_>>,
+) -> bool {
+    s.reset(xid, vers, recv);
+    // `reset` leaves a slot without segments, as an empty header describes.
+    lists.is_none_or(|l| copy_lists(s, l).is_some())
 }
 
 /// Copies a received call's chunk lists into its serve slot; `None` if they exceed the
