@@ -709,6 +709,10 @@ pub struct Connection {
     threshold_now: u32,
     /// Inline threshold for messages the peer sends (decides the Reply chunk).
     recv_threshold: u32,
+    /// [`reply_inline_room`]`(recv_threshold, vers)`, kept up to date by
+    /// [`set_threshold`](Self::set_threshold), which runs after every change to either:
+    /// every call sent asks for it.
+    reply_room: u32,
     /// The receive size this side announced (RFC 8797; its receive buffers unless told
     /// otherwise) and the peer's largest Send: version one's `recv_threshold` is their
     /// minimum, the size the peer itself computes (R8166-3.3.2-a).
@@ -805,6 +809,7 @@ impl Connection {
             send_threshold: cfg.send_size.min(peer_recv),
             threshold_now: 0,
             recv_threshold: peer_send.min(cfg.recv_size),
+            reply_room: 0,
             own_recv: cfg.recv_size,
             peer_send,
             peer_takes_inv: peer_inv,
@@ -924,9 +929,21 @@ impl Connection {
         self.threshold_now
     }
 
-    /// Recomputes [`threshold`](Self::threshold); called after every change to the send
-    /// threshold, the cap, the version or its confirmation.
+    /// [`reply_inline_room`] at this connection's reply threshold and version, as kept by
+    /// [`set_threshold`](Self::set_threshold).
+    #[inline]
+    fn reply_room(&self) -> u32 {
+        debug_assert_eq!(
+            self.reply_room,
+            reply_inline_room(self.recv_threshold, self.vers)
+        );
+        self.reply_room
+    }
+
+    /// Recomputes [`threshold`](Self::threshold) and the reply room; called after every
+    /// change to the send or receive threshold, the cap, the version or its confirmation.
     fn set_threshold(&mut self) {
+        self.reply_room = reply_inline_room(self.recv_threshold, self.vers);
         let t = self.send_threshold.min(self.peer_cap);
         self.threshold_now = if self.vers == v2::VERSION && !self.v2_confirmed {
             t.min(DEFAULT_INLINE)
@@ -1251,14 +1268,20 @@ impl Connection {
     }
 
     fn alloc_send(&mut self, owner: SendOwner, env: &mut impl Env) -> Option<u32> {
-        let s = *self.send_free.last()?;
+        // Taken at once (one look at the free list); put back if no buffer comes with it.
+        let s = self.send_free.pop()?;
         if self.cfg.shared_send {
             let buf = env
                 .take_send()
-                .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL)?;
-            *self.send_bufs.get_mut(s as usize)? = buf;
+                .filter(|b| b.len == self.cfg.send_size + SLOT_TAIL);
+            match (buf, self.send_bufs.get_mut(s as usize)) {
+                (Some(buf), Some(b)) => *b = buf,
+                _ => {
+                    self.send_free.push(s);
+                    return None;
+                }
+            }
         }
-        self.send_free.pop();
         if let Some(o) = self.send_owner.get_mut(s as usize) {
             *o = owner;
         }
@@ -1729,6 +1752,7 @@ impl Connection {
     pub fn set_own_receive_size(&mut self, rbsiz: u32) {
         let r = self.cfg.recv_size.min(rbsiz.max(DEFAULT_INLINE));
         self.recv_threshold = r;
+        self.set_threshold();
         if self.vers == v2::VERSION {
             self.own_rbsiz = Some(r);
         }
@@ -1749,6 +1773,7 @@ impl Connection {
     pub fn set_peer_send_size(&mut self, size: u32) {
         self.peer_send = size.max(DEFAULT_INLINE);
         self.recv_threshold = self.own_recv.min(self.peer_send);
+        self.set_threshold();
     }
 
     /// Sets the receive size this side announces in its RFC 8797 private data, when it is
@@ -1758,6 +1783,7 @@ impl Connection {
     pub fn set_announced_receive_size(&mut self, size: u32) {
         self.own_recv = size.clamp(DEFAULT_INLINE, self.cfg.recv_size);
         self.recv_threshold = self.own_recv.min(self.peer_send);
+        self.set_threshold();
     }
 
     /// Applies the peer's XCHAR_REQREMINV (version two): whether replies may use Send With

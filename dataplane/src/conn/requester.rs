@@ -453,7 +453,7 @@ impl Connection {
             return None;
         }
         // No Reply chunk: the largest reply fits inline.
-        if !backward && c.reply.len > reply_inline_room(self.recv_threshold, self.vers) {
+        if !backward && c.reply.len > self.reply_room() {
             return None;
         }
         // No argument reduced, and the length of what travels inline.
@@ -529,7 +529,8 @@ impl Connection {
         let wlist_len = 4 + n_w * WRITE_CHUNK_LEN as usize;
         // A Reply chunk whenever the largest reply may exceed the reply threshold (R8166-4.3.3-a).
         let want_reply_chunk = !backward
-            && reply_inline_room(self.recv_threshold, self.vers)
+            && self
+                .reply_room()
                 .checked_sub(n_w as u32 * WRITE_CHUNK_LEN)
                 .is_none_or(|room| c.reply.len > room);
         let n_reply = match (want_reply_chunk, c.reply.len) {
