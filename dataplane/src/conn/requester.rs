@@ -392,8 +392,9 @@ impl Connection {
             return false;
         };
         self.call_sends += 1;
-        let ok = match plain {
-            Some(inline_len) => self.marshal_plain(i, slot, inline_len, env).is_some(),
+        // The Send is queued here for both paths (one place in this function).
+        let built = match plain {
+            Some(inline_len) => self.marshal_plain(i, slot, inline_len, env),
             None => {
                 // The call is built in its slot, not in a copy of it (the record is large):
                 // the slots are lent out of `self` while `marshal`, which touches no other
@@ -402,16 +403,17 @@ impl Connection {
                 let mut calls = std::mem::take(&mut self.calls);
                 let built = calls.get_mut(i as usize).map(|c| {
                     c.slot = Some(slot);
-                    self.marshal(c, slot, auth, env).is_some()
+                    self.marshal(c, slot, auth, env)
                 });
                 self.calls = calls;
-                let Some(ok) = built else {
+                let Some(built) = built else {
                     return true;
                 };
-                ok
+                built
             }
         };
-        if ok {
+        if let Some(buf) = built {
+            self.queue_send(slot, buf, None);
             self.sent.insert(xid, i);
             self.in_flight += 1;
             self.stats.calls_sent += 1;
@@ -472,16 +474,17 @@ impl Connection {
     }
 
     /// Builds the header and payload of call `c` (credential `auth`: AUTH_SYS, or AUTH_NONE
-    /// when `None`) in a fresh send buffer and queues the Send; `None` if it cannot be built
-    /// (the call then fails, R8166-4.5.4-a). The dominant case, a Short call without chunks
-    /// and AUTH_NONE, goes through [`marshal_plain`](Self::marshal_plain) instead.
+    /// when `None`) in send buffer `slot`; the bytes to send (`start_call` queues the Send),
+    /// or `None` if it cannot be built (the call then fails, R8166-4.5.4-a). The dominant
+    /// case, a Short call without chunks and AUTH_NONE, goes through
+    /// [`marshal_plain`](Self::marshal_plain) instead.
     fn marshal(
         &mut self,
         c: &mut Call,
         slot: u32,
         auth: Option<AuthSys>,
         env: &mut impl Env,
-    ) -> Option<()> {
+    ) -> Option<MemRef> {
         c.state = State::Sent;
         // R8166-7.1-c: backward-direction calls (from the server) use no chunks at all.
         let backward = self.cfg.role == Role::Server;
@@ -666,20 +669,20 @@ impl Connection {
         } else if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
-        self.queue_send(slot, buf, None);
-        Some(())
+        Some(buf)
     }
 
-    /// Sends call `i` in send buffer `slot`, the dominant case ([`plain_len`](Self::plain_len)
+    /// Builds call `i` in send buffer `slot`, the dominant case ([`plain_len`](Self::plain_len)
     /// found it so and measured `inline_len`, the RPC header and payload): the header has a
-    /// fixed layout, so none of the chunk bookkeeping runs. The call is read in its slot.
+    /// fixed layout, so none of the chunk bookkeeping runs. The call is read in its slot. The
+    /// bytes to send, as [`marshal`](Self::marshal).
     fn marshal_plain(
         &mut self,
         i: u32,
         slot: u32,
         inline_len: u32,
         env: &mut impl Env,
-    ) -> Option<()> {
+    ) -> Option<MemRef> {
         let v2 = self.vers == v2::VERSION;
         let hdr_len = if v2 {
             v2::MSG_HEADER_LEN
@@ -704,8 +707,7 @@ impl Connection {
         let items = c.args().iter().map(|a| (a.xdr_pos, a.mem));
         write_short_in(&mut self.hdr, buf, n as u32, &rpc, c.msg, items, env)?;
         self.stats.short_sent += 1;
-        self.queue_send(slot, buf, None);
-        Some(())
+        Some(buf)
     }
 
     /// Starts the end of call `i`: invalidate what it exposed (except the key the peer
