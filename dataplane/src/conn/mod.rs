@@ -1529,6 +1529,21 @@ impl Connection {
                 env,
             );
         }
+        self.dispatch_general(now, slot, msg, inv, env)
+    }
+
+    /// Routes a message that is not a Short one without chunks (`dispatch`'s other case).
+    /// Not inlined: the completion handler then holds one inlined copy of the call's
+    /// delivery (`prepare_call`, through `on_msg`) instead of three.
+    #[inline(never)]
+    fn dispatch_general(
+        &mut self,
+        now: Instant,
+        slot: MemRef,
+        msg: &[u8],
+        inv: Option<u32>,
+        env: &mut impl Env,
+    ) -> bool {
         // Matched by reference: the decoded header is large, and only a few of its words
         // are read per message.
         let decoded = proto::decode_general(msg, &self.limits);

@@ -823,37 +823,52 @@ impl Connection {
         // The dominant case, no Write chunk and a reply that fits inline, reads the few
         // words it needs of the serve record and finds the record once more to mark it sent.
         let s = self.serves.get(i as usize)?;
-        if s.n_wchunk == 0 {
-            let (v2, xid, inv_rkey) = (s.vers == v2::VERSION, s.xid, s.inv_rkey);
-            if let Some(buf) = self.reply_plain(v2, xid, slot, spec, env) {
-                self.queue_reply(slot, buf?, inv_rkey);
-                let s = self.serves.get_mut(i as usize)?;
-                s.state = State::Replying;
-                s.status = Some(ReplyStatus::Sent);
-                if s.counted {
-                    s.counted = false;
-                    self.in_process = self.in_process.saturating_sub(1);
-                }
-                return Some(true);
-            }
-        }
-        // Built from the serve slot in place, not from a copy (the record is large): the
-        // slots are lent out of `self` while `reply_from`, which touches no other serve, runs.
-        let mut serves = std::mem::take(&mut self.serves);
-        let r = match serves.get_mut(i as usize) {
-            Some(s) => self.reply_from(s, i, slot, spec, env),
-            None => None,
+        let plain = if s.n_wchunk == 0 {
+            let (v2, xid) = (s.vers == v2::VERSION, s.xid);
+            self.reply_plain(v2, xid, slot, spec, env)
+        } else {
+            None
         };
-        self.serves = serves;
-        if r == Some(true) {
-            self.uncount(i);
+        let buf = match plain {
+            Some(buf) => buf?,
+            None => {
+                // Built from the serve slot in place, not from a copy (the record is large):
+                // the slots are lent out of `self` while `reply_from`, which touches no other
+                // serve, runs.
+                let mut serves = std::mem::take(&mut self.serves);
+                let r = match serves.get_mut(i as usize) {
+                    Some(s) => self.reply_from(s, i, slot, spec, env),
+                    None => None,
+                };
+                self.serves = serves;
+                match r? {
+                    Some(buf) => buf,
+                    None => return Some(false),
+                }
+            }
+        };
+        // The Send is queued here for both paths, and the serve marked sent: one copy of
+        // this code in `submit_reply` instead of one per path.
+        let s = self.serves.get_mut(i as usize)?;
+        let inv_rkey = s.inv_rkey;
+        s.state = State::Replying;
+        s.status = Some(ReplyStatus::Sent);
+        if s.counted {
+            s.counted = false;
+            self.in_process = self.in_process.saturating_sub(1);
         }
-        r
+        self.queue_reply(slot, buf, inv_rkey);
+        Some(true)
     }
 
-    /// [`build_reply`](Self::build_reply) for serve `s` (slot `i`). The echoed chunk
+    /// [`build_reply`](Self::build_reply) for serve `s` (slot `i`): the bytes to send, or
+    /// `Some(None)` if the reply does not fit the chunks offered. The echoed chunk
     /// lengths are rewritten in `s.segs` itself: once the reply is built nothing reads the
-    /// offered lengths again, and nothing is rewritten before the last `Some(false)`.
+    /// offered lengths again, and nothing is rewritten before the last `Some(None)`.
+    ///
+    /// Not inlined: the general path (Write chunks, Reply chunk) stays out of
+    /// `submit_reply`, whose dominant case, the plain reply, is then less code.
+    #[inline(never)]
     fn reply_from(
         &mut self,
         s: &mut Serve,
@@ -861,7 +876,7 @@ impl Connection {
         slot: u32,
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
-    ) -> Option<bool> {
+    ) -> Option<Option<MemRef>> {
         let mut found = [ResultPiece::default()];
         // What follows a result found inline in the stream (a COMPOUND's operations after
         // its READ): it travels after the result's place, as the reduced stream's last item.
@@ -894,7 +909,7 @@ impl Connection {
                     .map(|g| u64::from(g.length))
                     .sum::<u64>();
                 if u64::from(r.mem.len) > cap {
-                    return Some(false);
+                    return Some(None);
                 }
                 to_chunk[k] = true;
             }
@@ -918,7 +933,7 @@ impl Connection {
         let reply_cap = s.rsegs().iter().map(|g| u64::from(g.length)).sum::<u64>();
         let fits_reply_chunk = s.has_reply && u64::from(r_len) <= reply_cap;
         if !short && !fits_reply_chunk {
-            return Some(false);
+            return Some(None);
         }
 
         // RDMA Writes first: they precede the reply's Send on the queue pair (R8166-2.3.2-c).
@@ -1043,17 +1058,7 @@ impl Connection {
         } else if !env.write(buf, self.hdr.get(..n as usize)?) {
             return None;
         }
-        self.send_reply(s, slot, buf);
-        Some(true)
-    }
-
-    /// Queues the reply's Send from `buf` (after the reply's RDMA Writes, if any, posted
-    /// unsignaled): the serve is done once the Send completes, which retires the Writes
-    /// before it.
-    fn send_reply(&mut self, s: &mut Serve, slot: u32, buf: MemRef) {
-        self.queue_reply(slot, buf, s.inv_rkey);
-        s.state = State::Replying;
-        s.status = Some(ReplyStatus::Sent);
+        Some(Some(buf))
     }
 
     /// Queues the reply's Send (`inv_rkey`: the call's one offered key, if any).
