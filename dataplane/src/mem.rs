@@ -492,6 +492,7 @@ impl RegisteredMem {
 }
 
 impl Memory for RegisteredMem {
+    #[inline]
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
         if dst.len() > at.len as usize {
             return false;
@@ -502,6 +503,7 @@ impl Memory for RegisteredMem {
         }
     }
 
+    #[inline]
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
         if src.len() > at.len as usize {
             return false;
@@ -512,6 +514,7 @@ impl Memory for RegisteredMem {
         }
     }
 
+    #[inline]
     fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
         if from.len > to.len {
             return false;
