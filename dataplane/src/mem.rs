@@ -231,6 +231,7 @@ impl SideMem {
 }
 
 impl Memory for SideMem {
+    #[inline]
     fn read(&self, at: MemRef, dst: &mut [u8]) -> bool {
         match self
             .range(at)
@@ -244,6 +245,7 @@ impl Memory for SideMem {
         }
     }
 
+    #[inline]
     fn write(&mut self, at: MemRef, src: &[u8]) -> bool {
         let Some(r) = self.range(at) else {
             return false;
@@ -257,6 +259,7 @@ impl Memory for SideMem {
         }
     }
 
+    #[inline]
     fn copy(&mut self, from: MemRef, to: MemRef) -> bool {
         match (self.range(from), self.range(to)) {
             (Some(f), Some(t)) if f.len() <= t.len() => {
