@@ -2092,6 +2092,29 @@ pub mod sim;
 #[cfg(test)]
 mod tests;
 
+/// Bytes of the transport header of a Short message without chunks (its fixed words and
+/// three empty lists), in version 2 or 1: what [`emit_plain`] writes.
+#[inline(always)]
+fn plain_header_len(v2: bool) -> u32 {
+    (if v2 {
+        v2::MSG_HEADER_LEN
+    } else {
+        v1::MIN_HEADER_LEN
+    }) as u32
+}
+
+/// Encodes the transport header of a Short message without chunks into `hdr`, in version 2
+/// or 1; its length, or `None` if it does not fit.
+#[inline(always)]
+fn emit_plain(hdr: &mut [u8], v2: bool, direction: MsgType, xid: u32, credit: u32) -> Option<u32> {
+    let n = if v2 {
+        v2::emit_msg(hdr, xid, credit, direction)?
+    } else {
+        v1::emit_msg(hdr, xid, credit)?
+    };
+    u32::try_from(n).ok()
+}
+
 /// Encodes the transport header of a call or reply carrying an RPC message (RDMA_MSG when
 /// `short`, else RDMA_NOMSG) into `hdr`, in version 2 or 1; its length, or `None` if it does not fit.
 fn emit_header(
@@ -2105,12 +2128,7 @@ fn emit_header(
 ) -> Option<u32> {
     // A Short message without chunks has a fixed layout: no header value is built.
     if short && chunks.is_empty() {
-        let n = if v2 {
-            v2::emit_msg(hdr, xid, credit, direction)?
-        } else {
-            v1::emit_msg(hdr, xid, credit)?
-        };
-        return u32::try_from(n).ok();
+        return emit_plain(hdr, v2, direction, xid, credit);
     }
     let chunks = *chunks;
     let n = if v2 {

@@ -11,9 +11,9 @@ use rpcrdma_proto::{
 use rpcrdma_verbs::Access;
 
 use super::{
-    emit_header, round4, tag, walk_stream, write_short_in, CallDone, CallStatus, Connection, Event,
-    Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE, MAX_PIECES, MAX_WCHUNKS, TAIL_LAND,
-    TAIL_RPC, TAIL_ZERO,
+    emit_header, emit_plain, plain_header_len, round4, tag, walk_stream, write_short_in, CallDone,
+    CallStatus, Connection, Event, Role, SendOwner, Src, SubmitError, Work, K_INV, MAX_EXPOSE,
+    MAX_PIECES, MAX_WCHUNKS, TAIL_LAND, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, ReplyStat, CALL_HEADER_LEN, MAX_CALL_HEADER_LEN, REPLY_HEADER_LEN};
@@ -468,8 +468,8 @@ impl Connection {
             inline_len = inline_len.checked_add(round4(a.mem.len))?;
         }
         // Short: the fixed words and three empty lists, then the RPC message.
-        let fixed = if self.vers == v2::VERSION { 20 } else { 16 };
-        let short = (fixed + 12u32).checked_add(inline_len)? <= self.threshold();
+        let short =
+            plain_header_len(self.vers == v2::VERSION).checked_add(inline_len)? <= self.threshold();
         short.then_some(inline_len)
     }
 
@@ -684,12 +684,7 @@ impl Connection {
         env: &mut impl Env,
     ) -> Option<MemRef> {
         let v2 = self.vers == v2::VERSION;
-        let hdr_len = if v2 {
-            v2::MSG_HEADER_LEN
-        } else {
-            v1::MIN_HEADER_LEN
-        } as u32;
-        let buf = hdr_len
+        let buf = plain_header_len(v2)
             .checked_add(inline_len)
             .and_then(|len| self.send_buf(slot)?.prefix(len));
         let c = self.calls.get_mut(i as usize)?;
@@ -698,14 +693,10 @@ impl Connection {
         c.state = State::Sent;
         let buf = buf?;
         let rpc = rpcmsg::call_header(c.xid, c.prog, c.vers, c.proc_);
-        let n = if v2 {
-            v2::emit_msg(&mut self.hdr, c.xid, self.cfg.credits, MsgType::Call)?
-        } else {
-            v1::emit_msg(&mut self.hdr, c.xid, self.cfg.credits)?
-        };
+        let n = emit_plain(&mut self.hdr, v2, MsgType::Call, c.xid, self.cfg.credits)?;
         // Every argument travels inline (none was reduced): no skip list to consult.
         let items = c.args().iter().map(|a| (a.xdr_pos, a.mem));
-        write_short_in(&mut self.hdr, buf, n as u32, &rpc, c.msg, items, env)?;
+        write_short_in(&mut self.hdr, buf, n, &rpc, c.msg, items, env)?;
         self.stats.short_sent += 1;
         Some(buf)
     }

@@ -8,9 +8,9 @@ use rpcrdma_proto::{
 };
 
 use super::{
-    emit_header, pad4, round4, scatter, stream_len, tag, walk_stream, Accepted, CloseReason,
-    Connection, Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src, SubmitError, Work,
-    K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
+    emit_header, emit_plain, pad4, plain_header_len, round4, scatter, stream_len, tag, walk_stream,
+    Accepted, CloseReason, Connection, Event, IncomingCall, ReplyStatus, SendOwner, ServeId, Src,
+    SubmitError, Work, K_READ, K_WRITE, MAX_PIECES, MAX_RCHUNKS, MAX_WCHUNKS, TAIL_RPC, TAIL_ZERO,
 };
 use crate::mem::{Env, MemRef};
 use crate::rpcmsg::{self, REPLY_HEADER_LEN};
@@ -1095,13 +1095,8 @@ impl Connection {
         }
         // The message's length: fixed words, three empty lists (a word each), RPC header,
         // payload.
-        let fixed = if v2 {
-            v2::MSG_HEADER_LEN
-        } else {
-            v1::MIN_HEADER_LEN
-        };
-        let len = u32::try_from(fixed + REPLY_HEADER_LEN)
-            .ok()?
+        let len = plain_header_len(v2)
+            .checked_add(u32::try_from(REPLY_HEADER_LEN).ok()?)?
             .checked_add(stream)?;
         // Too long to go inline: the general path uses the Reply chunk.
         if len > self.threshold() {
@@ -1123,11 +1118,7 @@ impl Connection {
         spec: &ReplySpec<'_>,
         env: &mut impl Env,
     ) -> Option<MemRef> {
-        let n = if v2 {
-            v2::emit_msg(&mut self.hdr, xid, self.grant, MsgType::Reply)?
-        } else {
-            v1::emit_msg(&mut self.hdr, xid, self.grant)?
-        };
+        let n = emit_plain(&mut self.hdr, v2, MsgType::Reply, xid, self.grant)? as usize;
         let buf = self.send_buf(slot)?.prefix(len)?;
         let head = n.checked_add(REPLY_HEADER_LEN)?;
         rpcmsg::put_reply_header(self.hdr.get_mut(n..head)?, xid, spec.accept_stat);
